@@ -1,0 +1,79 @@
+// Element types and scalar conversions between f32, f16 (IEEE binary16) and bf16.
+// Conversions are exact where the target can represent the value; f32->f16/bf16
+// rounds to nearest even. Vectorized conversions live in the kernels.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace snap {
+
+enum class DType : uint8_t { f32, f16, bf16 };
+
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+inline int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+
+inline float bits_to_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t f32_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
+
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {
+    if (mant == 0) return bits_to_f32(sign);
+    // subnormal: value = mant * 2^-24
+    float v = static_cast<float>(mant) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return bits_to_f32(sign | 0x7f800000u | (mant << 13));
+  return bits_to_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+inline uint16_t f32_to_f16(float f) {
+  uint32_t u = f32_to_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (u >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (u < 0x38800000u) {                                               // subnormal or zero
+    float v = bits_to_f32(u) * 16777216.0f;  // scale to units of 2^-24
+    uint32_t m = static_cast<uint32_t>(v);
+    float rem = v - static_cast<float>(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t mant = u & 0x7fffffu;
+  uint32_t exp = (u >> 23) - 112u;
+  uint32_t h = (exp << 10) | (mant >> 13);
+  uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+}  // namespace snap

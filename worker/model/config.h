@@ -1,0 +1,48 @@
+// Model hyper-parameters for Llama-family decoders (llama, mistral, qwen2), read from a
+// Hugging Face config.json or from GGUF metadata. Missing or out-of-range fields are a
+// one-line Status naming the file and the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/kernels.h"
+
+namespace snap {
+
+class GgufFile;
+
+enum class Arch : uint8_t { llama, mistral, qwen2 };
+const char* arch_name(Arch a);
+
+struct ModelConfig {
+  Arch arch = Arch::llama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;  // explicit `head_dim` if given, else hidden_size / num_heads
+  float rms_norm_eps = 1e-5f;
+  kernels::RopeConfig rope;
+  int64_t max_position = 0;  // max_position_embeddings / context_length
+  int sliding_window = 0;    // 0: none (mistral may set it)
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v projections carry a bias (qwen2)
+  int32_t bos_token_id = -1;
+  std::vector<int32_t> eos_token_ids;  // generation stops at any of these
+  std::string name;                    // human-readable, for logs and /v1/models
+
+  // Checks internal consistency (divisibility, positivity); `source` names the file.
+  Status validate(const std::string& source) const;
+};
+
+// From a Hugging Face config.json (path to the file).
+Result<ModelConfig> config_from_hf_json(const std::string& path);
+// From GGUF metadata (`<arch>.block_count`, `<arch>.attention.head_count`, ...).
+Result<ModelConfig> config_from_gguf(const GgufFile& file);
+
+}  // namespace snap

@@ -1,0 +1,79 @@
+// Owned, dequantized model weights in the Hugging Face layout (row-major [out, in]),
+// loaded from GGUF or safetensors. GGUF llama/mistral Q and K projections are stored
+// permuted for interleaved RoPE; the loader undoes that so the forward pass always uses
+// the HF rotate_half layout and both formats give identical logits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "kernels/kernels.h"
+#include "worker/model/config.h"
+
+namespace snap {
+
+// A dense owned matrix [rows, cols] (a vector is rows=1), 64-byte aligned.
+class Matrix {
+ public:
+  Matrix() = default;
+  Matrix(DType dtype, int64_t rows, int64_t cols);
+  DType dtype() const { return dtype_; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  bool empty() const { return rows_ * cols_ == 0; }
+  int64_t nbytes() const { return rows_ * cols_ * dtype_size(dtype_); }
+  void* data() { return data_.get(); }
+  const void* data() const { return data_.get(); }
+  float* f32() { return static_cast<float*>(data_.get()); }
+  const float* f32() const { return static_cast<const float*>(data_.get()); }
+  kernels::WeightView view() const { return {dtype_, data_.get(), rows_, cols_}; }
+
+ private:
+  struct Free { void operator()(void* p) const; };
+  DType dtype_ = DType::f32;
+  int64_t rows_ = 0;
+  int64_t cols_ = 0;
+  std::unique_ptr<void, Free> data_;
+};
+
+struct LayerWeights {
+  Matrix attn_norm;             // [1, hidden_size] f32
+  Matrix q_proj;                // [num_heads*head_dim, hidden_size]
+  Matrix k_proj;                // [num_kv_heads*head_dim, hidden_size]
+  Matrix v_proj;                // [num_kv_heads*head_dim, hidden_size]
+  Matrix q_bias, k_bias, v_bias;  // [1, ...] f32, empty unless attention_bias
+  Matrix o_proj;                // [hidden_size, num_heads*head_dim]
+  Matrix ffn_norm;              // [1, hidden_size] f32
+  Matrix gate_proj;             // [intermediate_size, hidden_size]
+  Matrix up_proj;               // [intermediate_size, hidden_size]
+  Matrix down_proj;             // [hidden_size, intermediate_size]
+};
+
+struct ModelWeights {
+  Matrix embed;       // [vocab_size, hidden_size] f32 (rows are looked up)
+  std::vector<LayerWeights> layers;
+  Matrix final_norm;  // [1, hidden_size] f32
+  Matrix lm_head;     // [vocab_size, hidden_size]; empty when tied (use embed)
+  const Matrix& output() const { return lm_head.empty() ? embed : lm_head; }
+  int64_t nbytes() const;
+};
+
+struct LoadOptions {
+  DType weight_dtype = DType::f32;  // storage of projection matrices (norms/embed stay f32)
+};
+
+struct LoadedModel {
+  std::string path;
+  std::string format;  // "gguf" or "safetensors"
+  ModelConfig config;
+  ModelWeights weights;
+};
+
+// path: a .gguf file, or a Hugging Face directory (config.json + safetensors).
+Result<LoadedModel> load_model(const std::string& path, const LoadOptions& opts = {});
+
+}  // namespace snap
