@@ -1,0 +1,360 @@
+// Causal GQA attention over a contiguous KV cache (kernels.h has the layout).
+// attention_ref: per (token, head), f64 two-pass softmax over the visible keys.
+// attention_cpu: flash-attention style. A work item is (KV head, tile of ≤16 queries, KV
+// split); its rows are the tile's queries × the group's query heads, so each K/V block
+// (64 keys) is loaded once for the whole GQA group. Per row a running max m, sum l and
+// f32 accumulator; no buffer grows with num_tokens × kv_len. Decode (few items) splits the
+// KV range across threads and merges the partial (m, l, acc) triples afterwards.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/check.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/kernels.h"
+
+namespace snap::kernels {
+
+namespace {
+
+constexpr int64_t k_query_tile = 16;
+constexpr int64_t k_key_block = 64;      // 64 keys × 64 dims × 4 B = 16 KiB of K, same of V: L1-resident
+constexpr int64_t k_min_split_keys = 256;  // below this a split's merge costs more than it saves
+
+// Visible keys of a query at position pos: [lo, hi).
+struct KeyRange {
+  int64_t lo = 0, hi = 0;
+};
+KeyRange visible(int32_t pos, int64_t kv_len, int window) {
+  KeyRange r;
+  r.hi = std::min<int64_t>(static_cast<int64_t>(pos) + 1, kv_len);
+  r.lo = window > 0 ? std::max<int64_t>(0, static_cast<int64_t>(pos) - window + 1) : 0;
+  if (r.hi < r.lo) r.hi = r.lo;
+  return r;
+}
+
+// --- block primitives, one set per SIMD level --------------------------------------------
+// scores: s[j] = dot(q, k_j) for j < n; exp_sum: s[j] = e^(s[j]−m), returns Σ; accumulate:
+// acc += Σ_j p[j]·v_j; scale: acc *= f.
+struct BlockOps {
+  void (*scores)(const float* q, const float* k, int64_t n, int hd, float* s);
+  float (*exp_sum)(float* s, int64_t n, float m);
+  void (*accumulate)(float* acc, const float* p, const float* v, int64_t n, int hd);
+  void (*scale)(float* acc, int hd, float f);
+};
+
+void scores_scalar(const float* q, const float* k, int64_t n, int hd, float* s) {
+  for (int64_t j = 0; j < n; ++j) {
+    float d = 0.0f;
+    for (int i = 0; i < hd; ++i) d += q[i] * k[j * hd + i];
+    s[j] = d;
+  }
+}
+float exp_sum_scalar(float* s, int64_t n, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
+  return sum;
+}
+void accumulate_scalar(float* acc, const float* p, const float* v, int64_t n, int hd) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int i = 0; i < hd; ++i) acc[i] += p[j] * v[j * hd + i];
+}
+void scale_scalar(float* acc, int hd, float f) {
+  for (int i = 0; i < hd; ++i) acc[i] *= f;
+}
+
+// AVX2 and AVX-512 paths need hd % 8 / hd % 16 == 0 (every Llama-family head_dim is 64 or 128).
+SNAP_TARGET_AVX2 void scores_avx2(const float* q, const float* k, int64_t n, int hd, float* s) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = k + j * hd;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= hd; i += 16) {
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
+    }
+    if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+    s[j] = hsum_avx2(_mm256_add_ps(a0, a1));
+  }
+}
+SNAP_TARGET_AVX2 float exp_sum_avx2(float* s, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = hsum_avx2(acc);
+  for (; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
+  return sum;
+}
+SNAP_TARGET_AVX2 void accumulate_avx2(float* acc, const float* p, const float* v, int64_t n, int hd) {
+  for (int i = 0; i < hd; i += 32) {
+    if (i + 32 <= hd) {
+      __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
+      __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+      for (int64_t j = 0; j < n; ++j) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        const float* vj = v + j * hd + i;
+        a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), a0);
+        a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), a1);
+        a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), a2);
+        a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), a3);
+      }
+      _mm256_storeu_ps(acc + i, a0);
+      _mm256_storeu_ps(acc + i + 8, a1);
+      _mm256_storeu_ps(acc + i + 16, a2);
+      _mm256_storeu_ps(acc + i + 24, a3);
+    } else {
+      for (int ii = i; ii < hd; ii += 8) {
+        __m256 a = _mm256_loadu_ps(acc + ii);
+        for (int64_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + ii), a);
+        _mm256_storeu_ps(acc + ii, a);
+      }
+    }
+  }
+}
+SNAP_TARGET_AVX2 void scale_avx2(float* acc, int hd, float f) {
+  const __m256 fv = _mm256_set1_ps(f);
+  for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), fv));
+}
+
+SNAP_TARGET_AVX512 void scores_avx512(const float* q, const float* k, int64_t n, int hd, float* s) {
+  if (hd == 64) {  // the common case: q in 4 registers for the whole block
+    const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16);
+    const __m512 q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* kj = k + j * 64;
+      __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kj));
+      __m512 b = _mm512_mul_ps(q1, _mm512_loadu_ps(kj + 16));
+      a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kj + 32), a);
+      b = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kj + 48), b);
+      s[j] = hsum_avx512(_mm512_add_ps(a, b));
+    }
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = k + j * hd;
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= hd; i += 32) {
+      a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kj + i), a);
+      b = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), _mm512_loadu_ps(kj + i + 16), b);
+    }
+    if (i < hd) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kj + i), a);
+    s[j] = hsum_avx512(_mm512_add_ps(a, b));
+  }
+}
+SNAP_TARGET_AVX512 float exp_sum_avx512(float* s, int64_t n, float m) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 msk = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1);
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, s + j), mv));
+    _mm512_mask_storeu_ps(s + j, msk, e);
+    acc = _mm512_mask_add_ps(acc, msk, acc, e);
+  }
+  return hsum_avx512(acc);
+}
+SNAP_TARGET_AVX512 void accumulate_avx512(float* acc, const float* p, const float* v, int64_t n, int hd) {
+  for (int i = 0; i < hd; i += 64) {
+    if (i + 64 <= hd) {
+      __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
+      __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
+      for (int64_t j = 0; j < n; ++j) {
+        const __m512 pj = _mm512_set1_ps(p[j]);
+        const float* vj = v + j * hd + i;
+        a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), a0);
+        a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), a1);
+        a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), a2);
+        a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), a3);
+      }
+      _mm512_storeu_ps(acc + i, a0);
+      _mm512_storeu_ps(acc + i + 16, a1);
+      _mm512_storeu_ps(acc + i + 32, a2);
+      _mm512_storeu_ps(acc + i + 48, a3);
+    } else {
+      for (int ii = i; ii < hd; ii += 16) {
+        __m512 a = _mm512_loadu_ps(acc + ii);
+        for (int64_t j = 0; j < n; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(v + j * hd + ii), a);
+        _mm512_storeu_ps(acc + ii, a);
+      }
+    }
+  }
+}
+SNAP_TARGET_AVX512 void scale_avx512(float* acc, int hd, float f) {
+  const __m512 fv = _mm512_set1_ps(f);
+  for (int i = 0; i < hd; i += 16) _mm512_storeu_ps(acc + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), fv));
+}
+
+BlockOps pick_ops(int head_dim) {
+  const SimdLevel level = simd_level();
+  if (level == SimdLevel::avx512 && head_dim % 16 == 0)
+    return {scores_avx512, exp_sum_avx512, accumulate_avx512, scale_avx512};
+  if (level != SimdLevel::scalar && head_dim % 8 == 0) return {scores_avx2, exp_sum_avx2, accumulate_avx2, scale_avx2};
+  return {scores_scalar, exp_sum_scalar, accumulate_scalar, scale_scalar};
+}
+
+// Running softmax state of one (query, head) row: acc is unnormalized, output = acc / l.
+struct RowState {
+  float m = -std::numeric_limits<float>::infinity();
+  float l = 0.0f;
+};
+
+// One work item: KV head g, queries [t0, t1), keys [kb, ke). Writes (m, l, acc) per row into
+// the caller's arrays; rows ordered (token, head within group).
+void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t t0, int64_t t1, const float* kg,
+              const float* vg, int64_t kv_len, int64_t kb, int64_t ke, const AttentionParams& p, int g,
+              RowState* state, float* acc, float* qs, float* s) {
+  const int hd = p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int64_t num_rows = (t1 - t0) * group;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t t = t0 + r / group;
+    const int h = g * group + static_cast<int>(r % group);
+    const float* qr = q + (t * p.num_heads + h) * hd;
+    for (int i = 0; i < hd; ++i) qs[r * hd + i] = qr[i] * p.scale;
+    std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
+    state[r] = RowState{};
+  }
+  for (int64_t j0 = kb; j0 < ke; j0 += k_key_block) {
+    const int64_t j1 = std::min(ke, j0 + k_key_block);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const KeyRange vis = visible(q_pos[t0 + r / group], kv_len, p.sliding_window);
+      const int64_t a = std::max(j0, vis.lo), b = std::min(j1, vis.hi);
+      if (a >= b) continue;
+      const int64_t n = b - a;
+      ops.scores(qs + r * hd, kg + a * hd, n, hd, s);
+      float m = state[r].m;
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+      if (m > state[r].m) {
+        const float f = std::exp(state[r].m - m);  // 0 on the first block (m was −inf)
+        state[r].l *= f;
+        ops.scale(acc + r * hd, hd, f);
+        state[r].m = m;
+      }
+      state[r].l += ops.exp_sum(s, n, state[r].m);
+      ops.accumulate(acc + r * hd, s, vg + a * hd, n, hd);
+    }
+  }
+}
+
+}  // namespace
+
+void attention_ref(const float* q, const int32_t* q_positions, int64_t num_tokens, const float* k, const float* v,
+                   int64_t kv_head_stride, int64_t kv_len, const AttentionParams& p, float* out) {
+  const int hd = p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
+  std::vector<double> w;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const KeyRange vis = visible(q_positions[t], kv_len, p.sliding_window);
+    for (int h = 0; h < p.num_heads; ++h) {
+      const float* qh = q + (t * p.num_heads + h) * hd;
+      const float* kg = k + (h / group) * kv_head_stride;
+      const float* vg = v + (h / group) * kv_head_stride;
+      float* o = out + (t * p.num_heads + h) * hd;
+      w.assign(static_cast<size_t>(vis.hi - vis.lo), 0.0);
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t j = vis.lo; j < vis.hi; ++j) {
+        double d = 0.0;
+        for (int i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kg[j * hd + i];
+        w[j - vis.lo] = d * p.scale;
+        m = std::max(m, w[j - vis.lo]);
+      }
+      double sum = 0.0;
+      for (double& x : w) sum += (x = std::exp(x - m));
+      for (int i = 0; i < hd; ++i) {
+        double acc = 0.0;
+        for (int64_t j = vis.lo; j < vis.hi; ++j) acc += w[j - vis.lo] * vg[j * hd + i];
+        o[i] = w.empty() ? 0.0f : static_cast<float>(acc / sum);
+      }
+    }
+  }
+}
+
+void attention_cpu(const float* q, const int32_t* q_positions, int64_t num_tokens, const float* k, const float* v,
+                   int64_t kv_head_stride, int64_t kv_len, const AttentionParams& p, float* out) {
+  CHECK(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0) << "attention: heads " << p.num_heads << "/"
+                                                                  << p.num_kv_heads;
+  const int hd = p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
+  const BlockOps ops = pick_ops(hd);
+  const int64_t num_tiles = (num_tokens + k_query_tile - 1) / k_query_tile;
+  const int64_t base_items = num_tiles * p.num_kv_heads;
+  const int threads = omp_get_max_threads();
+  // Aim for ≥ 4 items per thread so causal imbalance evens out; split KV only when short of that.
+  int64_t splits = 1;
+  if (base_items < 4 * threads) {
+    splits = std::min<int64_t>((4 * threads + base_items - 1) / base_items, kv_len / k_min_split_keys);
+    splits = std::max<int64_t>(splits, 1);
+  }
+  const int64_t split_len = (kv_len + splits - 1) / splits;
+  const int64_t rows_per_tile = k_query_tile * group;
+  // Partial results only when split: [splits][num_tokens][num_heads] × (m, l, acc[hd]).
+  std::vector<RowState> part_state(splits > 1 ? static_cast<size_t>(splits * num_tokens * p.num_heads) : 0);
+  std::vector<float> part_acc(splits > 1 ? static_cast<size_t>(splits * num_tokens * p.num_heads * hd) : 0);
+
+#pragma omp parallel if (base_items * splits > 1 && num_tokens * kv_len * p.num_heads >= 4096)
+  {
+    std::vector<RowState> state(static_cast<size_t>(rows_per_tile));
+    std::vector<float> acc(static_cast<size_t>(rows_per_tile * hd));
+    std::vector<float> qs(static_cast<size_t>(rows_per_tile * hd));
+    std::vector<float> s(static_cast<size_t>(k_key_block));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < base_items * splits; ++item) {
+      // Longest first: later query tiles see more keys under the causal mask.
+      const int64_t tile = num_tiles - 1 - item / (p.num_kv_heads * splits);
+      const int g = static_cast<int>((item / splits) % p.num_kv_heads);
+      const int64_t split = item % splits;
+      const int64_t t0 = tile * k_query_tile, t1 = std::min(num_tokens, t0 + k_query_tile);
+      const int64_t kb = split * split_len, ke = std::min(kv_len, kb + split_len);
+      run_item(ops, q, q_positions, t0, t1, k + g * kv_head_stride, v + g * kv_head_stride, kv_len, kb, ke, p, g,
+               state.data(), acc.data(), qs.data(), s.data());
+      for (int64_t r = 0; r < (t1 - t0) * group; ++r) {
+        const int64_t t = t0 + r / group;
+        const int h = g * group + static_cast<int>(r % group);
+        const float* a = acc.data() + r * hd;
+        if (splits == 1) {
+          float* o = out + (t * p.num_heads + h) * hd;
+          const float inv = state[r].l > 0.0f ? 1.0f / state[r].l : 0.0f;
+          for (int i = 0; i < hd; ++i) o[i] = a[i] * inv;
+          if (std::isnan(state[r].l)) std::fill(o, o + hd, state[r].l);
+        } else {
+          const int64_t idx = (split * num_tokens + t) * p.num_heads + h;
+          part_state[idx] = state[r];
+          std::copy(a, a + hd, part_acc.data() + idx * hd);
+        }
+      }
+    }
+  }
+  if (splits == 1) return;
+  // Merge: out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M = max_s m_s; splits in order.
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      float* o = out + (t * p.num_heads + h) * hd;
+      float big_m = -std::numeric_limits<float>::infinity();
+      for (int64_t sp = 0; sp < splits; ++sp) big_m = std::max(big_m, part_state[(sp * num_tokens + t) * p.num_heads + h].m);
+      std::fill(o, o + hd, 0.0f);
+      float l = 0.0f;
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const int64_t idx = (sp * num_tokens + t) * p.num_heads + h;
+        const RowState& st = part_state[idx];
+        if (st.l == 0.0f) continue;  // no visible key in this split
+        const float f = std::exp(st.m - big_m);
+        l += st.l * f;
+        const float* a = part_acc.data() + idx * hd;
+        for (int i = 0; i < hd; ++i) o[i] += a[i] * f;
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      for (int i = 0; i < hd; ++i) o[i] *= inv;
+      if (std::isnan(l)) std::fill(o, o + hd, l);
+    }
+  }
+}
+
+}  // namespace snap::kernels

@@ -1,0 +1,121 @@
+// matmul: both fast paths (SIMD matvec at every SIMD level, sgemm) and the dispatcher
+// against the f64 reference, for f32/f16/bf16 weights over awkward shapes, with and
+// without bias; NaN in x must reach every output of that token.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/dtype.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/kernels.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace snap::kernels {
+namespace {
+
+using test::all_close;
+using test::random_floats;
+
+// Error bound: f32 accumulation over cols terms of |x·w| ≤ 1 in unordered SIMD lanes (or
+// OpenBLAS blocking) has error ≲ cols·2^-24·mean|x·w| ≈ 5125·6e-8·0.25 ≈ 8e-5 absolute in the
+// worst case, ~sqrt(cols)·6e-8 typical; outputs are ~sqrt(cols)/3 ≈ 24 at cols 5125. Normalized
+// by max(1, max|ref|) that gives ≲ 3e-6; 2e-5 leaves room without hiding a wrong element
+// (one missing term changes an output by ~0.25, i.e. 1e-2 normalized).
+constexpr double k_tol = 2e-5;
+
+// Weight storage in the given dtype, plus the values it really holds as f32.
+struct TestWeight {
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  WeightView view;
+};
+
+TestWeight make_weight(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  TestWeight w;
+  w.f32 = random_floats(rows * cols, seed);
+  if (dtype != DType::f32) {
+    w.half.resize(w.f32.size());
+    for (size_t i = 0; i < w.f32.size(); ++i)
+      w.half[i] = dtype == DType::f16 ? f32_to_f16(w.f32[i]) : f32_to_bf16(w.f32[i]);
+  }
+  w.view = WeightView{dtype, dtype == DType::f32 ? static_cast<const void*>(w.f32.data()) : w.half.data(), rows, cols};
+  return w;
+}
+
+using MatmulFn = void (*)(const float*, const WeightView&, const float*, float*, int64_t);
+
+struct Shape {
+  int64_t rows, cols, num_tokens;
+};
+
+void check_shapes(DType dtype, const std::vector<Shape>& shapes) {
+  for (const Shape& s : shapes) {
+    const TestWeight w = make_weight(dtype, s.rows, s.cols, 7 + static_cast<uint32_t>(s.rows));
+    const std::vector<float> x = random_floats(s.num_tokens * s.cols, 11);
+    const std::vector<float> bias = random_floats(s.rows, 13);
+    for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+      std::vector<float> want(static_cast<size_t>(s.num_tokens * s.rows));
+      matmul_ref(x.data(), w.view, b, want.data(), s.num_tokens);
+      const auto run = [&](MatmulFn fn, const char* name) {
+        std::vector<float> got(want.size(), -12345.0f);
+        fn(x.data(), w.view, b, got.data(), s.num_tokens);
+        EXPECT_TRUE(all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), k_tol))
+            << name << " " << dtype_name(dtype) << " rows " << s.rows << " cols " << s.cols << " tokens "
+            << s.num_tokens << (b ? " bias" : "");
+      };
+      for (SimdLevel level : test::supported_levels()) {
+        test::LevelGuard guard(level);
+        SCOPED_TRACE(test::level_name(level));
+        run(matmul_matvec_cpu, "matvec");
+        run(matmul_gemm_cpu, "gemm");
+      }
+      run(matmul_cpu, "matmul_cpu");
+    }
+  }
+}
+
+const std::vector<Shape> k_shapes = {
+    {7, 7, 1},     {7, 83, 3},     {83, 7, 17},    {83, 769, 1},   {769, 83, 3},   {769, 769, 4},
+    {7, 5125, 1},  {83, 5125, 5},  {5125, 83, 2},  {83, 769, 17},  {769, 83, 128}, {576, 576, 1},
+    {1, 576, 1},   {576, 1536, 9}, {13, 16, 1},    {16, 31, 7},
+};
+
+TEST(Matmul, F32MatchesReferenceOnAwkwardShapes) { check_shapes(DType::f32, k_shapes); }
+TEST(Matmul, F16MatchesReferenceOnAwkwardShapes) { check_shapes(DType::f16, k_shapes); }
+TEST(Matmul, Bf16MatchesReferenceOnAwkwardShapes) { check_shapes(DType::bf16, k_shapes); }
+
+TEST(Matmul, ReferenceIsADotProduct) {
+  // 2×3 weight, 1 token: hand-checkable.
+  const float w[6] = {1, 2, 3, -1, 0.5f, 4};
+  const float x[3] = {2, -1, 0.25f};
+  const float bias[2] = {10, 20};
+  float y[2];
+  matmul_ref(x, WeightView{DType::f32, w, 2, 3}, bias, y, 1);
+  EXPECT_FLOAT_EQ(y[0], 2 - 2 + 0.75f + 10);
+  EXPECT_FLOAT_EQ(y[1], -2 - 0.5f + 1 + 20);
+}
+
+TEST(Matmul, NanInInputPropagatesToItsToken) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    const int64_t rows = 37, cols = 83;
+    const TestWeight w = make_weight(dtype, rows, cols, 5);
+    for (int64_t num_tokens : {int64_t{1}, int64_t{3}, int64_t{20}}) {
+      std::vector<float> x = random_floats(num_tokens * cols, 3);
+      x[(num_tokens - 1) * cols + 40] = NAN;  // last token only
+      for (SimdLevel level : test::supported_levels()) {
+        test::LevelGuard guard(level);
+        std::vector<float> y(static_cast<size_t>(num_tokens * rows));
+        matmul_cpu(x.data(), w.view, nullptr, y.data(), num_tokens);
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_TRUE(std::isnan(y[(num_tokens - 1) * rows + r])) << dtype_name(dtype) << " row " << r;
+          if (num_tokens > 1) {
+            EXPECT_FALSE(std::isnan(y[r])) << "token 0 row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace snap::kernels
