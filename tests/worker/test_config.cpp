@@ -1,0 +1,260 @@
+// ModelConfig from hand-written config.json files: defaults, per-architecture rules
+// (qwen2 bias and use_sliding_window, mistral sliding_window, llama attention_bias),
+// rope_scaling forms, eos lists, and the errors for unsupported or missing fields;
+// plus GGUF metadata (tiny GGUF from tools/make_tiny_checkpoint.py) and validate().
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/worker/tiny_checkpoint.h"
+#include "worker/model/config.h"
+#include "worker/model/gguf.h"
+
+namespace snap {
+namespace {
+
+using json = nlohmann::json;
+using snap::testing::TempDir;
+
+json base_llama() {
+  return json{{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 1000},
+              {"hidden_size", 256}, {"intermediate_size", 512}, {"num_hidden_layers", 3},
+              {"num_attention_heads", 8}, {"rms_norm_eps", 1e-5}, {"max_position_embeddings", 4096}};
+}
+
+Result<ModelConfig> parse(const TempDir& dir, const json& j) {
+  const std::string path = dir / "config.json";
+  snap::testing::write_file(path, j.dump());
+  return config_from_hf_json(path);
+}
+
+TEST(HfConfig, LlamaDefaults) {
+  TempDir dir("cfg");
+  Result<ModelConfig> c = parse(dir, base_llama());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->arch, Arch::llama);
+  EXPECT_STREQ(arch_name(c->arch), "llama");
+  EXPECT_EQ(c->vocab_size, 1000);
+  EXPECT_EQ(c->hidden_size, 256);
+  EXPECT_EQ(c->intermediate_size, 512);
+  EXPECT_EQ(c->num_layers, 3);
+  EXPECT_EQ(c->num_heads, 8);
+  EXPECT_EQ(c->num_kv_heads, 8);  // defaults to num_attention_heads
+  EXPECT_EQ(c->head_dim, 32);
+  EXPECT_EQ(c->rope.head_dim, 32);
+  EXPECT_EQ(c->rope.theta, 10000.0f);
+  EXPECT_EQ(c->rope.scaling, kernels::RopeScaling::none);
+  EXPECT_FLOAT_EQ(c->rms_norm_eps, 1e-5f);
+  EXPECT_EQ(c->max_position, 4096);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->bos_token_id, -1);
+  EXPECT_TRUE(c->eos_token_ids.empty());
+}
+
+TEST(HfConfig, ExplicitFieldsAndEosList) {
+  TempDir dir("cfg");
+  json j = base_llama();
+  j["num_key_value_heads"] = 2;
+  j["head_dim"] = 48;  // differs from hidden/heads = 32
+  j["rope_theta"] = 500000.0;
+  j["tie_word_embeddings"] = true;
+  j["attention_bias"] = true;
+  j["bos_token_id"] = 1;
+  j["eos_token_id"] = {7, 9};
+  Result<ModelConfig> c = parse(dir, j);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->num_kv_heads, 2);
+  EXPECT_EQ(c->head_dim, 48);
+  EXPECT_EQ(c->rope.head_dim, 48);
+  EXPECT_EQ(c->rope.theta, 500000.0f);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{7, 9}));
+  j["eos_token_id"] = 5;
+  Result<ModelConfig> d = parse(dir, j);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->eos_token_ids, std::vector<int32_t>{5});
+}
+
+TEST(HfConfig, RopeScalingForms) {
+  TempDir dir("cfg");
+  json j = base_llama();
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+  Result<ModelConfig> lin = parse(dir, j);
+  ASSERT_TRUE(lin.ok()) << lin.status().to_string();
+  EXPECT_EQ(lin->rope.scaling, kernels::RopeScaling::linear);
+  EXPECT_EQ(lin->rope.factor, 4.0f);
+
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  Result<ModelConfig> l3 = parse(dir, j);
+  ASSERT_TRUE(l3.ok()) << l3.status().to_string();
+  EXPECT_EQ(l3->rope.scaling, kernels::RopeScaling::llama3);
+  EXPECT_EQ(l3->rope.factor, 32.0f);
+  EXPECT_EQ(l3->rope.low_freq_factor, 1.0f);
+  EXPECT_EQ(l3->rope.high_freq_factor, 4.0f);
+  EXPECT_EQ(l3->rope.original_max_position, 8192);
+
+  j["rope_scaling"] = nullptr;
+  Result<ModelConfig> none = parse(dir, j);
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_EQ(none->rope.scaling, kernels::RopeScaling::none);
+
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  Result<ModelConfig> yarn = parse(dir, j);
+  ASSERT_FALSE(yarn.ok());
+  EXPECT_EQ(yarn.status().code(), StatusCode::k_unimplemented);
+  EXPECT_NE(yarn.status().message().find("'yarn'"), std::string::npos) << yarn.status().message();
+
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  Result<ModelConfig> partial = parse(dir, j);
+  ASSERT_FALSE(partial.ok());
+  EXPECT_EQ(partial.status().code(), StatusCode::k_not_found);
+  EXPECT_NE(partial.status().message().find("low_freq_factor"), std::string::npos) << partial.status().message();
+}
+
+TEST(HfConfig, Qwen2AlwaysHasBiasAndWindowOnlyWhenEnabled) {
+  TempDir dir("cfg");
+  json j = base_llama();
+  j["architectures"] = {"Qwen2ForCausalLM"};
+  j["model_type"] = "qwen2";
+  j["sliding_window"] = 4096;
+  j["use_sliding_window"] = false;
+  Result<ModelConfig> off = parse(dir, j);
+  ASSERT_TRUE(off.ok()) << off.status().to_string();
+  EXPECT_EQ(off->arch, Arch::qwen2);
+  EXPECT_TRUE(off->attention_bias);
+  EXPECT_EQ(off->sliding_window, 0);
+  j["use_sliding_window"] = true;
+  Result<ModelConfig> on = parse(dir, j);
+  ASSERT_TRUE(on.ok()) << on.status().to_string();
+  EXPECT_EQ(on->sliding_window, 4096);
+}
+
+TEST(HfConfig, MistralSlidingWindowNullOrInt) {
+  TempDir dir("cfg");
+  json j = base_llama();
+  j.erase("architectures");  // model_type alone is enough
+  j["model_type"] = "mistral";
+  j["sliding_window"] = nullptr;
+  Result<ModelConfig> none = parse(dir, j);
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_EQ(none->arch, Arch::mistral);
+  EXPECT_EQ(none->sliding_window, 0);
+  EXPECT_FALSE(none->attention_bias);
+  j["sliding_window"] = 4096;
+  Result<ModelConfig> w = parse(dir, j);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->sliding_window, 4096);
+}
+
+// Each bad config gives one line naming the file, with the expected code and words.
+TEST(HfConfig, BadConfigsAreOneLineErrors) {
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    StatusCode code;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"unsupported arch", [](json& j) { j["architectures"] = {"GPT2LMHeadModel"}; }, StatusCode::k_unimplemented,
+       "unsupported architecture 'GPT2LMHeadModel' (supported: llama, mistral, qwen2)"},
+      {"missing hidden_size", [](json& j) { j.erase("hidden_size"); }, StatusCode::k_not_found,
+       "missing field 'hidden_size'"},
+      {"missing layers", [](json& j) { j.erase("num_hidden_layers"); }, StatusCode::k_not_found,
+       "missing field 'num_hidden_layers'"},
+      {"string vocab", [](json& j) { j["vocab_size"] = "big"; }, StatusCode::k_invalid_argument, "'vocab_size'"},
+      {"heads not divisible", [](json& j) { j["num_key_value_heads"] = 3; }, StatusCode::k_invalid_argument,
+       "num_kv_heads"},
+      {"hidden not divisible", [](json& j) { j["num_attention_heads"] = 7; }, StatusCode::k_invalid_argument,
+       "num_attention_heads"},
+      {"negative layers", [](json& j) { j["num_hidden_layers"] = -1; }, StatusCode::k_invalid_argument,
+       "num_hidden_layers"},
+      {"eos past vocab", [](json& j) { j["eos_token_id"] = 5000; }, StatusCode::k_invalid_argument, "eos_token_id"},
+      {"no arch", [](json& j) { j.erase("architectures"); j.erase("model_type"); }, StatusCode::k_not_found,
+       "'architectures'"},
+  };
+  TempDir dir("cfg");
+  const std::string path = dir / "config.json";
+  for (const Case& c : cases) {
+    json j = base_llama();
+    c.edit(j);
+    Result<ModelConfig> r = parse(dir, j);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status().to_string();
+    const std::string& m = r.status().message();
+    EXPECT_EQ(m.rfind(path + ": ", 0), 0u) << c.what << ": " << m;
+    EXPECT_NE(m.find(c.needle), std::string::npos) << c.what << ": " << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << c.what;
+  }
+  snap::testing::write_file(path, "{\"vocab_size\": 10,");
+  Result<ModelConfig> bad = config_from_hf_json(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::k_data_loss);
+  EXPECT_EQ(bad.status().message(), path + ": not valid JSON");
+}
+
+TEST(ModelConfigValidate, CatchesInconsistentValues) {
+  ModelConfig c;
+  c.vocab_size = 100;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.rope.head_dim = 16;
+  c.max_position = 128;
+  EXPECT_TRUE(c.validate("x").ok()) << c.validate("x").to_string();
+  ModelConfig odd = c;
+  odd.head_dim = odd.rope.head_dim = 15;
+  EXPECT_EQ(odd.validate("x").code(), StatusCode::k_invalid_argument);
+  ModelConfig kv = c;
+  kv.num_kv_heads = 3;
+  EXPECT_EQ(kv.validate("x").code(), StatusCode::k_invalid_argument);
+  ModelConfig eps = c;
+  eps.rms_norm_eps = 0.0f;
+  EXPECT_EQ(eps.validate("x").code(), StatusCode::k_invalid_argument);
+  ModelConfig rope = c;
+  rope.rope.head_dim = 8;
+  EXPECT_EQ(rope.validate("x").code(), StatusCode::k_invalid_argument);
+  EXPECT_EQ(rope.validate("m.gguf").message().rfind("m.gguf: ", 0), 0u);
+}
+
+TEST(GgufConfig, ReadsMetadataOfTinyCheckpoint) {
+  TempDir dir("cfg");
+  ASSERT_TRUE(snap::testing::make_tiny_checkpoint(
+      dir.path(), "--arch llama --seed 2 --hidden 48 --heads 4 --kv-heads 2 --head-dim 16 --layers 3 "
+                  "--intermediate 80 --vocab 300 --rope-theta 250000 --rope-scaling llama3 --tie"));
+  Result<GgufFile> g = GgufFile::open(dir / "model.gguf");
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  Result<ModelConfig> c = config_from_gguf(*g);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->arch, Arch::llama);
+  EXPECT_EQ(c->num_layers, 3);
+  EXPECT_EQ(c->hidden_size, 48);
+  EXPECT_EQ(c->intermediate_size, 80);
+  EXPECT_EQ(c->num_heads, 4);
+  EXPECT_EQ(c->num_kv_heads, 2);
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->vocab_size, 300);
+  EXPECT_EQ(c->rope.theta, 250000.0f);
+  EXPECT_EQ(c->rope.scaling, kernels::RopeScaling::llama3);
+  EXPECT_EQ(c->rope.factor, 8.0f);
+  EXPECT_EQ(c->rope.original_max_position, 8192);
+  EXPECT_EQ(c->max_position, 2048);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->name, "tiny-llama");
+  // The tool's vocab: 256 bytes, 16 merges, then <|endoftext|> (bos) and <|im_end|> (eos).
+  EXPECT_EQ(c->bos_token_id, 272);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{274});
+}
+
+}  // namespace
+}  // namespace snap

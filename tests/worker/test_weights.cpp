@@ -1,0 +1,239 @@
+// Weight loader: the GGUF and safetensors forms of the same tiny checkpoint (written by
+// tools/make_tiny_checkpoint.py, GGUF Q/K rows permuted as llama.cpp does) load to
+// bit-identical weights and equal configs; the default model loads with its known
+// config and its dequantized values match the `gguf` package (committed spot-check).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/worker/tiny_checkpoint.h"
+#include "worker/model/weights.h"
+
+namespace snap {
+namespace {
+
+using snap::testing::TempDir;
+
+void expect_same_matrix(const Matrix& a, const Matrix& b, const std::string& what) {
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  ASSERT_EQ(a.rows(), b.rows()) << what;
+  ASSERT_EQ(a.cols(), b.cols()) << what;
+  if (a.empty()) return;
+  const float* x = a.f32();
+  const float* y = b.f32();
+  int bad = 0;
+  for (int64_t i = 0; i < a.rows() * a.cols() && bad < 5; ++i) {
+    if (std::memcmp(&x[i], &y[i], 4) != 0) {
+      ++bad;
+      ADD_FAILURE() << what << " [" << i / a.cols() << ", " << i % a.cols() << "]: gguf " << x[i]
+                    << " vs safetensors " << y[i];
+    }
+  }
+}
+
+// Equal configs; `arch_may_differ`: llama.cpp stores mistral as llama.
+void expect_same_config(const ModelConfig& g, const ModelConfig& h, bool arch_may_differ) {
+  if (!arch_may_differ) {
+    EXPECT_EQ(g.arch, h.arch);
+  }
+  EXPECT_EQ(g.vocab_size, h.vocab_size);
+  EXPECT_EQ(g.hidden_size, h.hidden_size);
+  EXPECT_EQ(g.intermediate_size, h.intermediate_size);
+  EXPECT_EQ(g.num_layers, h.num_layers);
+  EXPECT_EQ(g.num_heads, h.num_heads);
+  EXPECT_EQ(g.num_kv_heads, h.num_kv_heads);
+  EXPECT_EQ(g.head_dim, h.head_dim);
+  EXPECT_EQ(g.rms_norm_eps, h.rms_norm_eps);
+  EXPECT_EQ(g.rope.theta, h.rope.theta);
+  EXPECT_EQ(g.rope.head_dim, h.rope.head_dim);
+  EXPECT_EQ(g.rope.scaling, h.rope.scaling);
+  EXPECT_EQ(g.rope.factor, h.rope.factor);
+  EXPECT_EQ(g.rope.low_freq_factor, h.rope.low_freq_factor);
+  EXPECT_EQ(g.rope.high_freq_factor, h.rope.high_freq_factor);
+  EXPECT_EQ(g.rope.original_max_position, h.rope.original_max_position);
+  EXPECT_EQ(g.max_position, h.max_position);
+  EXPECT_EQ(g.sliding_window, h.sliding_window);
+  EXPECT_EQ(g.tie_word_embeddings, h.tie_word_embeddings);
+  EXPECT_EQ(g.attention_bias, h.attention_bias);
+  EXPECT_EQ(g.bos_token_id, h.bos_token_id);
+  EXPECT_EQ(g.eos_token_ids, h.eos_token_ids);
+}
+
+struct Variant {
+  const char* name;
+  const char* args;
+  Arch arch;
+  bool tied;
+  bool bias;
+  int sliding_window;
+  kernels::RopeScaling scaling;
+};
+
+const Variant k_variants[] = {
+    {"llama_untied", "--arch llama --no-tie --seed 1", Arch::llama, false, false, 0, kernels::RopeScaling::none},
+    {"llama_tied", "--arch llama --tie --seed 2", Arch::llama, true, false, 0, kernels::RopeScaling::none},
+    {"qwen2_bias", "--arch qwen2 --seed 3 --kv-heads 1", Arch::qwen2, false, true, 0, kernels::RopeScaling::none},
+    {"mistral_window", "--arch mistral --seed 4 --sliding-window 32", Arch::mistral, false, false, 32,
+     kernels::RopeScaling::none},
+    {"llama_head_dim", "--arch llama --seed 5 --hidden 48 --heads 4 --kv-heads 2 --head-dim 16", Arch::llama, false,
+     false, 0, kernels::RopeScaling::none},
+    {"llama3_rope", "--arch llama --tie --seed 6 --rope-scaling llama3 --rope-theta 500000", Arch::llama, true, false, 0,
+     kernels::RopeScaling::llama3},
+    {"linear_rope", "--arch llama --seed 7 --rope-scaling linear --heads 2 --kv-heads 2", Arch::llama, false, false,
+     0, kernels::RopeScaling::linear},
+};
+
+class BothFormats : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(BothFormats, LoadToIdenticalWeightsAndConfig) {
+  const Variant& v = GetParam();
+  TempDir dir(v.name);
+  ASSERT_TRUE(snap::testing::make_tiny_checkpoint(dir.path(), v.args));
+  Result<LoadedModel> g = load_model(dir / "model.gguf");
+  Result<LoadedModel> h = load_model(dir / "hf");
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_EQ(g->format, "gguf");
+  EXPECT_EQ(h->format, "safetensors");
+
+  const ModelConfig& c = h->config;
+  EXPECT_EQ(c.arch, v.arch);
+  EXPECT_EQ(c.tie_word_embeddings, v.tied);
+  EXPECT_EQ(c.attention_bias, v.bias);
+  EXPECT_EQ(c.sliding_window, v.sliding_window);
+  EXPECT_EQ(c.rope.scaling, v.scaling);
+  expect_same_config(g->config, c, v.arch == Arch::mistral);
+  if (v.arch == Arch::mistral) {
+    EXPECT_EQ(g->config.arch, Arch::llama);
+  }
+
+  const ModelWeights& gw = g->weights;
+  const ModelWeights& hw = h->weights;
+  EXPECT_EQ(gw.nbytes(), hw.nbytes());
+  expect_same_matrix(gw.embed, hw.embed, "embed");
+  expect_same_matrix(gw.final_norm, hw.final_norm, "final_norm");
+  expect_same_matrix(gw.lm_head, hw.lm_head, "lm_head");
+  EXPECT_EQ(gw.lm_head.empty(), v.tied);
+  EXPECT_EQ(&gw.output(), v.tied ? &gw.embed : &gw.lm_head);
+  ASSERT_EQ(gw.layers.size(), hw.layers.size());
+  for (size_t i = 0; i < gw.layers.size(); ++i) {
+    const LayerWeights& a = gw.layers[i];
+    const LayerWeights& b = hw.layers[i];
+    const std::string l = "layer " + std::to_string(i) + " ";
+    expect_same_matrix(a.attn_norm, b.attn_norm, l + "attn_norm");
+    expect_same_matrix(a.q_proj, b.q_proj, l + "q_proj");
+    expect_same_matrix(a.k_proj, b.k_proj, l + "k_proj");
+    expect_same_matrix(a.v_proj, b.v_proj, l + "v_proj");
+    expect_same_matrix(a.q_bias, b.q_bias, l + "q_bias");
+    expect_same_matrix(a.k_bias, b.k_bias, l + "k_bias");
+    expect_same_matrix(a.v_bias, b.v_bias, l + "v_bias");
+    expect_same_matrix(a.o_proj, b.o_proj, l + "o_proj");
+    expect_same_matrix(a.ffn_norm, b.ffn_norm, l + "ffn_norm");
+    expect_same_matrix(a.gate_proj, b.gate_proj, l + "gate_proj");
+    expect_same_matrix(a.up_proj, b.up_proj, l + "up_proj");
+    expect_same_matrix(a.down_proj, b.down_proj, l + "down_proj");
+    EXPECT_EQ(a.q_bias.empty(), !v.bias);
+    EXPECT_EQ(a.q_proj.rows(), int64_t{c.num_heads} * c.head_dim);
+    EXPECT_EQ(a.k_proj.rows(), int64_t{c.num_kv_heads} * c.head_dim);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyCheckpoints, BothFormats, ::testing::ValuesIn(k_variants),
+                         [](const ::testing::TestParamInfo<Variant>& i) { return std::string(i.param.name); });
+
+// ---------------------------------------------------------------------------
+// The default model
+
+const LoadedModel& default_model() {
+  static const Result<LoadedModel>* m = [] {
+    const std::string path = snap::testing::default_model_path();
+    return new Result<LoadedModel>(std::filesystem::exists(path)
+                                       ? load_model(path)
+                                       : Result<LoadedModel>(not_found(path + ": default model not found; "
+                                                                       "set SNAP_MODEL or run scripts/setup.sh")));
+  }();
+  if (!m->ok()) ADD_FAILURE() << m->status().to_string();
+  return m->value();
+}
+
+TEST(DefaultModel, LoadsWithExpectedConfig) {
+  const std::string path = snap::testing::default_model_path();
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: set SNAP_MODEL or run scripts/setup.sh";
+  const LoadedModel& m = default_model();
+  const ModelConfig& c = m.config;
+  EXPECT_EQ(c.arch, Arch::llama);
+  EXPECT_EQ(c.num_layers, 30);
+  EXPECT_EQ(c.hidden_size, 576);
+  EXPECT_EQ(c.intermediate_size, 1536);
+  EXPECT_EQ(c.num_heads, 9);
+  EXPECT_EQ(c.num_kv_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_EQ(c.rope.theta, 100000.0f);
+  EXPECT_EQ(c.rope.scaling, kernels::RopeScaling::none);
+  EXPECT_EQ(c.max_position, 8192);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{2});
+  EXPECT_TRUE(m.weights.lm_head.empty());
+  EXPECT_EQ(m.weights.embed.rows(), 49152);
+  EXPECT_EQ(m.weights.layers.size(), 30u);
+  // 134.5M parameters, all f32.
+  EXPECT_EQ(m.weights.nbytes(), int64_t{134515008} * 4);
+}
+
+const Matrix* find_matrix(const ModelWeights& w, const std::string& gguf_name) {
+  if (gguf_name == "token_embd.weight") return &w.embed;
+  if (gguf_name == "output_norm.weight") return &w.final_norm;
+  int layer = -1;
+  char field[64] = {};
+  if (std::sscanf(gguf_name.c_str(), "blk.%d.%63s", &layer, field) != 2) return nullptr;
+  if (layer < 0 || static_cast<size_t>(layer) >= w.layers.size()) return nullptr;
+  const LayerWeights& l = w.layers[static_cast<size_t>(layer)];
+  const std::string f = field;
+  if (f == "attn_q.weight") return &l.q_proj;
+  if (f == "attn_k.weight") return &l.k_proj;
+  if (f == "attn_v.weight") return &l.v_proj;
+  if (f == "attn_output.weight") return &l.o_proj;
+  if (f == "ffn_gate.weight") return &l.gate_proj;
+  if (f == "ffn_up.weight") return &l.up_proj;
+  if (f == "ffn_down.weight") return &l.down_proj;
+  if (f == "attn_norm.weight") return &l.attn_norm;
+  if (f == "ffn_norm.weight") return &l.ffn_norm;
+  return nullptr;
+}
+
+TEST(DefaultModel, DequantizedValuesMatchGgufPackage) {
+  const std::string path = snap::testing::default_model_path();
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: set SNAP_MODEL or run scripts/setup.sh";
+  std::ifstream in(SNAP_SOURCE_DIR "/tests/fixtures/smollm2_weight_spotcheck.json");
+  ASSERT_TRUE(in) << "missing fixture; run tools/make_weight_spotcheck.py";
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  const ModelWeights& w = default_model().weights;
+  ASSERT_GE(doc["entries"].size(), 10u);
+  for (const auto& e : doc["entries"]) {
+    const std::string name = e["tensor"];
+    const Matrix* m = find_matrix(w, name);
+    ASSERT_NE(m, nullptr) << name;
+    const int64_t row = e["row"];
+    const int64_t col = e["col"];
+    const auto& values = e["values"];
+    ASSERT_LT(row, m->rows()) << name;
+    ASSERT_LE(col + static_cast<int64_t>(values.size()), m->cols()) << name;
+    for (size_t k = 0; k < values.size(); ++k) {
+      const float want = values[k].get<float>();
+      const float got = m->f32()[row * m->cols() + col + static_cast<int64_t>(k)];
+      EXPECT_EQ(got, want) << name << " (" << e["type"].get<std::string>() << ") [" << row << ", "
+                           << col + static_cast<int64_t>(k) << "]";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace snap

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Writes a tiny random Llama-family checkpoint in both formats with identical weights.
+
+OUT/hf/    config.json + model.safetensors (or shards + model.safetensors.index.json)
+OUT/model.gguf  the same weights as F32, llama.cpp conventions: llama-arch Q/K rows are
+                permuted for interleaved RoPE (the loader must undo it), llama3 rope
+                scaling as a `rope_freqs.weight` tensor, a tiny gpt2-style vocab.
+Weights are seeded (numpy), so two runs with the same arguments give the same files.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+import gguf
+from safetensors.numpy import save_file
+
+# Byte-level BPE (GPT-2): bytes map to printable unicode characters.
+def bytes_to_unicode():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGE_WORDS = ["Ġt", "he", "Ġthe", "in", "er", "Ġa", "on", "re", "at", "en", "Ġs", "Ġw", "or", "an",
+               "is", "it"]
+
+
+def make_vocab(vocab_size):
+    """256 byte tokens, merges building MERGE_WORDS, the specials, then padding tokens."""
+    b2u = bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    merges = []
+    room = vocab_size - 256 - len(SPECIALS)
+    if room < 0:
+        sys.exit(f"--vocab must be at least {256 + len(SPECIALS)}")
+    for word in MERGE_WORDS[:room]:
+        # every word above is two existing tokens: split at the longest known prefix
+        for cut in range(len(word) - 1, 0, -1):
+            if word[:cut] in tokens and word[cut:] in tokens:
+                merges.append(f"{word[:cut]} {word[cut:]}")
+                tokens.append(word)
+                break
+    tokens += SPECIALS
+    types = [1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS)
+    while len(tokens) < vocab_size:
+        tokens.append(f"<|extra_{len(tokens)}|>")
+        types.append(4)  # user-defined
+    return tokens, types, merges
+
+
+def llama3_rope_factors(head_dim, theta, factor, low, high, orig):
+    """llama.cpp's rope_freqs (per-frequency divisor), HF llama3 semantics."""
+    out = []
+    low_wavelen, high_wavelen = orig / low, orig / high
+    for i in range(head_dim // 2):
+        freq = 1.0 / theta ** (2 * i / head_dim)
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def permute_qk(w, n_head):
+    """llama.cpp convert_hf_to_gguf permutation of Q/K rows (weights or biases)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def round_to(x, dtype):
+    """Rounds f32 values to what the chosen storage dtype can hold, so f16/bf16
+    checkpoints convert back to exactly these values."""
+    if dtype == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bf16":
+        u = x.astype(np.float32).view(np.uint32)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        return u.view(np.float32)
+    return x
+
+
+def to_storage(x, dtype):
+    if dtype == "f16":
+        return x.astype(np.float16)
+    if dtype == "bf16":
+        # safetensors.numpy has no bfloat16; callers write BF16 through raw bytes
+        return (x.view(np.uint32) >> 16).astype(np.uint16)
+    return x
+
+
+def save_safetensors(path, tensors, dtype):
+    """safetensors writer that also handles BF16 (numpy has no bfloat16 type)."""
+    if dtype != "bf16":
+        save_file({k: to_storage(v, dtype) for k, v in tensors.items()}, path)
+        return
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        raw = to_storage(tensors[name], dtype).tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(tensors[name].shape),
+                        "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", choices=["llama", "mistral", "qwen2"], default="llama")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=0, help="explicit head_dim (0: hidden/heads)")
+    ap.add_argument("--intermediate", type=int, default=96)
+    ap.add_argument("--vocab", type=int, default=288)
+    ap.add_argument("--tie", dest="tie", action="store_true", default=False)
+    ap.add_argument("--no-tie", dest="tie", action="store_false")
+    ap.add_argument("--rope-scaling", choices=["none", "linear", "llama3"], default="none")
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--sliding-window", type=int, default=0, help="mistral/qwen2: window (0: none)")
+    ap.add_argument("--max-position", type=int, default=2048)
+    ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
+                    help="safetensors storage (values are rounded to it, so the GGUF F32 copy is identical)")
+    ap.add_argument("--shards", type=int, default=1, help=">1: model-0000k-of-0000n.safetensors + index")
+    ap.add_argument("--scale", type=float, default=0.08, help="std of the random weights")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-gguf", action="store_true")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    head_dim = a.head_dim or a.hidden // a.heads
+    if a.head_dim == 0 and a.hidden % a.heads:
+        sys.exit("--hidden must be a multiple of --heads unless --head-dim is given")
+    if a.heads % a.kv_heads or head_dim % 2:
+        sys.exit("--heads must be a multiple of --kv-heads and head_dim even")
+    bias = a.arch == "qwen2"
+    rng = np.random.default_rng(a.seed)
+    q_dim, kv_dim = a.heads * head_dim, a.kv_heads * head_dim
+
+    def rand(*shape, scale=a.scale, offset=0.0):
+        return round_to((offset + scale * rng.standard_normal(shape)).astype(np.float32), a.dtype)
+
+    # HF names and layout [out, in]; norms around 1 so activations stay sane.
+    w = {"model.embed_tokens.weight": rand(a.vocab, a.hidden, scale=0.5)}
+    for i in range(a.layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = rand(a.hidden, scale=0.1, offset=1.0)
+        w[p + "self_attn.q_proj.weight"] = rand(q_dim, a.hidden)
+        w[p + "self_attn.k_proj.weight"] = rand(kv_dim, a.hidden)
+        w[p + "self_attn.v_proj.weight"] = rand(kv_dim, a.hidden)
+        if bias:
+            w[p + "self_attn.q_proj.bias"] = rand(q_dim, scale=0.05)
+            w[p + "self_attn.k_proj.bias"] = rand(kv_dim, scale=0.05)
+            w[p + "self_attn.v_proj.bias"] = rand(kv_dim, scale=0.05)
+        w[p + "self_attn.o_proj.weight"] = rand(a.hidden, q_dim)
+        w[p + "post_attention_layernorm.weight"] = rand(a.hidden, scale=0.1, offset=1.0)
+        w[p + "mlp.gate_proj.weight"] = rand(a.intermediate, a.hidden)
+        w[p + "mlp.up_proj.weight"] = rand(a.intermediate, a.hidden)
+        w[p + "mlp.down_proj.weight"] = rand(a.hidden, a.intermediate)
+    w["model.norm.weight"] = rand(a.hidden, scale=0.1, offset=1.0)
+    if not a.tie:
+        w["lm_head.weight"] = rand(a.vocab, a.hidden)
+
+    tokens, token_types, merges = make_vocab(a.vocab)
+    bos_id = tokens.index("<|endoftext|>")
+    eos_id = tokens.index("<|im_end|>")
+    rope_scaling = None
+    if a.rope_scaling == "linear":
+        rope_scaling = {"type": "linear", "factor": 2.0}
+    elif a.rope_scaling == "llama3":
+        # Llama 3.1's published values (the GGUF reader recognizes these).
+        rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+    arch_class = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+    config = {
+        "architectures": [arch_class[a.arch]], "model_type": a.arch,
+        "vocab_size": a.vocab, "hidden_size": a.hidden, "intermediate_size": a.intermediate,
+        "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
+        "rms_norm_eps": 1e-5, "rope_theta": a.rope_theta, "rope_scaling": rope_scaling,
+        "max_position_embeddings": a.max_position, "tie_word_embeddings": a.tie,
+        "bos_token_id": bos_id, "eos_token_id": eos_id, "hidden_act": "silu", "torch_dtype": "float32",
+    }
+    if a.head_dim:
+        config["head_dim"] = head_dim
+    if a.arch == "llama":
+        config["attention_bias"] = False
+    if a.arch == "mistral":
+        config["sliding_window"] = a.sliding_window or None
+    if a.arch == "qwen2":
+        config["use_sliding_window"] = a.sliding_window > 0
+        config["sliding_window"] = a.sliding_window or a.max_position
+
+    hf_dir = os.path.join(a.out, "hf")
+    os.makedirs(hf_dir, exist_ok=True)
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    names = list(w)
+    if a.shards <= 1:
+        save_safetensors(os.path.join(hf_dir, "model.safetensors"), w, a.dtype)
+    else:
+        weight_map = {}
+        groups = np.array_split(np.arange(len(names)), a.shards)
+        for k, idx in enumerate(groups):
+            fname = f"model-{k + 1:05d}-of-{a.shards:05d}.safetensors"
+            part = {names[j]: w[names[j]] for j in idx}
+            save_safetensors(os.path.join(hf_dir, fname), part, a.dtype)
+            weight_map.update({n: fname for n in part})
+        total = sum(v.size for v in w.values()) * (4 if a.dtype == "f32" else 2)
+        with open(os.path.join(hf_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+    if a.no_gguf:
+        return
+    garch = "qwen2" if a.arch == "qwen2" else "llama"  # llama.cpp stores mistral as llama
+    wr = gguf.GGUFWriter(os.path.join(a.out, "model.gguf"), garch)
+    wr.add_name(f"tiny-{a.arch}")
+    wr.add_block_count(a.layers)
+    wr.add_context_length(a.max_position)
+    wr.add_embedding_length(a.hidden)
+    wr.add_feed_forward_length(a.intermediate)
+    wr.add_head_count(a.heads)
+    wr.add_head_count_kv(a.kv_heads)
+    wr.add_layer_norm_rms_eps(1e-5)
+    wr.add_rope_freq_base(a.rope_theta)
+    wr.add_rope_dimension_count(head_dim)
+    if a.head_dim:
+        wr.add_key_length(head_dim)
+        wr.add_value_length(head_dim)
+    if a.rope_scaling == "linear":
+        wr.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        wr.add_rope_scaling_factor(2.0)
+    if a.sliding_window and a.arch in ("mistral", "qwen2"):
+        wr.add_sliding_window(a.sliding_window)
+    wr.add_vocab_size(a.vocab)
+    wr.add_tokenizer_model("gpt2")
+    wr.add_tokenizer_pre("default")
+    wr.add_token_list(tokens)
+    wr.add_token_types(token_types)
+    wr.add_token_merges(merges)
+    wr.add_bos_token_id(bos_id)
+    wr.add_eos_token_id(eos_id)
+
+    permute = garch == "llama"
+    gg = {"token_embd.weight": w["model.embed_tokens.weight"]}
+    if a.rope_scaling == "llama3":
+        r = rope_scaling
+        gg["rope_freqs.weight"] = llama3_rope_factors(head_dim, a.rope_theta, r["factor"], r["low_freq_factor"],
+                                                      r["high_freq_factor"], r["original_max_position_embeddings"])
+    for i in range(a.layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        q, k = w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"]
+        gg[b + "attn_norm.weight"] = w[p + "input_layernorm.weight"]
+        gg[b + "attn_q.weight"] = permute_qk(q, a.heads) if permute else q
+        gg[b + "attn_k.weight"] = permute_qk(k, a.kv_heads) if permute else k
+        gg[b + "attn_v.weight"] = w[p + "self_attn.v_proj.weight"]
+        if bias:
+            gg[b + "attn_q.bias"] = w[p + "self_attn.q_proj.bias"]
+            gg[b + "attn_k.bias"] = w[p + "self_attn.k_proj.bias"]
+            gg[b + "attn_v.bias"] = w[p + "self_attn.v_proj.bias"]
+        gg[b + "attn_output.weight"] = w[p + "self_attn.o_proj.weight"]
+        gg[b + "ffn_norm.weight"] = w[p + "post_attention_layernorm.weight"]
+        gg[b + "ffn_gate.weight"] = w[p + "mlp.gate_proj.weight"]
+        gg[b + "ffn_up.weight"] = w[p + "mlp.up_proj.weight"]
+        gg[b + "ffn_down.weight"] = w[p + "mlp.down_proj.weight"]
+    gg["output_norm.weight"] = w["model.norm.weight"]
+    if not a.tie:
+        gg["output.weight"] = w["lm_head.weight"]
+    for name, t in gg.items():
+        wr.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+
+
+if __name__ == "__main__":
+    main()
