@@ -14,7 +14,7 @@ echo "test: loader tests under AddressSanitizer" >&2
 asan=${build}-asan
 cuda_off=(-DSNAP_ENABLE_CUDA=OFF -DSNAP_BUILD_BENCH=OFF)
 cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON "${cuda_off[@]}" >/dev/null
-asan_tests=(test_gguf test_safetensors test_load_errors test_dequant)
+asan_tests=(test_gguf test_safetensors test_load_errors test_dequant test_config)
 present=()
 for t in "${asan_tests[@]}"; do [ -f "tests/worker/$t.cpp" ] && present+=("$t"); done
 cmake --build "$asan" -j "$(nproc)" --target "${present[@]}"
