@@ -1,0 +1,457 @@
+// Causal GQA attention over a paged per-KV-head cache (kernels/attention_paged.h).
+// attention_paged_ref: per (token, head), f64 two-pass softmax over every key, masked by
+// position; relies on nothing but the view. attention_paged_cpu: the flash-attention scheme
+// of attention.cpp — work item (KV head, tile of ≤16 queries, KV split), online softmax per
+// row, partial (m, l, acc) merged across splits — with the key loop walking the block table.
+// Keys are processed in logical chunks of 64 spanning several 16-token blocks, so the
+// softmax rescale runs as often as in the contiguous kernel; the dot/axpy loops restart only
+// where the next block is not physically adjacent, and the next chunk's blocks are prefetched.
+#include "kernels/attention_paged.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/check.h"
+#include "kernels/cpu/simd.h"
+
+namespace snap::kernels {
+
+namespace {
+
+constexpr int64_t k_query_tile = 16;
+constexpr int64_t k_key_chunk = 64;        // 64 keys × 64 dims × 4 B = 16 KiB of K, same of V: L1-resident
+constexpr int64_t k_min_split_keys = 256;  // below this a split's merge costs more than it saves
+
+int32_t key_position(const PagedKv& kv, const PagedKvHead& h, int64_t j) {
+  return kv.pos_base[h.block_table[j / kv.block_size] * kv.pos_block_stride + j % kv.block_size];
+}
+
+bool key_visible(int32_t key_pos, int32_t q_pos, int window) {
+  return key_pos <= q_pos && (window <= 0 || static_cast<int64_t>(q_pos) - key_pos < window);
+}
+
+// Visible keys [lo, hi) of a query at q_pos, by binary search over the ascending positions.
+struct KeyRange {
+  int64_t lo = 0, hi = 0;
+};
+KeyRange visible_range(const PagedKv& kv, const PagedKvHead& h, int32_t q_pos, int window) {
+  auto first_above = [&](int64_t bound) {  // first j with pos_j > bound
+    int64_t lo = 0, hi = h.length;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (key_position(kv, h, mid) <= bound)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    return lo;
+  };
+  KeyRange r;
+  r.hi = first_above(q_pos);
+  r.lo = window > 0 ? first_above(static_cast<int64_t>(q_pos) - window) : 0;
+  if (r.hi < r.lo) r.hi = r.lo;
+  return r;
+}
+
+// Calls f(block, slot, count, offset) for each run of keys [a, b) that is contiguous in
+// memory; offset = first key of the run − a. When K and V blocks are packed back to back
+// (stride = block_size × head_dim), physically adjacent blocks — the common case after a
+// sequential prefill — merge into one run, so the dot/axpy loops do not restart every 16 keys.
+template <typename F>
+void for_each_run(const PagedKv& kv, const PagedKvHead& h, int hd, int64_t a, int64_t b, F&& f) {
+  const int64_t bs = kv.block_size;
+  const bool packed = kv.k_block_stride == bs * hd && kv.v_block_stride == bs * hd;
+  for (int64_t j = a; j < b;) {
+    const int64_t base = j - j % bs;  // first key of j's block
+    const int64_t blk = h.block_table[j / bs];
+    int64_t end = std::min(base + bs, b);
+    while (packed && end < b && h.block_table[end / bs] == blk + (end - base) / bs) end = std::min(end + bs, b);
+    f(blk, j - base, end - j, j - a);
+    j = end;
+  }
+}
+
+// --- block primitives, one set per SIMD level --------------------------------------------
+// scores: s[j] = dot(q, k_j), j < n; exp_sum: s[j] = e^(s[j]−m), returns Σ;
+// accumulate: acc += Σ_j p[j]·v_j; scale: acc *= f.
+struct BlockOps {
+  void (*scores)(const float* q, const float* k, int64_t n, int hd, float* s);
+  float (*exp_sum)(float* s, int64_t n, float m);
+  void (*accumulate)(float* acc, const float* p, const float* v, int64_t n, int hd);
+  void (*scale)(float* acc, int hd, float f);
+};
+
+void scores_scalar(const float* q, const float* k, int64_t n, int hd, float* s) {
+  for (int64_t j = 0; j < n; ++j) {
+    float d = 0.0f;
+    for (int i = 0; i < hd; ++i) d += q[i] * k[j * hd + i];
+    s[j] = d;
+  }
+}
+float exp_sum_scalar(float* s, int64_t n, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
+  return sum;
+}
+void accumulate_scalar(float* acc, const float* p, const float* v, int64_t n, int hd) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int i = 0; i < hd; ++i) acc[i] += p[j] * v[j * hd + i];
+}
+void scale_scalar(float* acc, int hd, float f) {
+  for (int i = 0; i < hd; ++i) acc[i] *= f;
+}
+
+// AVX2 needs hd % 8 == 0, AVX-512 hd % 16 == 0 (every Llama-family head_dim is 64 or 128).
+SNAP_TARGET_AVX2 void scores_avx2(const float* q, const float* k, int64_t n, int hd, float* s) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = k + j * hd;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= hd; i += 16) {
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
+    }
+    if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+    s[j] = hsum_avx2(_mm256_add_ps(a0, a1));
+  }
+}
+SNAP_TARGET_AVX2 float exp_sum_avx2(float* s, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = hsum_avx2(acc);
+  for (; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
+  return sum;
+}
+// acc stays in registers across the run: 8 dims per register, 4 registers per pass.
+SNAP_TARGET_AVX2 void accumulate_avx2(float* acc, const float* p, const float* v, int64_t n, int hd) {
+  int i = 0;
+  for (; i + 32 <= hd; i += 32) {
+    __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
+    __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      const float* vj = v + j * hd + i;
+      a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), a0);
+      a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), a3);
+    }
+    _mm256_storeu_ps(acc + i, a0);
+    _mm256_storeu_ps(acc + i + 8, a1);
+    _mm256_storeu_ps(acc + i + 16, a2);
+    _mm256_storeu_ps(acc + i + 24, a3);
+  }
+  for (; i < hd; i += 8) {
+    __m256 a = _mm256_loadu_ps(acc + i);
+    for (int64_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + i), a);
+    _mm256_storeu_ps(acc + i, a);
+  }
+}
+SNAP_TARGET_AVX2 void scale_avx2(float* acc, int hd, float f) {
+  const __m256 fv = _mm256_set1_ps(f);
+  for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), fv));
+}
+
+SNAP_TARGET_AVX512 void scores_avx512(const float* q, const float* k, int64_t n, int hd, float* s) {
+  if (hd == 64) {  // the common case: q in 4 registers for the whole run
+    const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16);
+    const __m512 q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* kj = k + j * 64;
+      __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kj));
+      __m512 b = _mm512_mul_ps(q1, _mm512_loadu_ps(kj + 16));
+      a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kj + 32), a);
+      b = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kj + 48), b);
+      s[j] = hsum_avx512(_mm512_add_ps(a, b));
+    }
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = k + j * hd;
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= hd; i += 32) {
+      a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kj + i), a);
+      b = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), _mm512_loadu_ps(kj + i + 16), b);
+    }
+    if (i < hd) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kj + i), a);
+    s[j] = hsum_avx512(_mm512_add_ps(a, b));
+  }
+}
+SNAP_TARGET_AVX512 float exp_sum_avx512(float* s, int64_t n, float m) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 msk = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1);
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, s + j), mv));
+    _mm512_mask_storeu_ps(s + j, msk, e);
+    acc = _mm512_mask_add_ps(acc, msk, acc, e);
+  }
+  return hsum_avx512(acc);
+}
+SNAP_TARGET_AVX512 void accumulate_avx512(float* acc, const float* p, const float* v, int64_t n, int hd) {
+  int i = 0;
+  for (; i + 64 <= hd; i += 64) {
+    __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
+    __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512 pj = _mm512_set1_ps(p[j]);
+      const float* vj = v + j * hd + i;
+      a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), a0);
+      a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), a1);
+      a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), a2);
+      a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), a3);
+    }
+    _mm512_storeu_ps(acc + i, a0);
+    _mm512_storeu_ps(acc + i + 16, a1);
+    _mm512_storeu_ps(acc + i + 32, a2);
+    _mm512_storeu_ps(acc + i + 48, a3);
+  }
+  for (; i < hd; i += 16) {
+    __m512 a = _mm512_loadu_ps(acc + i);
+    for (int64_t j = 0; j < n; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(v + j * hd + i), a);
+    _mm512_storeu_ps(acc + i, a);
+  }
+}
+SNAP_TARGET_AVX512 void scale_avx512(float* acc, int hd, float f) {
+  const __m512 fv = _mm512_set1_ps(f);
+  for (int i = 0; i < hd; i += 16) _mm512_storeu_ps(acc + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), fv));
+}
+
+BlockOps pick_ops(int head_dim) {
+  const SimdLevel level = simd_level();
+  if (level == SimdLevel::avx512 && head_dim % 16 == 0)
+    return {scores_avx512, exp_sum_avx512, accumulate_avx512, scale_avx512};
+  if (level != SimdLevel::scalar && head_dim % 8 == 0) return {scores_avx2, exp_sum_avx2, accumulate_avx2, scale_avx2};
+  return {scores_scalar, exp_sum_scalar, accumulate_scalar, scale_scalar};
+}
+
+// Running softmax state of one (query, head) row: acc is unnormalized, output = acc / l.
+struct RowState {
+  float m = -std::numeric_limits<float>::infinity();
+  float l = 0.0f;
+};
+
+// Software prefetch of the K and V blocks holding keys [a, b), one 64-key chunk ahead: with
+// blocks scattered by compression and reuse, each 4 KiB block is a new page where the
+// hardware prefetcher restarts cold (SmolLM2 decode at 8K keys over a shuffled free list,
+// 1 thread: 827 µs without, ~590 µs with; contiguous 470 µs).
+void prefetch_keys(const PagedKv& kv, const PagedKvHead& h, int64_t a, int64_t b, int hd) {
+  for_each_run(kv, h, hd, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t) {
+    const char* k = reinterpret_cast<const char*>(kv.k_base + blk * kv.k_block_stride + slot * hd);
+    const char* v = reinterpret_cast<const char*>(kv.v_base + blk * kv.v_block_stride + slot * hd);
+    const int64_t bytes = count * hd * static_cast<int64_t>(sizeof(float));
+    for (int64_t off = 0; off < bytes; off += 64) {
+      _mm_prefetch(k + off, _MM_HINT_T0);
+      _mm_prefetch(v + off, _MM_HINT_T0);
+    }
+  });
+}
+
+// Per-thread buffers of run_item, sized for one query tile.
+struct Scratch {
+  std::vector<RowState> state;  // [rows]
+  std::vector<float> acc, qs;   // [rows, head_dim]
+  std::vector<float> s;         // [k_key_chunk]
+  std::vector<KeyRange> vis;    // [k_query_tile]
+};
+
+// One work item: KV head g, queries [t0, t1), logical keys [kb, ke). Leaves (m, l, acc) per
+// row in the scratch; rows ordered (token, head within group).
+void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t t0, int64_t t1, const PagedKv& kv,
+              int64_t kb, int64_t ke, const AttentionParams& p, int g, Scratch& sc) {
+  const int hd = p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int64_t num_rows = (t1 - t0) * group;
+  const PagedKvHead& head = kv.heads[g];
+  int64_t lo_all = ke, hi_all = kb;  // union of the tile's visible ranges within [kb, ke)
+  for (int64_t t = t0; t < t1; ++t) {
+    KeyRange r = visible_range(kv, head, q_pos[t], p.sliding_window);
+    r.lo = std::max(r.lo, kb);
+    r.hi = std::min(r.hi, ke);
+    sc.vis[t - t0] = r;
+    if (r.lo < r.hi) {
+      lo_all = std::min(lo_all, r.lo);
+      hi_all = std::max(hi_all, r.hi);
+    }
+  }
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t t = t0 + r / group;
+    const int h = g * group + static_cast<int>(r % group);
+    const float* qr = q + (t * p.num_heads + h) * hd;
+    for (int i = 0; i < hd; ++i) sc.qs[r * hd + i] = qr[i] * p.scale;
+    std::fill(sc.acc.begin() + r * hd, sc.acc.begin() + (r + 1) * hd, 0.0f);
+    sc.state[r] = RowState{};
+  }
+  float* s = sc.s.data();
+  for (int64_t j0 = lo_all; j0 < hi_all; j0 += k_key_chunk) {
+    const int64_t j1 = std::min(hi_all, j0 + k_key_chunk);
+    prefetch_keys(kv, head, j1, std::min(hi_all, j1 + k_key_chunk), hd);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const KeyRange& vis = sc.vis[r / group];
+      const int64_t a = std::max(j0, vis.lo), b = std::min(j1, vis.hi);
+      if (a >= b) continue;
+      const int64_t n = b - a;
+      const float* qr = sc.qs.data() + r * hd;
+      float* acc = sc.acc.data() + r * hd;
+      RowState& st = sc.state[r];
+      for_each_run(kv, head, hd, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
+        ops.scores(qr, kv.k_base + blk * kv.k_block_stride + slot * hd, count, hd, s + off);
+      });
+      float m = st.m;
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+      if (m > st.m) {
+        const float f = std::exp(st.m - m);  // 0 on the first chunk (m was −inf)
+        st.l *= f;
+        ops.scale(acc, hd, f);
+        st.m = m;
+      }
+      st.l += ops.exp_sum(s, n, st.m);
+      for_each_run(kv, head, hd, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
+        ops.accumulate(acc, s + off, kv.v_base + blk * kv.v_block_stride + slot * hd, count, hd);
+      });
+    }
+  }
+}
+
+void write_row(const RowState& st, const float* acc, int hd, float* o) {
+  const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
+  for (int i = 0; i < hd; ++i) o[i] = acc[i] * inv;
+  if (std::isnan(st.l)) std::fill(o, o + hd, st.l);
+}
+
+}  // namespace
+
+void attention_paged_ref(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKv& kv,
+                         const AttentionParams& p, float* out) {
+  const int hd = p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
+  std::vector<double> w;
+  std::vector<int64_t> keys;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      const PagedKvHead& head = kv.heads[h / group];
+      const float* qh = q + (t * p.num_heads + h) * hd;
+      float* o = out + (t * p.num_heads + h) * hd;
+      keys.clear();
+      w.clear();
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < head.length; ++j) {
+        if (!key_visible(key_position(kv, head, j), q_positions[t], p.sliding_window)) continue;
+        const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+        const float* kj = kv.k_base + blk * kv.k_block_stride + slot * hd;
+        double d = 0.0;
+        for (int i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kj[i];
+        keys.push_back(j);
+        w.push_back(d * p.scale);
+        m = std::max(m, w.back());
+      }
+      double sum = 0.0;
+      for (double& x : w) sum += (x = std::exp(x - m));
+      for (int i = 0; i < hd; ++i) {
+        double acc = 0.0;
+        for (size_t n = 0; n < keys.size(); ++n) {
+          const int64_t j = keys[n];
+          const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+          acc += w[n] * kv.v_base[blk * kv.v_block_stride + slot * hd + i];
+        }
+        o[i] = keys.empty() ? 0.0f : static_cast<float>(acc / sum);
+      }
+    }
+  }
+}
+
+void attention_paged_cpu(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKv& kv,
+                         const AttentionParams& p, float* out) {
+  CHECK(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0)
+      << "attention_paged: heads " << p.num_heads << "/" << p.num_kv_heads;
+  CHECK_GT(kv.block_size, 0);
+  const int hd = p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
+  const BlockOps ops = pick_ops(hd);
+  int64_t max_len = 0;
+  for (int g = 0; g < p.num_kv_heads; ++g) max_len = std::max(max_len, kv.heads[g].length);
+  const int64_t num_tiles = (num_tokens + k_query_tile - 1) / k_query_tile;
+  const int64_t base_items = num_tiles * p.num_kv_heads;
+  const int threads = omp_get_max_threads();
+  // Aim for ≥ 4 items per thread so causal imbalance evens out; split KV only when short of that.
+  int64_t splits = 1;
+  if (base_items < 4 * threads) {
+    splits = std::min<int64_t>((4 * threads + base_items - 1) / base_items, max_len / k_min_split_keys);
+    splits = std::max<int64_t>(splits, 1);
+  }
+  const int64_t rows_per_tile = k_query_tile * group;
+  // Partial results only when split: [splits][num_tokens][num_heads] × (m, l, acc[hd]).
+  std::vector<RowState> part_state(splits > 1 ? static_cast<size_t>(splits * num_tokens * p.num_heads) : 0);
+  std::vector<float> part_acc(splits > 1 ? static_cast<size_t>(splits * num_tokens * p.num_heads * hd) : 0);
+
+#pragma omp parallel if (base_items * splits > 1 && num_tokens * max_len * p.num_heads >= 4096)
+  {
+    Scratch sc;
+    sc.state.resize(static_cast<size_t>(rows_per_tile));
+    sc.acc.resize(static_cast<size_t>(rows_per_tile * hd));
+    sc.qs.resize(static_cast<size_t>(rows_per_tile * hd));
+    sc.s.resize(static_cast<size_t>(k_key_chunk));
+    sc.vis.resize(static_cast<size_t>(k_query_tile));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < base_items * splits; ++item) {
+      // Longest first: later query tiles see more keys under the causal mask.
+      const int64_t tile = num_tiles - 1 - item / (p.num_kv_heads * splits);
+      const int g = static_cast<int>((item / splits) % p.num_kv_heads);
+      const int64_t split = item % splits;
+      const int64_t t0 = tile * k_query_tile, t1 = std::min(num_tokens, t0 + k_query_tile);
+      const int64_t len = kv.heads[g].length;
+      const int64_t split_len = (len + splits - 1) / splits;  // heads differ in length after compression
+      const int64_t kb = std::min(len, split * split_len), ke = std::min(len, kb + split_len);
+      run_item(ops, q, q_positions, t0, t1, kv, kb, ke, p, g, sc);
+      for (int64_t r = 0; r < (t1 - t0) * group; ++r) {
+        const int64_t t = t0 + r / group;
+        const int h = g * group + static_cast<int>(r % group);
+        const float* a = sc.acc.data() + r * hd;
+        if (splits == 1) {
+          write_row(sc.state[r], a, hd, out + (t * p.num_heads + h) * hd);
+        } else {
+          const int64_t idx = (split * num_tokens + t) * p.num_heads + h;
+          part_state[idx] = sc.state[r];
+          std::copy(a, a + hd, part_acc.data() + idx * hd);
+        }
+      }
+    }
+  }
+  if (splits == 1) return;
+    // Merge: out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M = max_s m_s; splits in order.
+#pragma omp parallel for collapse(2) if (num_tokens * p.num_heads >= 64)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      float* o = out + (t * p.num_heads + h) * hd;
+      float big_m = -std::numeric_limits<float>::infinity();
+      for (int64_t sp = 0; sp < splits; ++sp)
+        big_m = std::max(big_m, part_state[(sp * num_tokens + t) * p.num_heads + h].m);
+      std::fill(o, o + hd, 0.0f);
+      RowState merged;
+      merged.l = 0.0f;
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const int64_t idx = (sp * num_tokens + t) * p.num_heads + h;
+        const RowState& st = part_state[idx];
+        if (st.l == 0.0f) continue;  // no visible key in this split
+        const float f = std::exp(st.m - big_m);
+        merged.l += st.l * f;
+        const float* a = part_acc.data() + idx * hd;
+        for (int i = 0; i < hd; ++i) o[i] += a[i] * f;
+      }
+      write_row(merged, o, hd, o);
+    }
+  }
+}
+
+}  // namespace snap::kernels

@@ -1,0 +1,275 @@
+// attention_paged: the paged kernels against the contiguous attention_ref on the same data
+// (num_tokens × kv_len × GQA ratio × head_dim × block size × window), with block ids
+// shuffled across heads and padded strides, or packed with mostly adjacent blocks, and NaN
+// in every slot past a head's length;
+// a compacted cache (heads of different lengths, non-contiguous positions, an empty head)
+// against a naive full softmax computed here; NaN in a visible value is not hidden.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "kernels/attention_paged.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace snap::kernels {
+namespace {
+
+// Same budget as test_attention.cpp: a missing or extra key moves outputs by ~1/kv_len ≥ 1e-3.
+constexpr double k_tol = 1e-5;
+constexpr float k_nan = std::numeric_limits<float>::quiet_NaN();
+
+// A hand-built paged store: per head the (key, value, position) entries given, in blocks of
+// block_size; unused slots hold NaN. Scattered: ids shuffled, strides padded. Packed (as the
+// BlockPool lays them out): strides exact, ids mostly consecutive with some pairs swapped, so
+// runs of physically adjacent blocks both merge and break.
+struct PagedStore {
+  int block_size = 0, head_dim = 0;
+  int64_t k_stride = 0, v_stride = 0, pos_stride = 0;
+  std::vector<float> k, v;
+  std::vector<int32_t> pos;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<PagedKvHead> heads;
+
+  // k_rows/v_rows[g]: [len_g, head_dim]; positions[g]: [len_g].
+  PagedStore(int bs, int hd, const std::vector<std::vector<float>>& k_rows,
+             const std::vector<std::vector<float>>& v_rows, const std::vector<std::vector<int32_t>>& positions,
+             uint32_t seed, bool packed = false)
+      : block_size(bs),
+        head_dim(hd),
+        k_stride(int64_t{bs} * hd + (packed ? 0 : 8)),
+        v_stride(int64_t{bs} * hd + (packed ? 0 : 24)),
+        pos_stride(bs + (packed ? 0 : 3)) {
+    const size_t num_kv_heads = positions.size();
+    int64_t num_blocks = 0;
+    for (const auto& p : positions) num_blocks += (static_cast<int64_t>(p.size()) + bs - 1) / bs;
+    num_blocks += 2;  // spare blocks that no head uses
+    std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    if (packed) {
+      for (size_t i = 0; i + 1 < ids.size(); i += 5) std::swap(ids[i], ids[i + 1]);
+    } else {
+      std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+    }
+    k.assign(static_cast<size_t>(num_blocks * k_stride), k_nan);
+    v.assign(static_cast<size_t>(num_blocks * v_stride), k_nan);
+    pos.assign(static_cast<size_t>(num_blocks * pos_stride), -1);
+    tables.resize(num_kv_heads);
+    size_t next = 0;
+    for (size_t g = 0; g < num_kv_heads; ++g) {
+      const int64_t len = static_cast<int64_t>(positions[g].size());
+      for (int64_t j = 0; j < len; ++j) {
+        if (j % bs == 0) tables[g].push_back(ids[next++]);
+        const int64_t b = tables[g].back(), s = j % bs;
+        std::copy_n(&k_rows[g][j * hd], hd, &k[b * k_stride + s * hd]);
+        std::copy_n(&v_rows[g][j * hd], hd, &v[b * v_stride + s * hd]);
+        pos[b * pos_stride + s] = positions[g][j];
+      }
+    }
+    for (size_t g = 0; g < num_kv_heads; ++g)
+      heads.push_back({tables[g].data(), static_cast<int64_t>(positions[g].size())});
+  }
+
+  PagedKv view() const {
+    PagedKv kv;
+    kv.k_base = k.data();
+    kv.v_base = v.data();
+    kv.pos_base = pos.data();
+    kv.k_block_stride = k_stride;
+    kv.v_block_stride = v_stride;
+    kv.pos_block_stride = pos_stride;
+    kv.block_size = block_size;
+    kv.heads = heads.data();
+    return kv;
+  }
+};
+
+struct Case {
+  int64_t num_tokens, kv_len;
+  int ratio, head_dim, block_size, window;
+};
+
+std::string describe(const Case& c) {
+  return "tokens " + std::to_string(c.num_tokens) + " kv_len " + std::to_string(c.kv_len) + " ratio " +
+         std::to_string(c.ratio) + " head_dim " + std::to_string(c.head_dim) + " block " +
+         std::to_string(c.block_size) + " window " + std::to_string(c.window);
+}
+
+// Paged (ref and every SIMD level of cpu) vs attention_ref over contiguous K/V, keys at 0..kv_len−1.
+void run_case(const Case& c, int num_kv_heads = 2) {
+  AttentionParams p;
+  p.num_kv_heads = num_kv_heads;
+  p.num_heads = num_kv_heads * c.ratio;
+  p.head_dim = c.head_dim;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.sliding_window = c.window;
+  const int64_t hd = c.head_dim, stride = c.kv_len * hd;
+  const std::vector<float> q = test::random_floats(c.num_tokens * p.num_heads * hd, 1, -2.0f, 2.0f);
+  const std::vector<float> k = test::random_floats(num_kv_heads * stride, 2, -2.0f, 2.0f);
+  const std::vector<float> v = test::random_floats(num_kv_heads * stride, 3);
+  std::vector<int32_t> q_pos(static_cast<size_t>(c.num_tokens));
+  const int64_t first = std::max<int64_t>(0, c.kv_len - c.num_tokens);
+  for (int64_t t = 0; t < c.num_tokens; ++t) q_pos[t] = static_cast<int32_t>(first + t);
+
+  std::vector<std::vector<float>> k_rows, v_rows;
+  std::vector<std::vector<int32_t>> positions;
+  for (int g = 0; g < num_kv_heads; ++g) {
+    k_rows.emplace_back(k.begin() + g * stride, k.begin() + (g + 1) * stride);
+    v_rows.emplace_back(v.begin() + g * stride, v.begin() + (g + 1) * stride);
+    positions.emplace_back(static_cast<size_t>(c.kv_len));
+    std::iota(positions.back().begin(), positions.back().end(), 0);
+  }
+  std::vector<float> want(q.size());
+  attention_ref(q.data(), q_pos.data(), c.num_tokens, k.data(), v.data(), stride, c.kv_len, p, want.data());
+  for (bool packed : {false, true}) {
+    const PagedStore store(c.block_size, c.head_dim, k_rows, v_rows, positions, 4, packed);
+    const std::string layout = packed ? " packed" : " scattered";
+    std::vector<float> got(q.size(), -7.0f);
+    attention_paged_ref(q.data(), q_pos.data(), c.num_tokens, store.view(), p, got.data());
+    EXPECT_TRUE(test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-6))
+        << "paged ref " << describe(c) << layout;
+    for (SimdLevel level : test::supported_levels()) {
+      test::LevelGuard guard(level);
+      std::fill(got.begin(), got.end(), -7.0f);
+      attention_paged_cpu(q.data(), q_pos.data(), c.num_tokens, store.view(), p, got.data());
+      EXPECT_TRUE(test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), k_tol))
+          << "paged cpu " << test::level_name(level) << " " << describe(c) << layout;
+    }
+  }
+}
+
+TEST(AttentionPaged, MatchesContiguousReferenceOverShapeTable) {
+  for (int64_t num_tokens : {1, 5, 37}) {
+    for (int64_t kv_len : {1, 15, 16, 17, 300}) {
+      for (int ratio : {1, 3, 4}) {
+        for (int head_dim : {64, 128}) {
+          for (int block_size : {1, 16, 32}) run_case({num_tokens, kv_len, ratio, head_dim, block_size, 0});
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionPaged, SlidingWindowMatchesContiguousReference) {
+  for (int64_t num_tokens : {1, 5, 37}) {
+    for (int64_t kv_len : {17, 300}) {
+      for (int window : {1, 5, 100}) run_case({num_tokens, kv_len, 3, 64, 16, window});
+    }
+  }
+}
+
+TEST(AttentionPaged, LongDecodeSplitsAcrossThreads) {
+  run_case({1, 4000, 3, 64, 16, 0}, 3);  // SmolLM2 decode: KV split across threads, merged after
+  run_case({1, 3000, 4, 128, 32, 0}, 1);
+  run_case({1, 3000, 3, 64, 16, 1000}, 3);
+  run_case({200, 200, 3, 64, 16, 0}, 3);  // SmolLM2 prefill chunk
+}
+
+TEST(AttentionPaged, OddHeadDimUsesScalarPathCorrectly) { run_case({5, 40, 2, 36, 16, 0}); }
+
+// Naive reference for arbitrary per-head entries: explicit scores, −inf mask, full softmax.
+std::vector<float> naive_attention(const std::vector<float>& q, const std::vector<int32_t>& q_pos,
+                                   const std::vector<std::vector<float>>& k_rows,
+                                   const std::vector<std::vector<float>>& v_rows,
+                                   const std::vector<std::vector<int32_t>>& positions, const AttentionParams& p) {
+  const int64_t num_tokens = static_cast<int64_t>(q_pos.size());
+  const int hd = p.head_dim, group = p.num_heads / p.num_kv_heads;
+  std::vector<float> out(q.size(), 0.0f);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      const int g = h / group;
+      const size_t len = positions[g].size();
+      std::vector<double> s(len);
+      double m = -std::numeric_limits<double>::infinity();
+      for (size_t j = 0; j < len; ++j) {
+        double d = 0.0;
+        for (int i = 0; i < hd; ++i)
+          d += static_cast<double>(q[(t * p.num_heads + h) * hd + i]) * k_rows[g][j * hd + i];
+        const int32_t kp = positions[g][j];
+        const bool masked = kp > q_pos[t] || (p.sliding_window > 0 && q_pos[t] - kp >= p.sliding_window);
+        s[j] = masked ? -std::numeric_limits<double>::infinity() : d * p.scale;
+        m = std::max(m, s[j]);
+      }
+      if (m == -std::numeric_limits<double>::infinity()) continue;  // nothing visible: zeros
+      double sum = 0.0;
+      for (double& x : s) sum += (x = std::exp(x - m));
+      for (int i = 0; i < hd; ++i) {
+        double o = 0.0;
+        for (size_t j = 0; j < len; ++j) o += s[j] / sum * v_rows[g][j * hd + i];
+        out[(t * p.num_heads + h) * hd + i] = static_cast<float>(o);
+      }
+    }
+  }
+  return out;
+}
+
+TEST(AttentionPaged, CompactedHeadsWithDifferentLengthsMatchNaive) {
+  // 4 KV heads after compression: 700 of 1200 positions, 1 position, none, every 3rd, as
+  // SnapKV leaves them; queries are a decode token and a 5-token chunk at the end.
+  const int hd = 64, num_kv_heads = 4, ratio = 3;
+  const int32_t seq_len = 1200;
+  std::mt19937 gen(21);
+  std::vector<std::vector<int32_t>> positions(num_kv_heads);
+  for (int32_t x = 0; x < seq_len; ++x)
+    if (gen() % 12 < 7) positions[0].push_back(x);
+  positions[1] = {seq_len - 1};
+  for (int32_t x = 0; x < seq_len; x += 3) positions[3].push_back(x);
+  std::vector<std::vector<float>> k_rows, v_rows;
+  for (int g = 0; g < num_kv_heads; ++g) {
+    const int64_t n = static_cast<int64_t>(positions[g].size()) * hd;
+    k_rows.push_back(test::random_floats(n, 30 + g, -2.0f, 2.0f));
+    v_rows.push_back(test::random_floats(n, 40 + g));
+  }
+  AttentionParams p{num_kv_heads * ratio, num_kv_heads, hd, 0.125f, 0};
+  for (const std::vector<int32_t>& q_pos :
+       {std::vector<int32_t>{seq_len}, std::vector<int32_t>{1195, 1196, 1197, 1198, 1199}}) {
+    for (int window : {0, 50}) {
+      p.sliding_window = window;
+      const std::vector<float> q = test::random_floats(static_cast<int64_t>(q_pos.size()) * p.num_heads * hd, 50);
+      const std::vector<float> want = naive_attention(q, q_pos, k_rows, v_rows, positions, p);
+      for (int block_size : {1, 16, 32}) {
+        const PagedStore store(block_size, hd, k_rows, v_rows, positions, 5, block_size == 16);
+        const std::string what = "tokens " + std::to_string(q_pos.size()) + " window " + std::to_string(window) +
+                                 " block " + std::to_string(block_size);
+        std::vector<float> got(q.size(), -7.0f);
+        attention_paged_ref(q.data(), q_pos.data(), static_cast<int64_t>(q_pos.size()), store.view(), p, got.data());
+        EXPECT_TRUE(test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-6)) << "ref " << what;
+        for (SimdLevel level : test::supported_levels()) {
+          test::LevelGuard guard(level);
+          std::fill(got.begin(), got.end(), -7.0f);
+          attention_paged_cpu(q.data(), q_pos.data(), static_cast<int64_t>(q_pos.size()), store.view(), p, got.data());
+          EXPECT_TRUE(test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), k_tol))
+              << "cpu " << test::level_name(level) << " " << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionPaged, NanInVisibleValueIsNotHidden) {
+  const int hd = 64;
+  const int64_t len = 600;  // long enough for the decode split
+  std::vector<std::vector<int32_t>> positions(1, std::vector<int32_t>(len));
+  std::iota(positions[0].begin(), positions[0].end(), 0);
+  std::vector<std::vector<float>> k_rows{test::random_floats(len * hd, 60)}, v_rows{test::random_floats(len * hd, 61)};
+  v_rows[0][300 * hd + 5] = k_nan;
+  const PagedStore store(16, hd, k_rows, v_rows, positions, 6);
+  AttentionParams p{3, 1, hd, 0.125f, 0};
+  const std::vector<float> q = test::random_floats(2 * 3 * hd, 62);
+  const std::vector<int32_t> q_pos{200, 599};  // the first query does not see key 300
+  for (SimdLevel level : test::supported_levels()) {
+    test::LevelGuard guard(level);
+    std::vector<float> got(q.size(), 0.0f);
+    attention_paged_cpu(q.data(), q_pos.data(), 2, store.view(), p, got.data());
+    for (int h = 0; h < 3; ++h) {
+      EXPECT_FALSE(std::isnan(got[h * hd + 5])) << test::level_name(level) << " head " << h << " query 0";
+      EXPECT_TRUE(std::isnan(got[(3 + h) * hd + 5])) << test::level_name(level) << " head " << h << " query 1";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace snap::kernels
