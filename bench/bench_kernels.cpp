@@ -1,12 +1,13 @@
 // Kernel micro-benchmarks (Google Benchmark): a STREAM-like triad (the memory-bandwidth
-// floor), matmul at SmolLM2-135M shapes for decode (1 token: GB/s of weights streamed)
-// and prefill (512 tokens: GFLOP/s), each path separately for the threshold choice,
+// floor), matmul (f32, f16, q8_0, q4_1, q4_0 weights) at SmolLM2-135M shapes for decode
+// (1 token: GB/s of weights streamed) and prefill (512 tokens: GFLOP/s), each path separately for the threshold choice,
 // attention decode at kv_len 1K/8K, rms_norm. Run: build/bench/bench_kernels.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -41,17 +42,41 @@ void BM_StreamTriad(benchmark::State& state) {
 BENCHMARK(BM_StreamTriad)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // --- matmul ----------------------------------------------------------------------
-// Args: rows, cols, num_tokens, dtype (0 f32, 1 f16), path (0 dispatcher, 1 matvec, 2 gemm).
+// Weight dtypes by benchmark argument: 0 f32, 1 f16, 2 q8_0, 3 q4_1, 4 q4_0.
+constexpr DType k_bench_dtypes[] = {DType::f32, DType::f16, DType::q8_0, DType::q4_1, DType::q4_0};
+
+// Weight storage for a benchmark: floats converted, or random blocks with small f16 scales
+// (the timing does not depend on the values).
+std::vector<uint8_t> bench_weight(DType dtype, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> data(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
+  if (!dtype_is_quantized(dtype)) {
+    const std::vector<float> wf = random_floats(rows * cols, 1);
+    for (size_t i = 0; i < wf.size(); ++i) {
+      if (dtype == DType::f32) {
+        std::memcpy(&data[4 * i], &wf[i], 4);
+      } else {
+        const uint16_t h = f32_to_f16(wf[i]);
+        std::memcpy(&data[2 * i], &h, 2);
+      }
+    }
+    return data;
+  }
+  std::mt19937 gen(1);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(gen());
+  const uint16_t d = f32_to_f16(0.01f), m = f32_to_f16(-0.05f);
+  for (size_t off = 0; off < data.size(); off += static_cast<size_t>(dtype_block_bytes(dtype))) {
+    std::memcpy(&data[off], &d, 2);
+    if (dtype == DType::q4_1) std::memcpy(&data[off + 2], &m, 2);
+  }
+  return data;
+}
+
+// Args: rows, cols, num_tokens, dtype (k_bench_dtypes), path (0 dispatcher, 1 matvec, 2 gemm).
 void BM_Matmul(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1), num_tokens = state.range(2);
-  const DType dtype = state.range(3) == 0 ? DType::f32 : DType::f16;
-  const std::vector<float> wf = random_floats(rows * cols, 1);
-  std::vector<uint16_t> wh;
-  if (dtype == DType::f16) {
-    wh.resize(wf.size());
-    for (size_t i = 0; i < wf.size(); ++i) wh[i] = f32_to_f16(wf[i]);
-  }
-  const WeightView w{dtype, dtype == DType::f32 ? static_cast<const void*>(wf.data()) : wh.data(), rows, cols};
+  const DType dtype = k_bench_dtypes[state.range(3)];
+  const std::vector<uint8_t> wd = bench_weight(dtype, rows, cols);
+  const WeightView w{dtype, wd.data(), rows, cols};
   const std::vector<float> x = random_floats(num_tokens * cols, 2);
   std::vector<float> y(static_cast<size_t>(num_tokens * rows));
   auto fn = state.range(4) == 1 ? matmul_matvec_cpu : state.range(4) == 2 ? matmul_gemm_cpu : matmul_cpu;
@@ -60,22 +85,22 @@ void BM_Matmul(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
   }
   const double it = static_cast<double>(state.iterations());
-  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(rows * cols * dtype_size(dtype)) * it,
-                                              benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(wd.size()) * it, benchmark::Counter::kIsRate,
+                                              benchmark::Counter::kIs1000);
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * num_tokens * it / 1e9, benchmark::Counter::kIsRate);
 }
 
 void matmul_shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"rows", "cols", "tokens", "f16", "path"});
+  b->ArgNames({"rows", "cols", "tokens", "dtype", "path"});
   for (int64_t tokens : {1, 512}) {
-    for (int dt : {0, 1}) {
+    for (int dt : {0, 1, 2, 3, 4}) {
       for (auto [r, c] : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}})
         b->Args({r, c, tokens, dt, 0});
     }
   }
   // Threshold sweep: matvec vs gemm for small batches on the MLP up-projection.
   for (int64_t tokens : {2, 4, 8, 16, 32}) {
-    for (int dt : {0, 1}) {
+    for (int dt : {0, 1, 2, 3, 4}) {
       b->Args({1536, 576, tokens, dt, 1});
       b->Args({1536, 576, tokens, dt, 2});
     }

@@ -1,4 +1,6 @@
-// Element types and scalar conversions between f32, f16 (IEEE binary16) and bf16.
+// Element types (f32, f16 = IEEE binary16, bf16) and the ggml block formats a weight
+// matrix may keep in memory (q8_0, q4_0, q4_1: 32 elements per block, rows are whole
+// blocks), with their sizes, and scalar conversions between f32, f16 and bf16.
 // Conversions are exact where the target can represent the value; f32->f16/bf16
 // rounds to nearest even. Vectorized conversions live in the kernels.
 #pragma once
@@ -6,20 +8,61 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/check.h"
+
 namespace snap {
 
-enum class DType : uint8_t { f32, f16, bf16 };
+// Block layouts (ggml's, byte-identical to the GGUF file; little-endian):
+//   q8_0: f16 d, int8 q[32]             w[j] = d·q[j]                      34 bytes
+//   q4_0: f16 d, u8 qs[16]              w[j] = d·(nib − 8)                 18 bytes
+//   q4_1: f16 d, f16 m, u8 qs[16]       w[j] = d·nib + m                   20 bytes
+// where for j < 16 nib = qs[j] & 15 and for j ≥ 16 nib = qs[j − 16] >> 4.
+enum class DType : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_1 };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::f32: return "f32";
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
+    case DType::q8_0: return "q8_0";
+    case DType::q4_0: return "q4_0";
+    case DType::q4_1: return "q4_1";
   }
   return "?";
 }
 
-inline int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+// True for the block formats, which have no per-element size.
+constexpr bool dtype_is_quantized(DType t) { return t == DType::q8_0 || t == DType::q4_0 || t == DType::q4_1; }
+
+// Elements per block: 32 for the block formats, 1 for element types.
+constexpr int64_t dtype_block_elems(DType t) { return dtype_is_quantized(t) ? 32 : 1; }
+
+// Bytes per block (per element for element types).
+constexpr int64_t dtype_block_bytes(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::q8_0: return 34;
+    case DType::q4_0: return 18;
+    case DType::q4_1: return 20;
+  }
+  return 0;
+}
+
+// Bytes of one element; element types only (a block format has no element size).
+inline int dtype_size(DType t) {
+  CHECK(!dtype_is_quantized(t)) << "dtype_size of block format " << dtype_name(t) << "; use dtype_row_bytes";
+  return static_cast<int>(dtype_block_bytes(t));
+}
+
+// Bytes of a row of `cols` elements; for a block format cols must be whole blocks.
+inline int64_t dtype_row_bytes(DType t, int64_t cols) {
+  const int64_t block = dtype_block_elems(t);
+  CHECK(cols % block == 0) << dtype_name(t) << " row of " << cols << " elements is not whole " << block
+                           << "-element blocks";
+  return cols / block * dtype_block_bytes(t);
+}
 
 inline float bits_to_f32(uint32_t u) {
   float f;

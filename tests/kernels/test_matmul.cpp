@@ -1,9 +1,12 @@
 // matmul: both fast paths (SIMD matvec at every SIMD level, sgemm) and the dispatcher
-// against the f64 reference, for f32/f16/bf16 weights over awkward shapes, with and
-// without bias; NaN in x must reach every output of that token.
+// against the f64 reference, for f32/f16/bf16 and q8_0/q4_0/q4_1 weights over awkward
+// shapes, with and without bias; the reference decodes hand-built blocks as the ggml
+// layout says; NaN in x must reach every output of that token.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
 
 #include "common/dtype.h"
 #include "kernels/cpu/matmul.h"
@@ -83,6 +86,138 @@ const std::vector<Shape> k_shapes = {
 TEST(Matmul, F32MatchesReferenceOnAwkwardShapes) { check_shapes(DType::f32, k_shapes); }
 TEST(Matmul, F16MatchesReferenceOnAwkwardShapes) { check_shapes(DType::f16, k_shapes); }
 TEST(Matmul, Bf16MatchesReferenceOnAwkwardShapes) { check_shapes(DType::bf16, k_shapes); }
+
+// --- block formats ------------------------------------------------------------------
+
+// Random blocks: random quants, scales sized so |w| ≲ 1 like the float tests (q8_0
+// d ≤ 1/127, q4_0 d ≤ 1/8, q4_1 d ≤ 2/15 and m ∈ [-1, 0]); d and m are f16.
+std::vector<uint8_t> make_blocks(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<uint8_t> data(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
+  for (uint8_t& b : data) b = static_cast<uint8_t>(gen());
+  std::uniform_real_distribution<float> unit(0.5f, 1.0f);
+  const float d_max = dtype == DType::q8_0 ? 1.0f / 127 : dtype == DType::q4_0 ? 1.0f / 8 : 2.0f / 15;
+  for (size_t off = 0; off < data.size(); off += static_cast<size_t>(dtype_block_bytes(dtype))) {
+    const uint16_t d = f32_to_f16(d_max * unit(gen));
+    std::memcpy(&data[off], &d, 2);
+    if (dtype == DType::q4_1) {
+      const uint16_t m = f32_to_f16(-unit(gen) + 0.5f * unit(gen) - 0.25f);
+      std::memcpy(&data[off + 2], &m, 2);
+    }
+  }
+  return data;
+}
+
+// Shapes the brief asks for: every rows × cols (cols whole 32-blocks: 1, 2, 18, 48 blocks),
+// token counts cycling through 1..5 (each register-block tail), 17 and 128 (sgemm).
+std::vector<Shape> quant_shapes() {
+  const int64_t tokens[] = {1, 2, 3, 4, 5, 17, 128};
+  std::vector<Shape> v;
+  int i = 0;
+  for (int64_t rows : {7, 83, 769}) {
+    for (int64_t cols : {32, 64, 576, 1536}) {
+      for (int k = 0; k < 3; ++k) v.push_back({rows, cols, tokens[(i++) % 7]});
+    }
+  }
+  return v;
+}
+
+// Same bound as k_tol: weights and x are ≲ 1 in magnitude and both sides see the same
+// (exactly dequantized) weights, so only the f32 summation order differs from the f64
+// reference; q4_1's one-sided offsets make outputs larger, which the normalization absorbs.
+void check_quant_shapes(DType dtype) {
+  for (const Shape& s : quant_shapes()) {
+    const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 17 + static_cast<uint32_t>(s.cols));
+    const WeightView w{dtype, blocks.data(), s.rows, s.cols};
+    const std::vector<float> x = random_floats(s.num_tokens * s.cols, 19);
+    const std::vector<float> bias = random_floats(s.rows, 23);
+    for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+      std::vector<float> want(static_cast<size_t>(s.num_tokens * s.rows));
+      matmul_ref(x.data(), w, b, want.data(), s.num_tokens);
+      const auto run = [&](MatmulFn fn, const char* name) {
+        std::vector<float> got(want.size(), -12345.0f);
+        fn(x.data(), w, b, got.data(), s.num_tokens);
+        EXPECT_TRUE(all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), k_tol))
+            << name << " " << dtype_name(dtype) << " rows " << s.rows << " cols " << s.cols << " tokens "
+            << s.num_tokens << (b ? " bias" : "");
+      };
+      for (SimdLevel level : test::supported_levels()) {
+        test::LevelGuard guard(level);
+        SCOPED_TRACE(test::level_name(level));
+        run(matmul_matvec_cpu, "matvec");
+        run(matmul_gemm_cpu, "gemm");
+        run(matmul_cpu, "matmul_cpu");
+      }
+    }
+  }
+}
+
+TEST(Matmul, Q8_0MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q8_0); }
+TEST(Matmul, Q4_0MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q4_0); }
+TEST(Matmul, Q4_1MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q4_1); }
+
+// One hand-built block per format, read back column by column through unit vectors x = e_c:
+// pins the reference (and so every fast path) to the ggml layout in common/dtype.h.
+TEST(Matmul, ReferenceDecodesBlockLayouts) {
+  const uint16_t d = f32_to_f16(0.5f), m = f32_to_f16(-1.0f);
+  uint8_t q8[34], q40[18], q41[20];
+  std::memcpy(q8, &d, 2);
+  std::memcpy(q40, &d, 2);
+  std::memcpy(q41, &d, 2);
+  std::memcpy(q41 + 2, &m, 2);
+  for (int j = 0; j < 32; ++j) q8[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(j - 20));
+  for (int j = 0; j < 16; ++j) {
+    const uint8_t packed = static_cast<uint8_t>(j | ((15 - j) << 4));  // element j: j, element j+16: 15-j
+    q40[2 + j] = packed;
+    q41[4 + j] = packed;
+  }
+  for (int c = 0; c < 32; ++c) {
+    std::vector<float> x(32, 0.0f);
+    x[static_cast<size_t>(c)] = 1.0f;
+    const int nib = c < 16 ? c : 15 - (c - 16);
+    float y = 0.0f;
+    matmul_ref(x.data(), WeightView{DType::q8_0, q8, 1, 32}, nullptr, &y, 1);
+    EXPECT_EQ(y, 0.5f * static_cast<float>(c - 20)) << "q8_0 col " << c;
+    matmul_ref(x.data(), WeightView{DType::q4_0, q40, 1, 32}, nullptr, &y, 1);
+    EXPECT_EQ(y, 0.5f * static_cast<float>(nib - 8)) << "q4_0 col " << c;
+    matmul_ref(x.data(), WeightView{DType::q4_1, q41, 1, 32}, nullptr, &y, 1);
+    EXPECT_EQ(y, 0.5f * static_cast<float>(nib) - 1.0f) << "q4_1 col " << c;
+  }
+}
+
+TEST(Matmul, BlockFormatSizes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // OpenMP threads are already running
+  EXPECT_EQ(dtype_row_bytes(DType::q8_0, 576), 18 * 34);
+  EXPECT_EQ(dtype_row_bytes(DType::q4_0, 576), 18 * 18);
+  EXPECT_EQ(dtype_row_bytes(DType::q4_1, 1536), 48 * 20);
+  EXPECT_EQ(dtype_row_bytes(DType::bf16, 7), 14);
+  EXPECT_EQ(dtype_size(DType::f32), 4);
+  EXPECT_DEATH(dtype_size(DType::q4_1), "block format");
+  EXPECT_DEATH(dtype_row_bytes(DType::q8_0, 48), "whole 32-element blocks");
+}
+
+TEST(Matmul, NanInInputPropagatesToItsTokenForBlockFormats) {
+  for (DType dtype : {DType::q8_0, DType::q4_0, DType::q4_1}) {
+    const int64_t rows = 37, cols = 96;
+    const std::vector<uint8_t> blocks = make_blocks(dtype, rows, cols, 5);
+    const WeightView w{dtype, blocks.data(), rows, cols};
+    for (int64_t num_tokens : {int64_t{1}, int64_t{3}, int64_t{20}}) {
+      std::vector<float> x = random_floats(num_tokens * cols, 3);
+      x[(num_tokens - 1) * cols + 40] = NAN;  // last token only
+      for (SimdLevel level : test::supported_levels()) {
+        test::LevelGuard guard(level);
+        std::vector<float> y(static_cast<size_t>(num_tokens * rows));
+        matmul_cpu(x.data(), w, nullptr, y.data(), num_tokens);
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_TRUE(std::isnan(y[(num_tokens - 1) * rows + r])) << dtype_name(dtype) << " row " << r;
+          if (num_tokens > 1) {
+            EXPECT_FALSE(std::isnan(y[r])) << dtype_name(dtype) << " token 0 row " << r;
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(Matmul, ReferenceIsADotProduct) {
   // 2×3 weight, 1 token: hand-checkable.

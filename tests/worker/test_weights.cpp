@@ -1,15 +1,20 @@
 // Weight loader: the GGUF and safetensors forms of the same tiny checkpoint (written by
 // tools/make_tiny_checkpoint.py, GGUF Q/K rows permuted as llama.cpp does) load to
 // bit-identical weights and equal configs; the default model loads with its known
-// config and its dequantized values match the `gguf` package (committed spot-check).
+// config, its dequantized values match the `gguf` package (committed spot-check), and
+// loaded natively it keeps q4_1/q8_0 blocks whose matmul equals the dequantized one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/simd.h"
 #include "tests/worker/tiny_checkpoint.h"
 #include "worker/model/weights.h"
 
@@ -93,8 +98,10 @@ TEST_P(BothFormats, LoadToIdenticalWeightsAndConfig) {
   const Variant& v = GetParam();
   TempDir dir(v.name);
   ASSERT_TRUE(snap::testing::make_tiny_checkpoint(dir.path(), v.args));
-  Result<LoadedModel> g = load_model(dir / "model.gguf");
-  Result<LoadedModel> h = load_model(dir / "hf");
+  LoadOptions f32;
+  f32.keep_quantized = false;
+  Result<LoadedModel> g = load_model(dir / "model.gguf", f32);
+  Result<LoadedModel> h = load_model(dir / "hf", f32);
   ASSERT_TRUE(g.ok()) << g.status().to_string();
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   EXPECT_EQ(g->format, "gguf");
@@ -148,14 +155,22 @@ INSTANTIATE_TEST_SUITE_P(TinyCheckpoints, BothFormats, ::testing::ValuesIn(k_var
 // ---------------------------------------------------------------------------
 // The default model
 
-const LoadedModel& default_model() {
-  static const Result<LoadedModel>* m = [] {
+// The default model fully dequantized to f32 (native = false) or with its blocks kept
+// (native = true, the default LoadOptions); each loaded once.
+const LoadedModel& default_model(bool native) {
+  const auto load = [native] {
     const std::string path = snap::testing::default_model_path();
+    LoadOptions opts;
+    opts.keep_quantized = native;
     return new Result<LoadedModel>(std::filesystem::exists(path)
-                                       ? load_model(path)
+                                       ? load_model(path, opts)
                                        : Result<LoadedModel>(not_found(path + ": default model not found; "
                                                                        "set SNAP_MODEL or run scripts/setup.sh")));
-  }();
+  };
+  static const Result<LoadedModel>* f32 = nullptr;
+  static const Result<LoadedModel>* blocks = nullptr;
+  const Result<LoadedModel>*& m = native ? blocks : f32;
+  if (!m) m = load();
   if (!m->ok()) ADD_FAILURE() << m->status().to_string();
   return m->value();
 }
@@ -163,7 +178,7 @@ const LoadedModel& default_model() {
 TEST(DefaultModel, LoadsWithExpectedConfig) {
   const std::string path = snap::testing::default_model_path();
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: set SNAP_MODEL or run scripts/setup.sh";
-  const LoadedModel& m = default_model();
+  const LoadedModel& m = default_model(false);
   const ModelConfig& c = m.config;
   EXPECT_EQ(c.arch, Arch::llama);
   EXPECT_EQ(c.num_layers, 30);
@@ -215,7 +230,7 @@ TEST(DefaultModel, DequantizedValuesMatchGgufPackage) {
   std::ifstream in(SNAP_SOURCE_DIR "/tests/fixtures/smollm2_weight_spotcheck.json");
   ASSERT_TRUE(in) << "missing fixture; run tools/make_weight_spotcheck.py";
   const nlohmann::json doc = nlohmann::json::parse(in);
-  const ModelWeights& w = default_model().weights;
+  const ModelWeights& w = default_model(false).weights;
   ASSERT_GE(doc["entries"].size(), 10u);
   for (const auto& e : doc["entries"]) {
     const std::string name = e["tensor"];
@@ -231,6 +246,92 @@ TEST(DefaultModel, DequantizedValuesMatchGgufPackage) {
       const float got = m->f32()[row * m->cols() + col + static_cast<int64_t>(k)];
       EXPECT_EQ(got, want) << name << " (" << e["type"].get<std::string>() << ") [" << row << ", "
                            << col + static_cast<int64_t>(k) << "]";
+    }
+  }
+}
+
+// Default LoadOptions keep the file's blocks: q4_1 projections, a q8_0 LM head beside the
+// f32 embedding table; per decoded token that reads ~1/5 of the f32 model's bytes.
+TEST(DefaultModel, LoadsNativeBlocksByDefault) {
+  const std::string path = snap::testing::default_model_path();
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: set SNAP_MODEL or run scripts/setup.sh";
+  EXPECT_TRUE(LoadOptions{}.keep_quantized);
+  const ModelWeights& q = default_model(true).weights;
+  const ModelWeights& f = default_model(false).weights;
+  const int64_t vocab = 49152, hidden = 576;
+  EXPECT_EQ(q.embed.dtype(), DType::f32);
+  EXPECT_EQ(q.final_norm.dtype(), DType::f32);
+  ASSERT_EQ(q.lm_head.dtype(), DType::q8_0);
+  EXPECT_EQ(q.lm_head.rows(), vocab);
+  EXPECT_EQ(q.lm_head.cols(), hidden);
+  EXPECT_EQ(&q.output(), &q.lm_head);
+  int64_t expect = q.embed.nbytes() + q.final_norm.nbytes() + vocab * (hidden / 32) * 34;
+  for (const LayerWeights& l : q.layers) {
+    for (const Matrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      EXPECT_EQ(m->dtype(), DType::q4_1);
+      expect += m->rows() * (m->cols() / 32) * 20;
+    }
+    EXPECT_EQ(l.attn_norm.dtype(), DType::f32);
+    expect += l.attn_norm.nbytes() + l.ffn_norm.nbytes();
+  }
+  EXPECT_EQ(q.nbytes(), expect);
+  // Bytes a decode step streams: everything but the lookup table (f32: the table is the head).
+  const double streamed_native = static_cast<double>(q.nbytes() - q.embed.nbytes());
+  const double streamed_f32 = static_cast<double>(f.nbytes());
+  EXPECT_LT(streamed_native / streamed_f32, 0.2);
+  EXPECT_GT(streamed_native / streamed_f32, 0.15);
+}
+
+// matmul_cpu on the kept blocks equals matmul_cpu on the same tensor dequantized by
+// worker/model/dequant.cpp (bit-exact with the gguf package), for permuted (q_proj) and
+// plain q4_1 matrices and the q8_0 head, on the matvec (1, 3, 4 tokens) and sgemm (40)
+// paths at every SIMD level. Both see identical weights, so only the f32 summation order
+// may differ: x ∈ [-1, 1], ≤ 1536 terms ⇒ ≲ 1e-6 of max |y|; 1e-5 normalized.
+TEST(DefaultModel, NativeMatmulEqualsDequantizedMatmul) {
+  const std::string path = snap::testing::default_model_path();
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: set SNAP_MODEL or run scripts/setup.sh";
+  const ModelWeights& q = default_model(true).weights;
+  const ModelWeights& f = default_model(false).weights;
+  ASSERT_EQ(q.layers.size(), f.layers.size());
+  const size_t last = q.layers.size() - 1;
+  const std::pair<const Matrix*, const Matrix*> pairs[] = {
+      {&q.layers[0].q_proj, &f.layers[0].q_proj},       {&q.layers[0].k_proj, &f.layers[0].k_proj},
+      {&q.layers[last].gate_proj, &f.layers[last].gate_proj}, {&q.layers[last].down_proj, &f.layers[last].down_proj},
+      {&q.lm_head, &f.embed},
+  };
+  std::mt19937 gen(42);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<kernels::SimdLevel> levels{kernels::SimdLevel::scalar};
+  if (kernels::simd_level_supported() >= kernels::SimdLevel::avx2) levels.push_back(kernels::SimdLevel::avx2);
+  if (kernels::simd_level_supported() >= kernels::SimdLevel::avx512) levels.push_back(kernels::SimdLevel::avx512);
+  for (const auto& [native, dense] : pairs) {
+    ASSERT_NE(native->dtype(), DType::f32);
+    ASSERT_EQ(dense->dtype(), DType::f32);
+    ASSERT_EQ(native->rows(), dense->rows());
+    ASSERT_EQ(native->cols(), dense->cols());
+    for (int64_t num_tokens : {1, 3, 4, 40}) {
+      std::vector<float> x(static_cast<size_t>(num_tokens * native->cols()));
+      for (float& v : x) v = dist(gen);
+      const size_t n = static_cast<size_t>(num_tokens * native->rows());
+      for (kernels::SimdLevel level : levels) {
+        kernels::simd_level_override(level);
+        std::vector<float> got(n), want(n);
+        kernels::matmul_cpu(x.data(), native->view(), nullptr, got.data(), num_tokens);
+        kernels::matmul_cpu(x.data(), dense->view(), nullptr, want.data(), num_tokens);
+        double max_ref = 1.0;
+        for (float v : want) max_ref = std::max(max_ref, std::fabs(static_cast<double>(v)));
+        int bad = 0;
+        for (size_t i = 0; i < n && bad < 5; ++i) {
+          const double err = std::fabs(static_cast<double>(got[i]) - want[i]) / max_ref;
+          if (!(err <= 1e-5)) {
+            ++bad;
+            ADD_FAILURE() << dtype_name(native->dtype()) << " " << native->rows() << "x" << native->cols()
+                          << " tokens " << num_tokens << " level " << static_cast<int>(level) << " [" << i
+                          << "]: native " << got[i] << " vs dequantized " << want[i];
+          }
+        }
+      }
+      kernels::simd_level_override(kernels::simd_level_supported());
     }
   }
 }

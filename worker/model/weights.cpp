@@ -1,9 +1,11 @@
-// Weight loading: a .gguf file (dequantized) or a Hugging Face directory (safetensors),
-// into owned, 64-byte aligned matrices in the HF layout. Every tensor is checked for
-// presence, type and shape before anything is read; then tensors are converted in
-// parallel (OpenMP, one tensor per task). GGUF llama Q/K rows are un-permuted here.
+// Weight loading: a .gguf file (q8_0/q4_0/q4_1 matrices kept as blocks, the rest
+// dequantized) or a Hugging Face directory (safetensors), into owned, 64-byte aligned
+// matrices in the HF layout. Every tensor is checked for presence, type and shape before
+// anything is read; then tensors are converted in parallel (OpenMP, one tensor per task).
+// GGUF llama Q/K rows are un-permuted here.
 #include "worker/model/weights.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -57,6 +59,7 @@ struct Job {
   DType store = DType::f32;
   int permute_heads = 0;  // > 0: undo llama.cpp's Q/K row permutation with this many heads
   int head_dim = 0;
+  bool may_keep_blocks = false;  // a matmul weight: may stay in its GGUF block format
 };
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -103,13 +106,15 @@ std::vector<Job> plan_jobs(const ModelConfig& c, const Names& n, bool load_lm_he
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t ff = c.intermediate_size;
   auto mat = [&](std::string name, Matrix* dst, int64_t rows, int64_t cols, DType store, int heads = 0) {
-    jobs.push_back({std::move(name), dst, false, rows, cols, store, permute_qk ? heads : 0, c.head_dim});
+    jobs.push_back({std::move(name), dst, false, rows, cols, store, permute_qk ? heads : 0, c.head_dim, true});
   };
   auto vec = [&](std::string name, Matrix* dst, int64_t len, int heads = 0) {
-    jobs.push_back({std::move(name), dst, true, 1, len, DType::f32, permute_qk ? heads : 0, c.head_dim});
+    jobs.push_back({std::move(name), dst, true, 1, len, DType::f32, permute_qk ? heads : 0, c.head_dim, false});
   };
-  // The embedding is the largest single tensor; first, so a worker starts it early.
+  // The embedding is the largest single tensor; first, so a worker starts it early. Its
+  // rows are looked up, so it is always f32.
   mat(n.embed, &w->embed, c.vocab_size, h, DType::f32);
+  jobs.back().may_keep_blocks = false;
   if (load_lm_head) mat(n.lm_head, &w->lm_head, c.vocab_size, h, proj);
   vec(n.final_norm, &w->final_norm, h);
   w->layers.resize(static_cast<size_t>(c.num_layers));
@@ -143,10 +148,15 @@ inline int64_t unpermuted_row(int64_t r, int head_dim) {
   return head * head_dim + (within % 2) * (head_dim / 2) + within / 2;
 }
 
-// Writes f32 values into the job's matrix in its storage dtype.
+// Writes f32 values into the job's matrix in its storage dtype (an element type).
 void store_f32(const float* src, Job& job) {
   const int64_t n = job.rows * job.cols;
   switch (job.store) {
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q4_1:
+      CHECK(false) << "store_f32 into block format " << dtype_name(job.store) << " (" << job.name << ")";
+      break;
     case DType::f32:
       if (src != job.dst->f32()) std::memcpy(job.dst->f32(), src, static_cast<size_t>(n) * sizeof(float));
       break;
@@ -164,7 +174,8 @@ void store_f32(const float* src, Job& job) {
 }
 
 // Runs `fill(job, f32_out)` for every job in parallel; fill writes rows*cols floats in
-// HF order. The first failure (in job order) is returned.
+// HF order, or, for a job stored in a block format, f32_out is null and fill writes the
+// blocks into job.dst itself. The first failure (in job order) is returned.
 template <typename Fill>
 Status run_jobs(std::vector<Job>& jobs, Fill fill) {
   for (Job& j : jobs) *j.dst = Matrix(j.store, j.rows, j.cols);
@@ -176,8 +187,14 @@ Status run_jobs(std::vector<Job>& jobs, Fill fill) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < num_jobs; ++i) {
       Job& job = jobs[static_cast<size_t>(i)];
-      float* out = job.dst->f32();
-      if (job.store != DType::f32) {
+      if (dtype_is_quantized(job.store)) {
+        status[static_cast<size_t>(i)] = fill(job, nullptr);
+        continue;
+      }
+      float* out = nullptr;
+      if (job.store == DType::f32) {
+        out = job.dst->f32();
+      } else {
         scratch.resize(static_cast<size_t>(job.rows * job.cols));
         out = scratch.data();
       }
@@ -213,7 +230,37 @@ Status check_gguf(const GgufFile& g, const Job& job) {
   return Status();
 }
 
+// The block format a GGUF tensor type is kept in, if it is one the matmul reads natively.
+bool native_dtype(GgmlType type, DType* out) {
+  switch (type) {
+    case GgmlType::q8_0: *out = DType::q8_0; return true;
+    case GgmlType::q4_0: *out = DType::q4_0; return true;
+    case GgmlType::q4_1: *out = DType::q4_1; return true;
+    default: return false;
+  }
+}
+
+// Copies a block-format tensor's rows as they are. ggml and common/dtype.h share the block
+// layout; a Q/K permutation moves whole rows, and a row is whole blocks, so un-permuting
+// is a row copy.
+Status copy_gguf_blocks(const GgufFile& g, const Job& job) {
+  const GgufTensor& t = *g.find_tensor(job.name);
+  SNAP_ASSIGN_OR_RETURN(uint64_t row_bytes, ggml_nbytes(t.type, job.cols));
+  CHECK_EQ(static_cast<int64_t>(row_bytes), dtype_row_bytes(job.store, job.cols));
+  auto* dst = static_cast<uint8_t*>(job.dst->data());
+  if (job.permute_heads == 0) {
+    std::memcpy(dst, t.data, row_bytes * static_cast<uint64_t>(job.rows));
+    return Status();
+  }
+  for (int64_t r = 0; r < job.rows; ++r) {
+    std::memcpy(dst + static_cast<uint64_t>(unpermuted_row(r, job.head_dim)) * row_bytes,
+                t.data + static_cast<uint64_t>(r) * row_bytes, row_bytes);
+  }
+  return Status();
+}
+
 Status fill_gguf(const GgufFile& g, const Job& job, float* out) {
+  if (dtype_is_quantized(job.store)) return copy_gguf_blocks(g, job);
   const GgufTensor& t = *g.find_tensor(job.name);
   if (job.permute_heads == 0) return dequantize(t.type, t.data, out, job.rows * job.cols);
   if (job.vector) {  // a bias: permute elements
@@ -238,9 +285,25 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
   SNAP_ASSIGN_OR_RETURN(m.config, config_from_gguf(g));
   // llama.cpp permutes Q/K for llama-arch files only (qwen2 uses NeoX rope and keeps HF order).
   const bool permute = m.config.arch == Arch::llama;
-  std::vector<Job> jobs = plan_jobs(m.config, gguf_names(), !m.config.tie_word_embeddings, permute,
-                                    opts.weight_dtype, &m.weights);
+  const Names names = gguf_names();
+  std::vector<Job> jobs = plan_jobs(m.config, names, !m.config.tie_word_embeddings, permute, opts.weight_dtype,
+                                    &m.weights);
   for (const Job& j : jobs) SNAP_RETURN_IF_ERROR(check_gguf(g, j));
+  if (opts.keep_quantized) {
+    for (Job& j : jobs) {
+      if (j.may_keep_blocks) native_dtype(g.find_tensor(j.name)->type, &j.store);
+    }
+    // Tied embeddings: the f32 table serves lookups; the output projection gets its own
+    // copy of the file's blocks.
+    DType head = DType::f32;
+    if (m.config.tie_word_embeddings && native_dtype(g.find_tensor(names.embed)->type, &head)) {
+      Job lm = *std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) { return j.dst == &m.weights.embed; });
+      lm.dst = &m.weights.lm_head;
+      lm.store = head;
+      lm.may_keep_blocks = true;
+      jobs.insert(jobs.begin() + 1, lm);
+    }
+  }
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, [&g](const Job& j, float* out) { return fill_gguf(g, j, out); }));
   return m;
 }
@@ -280,6 +343,11 @@ Status fill_safetensors(const SafetensorsModel& st, const Job& job, float* out) 
         out[i] = bf16_to_f32(h);
       }
       break;
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q4_1:
+      return unimplemented(t.file + ": tensor '" + job.name + "' is " + dtype_name(t.dtype) +
+                           " (safetensors holds element types only)");
   }
   return Status();
 }
