@@ -1,10 +1,11 @@
-// End-to-end generation benchmark (not a test): prefill tok/s and decode tok/s on a real
-// model at several prompt lengths, and the decode step against its memory-bandwidth floor:
-// bytes read per decoded token (weights + KV at that length) / measured bandwidth.
+// End-to-end generation benchmark (not a test): prefill tok/s, decode ms/token and KV
+// memory on a real model at several prompt lengths and KV policies, and the decode step
+// against its memory-bandwidth floor: bytes read per decoded token (weights + resident KV)
+// / measured bandwidth.
 //   build/bench/bench_generate [--model PATH] [--lengths 512,2048,8000] [--decode 32]
-//                              [--threads 2] [--json FILE]
-// Prompts are synthetic (a fixed-seed stream of ordinary token ids): speed does not
-// depend on which ids they are.
+//       [--threads 2] [--policies full,snapkv:1024] [--layerwise] [--json FILE]
+// A policy is NAME[:BUDGET]. Prompts are synthetic (a fixed-seed stream of ordinary token
+// ids): speed does not depend on which ids they are.
 #include <omp.h>
 
 #include <algorithm>
@@ -15,8 +16,8 @@
 #include <vector>
 
 #include "common/sys.h"
+#include "coordinator/engine/generate.h"
 #include "kernels/kernels.h"
-#include "worker/model/llama.h"
 #include "worker/model/weights.h"
 
 namespace snap {
@@ -43,13 +44,13 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
   size_t pos = 0;
-  while (pos < s.size()) {
+  while (pos <= s.size()) {
     size_t end = s.find(',', pos);
     if (end == std::string::npos) end = s.size();
-    out.push_back(std::atoll(s.substr(pos, end - pos).c_str()));
+    if (end > pos) out.push_back(s.substr(pos, end - pos));
     pos = end + 1;
   }
   return out;
@@ -63,26 +64,33 @@ int main(int argc, char** argv) {
   std::string model_path = std::getenv("SNAP_MODEL") ? std::getenv("SNAP_MODEL")
                                                       : std::string(std::getenv("HOME")) +
                                                             "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
-  std::string lengths_arg = "512,2048,8000", json_path, dtype_arg = "f32";
+  std::string lengths_arg = "512,2048,8000", policies_arg = "full", json_path;
   int decode_tokens = 32, threads = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
+  bool layerwise = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--layerwise") {
+      layerwise = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_generate: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
     if (k == "--model") model_path = v;
     else if (k == "--lengths") lengths_arg = v;
     else if (k == "--decode") decode_tokens = std::atoi(v.c_str());
     else if (k == "--threads") threads = std::atoi(v.c_str());
+    else if (k == "--policies") policies_arg = v;
     else if (k == "--json") json_path = v;
-    else if (k == "--weight-dtype") dtype_arg = v;
     else {
       std::fprintf(stderr, "bench_generate: unknown flag %s\n", k.c_str());
       return 2;
     }
   }
   omp_set_num_threads(threads);
-  LoadOptions opts;
-  if (dtype_arg == "f16") opts.weight_dtype = DType::f16;
-  if (dtype_arg == "bf16") opts.weight_dtype = DType::bf16;
-  auto model = load_model(model_path, opts);
+  auto model = load_model(model_path);
   if (!model.ok()) {
     std::fprintf(stderr, "bench_generate: %s\n", model.status().message().c_str());
     return 1;
@@ -90,48 +98,74 @@ int main(int argc, char** argv) {
   const ModelConfig& c = model->config;
   LlamaForward fwd(*model);
   const double bw = measure_bandwidth_gbs();
-  const int64_t weight_bytes = model->weights.nbytes() - model->weights.embed.nbytes() +
-                               (model->weights.lm_head.empty() ? model->weights.embed.nbytes() : 0);
-  std::printf("model %s, weights %s, %d threads, simd %s, measured bandwidth %.1f GB/s (triad)\n",
-              c.name.c_str(), dtype_name(opts.weight_dtype), threads, kernels::simd_level_name(), bw);
-  std::printf("%8s %12s %12s %14s %16s %14s %8s\n", "prompt", "prefill_tps", "decode_tps", "decode_ms_p50",
-              "bytes/token", "floor_ms", "x_floor");
+  // Bytes a decode step reads from the weights: every matrix but the embedding table
+  // (one row is looked up), plus the LM head (which is the embedding when tied).
+  const ModelWeights& w = model->weights;
+  const int64_t weight_bytes = w.nbytes() - w.embed.nbytes() + w.output().nbytes() * (w.lm_head.empty() ? 1 : 0);
+  std::printf("model %s, %d threads, simd %s, weights read per token %.1f MiB, bandwidth %.1f GB/s (triad)\n",
+              c.name.c_str(), threads, kernels::simd_level_name(), weight_bytes / 1048576.0, bw);
+  std::printf("%-14s %7s %11s %10s %10s %9s %12s %12s %8s %9s %8s\n", "policy", "prompt", "prefill_tps", "decode_ms",
+              "decode_tps", "floor_ms", "kv_resident", "kv_full_eq", "ratio", "select_%", "rss_MiB");
   std::string json = "{\"model\":\"" + c.name + "\",\"threads\":" + std::to_string(threads) +
                      ",\"bandwidth_gbs\":" + std::to_string(bw) + ",\"rows\":[";
-  kernels::Rng rng(1234);
-  std::vector<float> logits(c.vocab_size);
   bool first = true;
-  for (int64_t len : parse_list(lengths_arg)) {
-    if (len + decode_tokens > c.max_position) {
-      std::fprintf(stderr, "skip %lld: beyond context %lld\n", (long long)len, (long long)c.max_position);
-      continue;
+  for (const std::string& pol : split(policies_arg)) {
+    KvPolicy policy;
+    const size_t colon = pol.find(':');
+    auto kind = kv_policy_from_name(pol.substr(0, colon));
+    if (!kind.ok()) {
+      std::fprintf(stderr, "bench_generate: %s\n", kind.status().message().c_str());
+      return 2;
     }
-    std::vector<int32_t> ids(len);
-    for (auto& id : ids) id = 100 + static_cast<int32_t>(rng.next_u64() % (c.vocab_size - 200));
-    KvCache cache(fwd.kv_shape());
-    cache.reserve(len + decode_tokens);
-    double t0 = now_seconds();
-    fwd.prefill(ids.data(), len, cache, logits.data(), 512, nullptr);
-    const double prefill_s = now_seconds() - t0;
-    std::vector<double> steps;
-    int32_t next = 200;
-    for (int i = 0; i < decode_tokens; ++i) {
-      t0 = now_seconds();
-      fwd.forward(&next, 1, cache, logits.data(), false);
-      steps.push_back(now_seconds() - t0);
-      next = 100 + static_cast<int32_t>(rng.next_u64() % 1000);
+    policy.kind = kind.value();
+    if (colon != std::string::npos) policy.budget = std::atoll(pol.c_str() + colon + 1);
+    policy.layerwise = layerwise;
+    for (const std::string& len_s : split(lengths_arg)) {
+      const int64_t len = std::atoll(len_s.c_str());
+      if (c.max_position > 0 && len + decode_tokens > c.max_position) {
+        std::fprintf(stderr, "skip %lld: beyond the model's context %lld\n", (long long)len, (long long)c.max_position);
+        continue;
+      }
+      kernels::Rng rng(1234);
+      GenerateRequest req;
+      req.prompt_ids.resize(len);
+      for (auto& id : req.prompt_ids) id = 100 + static_cast<int32_t>(rng.next_u64() % (c.vocab_size - 200));
+      req.max_tokens = decode_tokens;
+      req.kv_policy = policy;
+      std::vector<double> stamps;
+      GenerateHooks hooks;
+      hooks.on_token = [&](int32_t) {
+        stamps.push_back(now_seconds());
+        return true;
+      };
+      auto r = generate(fwd, req, hooks);
+      if (!r.ok()) {
+        std::fprintf(stderr, "bench_generate: %s\n", r.status().message().c_str());
+        return 1;
+      }
+      std::vector<double> steps;
+      for (size_t i = 1; i < stamps.size(); ++i) steps.push_back(stamps[i] - stamps[i - 1]);
+      const double step = median(steps);
+      const GenerateStats& st = r->stats;
+      const double bytes = static_cast<double>(weight_bytes + st.kv_resident_bytes);
+      const double floor_ms = bytes / (bw * 1e9) * 1e3;
+      const double ratio = st.kv_full_equivalent_bytes / std::max<double>(1, st.kv_resident_bytes);
+      const double select_pct = 100.0 * st.selection_seconds / std::max(st.prefill_seconds, 1e-9);
+      std::printf("%-14s %7lld %11.1f %10.2f %10.1f %9.2f %12lld %12lld %8.2f %9.3f %8.1f\n", pol.c_str(),
+                  (long long)len, len / st.prefill_seconds, step * 1e3, 1.0 / step, floor_ms,
+                  (long long)st.kv_resident_bytes, (long long)st.kv_full_equivalent_bytes, ratio, select_pct,
+                  current_rss_bytes() / 1048576.0);
+      std::fflush(stdout);
+      json += std::string(first ? "" : ",") + "{\"policy\":\"" + pol + "\",\"prompt_tokens\":" + std::to_string(len) +
+              ",\"prefill_tps\":" + std::to_string(len / st.prefill_seconds) +
+              ",\"decode_ms_p50\":" + std::to_string(step * 1e3) + ",\"floor_ms\":" + std::to_string(floor_ms) +
+              ",\"kv_resident_bytes\":" + std::to_string(st.kv_resident_bytes) +
+              ",\"kv_full_equivalent_bytes\":" + std::to_string(st.kv_full_equivalent_bytes) +
+              ",\"kv_pool_peak_bytes\":" + std::to_string(st.kv_pool_peak_bytes) +
+              ",\"selection_seconds\":" + std::to_string(st.selection_seconds) +
+              ",\"prefill_seconds\":" + std::to_string(st.prefill_seconds) + "}";
+      first = false;
     }
-    const double step = median(steps);
-    const int64_t kv_bytes = 2LL * c.num_layers * c.num_kv_heads * c.head_dim * 4 * (len + decode_tokens / 2);
-    const double bytes = static_cast<double>(weight_bytes + kv_bytes);
-    const double floor_ms = bytes / (bw * 1e9) * 1e3;
-    std::printf("%8lld %12.1f %12.1f %14.2f %16.3e %14.2f %8.2f\n", (long long)len, len / prefill_s, 1.0 / step,
-                step * 1e3, bytes, floor_ms, step * 1e3 / floor_ms);
-    json += std::string(first ? "" : ",") + "{\"prompt_tokens\":" + std::to_string(len) +
-            ",\"prefill_tps\":" + std::to_string(len / prefill_s) + ",\"decode_tps\":" + std::to_string(1.0 / step) +
-            ",\"decode_ms_p50\":" + std::to_string(step * 1e3) + ",\"bytes_per_token\":" + std::to_string(bytes) +
-            ",\"floor_ms\":" + std::to_string(floor_ms) + "}";
-    first = false;
   }
   json += "],\"peak_rss_bytes\":" + std::to_string(peak_rss_bytes()) + "}\n";
   if (!json_path.empty()) std::ofstream(json_path) << json;

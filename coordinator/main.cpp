@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "coordinator/tokenizer/chat_template.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "kernels/kernels.h"
+#include "worker/kv/policy.h"
 #include "worker/model/dequant.h"
 #include "worker/model/gguf.h"
 #include "worker/model/safetensors.h"
@@ -74,8 +76,77 @@ struct GenerateArgs {
   std::string dump_logits;
   int threads = 0;
   int64_t prefill_chunk = 512;
-  std::string weight_dtype = "f32";
+  std::string question;
+  std::string kv_policy = "full";
+  int64_t kv_budget = 1024;
+  int kv_window = 32;
+  int kv_kernel = 7;
+  std::string kv_pooling = "max";
+  std::string kv_gqa = "mean";
+  int kv_sinks = 4;
+  bool kv_layerwise = false;
+  int64_t kv_cache_mib = 0;
+  std::string dump_kv_selection;
+  std::string weight_dtype = "auto";
 };
+
+Result<KvPolicy> kv_policy_from_args(const GenerateArgs& a) {
+  KvPolicy p;
+  SNAP_ASSIGN_OR_RETURN(p.kind, kv_policy_from_name(a.kv_policy));
+  p.budget = a.kv_budget;
+  p.window = a.kv_window;
+  p.kernel = a.kv_kernel;
+  SNAP_ASSIGN_OR_RETURN(p.pooling, kv_pooling_from_name(a.kv_pooling));
+  SNAP_ASSIGN_OR_RETURN(p.aggregation, gqa_aggregation_from_name(a.kv_gqa));
+  p.num_sink = a.kv_sinks;
+  p.layerwise = a.kv_layerwise;
+  SNAP_RETURN_IF_ERROR(p.validate());
+  return p;
+}
+
+// Tokens of the prompt that belong to the context: the longest common prefix of the full
+// prompt's ids and the ids of the prompt text cut just before the question.
+int64_t context_token_count(const Tokenizer& tok, const std::vector<int32_t>& full, const std::string& context,
+                            bool chat) {
+  std::vector<int32_t> prefix;
+  if (chat) {
+    auto templ = apply_chat_template(tok, {{"user", context + "\x01"}}, true);
+    std::string t = templ.ok() ? templ.value() : context;
+    t = t.substr(0, t.find('\x01'));
+    prefix = tok.encode(t, false);
+    if (tok.add_bos() && (prefix.empty() || prefix.front() != tok.bos_id())) prefix.insert(prefix.begin(), tok.bos_id());
+  } else {
+    prefix = prompt_ids_for_text(tok, context);
+  }
+  int64_t c = 0;
+  while (c < static_cast<int64_t>(std::min(prefix.size(), full.size())) && prefix[c] == full[c]) ++c;
+  return std::min<int64_t>(c, static_cast<int64_t>(full.size()) - 1);
+}
+
+// --dump-kv-selection: per layer and KV head, the prompt positions the cache kept.
+Status write_kv_selection(const std::string& path, const PagedKvCache& cache, const GenerateRequest& req,
+                          const ModelConfig& c) {
+  const KvPolicy& p = req.kv_policy;
+  nlohmann::json doc;
+  doc["policy"] = kv_policy_name(p.kind);
+  doc["prompt_tokens"] = req.prompt_ids.size();
+  doc["compressed_tokens"] = p.context_tokens > 0 ? p.context_tokens : static_cast<int64_t>(req.prompt_ids.size());
+  doc["budget"] = p.budget;
+  doc["window"] = p.window;
+  doc["kernel"] = p.kernel;
+  doc["pooling"] = p.pooling == KvPooling::max ? "max" : "avg";
+  doc["gqa"] = p.aggregation == GqaAggregation::mean ? "mean" : "max";
+  doc["layers"] = nlohmann::json::array();
+  for (int l = 0; l < c.num_layers; ++l) {
+    nlohmann::json heads = nlohmann::json::array();
+    for (int g = 0; g < c.num_kv_heads; ++g) heads.push_back(cache.positions(l, g));
+    doc["layers"].push_back({{"layer", l}, {"heads", heads}});
+  }
+  std::ofstream out(path);
+  out << doc.dump() << "\n";
+  if (!out) return invalid_argument(path + ": cannot write the KV selection dump");
+  return {};
+}
 
 int run_generate(const GenerateArgs& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
@@ -88,7 +159,8 @@ int run_generate(const GenerateArgs& a) {
     text = ss.str();
   }
 
-  LoadOptions opts;
+  LoadOptions opts;  // auto: q8_0/q4_0/q4_1 matrices stay native, the rest f32
+  opts.keep_quantized = a.weight_dtype == "auto";
   if (a.weight_dtype == "f16") opts.weight_dtype = DType::f16;
   if (a.weight_dtype == "bf16") opts.weight_dtype = DType::bf16;
   const double t_load = now_seconds();
@@ -99,15 +171,24 @@ int run_generate(const GenerateArgs& a) {
   const double load_seconds = now_seconds() - t_load;
 
   GenerateRequest req;
-  if (a.chat) {
+  auto policy = kv_policy_from_args(a);
+  if (!policy.ok()) return fail(policy.status().message());
+  req.kv_policy = policy.value();
+  req.kv_pool_bytes = a.kv_cache_mib * 1024 * 1024;
+  // With --question the prompt is context + question, and the context alone is compressed
+  // before the question is prefilled (question-agnostic compression).
+  auto build = [&](const std::string& body) -> Result<std::vector<int32_t>> {
+    if (!a.chat) return prompt_ids_for_text(*tok, body);
     std::vector<ChatMessage> msgs;
     if (!a.system.empty()) msgs.push_back({"system", a.system});
-    msgs.push_back({"user", text});
-    auto ids = prompt_ids_for_chat(*tok, msgs);
-    if (!ids.ok()) return fail(ids.status().message());
-    req.prompt_ids = std::move(ids).value();
-  } else {
-    req.prompt_ids = prompt_ids_for_text(*tok, text);
+    msgs.push_back({"user", body});
+    return prompt_ids_for_chat(*tok, msgs);
+  };
+  auto ids = build(a.question.empty() ? text : text + "\n\n" + a.question);
+  if (!ids.ok()) return fail(ids.status().message());
+  req.prompt_ids = std::move(ids).value();
+  if (!a.question.empty()) {
+    req.kv_policy.context_tokens = context_token_count(*tok, req.prompt_ids, text + "\n\n", a.chat);
   }
   req.max_tokens = a.max_tokens;
   req.sampling.temperature = a.temperature;
@@ -130,6 +211,13 @@ int run_generate(const GenerateArgs& a) {
     dump.reset(w.value());
     hooks.on_prompt_logits = [&](int64_t, const float* row) { dump->write_row(row); };
   }
+  std::string selection_error;
+  if (!a.dump_kv_selection.empty()) {
+    hooks.on_prefilled = [&](const PagedKvCache& cache) {
+      Status st = write_kv_selection(a.dump_kv_selection, cache, req, model->config);
+      if (!st.ok()) selection_error = st.message();
+    };
+  }
   StreamDecoder decoder(*tok, true);
   const std::vector<int32_t>& stops = req.stop_ids;
   hooks.on_token = [&](int32_t id) {
@@ -150,20 +238,25 @@ int run_generate(const GenerateArgs& a) {
     Status s = dump->close();
     if (!s.ok()) return fail(s.message());
   }
+  if (!selection_error.empty()) return fail(selection_error);
 
   const GenerateStats& st = result->stats;
   const double decode_tps = st.generated_tokens > 1 ? (st.generated_tokens - 1) / st.decode_seconds : 0.0;
   std::fprintf(stderr,
-               "snapserve: model %s (%s, %s weights %s), load %.2f s, %d threads, simd %s\n"
+               "snapserve: model %s (%s, %s weights: projections %s, lm_head %s), load %.2f s, %d threads, simd %s\n"
                "snapserve: prompt tokens %lld, prefill %.2f s (%.1f tok/s)\n"
                "snapserve: generated tokens %lld (finish: %s), decode %.2f s (%.1f tok/s)\n"
-               "snapserve: kv cache %s used, %s allocated; peak RSS %s\n",
+               "snapserve: kv policy %s: resident %s, full-equivalent %s (%.2fx), pool peak %s, selection %.3f s (%.2f%% of prefill)\n"
+               "snapserve: peak RSS %s\n",
                model->config.name.c_str(), model->format.c_str(), human_bytes(model->weights.nbytes()).c_str(),
-               dtype_name(opts.weight_dtype), load_seconds, omp_get_max_threads(), kernels::simd_level_name(),
+               dtype_name(model->weights.layers[0].q_proj.dtype()), dtype_name(model->weights.output().dtype()), load_seconds, omp_get_max_threads(), kernels::simd_level_name(),
                static_cast<long long>(st.prompt_tokens), st.prefill_seconds,
                st.prompt_tokens / std::max(st.prefill_seconds, 1e-9), static_cast<long long>(st.generated_tokens),
-               result->finish_reason.c_str(), st.decode_seconds, decode_tps, human_bytes(st.kv_bytes).c_str(),
-               human_bytes(st.kv_allocated_bytes).c_str(), human_bytes(peak_rss_bytes()).c_str());
+               result->finish_reason.c_str(), st.decode_seconds, decode_tps, req.kv_policy.describe().c_str(),
+               human_bytes(st.kv_resident_bytes).c_str(), human_bytes(st.kv_full_equivalent_bytes).c_str(),
+               st.kv_full_equivalent_bytes / std::max<double>(1, st.kv_resident_bytes),
+               human_bytes(st.kv_pool_peak_bytes).c_str(), st.selection_seconds,
+               100.0 * st.selection_seconds / std::max(st.prefill_seconds, 1e-9), human_bytes(peak_rss_bytes()).c_str());
   return 0;
 }
 
@@ -266,8 +359,31 @@ int main(int argc, char** argv) {
   gen->add_option("--dump-logits", g.dump_logits, "Write every prompt position's logits to FILE (format: tools/read_logits.py)");
   gen->add_option("--threads", g.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
   gen->add_option("--prefill-chunk", g.prefill_chunk, "Prompt tokens per prefill step (default 512)")->check(CLI::Range(1, 1 << 20));
-  gen->add_option("--weight-dtype", g.weight_dtype, "Storage of projection weights: f32 (default), f16, bf16")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  gen->add_option("--weight-dtype", g.weight_dtype,
+                  "Storage of projection weights: auto (default: GGUF q8_0/q4_0/q4_1 kept as is, others f32), "
+                  "or all f32, f16, bf16")
+      ->check(CLI::IsMember({"auto", "f32", "f16", "bf16"}));
+
+  gen->add_option("--question", g.question,
+                  "Question appended after the prompt (the context); with a compressing --kv-policy the context "
+                  "alone is compressed before the question is prefilled (question-agnostic)");
+  gen->add_option("--kv-policy", g.kv_policy, "KV cache policy: full (default), snapkv, streaming, h2o, pyramidkv, adakv")
+      ->check(CLI::IsMember({"full", "snapkv", "streaming", "h2o", "pyramidkv", "adakv"}));
+  gen->add_option("--kv-budget", g.kv_budget, "Tokens kept per KV head per layer, window included (default 1024)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  gen->add_option("--kv-window", g.kv_window, "SnapKV observation window W (default 32)")->check(CLI::Range(1, 1 << 20));
+  gen->add_option("--kv-kernel", g.kv_kernel, "SnapKV pooling kernel, odd (default 7)")->check(CLI::Range(1, 1 << 20));
+  gen->add_option("--kv-pooling", g.kv_pooling, "SnapKV pooling: max (default) or avg")->check(CLI::IsMember({"max", "avg"}));
+  gen->add_option("--kv-gqa", g.kv_gqa, "Score aggregation over a GQA group: mean (default) or max")
+      ->check(CLI::IsMember({"mean", "max"}));
+  gen->add_option("--kv-sinks", g.kv_sinks, "streaming: attention-sink tokens kept (default 4)")->check(CLI::Range(0, 1 << 20));
+  gen->add_flag("--kv-layerwise", g.kv_layerwise,
+                "Prefill one layer at a time and compress it at once (peak memory: one layer's full KV)");
+  gen->add_option("--kv-cache-mib", g.kv_cache_mib,
+                  "KV block pool size in MiB (default: enough for the uncompressed prompt + max tokens)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  gen->add_option("--dump-kv-selection", g.dump_kv_selection,
+                  "Write the kept prompt positions per layer and KV head to FILE (JSON)");
 
   std::string inspect_model = default_model_path();
   bool inspect_tensors = false;

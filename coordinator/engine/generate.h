@@ -1,6 +1,7 @@
-// One sequence, start to finish: prefill the prompt ids, then sample and decode token by
-// token until max_tokens, a stop id, or the context limit. Used by `snapserve generate`
-// and by the tests; the server's scheduler will batch many of these.
+// One sequence, start to finish: prefill the prompt ids (compressing the KV cache by the
+// request's policy), then sample and decode token by token until max_tokens, a stop id,
+// or the context limit. Used by `snapserve generate` and by the tests; the server's
+// scheduler will batch many of these.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include "common/status.h"
 #include "kernels/kernels.h"
+#include "worker/kv/policy.h"
 #include "worker/model/llama.h"
 
 namespace snap {
@@ -20,15 +22,26 @@ struct GenerateRequest {
   kernels::SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
   int64_t prefill_chunk = 512;    // tokens per prefill forward (bounds scratch memory)
+  KvPolicy kv_policy;             // full by default
+  int kv_block_size = 16;         // tokens per KV block
+  // KV block pool size; 0 sizes it for this request uncompressed (prompt + max_tokens).
+  // Too small a pool ends the request with resource_exhausted, never a crash.
+  int64_t kv_pool_bytes = 0;
+  // Positions allowed; 0 = the model's context. Larger values run RoPE past the trained
+  // context (for memory measurements with synthetic prompts, not for quality).
+  int64_t context_limit = 0;
 };
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
-  double prefill_seconds = 0;
-  double decode_seconds = 0;         // all decode steps (tokens after the first)
-  int64_t kv_bytes = 0;              // bytes holding the stored K/V at the end
-  int64_t kv_allocated_bytes = 0;
+  double prefill_seconds = 0;     // prompt forward passes, compression included
+  double decode_seconds = 0;      // all decode steps (tokens after the first)
+  double selection_seconds = 0;   // KV selection (scores, pooling, top-k, compaction)
+  int64_t kv_resident_bytes = 0;  // blocks held at the end
+  int64_t kv_stored_bytes = 0;    // K/V bytes of the tokens held at the end
+  int64_t kv_full_equivalent_bytes = 0;  // what an uncompressed cache would hold at the end
+  int64_t kv_pool_peak_bytes = 0;        // most blocks ever in use × block bytes
 };
 
 struct GenerateResult {
@@ -42,6 +55,10 @@ struct GenerateHooks {
   std::function<bool(int32_t)> on_token;
   // When set, called with the logits of every prompt position (row of vocab_size floats).
   std::function<void(int64_t position, const float* logits)> on_prompt_logits;
+  // Called with the logits each token is sampled from (after prefill, then each decode step).
+  std::function<void(const float* logits)> on_step_logits;
+  // Called once after prefill with the cache as compressed (kept positions per head).
+  std::function<void(const PagedKvCache&)> on_prefilled;
 };
 
 Result<GenerateResult> generate(LlamaForward& model, const GenerateRequest& request, const GenerateHooks& hooks = {});

@@ -40,15 +40,19 @@ std::string model_path() {
   return std::string(std::getenv("HOME")) + "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-// Logits of every position of ids: [ids.size(), vocab].
+// Logits of every position of ids: [ids.size(), vocab], through the generation path.
 std::vector<float> all_logits(const LoadedModel& m, const std::vector<int32_t>& ids, int64_t chunk) {
   LlamaForward fwd(m);
-  KvCache cache(fwd.kv_shape());
-  cache.reserve(static_cast<int64_t>(ids.size()));
   const int64_t vocab = m.config.vocab_size;
-  std::vector<float> out(ids.size() * vocab), last(vocab);
-  fwd.prefill(ids.data(), static_cast<int64_t>(ids.size()), cache, last.data(), chunk,
-              [&](int64_t p, const float* row) { std::copy_n(row, vocab, out.data() + p * vocab); });
+  std::vector<float> out(ids.size() * vocab);
+  GenerateRequest req;
+  req.prompt_ids = ids;
+  req.max_tokens = 0;
+  req.prefill_chunk = chunk;
+  GenerateHooks hooks;
+  hooks.on_prompt_logits = [&](int64_t p, const float* row) { std::copy_n(row, vocab, out.data() + p * vocab); };
+  auto r = generate(fwd, req, hooks);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
   return out;
 }
 

@@ -1,22 +1,35 @@
-// Llama-family forward pass: embed → L × (RMSNorm → QKV (+bias) → RoPE → causal GQA
-// attention over the KV cache → o_proj → residual → RMSNorm → SwiGLU MLP → residual)
-// → final RMSNorm → LM head. Activations are f32, token-major [num_tokens, features].
+// Llama-family forward pass: embed → L × (RMSNorm → QKV (+bias) → RoPE → append K/V to the
+// paged cache → causal GQA attention over it → o_proj → residual → RMSNorm → SwiGLU MLP →
+// residual) → final RMSNorm → LM head. Activations are f32, token-major [num_tokens, features].
 #include "worker/model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "kernels/attention_paged.h"
 #include "kernels/kernels.h"
 
 namespace snap {
 
 LlamaForward::LlamaForward(const LoadedModel& model) : model_(model) {
-  inv_freq_ = kernels::rope_inv_freq(model.config.rope);
+  const ModelConfig& c = model.config;
+  inv_freq_ = kernels::rope_inv_freq(c.rope);
+  attn_params_.num_heads = c.num_heads;
+  attn_params_.num_kv_heads = c.num_kv_heads;
+  attn_params_.head_dim = c.head_dim;
+  attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  attn_params_.sliding_window = c.sliding_window;
 }
 
 KvCacheShape LlamaForward::kv_shape() const {
   const ModelConfig& c = model_.config;
   return {c.num_layers, c.num_kv_heads, c.head_dim};
+}
+
+CompressorShape LlamaForward::compressor_shape() const {
+  const ModelConfig& c = model_.config;
+  return {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim};
 }
 
 void LlamaForward::ensure_scratch(int64_t n) {
@@ -36,68 +49,115 @@ void LlamaForward::ensure_scratch(int64_t n) {
   scratch_tokens_ = n;
 }
 
-void LlamaForward::forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits) {
+void LlamaForward::embed(const int32_t* tokens, int64_t n, float* x) const {
   const ModelConfig& c = model_.config;
-  const ModelWeights& w = model_.weights;
-  CHECK_GT(n, 0);
-  CHECK_LE(cache.length() + n, cache.capacity()) << "KV cache not reserved";
-  ensure_scratch(n);
-
-  const int64_t hidden = c.hidden_size;
-  const int64_t hd = c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_kv_heads} * hd;
-  const int64_t start = cache.length();
   for (int64_t t = 0; t < n; ++t) {
     CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size) << "token id " << tokens[t] << " out of range";
-    positions_[t] = static_cast<int32_t>(start + t);
-    std::memcpy(&x_[t * hidden], w.embed.f32() + int64_t{tokens[t]} * hidden, hidden * sizeof(float));
+    std::memcpy(x + t * c.hidden_size, model_.weights.embed.f32() + int64_t{tokens[t]} * c.hidden_size,
+                c.hidden_size * sizeof(float));
   }
+}
 
-  kernels::AttentionParams ap;
-  ap.num_heads = c.num_heads;
-  ap.num_kv_heads = c.num_kv_heads;
-  ap.head_dim = c.head_dim;
-  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  ap.sliding_window = c.sliding_window;
+Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_t n, PagedKvCache& cache,
+                               KvCompressor* compressor) {
+  const ModelConfig& c = model_.config;
+  const LayerWeights& lw = model_.weights.layers[l];
+  const int64_t hidden = c.hidden_size;
+  auto bias = [](const Matrix& b) { return b.empty() ? nullptr : b.f32(); };
+  // --- attention block
+  kernels::rms_norm_cpu(x, lw.attn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
+  kernels::matmul_cpu(h_.data(), lw.q_proj.view(), bias(lw.q_bias), q_.data(), n);
+  kernels::matmul_cpu(h_.data(), lw.k_proj.view(), bias(lw.k_bias), k_.data(), n);
+  kernels::matmul_cpu(h_.data(), lw.v_proj.view(), bias(lw.v_bias), v_.data(), n);
+  kernels::rope_cpu(q_.data(), positions, n, c.num_heads, c.head_dim, inv_freq_.data());
+  kernels::rope_cpu(k_.data(), positions, n, c.num_kv_heads, c.head_dim, inv_freq_.data());
+  SNAP_RETURN_IF_ERROR(cache.append_layer(l, positions, k_.data(), v_.data(), n));
+  if (compressor) SNAP_RETURN_IF_ERROR(compressor->observe(l, q_.data(), positions, n, cache));
+  kernels::attention_paged_cpu(q_.data(), positions, n, cache.layer_view(l), attn_params_, attn_.data());
+  kernels::matmul_cpu(attn_.data(), lw.o_proj.view(), nullptr, h_.data(), n);
+  for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
+  // --- MLP block
+  kernels::rms_norm_cpu(x, lw.ffn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
+  kernels::matmul_cpu(h_.data(), lw.gate_proj.view(), nullptr, gate_.data(), n);
+  kernels::matmul_cpu(h_.data(), lw.up_proj.view(), nullptr, up_.data(), n);
+  kernels::swiglu_cpu(gate_.data(), up_.data(), gate_.data(), n * c.intermediate_size);
+  kernels::matmul_cpu(gate_.data(), lw.down_proj.view(), nullptr, h_.data(), n);
+  for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
+  return {};
+}
 
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& lw = w.layers[l];
-    // --- attention block
-    kernels::rms_norm_cpu(x_.data(), lw.attn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
-    auto bias = [](const Matrix& b) { return b.empty() ? nullptr : b.f32(); };
-    kernels::matmul_cpu(h_.data(), lw.q_proj.view(), bias(lw.q_bias), q_.data(), n);
-    kernels::matmul_cpu(h_.data(), lw.k_proj.view(), bias(lw.k_bias), k_.data(), n);
-    kernels::matmul_cpu(h_.data(), lw.v_proj.view(), bias(lw.v_bias), v_.data(), n);
-    kernels::rope_cpu(q_.data(), positions_.data(), n, c.num_heads, c.head_dim, inv_freq_.data());
-    kernels::rope_cpu(k_.data(), positions_.data(), n, c.num_kv_heads, c.head_dim, inv_freq_.data());
-    // Append K/V: token-major [n, kv_heads, hd] → cache [kv_heads, capacity, hd].
-    float* kc = cache.k(l);
-    float* vc = cache.v(l);
-    const int64_t stride = cache.head_stride();
-    for (int64_t t = 0; t < n; ++t) {
-      for (int g = 0; g < c.num_kv_heads; ++g) {
-        std::memcpy(kc + g * stride + (start + t) * hd, &k_[t * kv_dim + g * hd], hd * sizeof(float));
-        std::memcpy(vc + g * stride + (start + t) * hd, &v_[t * kv_dim + g * hd], hd * sizeof(float));
-      }
-    }
-    kernels::attention_cpu(q_.data(), positions_.data(), n, kc, vc, stride, start + n, ap, attn_.data());
-    kernels::matmul_cpu(attn_.data(), lw.o_proj.view(), nullptr, h_.data(), n);
-    for (int64_t i = 0; i < n * hidden; ++i) x_[i] += h_[i];
-    // --- MLP block
-    kernels::rms_norm_cpu(x_.data(), lw.ffn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
-    kernels::matmul_cpu(h_.data(), lw.gate_proj.view(), nullptr, gate_.data(), n);
-    kernels::matmul_cpu(h_.data(), lw.up_proj.view(), nullptr, up_.data(), n);
-    kernels::swiglu_cpu(gate_.data(), up_.data(), gate_.data(), n * c.intermediate_size);
-    kernels::matmul_cpu(gate_.data(), lw.down_proj.view(), nullptr, h_.data(), n);
-    for (int64_t i = 0; i < n * hidden; ++i) x_[i] += h_[i];
+void LlamaForward::head(const float* x, int64_t rows, float* logits) {
+  const ModelConfig& c = model_.config;
+  kernels::rms_norm_cpu(x, model_.weights.final_norm.f32(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
+  kernels::matmul_cpu(h_.data(), model_.weights.output().view(), nullptr, logits, rows);
+}
+
+Status LlamaForward::forward(const int32_t* tokens, int64_t n, PagedKvCache& cache, float* logits, bool all_logits,
+                             KvCompressor* compressor) {
+  CHECK_GT(n, 0);
+  ensure_scratch(n);
+  const int32_t start = cache.next_position();
+  for (int64_t t = 0; t < n; ++t) positions_[t] = static_cast<int32_t>(start + t);
+  embed(tokens, n, x_.data());
+  for (int l = 0; l < model_.config.num_layers; ++l) {
+    SNAP_RETURN_IF_ERROR(run_layer(l, x_.data(), positions_.data(), n, cache, compressor));
   }
-  cache.advance(n);
-
   // Only the rows whose logits are wanted go through the final norm and LM head.
   const int64_t first = all_logits ? 0 : n - 1;
-  const int64_t rows = n - first;
-  kernels::rms_norm_cpu(&x_[first * hidden], w.final_norm.f32(), h_.data(), rows, hidden, c.rms_norm_eps);
-  kernels::matmul_cpu(h_.data(), w.output().view(), nullptr, logits, rows);
+  head(&x_[first * model_.config.hidden_size], n - first, logits);
+  return {};
+}
+
+Status LlamaForward::prefill(const int32_t* tokens, int64_t n, PagedKvCache& cache, float* last_logits,
+                             int64_t chunk, KvCompressor* compressor, const LogitsSink& on_logits) {
+  CHECK_GT(chunk, 0);
+  const int64_t vocab = model_.config.vocab_size;
+  std::vector<float> rows;
+  for (int64_t start = 0; start < n;) {
+    int64_t len = std::min(chunk, n - start);
+    // A chunk never crosses the compression point: compress exactly at compress_at.
+    const bool compressing = compressor && compressor->active();
+    const int64_t pos = cache.next_position();
+    if (compressing && pos < compressor->compress_at()) len = std::min(len, compressor->compress_at() - pos);
+    float* out = last_logits;
+    if (on_logits) {
+      rows.resize(static_cast<size_t>(len * vocab));
+      out = rows.data();
+    }
+    SNAP_RETURN_IF_ERROR(forward(tokens + start, len, cache, out, on_logits != nullptr,
+                                 compressing && pos < compressor->compress_at() ? compressor : nullptr));
+    if (on_logits) {
+      for (int64_t t = 0; t < len; ++t) on_logits(start + t, rows.data() + t * vocab);
+      std::copy_n(rows.data() + (len - 1) * vocab, vocab, last_logits);
+    }
+    if (compressing && cache.next_position() == compressor->compress_at()) {
+      for (int l = 0; l < model_.config.num_layers; ++l) SNAP_RETURN_IF_ERROR(compressor->compress_layer(l, cache));
+    }
+    start += len;
+  }
+  return {};
+}
+
+Status LlamaForward::prefill_layerwise(const int32_t* tokens, int64_t n, PagedKvCache& cache, float* last_logits,
+                                       int64_t chunk, KvCompressor& compressor) {
+  CHECK_GT(chunk, 0);
+  CHECK_EQ(cache.next_position(), 0);
+  CHECK_EQ(compressor.compress_at(), n);
+  const ModelConfig& c = model_.config;
+  std::vector<float> x(static_cast<size_t>(n * c.hidden_size));  // all tokens' hidden states
+  std::vector<int32_t> positions(n);
+  for (int64_t t = 0; t < n; ++t) positions[t] = static_cast<int32_t>(t);
+  embed(tokens, n, x.data());
+  ensure_scratch(std::min(chunk, n));
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t len = std::min(chunk, n - start);
+      SNAP_RETURN_IF_ERROR(run_layer(l, &x[start * c.hidden_size], &positions[start], len, cache, &compressor));
+    }
+    SNAP_RETURN_IF_ERROR(compressor.compress_layer(l, cache));
+  }
+  head(&x[(n - 1) * c.hidden_size], 1, last_logits);
+  return {};
 }
 
 }  // namespace snap

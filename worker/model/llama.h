@@ -1,17 +1,17 @@
-// The Llama-family forward pass (llama, mistral, qwen2) on CPU over a full KV cache.
-// Prefill runs a whole prompt (in chunks, so scratch memory stays bounded) and decode
-// runs one token at a time; both append K/V (after RoPE) to the cache at positions
-// cache.length().. and return logits.
+// The Llama-family forward pass (llama, mistral, qwen2) on CPU over a paged per-head KV
+// cache. Prefill runs the prompt in chunks (bounded scratch memory) — or, layer-wise, the
+// whole prompt through one layer at a time so each layer can be compressed before the
+// next one fills — and decode runs one token at a time. K/V are cached after RoPE; every
+// new token goes to position cache.next_position().
 #pragma once
 
-#include <algorithm>
-#include <cstddef>
 #include <cstdint>
-#include <type_traits>
+#include <functional>
 #include <vector>
 
-#include "common/check.h"
-#include "worker/kv/kv_cache.h"
+#include "common/status.h"
+#include "worker/kv/compressor.h"
+#include "worker/kv/paged_kv_cache.h"
 #include "worker/model/weights.h"
 
 namespace snap {
@@ -23,47 +23,45 @@ class LlamaForward {
 
   const ModelConfig& config() const { return model_.config; }
   KvCacheShape kv_shape() const;
+  CompressorShape compressor_shape() const;
 
-  // Runs tokens[0..num_tokens) at positions cache.length().. and appends their K/V.
+  // Runs tokens[0..num_tokens) at positions cache.next_position().. and appends their K/V.
   // logits: [num_tokens, vocab_size] if all_logits, else [vocab_size] for the last token.
-  // The cache must have room (KvCache::reserve) for the new tokens.
-  void forward(const int32_t* tokens, int64_t num_tokens, KvCache& cache, float* logits, bool all_logits);
+  // When compressor is set, every layer's queries are shown to it (prefill).
+  // resource_exhausted when the block pool cannot hold the new tokens.
+  Status forward(const int32_t* tokens, int64_t num_tokens, PagedKvCache& cache, float* logits, bool all_logits,
+                 KvCompressor* compressor = nullptr);
 
-  // forward() in chunks of at most `chunk` tokens (bounded scratch memory); logits of the
-  // last token only, or of every position through on_logits(position, row) when given.
-  template <typename OnLogits>
-  void prefill(const int32_t* tokens, int64_t num_tokens, KvCache& cache, float* last_logits, int64_t chunk,
-               OnLogits&& on_logits);
+  using LogitsSink = std::function<void(int64_t position, const float* logits)>;
+  // Prefills tokens in chunks of at most `chunk`, then — when compressor is active and the
+  // cache reaches compressor->compress_at() — compresses every layer. last_logits gets the
+  // last token's logits; on_logits (optional) every position's.
+  Status prefill(const int32_t* tokens, int64_t num_tokens, PagedKvCache& cache, float* last_logits, int64_t chunk,
+                 KvCompressor* compressor = nullptr, const LogitsSink& on_logits = nullptr);
+
+  // Layer-wise prefill: the whole prompt through layer 0 (in chunks), compress layer 0,
+  // then layer 1, ... Peak KV memory is one layer's full KV plus the compressed rest.
+  // Hidden states of all tokens are kept between layers ([num_tokens, hidden_size] f32).
+  // The cache must be empty and the compressor must compress at num_tokens.
+  Status prefill_layerwise(const int32_t* tokens, int64_t num_tokens, PagedKvCache& cache, float* last_logits,
+                           int64_t chunk, KvCompressor& compressor);
 
  private:
   void ensure_scratch(int64_t num_tokens);
+  void embed(const int32_t* tokens, int64_t n, float* x) const;
+  // One decoder layer in place on x [n, hidden] at positions[n].
+  Status run_layer(int layer, float* x, const int32_t* positions, int64_t n, PagedKvCache& cache,
+                   KvCompressor* compressor);
+  // Final norm + LM head on rows x [rows, hidden].
+  void head(const float* x, int64_t rows, float* logits);
 
   const LoadedModel& model_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
+  kernels::AttentionParams attn_params_;
   // Scratch, sized for the largest chunk seen: [num_tokens, ...]
   int64_t scratch_tokens_ = 0;
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<int32_t> positions_;
 };
-
-template <typename OnLogits>
-void LlamaForward::prefill(const int32_t* tokens, int64_t num_tokens, KvCache& cache, float* last_logits,
-                           int64_t chunk, OnLogits&& on_logits) {
-  CHECK_GT(chunk, 0);
-  constexpr bool k_all = !std::is_same_v<std::decay_t<OnLogits>, std::nullptr_t>;
-  std::vector<float> rows;
-  const int64_t vocab = model_.config.vocab_size;
-  for (int64_t start = 0; start < num_tokens; start += chunk) {
-    const int64_t n = std::min(chunk, num_tokens - start);
-    if constexpr (k_all) {
-      rows.resize(static_cast<size_t>(n * vocab));
-      forward(tokens + start, n, cache, rows.data(), true);
-      for (int64_t t = 0; t < n; ++t) on_logits(start + t, rows.data() + t * vocab);
-      if (start + n == num_tokens) std::copy_n(rows.data() + (n - 1) * vocab, vocab, last_logits);
-    } else {
-      forward(tokens + start, n, cache, last_logits, false);
-    }
-  }
-}
 
 }  // namespace snap
