@@ -1,0 +1,111 @@
+// Communicator: collectives over the ranks of one tensor-parallel group (the whole world
+// when tp_size == size). Buffers are `count` elements of f32, bf16 or f16, host memory for
+// the single and MPI backends, device memory for NCCL. Every call returns a Status; bad
+// arguments fail on the calling rank before any traffic. Calls are collective: every rank
+// of the group makes the same calls in the same order from one thread at a time.
+//
+// Reduction order (the invariant that makes TP runs reproducible): all_reduce_sum computes,
+// for every element i, ((x_0[i] + x_1[i]) + x_2[i]) + ... + x_{P-1}[i] in f32, in group-rank
+// order, starting from rank 0's value; bf16/f16 inputs are widened to f32 and the sum is
+// rounded to the buffer's type once, at the end (round to nearest even). Every backend
+// produces exactly these bits on every rank, independent of timing and algorithm.
+//
+// Byte counters: for each collective type, the payload bytes this rank handed to it, i.e.
+// count × element size per successful call (all_gather: this rank's send block, not the
+// gathered result; broadcast: counted on every rank, root or not; barrier: 0 bytes). They
+// count what the model asks to exchange, not the wire traffic of the algorithm underneath,
+// so "2 all-reduces × layers × tokens × hidden × bytes" checks against all_reduce_sum.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "comm/world.h"
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace snap::comm {
+
+enum class CommOp : uint8_t { all_reduce_sum, all_gather, broadcast, barrier };
+inline constexpr int k_num_comm_ops = 4;
+const char* comm_op_name(CommOp op);
+
+struct CommOpStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;  // payload bytes handed to the collective by this rank (see above)
+};
+
+struct CommStats {
+  std::array<CommOpStats, k_num_comm_ops> ops{};
+  const CommOpStats& operator[](CommOp op) const { return ops[static_cast<int>(op)]; }
+  int64_t total_bytes() const;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  World world() const { return world_; }
+  // Ranks taking part in the collectives: world().tp_size().
+  int group_size() const { return world_.tp_size(); }
+  int group_rank() const { return world_.tp_rank(); }
+  virtual const char* backend_name() const = 0;
+
+  // In place: buf[count] becomes the rank-order sum over the group (see top of file).
+  Status all_reduce_sum(void* buf, int64_t count, DType dtype);
+  // recv[group_size × count]: block r (at r × count) is group rank r's send[count].
+  Status all_gather(const void* send, void* recv, int64_t count, DType dtype);
+  // buf[count] on every rank becomes group rank `root`'s buf.
+  Status broadcast(void* buf, int64_t count, DType dtype, int root);
+  // Raw bytes from group rank `root` (step plans, token ids); counted as broadcast bytes.
+  // Host memory on every backend.
+  Status broadcast_bytes(void* buf, int64_t num_bytes, int root);
+  // Returns once every rank of the group has entered it.
+  Status barrier();
+
+  // Typed conveniences for host f32 buffers.
+  Status all_reduce_sum(std::span<float> buf) { return all_reduce_sum(buf.data(), buf.size(), DType::f32); }
+  Status broadcast(std::span<float> buf, int root) { return broadcast(buf.data(), buf.size(), DType::f32, root); }
+
+  // Ends every process of the job (not only this group) after printing `message` with
+  // this rank's id to stderr. For a rank that cannot go on: the others would otherwise
+  // wait for it in the next collective. Backends without a job launcher exit this process.
+  [[noreturn]] virtual void abort_job(const std::string& message, int exit_code = 1) = 0;
+
+  // Counters may be read from another thread (metrics) while collectives run.
+  CommStats stats() const;
+  void reset_stats();
+
+ protected:
+  explicit Communicator(World world) : world_(world) {}
+
+  // Arguments are validated (dtype f32/bf16/f16, count >= 0, non-null when count > 0,
+  // root in range, count × element size fits the backend's limits) before these run.
+  virtual Status do_all_reduce_sum(void* buf, int64_t count, DType dtype) = 0;
+  virtual Status do_all_gather(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  virtual Status do_broadcast(void* buf, int64_t count, DType dtype, int root) = 0;
+  virtual Status do_broadcast_bytes(void* buf, int64_t num_bytes, int root) = 0;
+  virtual Status do_barrier() = 0;
+
+ private:
+  Status check_buffer(const char* op, const void* buf, int64_t count, DType dtype) const;
+  Status check_root(const char* op, int root) const;
+  void record(CommOp op, int64_t bytes);
+
+  const World world_;
+  std::array<std::atomic<int64_t>, k_num_comm_ops> calls_{};
+  std::array<std::atomic<int64_t>, k_num_comm_ops> bytes_{};
+};
+
+// Host reference of the documented order, used by the host backends: out[i] =
+// round(sum over r in 0..num_blocks-1 of blocks[r × stride + i]) with an f32 accumulator.
+// `out` may alias block 0.
+void sum_blocks_in_rank_order(const void* blocks, int num_blocks, int64_t stride, int64_t count, DType dtype,
+                              void* out);
+
+}  // namespace snap::comm

@@ -1,0 +1,48 @@
+// Helper for tests/comm/test_comm_fault.cpp, run under mpirun: 200 rounds of an
+// all-reduce of 576 floats. `--fail RANK MODE` makes RANK fail at round 50 by MODE:
+// kill (raise SIGKILL), exit (exit code 3 without MPI_Finalize) or abort (abort_job).
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/bootstrap.h"
+
+int main(int argc, char** argv) {
+  using namespace snap::comm;
+  int fail_rank = -1;
+  std::string mode;
+  if (argc == 4 && std::strcmp(argv[1], "--fail") == 0) {
+    fail_rank = std::atoi(argv[2]);
+    mode = argv[3];
+  }
+  snap::Result<World> world = world_from_environment();
+  if (!world.ok()) {
+    std::fprintf(stderr, "%s\n", world.status().to_string().c_str());
+    return 1;
+  }
+  snap::Result<std::unique_ptr<Communicator>> comm = make_communicator(CommKind::mpi, world.value());
+  if (!comm.ok()) {
+    std::fprintf(stderr, "%s\n", comm.status().to_string().c_str());
+    return 1;
+  }
+  std::vector<float> act(576);
+  for (int round = 0; round < 200; ++round) {
+    if (round == 50 && world->rank() == fail_rank) {
+      if (mode == "kill") std::raise(SIGKILL);
+      if (mode == "exit") std::_Exit(3);
+      if (mode == "abort") comm.value()->abort_job("worker failed on purpose in round 50", 5);
+    }
+    for (size_t i = 0; i < act.size(); ++i) act[i] = static_cast<float>(world->rank() + i);
+    snap::Status s = comm.value()->all_reduce_sum(std::span<float>(act));
+    if (!s.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", world->rank(), s.to_string().c_str());
+      return 2;
+    }
+  }
+  if (world->is_leader()) std::printf("comm_fault_helper: 200 rounds done\n");
+  comm.value().reset();
+  return 0;
+}

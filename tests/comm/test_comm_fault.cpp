@@ -1,0 +1,76 @@
+// A rank that dies must not leave the others hanging: run comm_fault_helper under
+// `timeout 60 mpirun -np 3` with rank 1 failing mid-loop of all-reduces (SIGKILL, exit
+// without MPI_Finalize, abort_job) and check the job ends non-zero, well before the
+// timeout, with a message naming the cause. The bound tests a hang, not speed.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct JobResult {
+  int exit_code = -1;
+  double seconds = 0;
+  std::string output;
+};
+
+JobResult run_job(const std::string& helper_args) {
+  const std::string log =
+      (std::filesystem::temp_directory_path() / ("snap_comm_fault_" + std::to_string(::getpid()) + ".log")).string();
+  const std::string cmd = std::string("timeout 60 ") + SNAP_MPIEXEC + " --allow-run-as-root --oversubscribe -np 3 " +
+                          SNAP_COMM_FAULT_HELPER + " " + helper_args + " > " + log + " 2>&1";
+  const auto start = std::chrono::steady_clock::now();
+  const int status = std::system(cmd.c_str());
+  JobResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.output = ss.str();
+  std::filesystem::remove(log);
+  return r;
+}
+
+constexpr double k_bound_seconds = 30.0;  // `timeout` fires at 60 s (exit 124)
+
+TEST(CommFault, HealthyJobSucceeds) {
+  JobResult r = run_job("");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("200 rounds done"), std::string::npos) << r.output;
+}
+
+TEST(CommFault, KilledRankEndsTheJob) {
+  JobResult r = run_job("--fail 1 kill");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
+  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("200 rounds done"), std::string::npos) << r.output;
+}
+
+TEST(CommFault, RankExitingWithoutFinalizeEndsTheJob) {
+  JobResult r = run_job("--fail 1 exit");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
+  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  EXPECT_EQ(r.output.find("200 rounds done"), std::string::npos) << r.output;
+}
+
+TEST(CommFault, AbortJobEndsTheJobWithItsMessage) {
+  JobResult r = run_job("--fail 1 abort");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
+  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  EXPECT_NE(r.output.find("rank 1 aborting the job: worker failed on purpose in round 50"), std::string::npos)
+      << r.output;
+}
+
+}  // namespace
