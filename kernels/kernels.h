@@ -24,6 +24,11 @@ struct WeightView {
 // Accumulates in f32 (ref: f64). x and y are dense, row-major.
 void matmul_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
 void matmul_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
+// Like matmul_cpu, but each row's result is bitwise independent of num_tokens (always the
+// SIMD matvec, whose per-token accumulation order does not depend on its neighbours).
+// Continuous batching runs decode rows through it so that a sequence's tokens do not depend
+// on what else shares its step.
+void matmul_rowwise_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
 
 // --- rms_norm ---------------------------------------------------------------
 // y[t, :] = x[t, :] / sqrt(mean(x[t, :]²) + eps) * weight[:]. y may alias x.

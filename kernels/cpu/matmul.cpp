@@ -558,4 +558,8 @@ void matmul_cpu(const float* x, const WeightView& w, const float* bias, float* y
   matmul_gemm_cpu(x, w, bias, y, num_tokens);
 }
 
+void matmul_rowwise_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  matmul_matvec_cpu(x, w, bias, y, num_tokens);
+}
+
 }  // namespace snap::kernels

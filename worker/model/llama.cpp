@@ -58,38 +58,58 @@ void LlamaForward::embed(const int32_t* tokens, int64_t n, float* x) const {
   }
 }
 
-Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_t n, PagedKvCache& cache,
-                               KvCompressor* compressor) {
+Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_t n,
+                               const std::vector<Segment>& segments) {
   const ModelConfig& c = model_.config;
   const LayerWeights& lw = model_.weights.layers[l];
   const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   auto bias = [](const Matrix& b) { return b.empty() ? nullptr : b.f32(); };
-  // --- attention block
+  // --- attention block: projections over every row of the step
   kernels::rms_norm_cpu(x, lw.attn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
-  kernels::matmul_cpu(h_.data(), lw.q_proj.view(), bias(lw.q_bias), q_.data(), n);
-  kernels::matmul_cpu(h_.data(), lw.k_proj.view(), bias(lw.k_bias), k_.data(), n);
-  kernels::matmul_cpu(h_.data(), lw.v_proj.view(), bias(lw.v_bias), v_.data(), n);
+  project(h_.data(), lw.q_proj, bias(lw.q_bias), q_.data(), n);
+  project(h_.data(), lw.k_proj, bias(lw.k_bias), k_.data(), n);
+  project(h_.data(), lw.v_proj, bias(lw.v_bias), v_.data(), n);
   kernels::rope_cpu(q_.data(), positions, n, c.num_heads, c.head_dim, inv_freq_.data());
   kernels::rope_cpu(k_.data(), positions, n, c.num_kv_heads, c.head_dim, inv_freq_.data());
-  SNAP_RETURN_IF_ERROR(cache.append_layer(l, positions, k_.data(), v_.data(), n));
-  if (compressor) SNAP_RETURN_IF_ERROR(compressor->observe(l, q_.data(), positions, n, cache));
-  kernels::attention_paged_cpu(q_.data(), positions, n, cache.layer_view(l), attn_params_, attn_.data());
-  kernels::matmul_cpu(attn_.data(), lw.o_proj.view(), nullptr, h_.data(), n);
+  // KV and attention: each sequence on its own cache.
+  for (const Segment& s : segments) {
+    const int32_t* pos = positions + s.offset;
+    SNAP_RETURN_IF_ERROR(
+        s.cache->append_layer(l, pos, k_.data() + s.offset * kv_dim, v_.data() + s.offset * kv_dim, s.num_tokens));
+    if (s.compressor) {
+      SNAP_RETURN_IF_ERROR(s.compressor->observe(l, q_.data() + s.offset * q_dim, pos, s.num_tokens, *s.cache));
+    }
+    kernels::attention_paged_cpu(q_.data() + s.offset * q_dim, pos, s.num_tokens, s.cache->layer_view(l),
+                                 attn_params_, attn_.data() + s.offset * q_dim);
+  }
+  project(attn_.data(), lw.o_proj, nullptr, h_.data(), n);
   for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
   // --- MLP block
   kernels::rms_norm_cpu(x, lw.ffn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
-  kernels::matmul_cpu(h_.data(), lw.gate_proj.view(), nullptr, gate_.data(), n);
-  kernels::matmul_cpu(h_.data(), lw.up_proj.view(), nullptr, up_.data(), n);
+  project(h_.data(), lw.gate_proj, nullptr, gate_.data(), n);
+  project(h_.data(), lw.up_proj, nullptr, up_.data(), n);
   kernels::swiglu_cpu(gate_.data(), up_.data(), gate_.data(), n * c.intermediate_size);
-  kernels::matmul_cpu(gate_.data(), lw.down_proj.view(), nullptr, h_.data(), n);
+  project(gate_.data(), lw.down_proj, nullptr, h_.data(), n);
   for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
   return {};
 }
 
-void LlamaForward::head(const float* x, int64_t rows, float* logits) {
+void LlamaForward::head(const float* x, int64_t rows, float* logits, bool rowwise) {
   const ModelConfig& c = model_.config;
   kernels::rms_norm_cpu(x, model_.weights.final_norm.f32(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
-  kernels::matmul_cpu(h_.data(), model_.weights.output().view(), nullptr, logits, rows);
+  if (rowwise) {
+    kernels::matmul_rowwise_cpu(h_.data(), model_.weights.output().view(), nullptr, logits, rows);
+  } else {
+    kernels::matmul_cpu(h_.data(), model_.weights.output().view(), nullptr, logits, rows);
+  }
+}
+
+void LlamaForward::project(const float* x, const Matrix& w, const float* bias, float* y, int64_t n) {
+  const int64_t p = std::min(prefill_rows_, n);
+  if (p > 0) kernels::matmul_cpu(x, w.view(), bias, y, p);
+  if (n > p) kernels::matmul_rowwise_cpu(x + p * w.cols(), w.view(), bias, y + p * w.rows(), n - p);
 }
 
 Status LlamaForward::forward(const int32_t* tokens, int64_t n, PagedKvCache& cache, float* logits, bool all_logits,
@@ -99,12 +119,55 @@ Status LlamaForward::forward(const int32_t* tokens, int64_t n, PagedKvCache& cac
   const int32_t start = cache.next_position();
   for (int64_t t = 0; t < n; ++t) positions_[t] = static_cast<int32_t>(start + t);
   embed(tokens, n, x_.data());
+  prefill_rows_ = n;  // one sequence: a single matmul over its rows (matvec below 8 rows)
+  const std::vector<Segment> segments = {{&cache, compressor, 0, n}};
   for (int l = 0; l < model_.config.num_layers; ++l) {
-    SNAP_RETURN_IF_ERROR(run_layer(l, x_.data(), positions_.data(), n, cache, compressor));
+    SNAP_RETURN_IF_ERROR(run_layer(l, x_.data(), positions_.data(), n, segments));
   }
   // Only the rows whose logits are wanted go through the final norm and LM head.
   const int64_t first = all_logits ? 0 : n - 1;
-  head(&x_[first * model_.config.hidden_size], n - first, logits);
+  head(&x_[first * model_.config.hidden_size], n - first, logits, !all_logits);
+  return {};
+}
+
+Status LlamaForward::forward_batch(const std::vector<BatchItem>& items) {
+  const ModelConfig& c = model_.config;
+  int64_t total = 0;
+  for (const BatchItem& it : items) {
+    CHECK_GT(it.num_tokens, 0);
+    total += it.num_tokens;
+  }
+  if (total == 0) return {};
+  ensure_scratch(std::max<int64_t>(total, static_cast<int64_t>(items.size())));
+  std::vector<Segment> segments;
+  segments.reserve(items.size());
+  int64_t offset = 0;
+  prefill_rows_ = 0;
+  bool seen_decode = false;
+  for (const BatchItem& it : items) {
+    CHECK(!(it.prefill && seen_decode)) << "prefill items must come first in a batch";
+    seen_decode = seen_decode || !it.prefill;
+    if (it.prefill) prefill_rows_ += it.num_tokens;
+    const int32_t start = it.cache->next_position();
+    for (int64_t t = 0; t < it.num_tokens; ++t) positions_[offset + t] = static_cast<int32_t>(start + t);
+    embed(it.tokens, it.num_tokens, &x_[offset * c.hidden_size]);
+    segments.push_back({it.cache, it.compressor, offset, it.num_tokens});
+    offset += it.num_tokens;
+  }
+  for (int l = 0; l < c.num_layers; ++l) SNAP_RETURN_IF_ERROR(run_layer(l, x_.data(), positions_.data(), total, segments));
+  // Last row of every item that wants logits, through the head together.
+  std::vector<float> rows;
+  std::vector<float*> outs;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].logits) continue;
+    const float* last = &x_[(segments[i].offset + segments[i].num_tokens - 1) * c.hidden_size];
+    rows.insert(rows.end(), last, last + c.hidden_size);
+    outs.push_back(items[i].logits);
+  }
+  if (outs.empty()) return {};
+  std::vector<float> logits(outs.size() * c.vocab_size);
+  head(rows.data(), static_cast<int64_t>(outs.size()), logits.data(), true);
+  for (size_t i = 0; i < outs.size(); ++i) std::copy_n(&logits[i * c.vocab_size], c.vocab_size, outs[i]);
   return {};
 }
 
@@ -152,11 +215,13 @@ Status LlamaForward::prefill_layerwise(const int32_t* tokens, int64_t n, PagedKv
   for (int l = 0; l < c.num_layers; ++l) {
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t len = std::min(chunk, n - start);
-      SNAP_RETURN_IF_ERROR(run_layer(l, &x[start * c.hidden_size], &positions[start], len, cache, &compressor));
+      const std::vector<Segment> segments = {{&cache, &compressor, 0, len}};
+      prefill_rows_ = len;
+      SNAP_RETURN_IF_ERROR(run_layer(l, &x[start * c.hidden_size], &positions[start], len, segments));
     }
     SNAP_RETURN_IF_ERROR(compressor.compress_layer(l, cache));
   }
-  head(&x[(n - 1) * c.hidden_size], 1, last_logits);
+  head(&x[(n - 1) * c.hidden_size], 1, last_logits, true);
   return {};
 }
 

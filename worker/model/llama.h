@@ -32,6 +32,23 @@ class LlamaForward {
   Status forward(const int32_t* tokens, int64_t num_tokens, PagedKvCache& cache, float* logits, bool all_logits,
                  KvCompressor* compressor = nullptr);
 
+  // One sequence's share of a batched step: its tokens continue at cache->next_position().
+  struct BatchItem {
+    PagedKvCache* cache = nullptr;
+    const int32_t* tokens = nullptr;
+    int64_t num_tokens = 0;
+    KvCompressor* compressor = nullptr;  // shown this item's queries (prefill), or null
+    float* logits = nullptr;             // [vocab_size] of the item's last token, or null
+    bool prefill = false;                // a prompt chunk (prefill items come first)
+  };
+  // Several sequences in one step (continuous batching): the projections and MLP run once
+  // over all their tokens; RoPE, the KV append and attention run per sequence on its own
+  // cache. Batch invariance: prompt-chunk rows go through the same matmul as when alone,
+  // decode rows through the row-invariant matvec, so no sequence's logits depend on what
+  // else shares the step. On an error (pool exhausted) the items' caches may be partly appended: callers
+  // drop those sequences.
+  Status forward_batch(const std::vector<BatchItem>& items);
+
   using LogitsSink = std::function<void(int64_t position, const float* logits)>;
   // Prefills tokens in chunks of at most `chunk`, then — when compressor is active and the
   // cache reaches compressor->compress_at() — compresses every layer. last_logits gets the
@@ -49,17 +66,27 @@ class LlamaForward {
  private:
   void ensure_scratch(int64_t num_tokens);
   void embed(const int32_t* tokens, int64_t n, float* x) const;
-  // One decoder layer in place on x [n, hidden] at positions[n].
-  Status run_layer(int layer, float* x, const int32_t* positions, int64_t n, PagedKvCache& cache,
-                   KvCompressor* compressor);
-  // Final norm + LM head on rows x [rows, hidden].
-  void head(const float* x, int64_t rows, float* logits);
+  // Rows [offset, offset + num_tokens) of a step belong to one sequence's cache.
+  struct Segment {
+    PagedKvCache* cache;
+    KvCompressor* compressor;
+    int64_t offset;
+    int64_t num_tokens;
+  };
+  // One decoder layer in place on x [n, hidden] at positions[n], rows split into segments.
+  Status run_layer(int layer, float* x, const int32_t* positions, int64_t n, const std::vector<Segment>& segments);
+  // Final norm + LM head on rows x [rows, hidden] (row-invariant when rowwise).
+  void head(const float* x, int64_t rows, float* logits, bool rowwise);
+  // y = x·wᵀ (+bias) for n rows: rows [0, prefill_rows_) in one matmul (sgemm for a prompt
+  // chunk), the rest row by row invariant (decode rows of a batch).
+  void project(const float* x, const Matrix& w, const float* bias, float* y, int64_t n);
 
   const LoadedModel& model_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
   kernels::AttentionParams attn_params_;
   // Scratch, sized for the largest chunk seen: [num_tokens, ...]
   int64_t scratch_tokens_ = 0;
+  int64_t prefill_rows_ = 0;  // rows of the current step that are a prompt chunk
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<int32_t> positions_;
 };
