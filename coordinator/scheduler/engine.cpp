@@ -1,0 +1,554 @@
+// The continuous-batching engine: one scheduler thread owns the model, the block pool and
+// every sequence. Each step it (1) takes new requests and cancellations, (2) admits waiting
+// requests whose KV reservation fits the pool, (3) runs one batched forward with one
+// decode token per running sequence plus one prefill chunk of an admitted prompt,
+// (4) compresses a sequence's KV the step its context is complete, (5) samples, detokenizes,
+// applies stop strings and streams events. KV reservations: a sequence holds, in blocks,
+// max(its prompt uncompressed — the prefill peak —, its compressed size + max_tokens); the
+// reservation shrinks to the second term once compression ran, so admission is exact.
+#include "coordinator/scheduler/engine.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/sys.h"
+#include "worker/kv/block_pool.h"
+#include "worker/kv/compressor.h"
+#include "worker/kv/paged_kv_cache.h"
+#include "worker/model/llama.h"
+#include "worker/model/weights.h"
+
+namespace snap {
+namespace {
+
+struct Sequence {
+  uint64_t id = 0;
+  EngineRequest req;
+  EventSink sink;
+  std::unique_ptr<PagedKvCache> cache;
+  std::unique_ptr<KvCompressor> compressor;
+  std::unique_ptr<StreamDecoder> decoder;
+  kernels::Rng rng{0};
+  std::vector<float> logits;
+  int64_t prefilled = 0;     // prompt tokens already in the cache
+  int64_t generated = 0;
+  int32_t next_token = -1;   // sampled, to be fed at the next decode step
+  std::string text;          // generated text not yet emitted (held back for stop strings)
+  int64_t reserved_blocks = 0;
+  bool compressed = false;
+  double arrival = 0, admitted = 0, first_token = 0, last_token = 0;
+  double prefill_seconds = 0;
+  std::string done_reason;       // set when the sequence must finish this step
+  bool stopped_by_string = false;
+  Status error;
+
+  int64_t prompt_len() const { return static_cast<int64_t>(req.prompt_ids.size()); }
+  bool prefilling() const { return prefilled < prompt_len(); }
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const EngineConfig& cfg, ServerMetrics* metrics) : cfg_(cfg), metrics_(metrics) {}
+  ~EngineImpl() override { shutdown(0); }
+
+  Status init() {
+    auto model = load_model(cfg_.model_path);
+    if (!model.ok()) return model.status();
+    model_ = std::make_unique<LoadedModel>(std::move(model).value());
+    auto tok = Tokenizer::load_for_model(cfg_.model_path);
+    if (!tok.ok()) return tok.status();
+    tokenizer_ = std::make_unique<Tokenizer>(std::move(tok).value());
+    forward_ = std::make_unique<LlamaForward>(*model_);
+    const ModelConfig& c = model_->config;
+    BlockPoolConfig pc;
+    pc.block_size = cfg_.kv_block_size;
+    pc.head_dim = c.head_dim;
+    pc.capacity_bytes = cfg_.kv_cache_bytes;
+    auto pool = BlockPool::create(pc);
+    if (!pool.ok()) return pool.status();
+    pool_ = std::move(pool).value();
+    context_ = c.max_position > 0 ? c.max_position : (int64_t{1} << 30);
+    max_prompt_ = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, context_) : context_;
+    max_tokens_limit_ = cfg_.max_tokens_limit > 0 ? cfg_.max_tokens_limit : context_;
+    name_ = cfg_.served_model_name;
+    if (name_.empty()) {
+      name_ = cfg_.model_path;
+      while (!name_.empty() && name_.back() == '/') name_.pop_back();
+      name_ = name_.substr(name_.find_last_of('/') + 1);
+    }
+    for (int32_t id : tokenizer_->eos_ids()) eos_.push_back(id);
+    for (int32_t id : c.eos_token_ids) eos_.push_back(id);
+    if (cfg_.threads > 0) omp_set_num_threads(cfg_.threads);
+    alive_ = true;  // healthy from here: the model is loaded and the loop is starting
+    heartbeat_ = now_seconds();
+    thread_ = std::thread([this] { loop(); });
+    return {};
+  }
+
+  // --- Engine -------------------------------------------------------------------------
+
+  Result<uint64_t> submit(EngineRequest req, EventSink sink) override {
+    const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
+    if (n == 0) return invalid_argument("prompt is empty");
+    if (n > max_prompt_) {
+      return invalid_argument("prompt has " + std::to_string(n) + " tokens, more than the limit of " +
+                              std::to_string(max_prompt_));
+    }
+    for (int32_t id : req.prompt_ids) {
+      if (id < 0 || id >= model_->config.vocab_size) {
+        return invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary");
+      }
+    }
+    if (req.max_tokens < 1 || req.max_tokens > max_tokens_limit_) {
+      return invalid_argument("max_tokens must be in [1, " + std::to_string(max_tokens_limit_) + "], got " +
+                              std::to_string(req.max_tokens));
+    }
+    SNAP_RETURN_IF_ERROR(req.kv_policy.validate());
+    if (req.kv_policy.context_tokens > n) return invalid_argument("kv context_tokens is longer than the prompt");
+    const int64_t need = peak_blocks(req);
+    if (need > pool_->num_blocks()) {
+      return invalid_argument("request needs " + std::to_string(need) + " KV blocks at its peak but the pool has " +
+                              std::to_string(pool_->num_blocks()) +
+                              " (shorten it, raise --kv-cache-mib, or use a compressing kv policy with layerwise)");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return resource_exhausted("server is shutting down");
+    if (static_cast<int64_t>(incoming_.size() + waiting_count_) >= cfg_.max_waiting) {
+      return resource_exhausted("too many requests waiting (" + std::to_string(cfg_.max_waiting) + "); retry later");
+    }
+    auto seq = std::make_unique<Sequence>();
+    seq->id = next_id_++;
+    seq->req = std::move(req);
+    seq->sink = std::move(sink);
+    seq->arrival = now_seconds();
+    const uint64_t id = seq->id;
+    incoming_.push_back(std::move(seq));
+    cv_.notify_one();
+    return id;
+  }
+
+  void cancel(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(id);
+    cv_.notify_one();
+  }
+
+  const Tokenizer& tokenizer() const override { return *tokenizer_; }
+  const ModelConfig& model_config() const override { return model_->config; }
+  const std::string& model_name() const override { return name_; }
+  bool healthy() const override {
+    return alive_.load() && now_seconds() - heartbeat_.load() < 30.0;  // a step never stalls 30 s
+  }
+  EngineStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+  void shutdown(double deadline_seconds) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!thread_.joinable()) return;
+      stopping_ = true;
+      stop_deadline_ = now_seconds() + std::max(0.0, deadline_seconds);
+      cv_.notify_one();
+    }
+    thread_.join();
+  }
+
+ private:
+  // --- reservations ---------------------------------------------------------------------
+
+  // Blocks the request holds at its peak: the uncompressed prompt (all layers) during
+  // prefill — one layer of it with layer-wise prefill — or its compressed size + max_tokens.
+  int64_t peak_blocks(const EngineRequest& req) const {
+    const ModelConfig& c = model_->config;
+    const int64_t bs = cfg_.kv_block_size;
+    const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
+    const int64_t heads = int64_t{c.num_layers} * c.num_kv_heads;
+    const int64_t full = heads * ceil_div(n + req.max_tokens, bs);
+    if (req.kv_policy.kind == KvPolicyKind::full) return full;
+    const int64_t prefill_peak = req.kv_policy.layerwise
+                                     ? int64_t{c.num_kv_heads} * ceil_div(n, bs) + heads * ceil_div(req.kv_policy.budget * 2, bs)
+                                     : heads * ceil_div(n, bs);
+    return std::max(prefill_peak, after_compression_blocks(req, nullptr));
+  }
+
+  int64_t after_compression_blocks(const EngineRequest& req, const KvCompressor* comp) const {
+    const ModelConfig& c = model_->config;
+    const int64_t bs = cfg_.kv_block_size;
+    const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
+    const int64_t compress_at = req.kv_policy.context_tokens > 0 ? req.kv_policy.context_tokens : n;
+    int64_t blocks = 0;
+    for (int l = 0; l < c.num_layers; ++l) {
+      // pyramidkv layer budgets vary (up to ~2x the average): bound by twice the budget.
+      const int64_t budget = comp ? comp->layer_budget(l)
+                                  : (req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget
+                                                                                   : req.kv_policy.budget);
+      const int64_t kept = std::min(compress_at, budget) + (n - compress_at) + req.max_tokens;
+      // adakv heads differ in size: each head may use one partly filled block more.
+      const int64_t per_head = ceil_div(kept, bs) + (req.kv_policy.kind == KvPolicyKind::adakv ? 1 : 0);
+      blocks += int64_t{c.num_kv_heads} * per_head;
+    }
+    if (req.kv_policy.kind == KvPolicyKind::adakv) {
+      // adakv moves slots between heads: one head may hold up to all of its layer's slots.
+      blocks = std::max(blocks, int64_t{c.num_layers} * ceil_div(int64_t{c.num_kv_heads} * (std::min(compress_at, req.kv_policy.budget) + req.max_tokens + n - compress_at), bs) + int64_t{c.num_layers} * c.num_kv_heads);
+    }
+    return blocks;
+  }
+
+  // --- the scheduler loop -----------------------------------------------------------------
+
+  void loop() {
+    while (true) {
+      bool exit_loop = false;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
+          return stopping_ || !incoming_.empty() || !cancels_.empty() || !running_.empty() || !waiting_.empty();
+        });
+        for (auto& s : incoming_) waiting_.push_back(std::move(s));
+        incoming_.clear();
+        for (uint64_t id : cancels_) cancel_now(id);
+        cancels_.clear();
+        waiting_count_ = static_cast<int64_t>(waiting_.size());
+        if (stopping_) {
+          // Nothing new starts; running ones may finish until the deadline.
+          while (!waiting_.empty()) {
+            finish(*waiting_.front(), "abort");
+            waiting_.pop_front();
+          }
+          if (running_.empty() || now_seconds() >= stop_deadline_) {
+            for (auto& s : running_) finish(*s, "abort");
+            running_.clear();
+            exit_loop = true;
+          }
+        }
+      }
+      if (exit_loop) {
+        publish_stats();
+        break;
+      }
+      heartbeat_ = now_seconds();
+      expire_timeouts();
+      admit();
+      if (!running_.empty()) step();
+      publish_stats();
+    }
+    alive_ = false;
+  }
+
+  // Caller holds mu_.
+  void cancel_now(uint64_t id) {
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if ((*it)->id == id) {
+        finish(**it, "abort");
+        waiting_.erase(it);
+        return;
+      }
+    }
+    for (auto it = running_.begin(); it != running_.end(); ++it) {
+      if ((*it)->id == id) {
+        finish(**it, "abort");
+        running_.erase(it);
+        return;
+      }
+    }
+  }
+
+  void expire_timeouts() {
+    const double now = now_seconds();
+    auto expired = [&](const std::unique_ptr<Sequence>& s) {
+      return s->req.timeout_seconds > 0 && now - s->arrival > s->req.timeout_seconds;
+    };
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* list : {&waiting_, &running_}) {
+      for (auto it = list->begin(); it != list->end();) {
+        if (expired(*it)) {
+          finish(**it, "timeout");
+          it = list->erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  void admit() {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
+      Sequence& s = *waiting_.front();
+      const int64_t need = peak_blocks(s.req);
+      if (reserved_blocks_ + need > pool_->num_blocks()) break;  // FIFO: wait for room
+      s.reserved_blocks = need;
+      reserved_blocks_ += need;
+      s.admitted = now_seconds();
+      s.cache = std::make_unique<PagedKvCache>(*pool_, forward_->kv_shape());
+      const int64_t compress_at = s.req.kv_policy.context_tokens > 0 ? s.req.kv_policy.context_tokens : s.prompt_len();
+      s.compressor = std::make_unique<KvCompressor>(s.req.kv_policy, forward_->compressor_shape(), compress_at);
+      s.decoder = std::make_unique<StreamDecoder>(*tokenizer_, true);
+      s.rng = kernels::Rng(s.req.sampling.seed);
+      s.logits.resize(model_->config.vocab_size);
+      if (metrics_) metrics_->observe_request_queue_time(s.admitted - s.arrival);
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+    }
+    waiting_count_ = static_cast<int64_t>(waiting_.size());
+  }
+
+  void step() {
+    const double t0 = now_seconds();
+    // Layer-wise prefill runs a whole prompt through one layer at a time: alone in its step.
+    for (auto& s : running_) {
+      if (s->prefilled == 0 && s->req.kv_policy.layerwise && s->compressor->active() &&
+          s->req.kv_policy.context_tokens == 0) {
+        Status st = forward_->prefill_layerwise(s->req.prompt_ids.data(), s->prompt_len(), *s->cache,
+                                                s->logits.data(), cfg_.prefill_chunk, *s->compressor);
+        s->prefilled = s->prompt_len();
+        after_prefill_chunk(*s, st, t0);
+        reap();
+        return;
+      }
+    }
+    std::vector<LlamaForward::BatchItem> items;
+    std::vector<Sequence*> seqs;
+    std::vector<int64_t> lens;
+    bool has_prefill = false;
+    // The step's prompt chunk goes first (batch invariance: see LlamaForward::forward_batch).
+    for (auto& s : running_) {
+      if (!s->prefilling()) continue;
+      int64_t len = std::min(cfg_.prefill_chunk, s->prompt_len() - s->prefilled);
+      const bool before_compression = s->compressor->active() && s->prefilled < s->compressor->compress_at();
+      if (before_compression) len = std::min(len, s->compressor->compress_at() - s->prefilled);
+      const bool last = s->prefilled + len == s->prompt_len();
+      items.push_back({s->cache.get(), s->req.prompt_ids.data() + s->prefilled, len,
+                       before_compression ? s->compressor.get() : nullptr, last ? s->logits.data() : nullptr, true});
+      seqs.push_back(s.get());
+      lens.push_back(len);
+      has_prefill = true;
+      break;  // one prompt chunk per step keeps the running streams' latency bounded
+    }
+    for (auto& s : running_) {
+      if (s->prefilling()) continue;
+      items.push_back({s->cache.get(), &s->next_token, 1, nullptr, s->logits.data(), false});
+      seqs.push_back(s.get());
+      lens.push_back(1);
+    }
+    if (items.empty()) return;
+    const Status st = forward_->forward_batch(items);
+    const double dt = now_seconds() - t0;
+    if (metrics_) metrics_->observe_step_latency(has_prefill ? "prefill" : "decode", 0, dt);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Sequence& s = *seqs[i];
+      if (s.prefilling()) {
+        s.prefilled += lens[i];
+        s.prefill_seconds += dt;
+        after_prefill_chunk(s, st, t0);
+      } else if (!st.ok()) {
+        fail(s, st);
+      } else {
+        sample_and_emit(s);
+      }
+    }
+    reap();
+  }
+
+  void after_prefill_chunk(Sequence& s, const Status& st, double t0) {
+    if (!st.ok()) {
+      fail(s, st);
+      return;
+    }
+    if (s.compressor->active() && !s.compressed && s.cache->next_position() == s.compressor->compress_at()) {
+      for (int l = 0; l < model_->config.num_layers; ++l) {
+        Status cs = s.compressor->compress_layer(l, *s.cache);
+        if (!cs.ok()) {
+          fail(s, cs);
+          return;
+        }
+      }
+      s.compressed = true;
+      const int64_t after = after_compression_blocks(s.req, s.compressor.get());
+      std::lock_guard<std::mutex> lock(mu_);
+      if (after < s.reserved_blocks) {
+        reserved_blocks_ -= s.reserved_blocks - after;
+        s.reserved_blocks = after;
+      }
+      if (metrics_) metrics_->observe_snapkv_selection(s.compressor->selection_seconds());
+    }
+    if (!s.prefilling()) {
+      if (s.prefill_seconds == 0) s.prefill_seconds = now_seconds() - t0;
+      if (metrics_) metrics_->observe_request_prefill_time(s.prefill_seconds);
+      sample_and_emit(s);
+    }
+  }
+
+  void fail(Sequence& s, const Status& st) {
+    s.done_reason = "error";
+    s.error = st;
+  }
+
+  // Samples the next token from s.logits and streams it; marks the sequence done when a
+  // stop condition holds.
+  void sample_and_emit(Sequence& s) {
+    const int32_t id = kernels::sample_cpu(s.logits.data(), model_->config.vocab_size, s.req.sampling, s.rng);
+    const double now = now_seconds();
+    if (s.generated == 0) {
+      s.first_token = now;
+      if (metrics_) metrics_->observe_time_to_first_token(now - s.arrival);
+    } else if (metrics_) {
+      metrics_->observe_time_per_output_token(now - s.last_token);
+    }
+    s.last_token = now;
+    ++s.generated;
+    const bool eos = !s.req.ignore_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end();
+    EngineEvent ev;
+    ev.kind = EngineEvent::Kind::token;
+    ev.token_id = id;
+    if (!eos) {
+      s.text += s.decoder->push(id);
+      // Stop strings: cut at the first match; hold back a tail that may start one.
+      size_t cut = std::string::npos;
+      for (const std::string& stop : s.req.stop) {
+        if (stop.empty()) continue;
+        const size_t at = s.text.find(stop);
+        if (at != std::string::npos) cut = std::min(cut, at);
+      }
+      if (cut != std::string::npos) {
+        ev.text = s.text.substr(0, cut);
+        s.text.clear();
+        s.sink(ev);
+        s.done_reason = "stop";
+        s.stopped_by_string = true;
+        return;
+      }
+      size_t hold = 0;
+      for (const std::string& stop : s.req.stop) {
+        for (size_t k = std::min(stop.size() - 1, s.text.size()); k > hold; --k) {
+          if (s.text.compare(s.text.size() - k, k, stop, 0, k) == 0) {
+            hold = k;
+            break;
+          }
+        }
+      }
+      hold = utf8_safe_hold(s.text, hold);
+      ev.text = s.text.substr(0, s.text.size() - hold);
+      s.text.erase(0, s.text.size() - hold);
+    }
+    s.sink(ev);
+    if (eos) {
+      s.done_reason = "stop";
+    } else if (s.generated >= s.req.max_tokens || s.cache->next_position() + 1 >= context_) {
+      s.done_reason = "length";
+    } else {
+      s.next_token = id;
+    }
+  }
+
+  // Keeps a held-back tail from splitting a UTF-8 character (the decoder's text is whole
+  // characters; a stop-string prefix may cut inside one only if the stop string does).
+  static size_t utf8_safe_hold(const std::string& text, size_t hold) {
+    while (hold < text.size() && (static_cast<unsigned char>(text[text.size() - hold]) & 0xC0) == 0x80) ++hold;
+    return hold;
+  }
+
+  // Finishes and removes every sequence marked done.
+  void reap() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (!(*it)->done_reason.empty()) {
+        finish(**it, (*it)->done_reason);
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Sends the final event and releases the sequence's blocks and reservation. Caller holds mu_.
+  void finish(Sequence& s, const std::string& reason) {
+    EngineEvent ev;
+    ev.kind = EngineEvent::Kind::finished;
+    ev.finish_reason = reason;
+    ev.error = s.error;
+    if (reason != "error" && !s.stopped_by_string && s.decoder) ev.text = s.text + s.decoder->flush();
+    ev.prompt_tokens = s.prompt_len();
+    ev.completion_tokens = s.generated;
+    if (s.cache) {
+      ev.kv_resident_bytes = s.cache->resident_bytes();
+      ev.kv_full_equivalent_bytes = s.cache->full_equivalent_bytes();
+      s.cache.reset();  // blocks back to the pool
+    }
+    reserved_blocks_ -= s.reserved_blocks;
+    s.reserved_blocks = 0;
+    if (metrics_) {
+      const double now = now_seconds();
+      metrics_->add_prompt_tokens(s.prefilled);
+      metrics_->add_generation_tokens(s.generated);
+      metrics_->add_request_success(reason);
+      metrics_->observe_e2e_request_latency(now - s.arrival);
+      if (ev.kv_resident_bytes > 0 && s.compressed) {
+        metrics_->observe_kv_compression_ratio(static_cast<double>(ev.kv_full_equivalent_bytes) / ev.kv_resident_bytes);
+      }
+    }
+    s.sink(ev);
+  }
+
+  void publish_stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.running = static_cast<int64_t>(running_.size());
+    stats_.waiting = static_cast<int64_t>(waiting_.size() + incoming_.size());
+    stats_.kv_blocks_used = pool_->num_used();
+    stats_.kv_blocks_total = pool_->num_blocks();
+    if (!metrics_) return;
+    metrics_->set_num_requests_running(stats_.running);
+    metrics_->set_num_requests_waiting(stats_.waiting);
+    metrics_->set_kv_cache_usage_ratio(static_cast<double>(stats_.kv_blocks_used) / std::max<int64_t>(1, stats_.kv_blocks_total));
+    metrics_->set_kv_cache_resident_bytes(0, pool_->resident_bytes());
+    metrics_->set_kv_cache_full_equivalent_bytes(0, pool_->full_equivalent_bytes());
+    metrics_->set_process_resident_memory_bytes(0, current_rss_bytes());
+  }
+
+  EngineConfig cfg_;
+  ServerMetrics* metrics_;
+  std::unique_ptr<LoadedModel> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<LlamaForward> forward_;
+  std::unique_ptr<BlockPool> pool_;
+  std::string name_;
+  std::vector<int32_t> eos_;
+  int64_t context_ = 0, max_prompt_ = 0, max_tokens_limit_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;  // submitted, not yet seen by the loop
+  std::deque<std::unique_ptr<Sequence>> waiting_;   // seen, not admitted (FIFO)
+  std::deque<std::unique_ptr<Sequence>> running_;   // admitted: prefilling or decoding
+  std::vector<uint64_t> cancels_;
+  int64_t waiting_count_ = 0;
+  int64_t reserved_blocks_ = 0;
+  uint64_t next_id_ = 1;
+  bool stopping_ = false;
+  double stop_deadline_ = 0;
+  EngineStats stats_;
+  std::atomic<bool> alive_{false};
+  std::atomic<double> heartbeat_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& cfg, ServerMetrics* metrics) {
+  auto engine = std::make_unique<EngineImpl>(cfg, metrics);
+  SNAP_RETURN_IF_ERROR(engine->init());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace snap

@@ -1,0 +1,97 @@
+// Engine: the serving core behind the HTTP front-end. It owns the model, the tokenizer and
+// the KV block pool, and runs one scheduler thread that forms steps — decode tokens of
+// every running sequence batched together, plus chunks of waiting prompts' prefill — so
+// running streams keep flowing while new prompts are admitted (continuous batching).
+// A request is admitted only when its KV reservation fits the pool (with SnapKV the size
+// after compression is known in advance); past `max_waiting` queued requests submit()
+// refuses (HTTP 429). Results flow back through a per-request EventSink.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/metrics/metrics.h"
+#include "coordinator/tokenizer/tokenizer.h"
+#include "kernels/kernels.h"
+#include "worker/kv/policy.h"
+#include "worker/model/config.h"
+
+namespace snap {
+
+struct EngineConfig {
+  std::string model_path;
+  std::string served_model_name;  // /v1/models id; default: the file's base name
+  int threads = 0;                // 0: all cores
+  int64_t kv_cache_bytes = 512LL << 20;  // block pool size
+  int kv_block_size = 16;
+  int64_t max_num_seqs = 16;      // sequences running at once
+  int64_t max_waiting = 64;       // queue bound; beyond it submit() is refused
+  int64_t prefill_chunk = 256;    // prompt tokens per sequence per step
+  int64_t max_prompt_tokens = 0;  // 0: the model's context
+  int64_t max_tokens_limit = 0;   // upper bound on a request's max_tokens; 0: the model's context
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt_ids;
+  int64_t max_tokens = 16;
+  kernels::SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings (not included in the output)
+  bool ignore_eos = false;
+  KvPolicy kv_policy;             // full by default
+  double timeout_seconds = 0;     // 0: none; past it the request finishes with "timeout"
+};
+
+struct EngineEvent {
+  enum class Kind : uint8_t { token, finished };
+  Kind kind = Kind::token;
+  std::string text;        // newly decoded text (always whole UTF-8 characters); may be empty
+  int32_t token_id = -1;   // kind == token
+  // kind == finished:
+  std::string finish_reason;  // "stop", "length", "abort" (cancelled), "timeout", "error"
+  Status error;               // set when finish_reason == "error"
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t kv_resident_bytes = 0;         // at the end of the request
+  int64_t kv_full_equivalent_bytes = 0;  // what the uncompressed cache would have held
+};
+
+// Called on the engine thread, in order, ending with exactly one `finished` event. Must
+// not block (queue the event and return).
+using EventSink = std::function<void(const EngineEvent&)>;
+
+struct EngineStats {
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_total = 0;
+};
+
+class Engine {
+ public:
+  // Loads the model and tokenizer, allocates the pool, starts the scheduler thread.
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& cfg, ServerMetrics* metrics);
+  virtual ~Engine() = default;
+
+  // Validates (prompt length, max_tokens, policy: invalid_argument with a message naming
+  // the field) and queues. resource_exhausted when the queue is full. Returns a request id.
+  virtual Result<uint64_t> submit(EngineRequest request, EventSink sink) = 0;
+  // Cancels a queued or running request (client disconnected): its blocks are freed and
+  // its sink receives finished/"abort". Unknown ids are ignored.
+  virtual void cancel(uint64_t id) = 0;
+
+  virtual const Tokenizer& tokenizer() const = 0;
+  virtual const ModelConfig& model_config() const = 0;
+  virtual const std::string& model_name() const = 0;
+  // True when the model is loaded and the scheduler (and every worker rank) answers.
+  virtual bool healthy() const = 0;
+  virtual EngineStats stats() const = 0;
+  // Stops accepting, lets running requests finish until `deadline_seconds` from now, then
+  // cancels the rest and joins the scheduler thread.
+  virtual void shutdown(double deadline_seconds) = 0;
+};
+
+}  // namespace snap

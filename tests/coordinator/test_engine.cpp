@@ -1,0 +1,205 @@
+// The continuous-batching engine on the real default model: requests run together give
+// exactly the tokens they give alone (greedy, every KV policy); the queue bound refuses;
+// cancellation and completion return every KV block; stop strings, timeouts, validation
+// and shutdown behave as a client expects.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "coordinator/engine/prompt.h"
+#include "coordinator/scheduler/engine.h"
+#include "tests/worker/tiny_checkpoint.h"
+
+namespace snap {
+namespace {
+
+// Collects one request's events; wait() blocks until the finished event.
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  std::string text;
+  bool done = false;
+  EngineEvent final_event;
+
+  EventSink sink() {
+    return [this](const EngineEvent& ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      text += ev.text;
+      if (ev.kind == EngineEvent::Kind::token) tokens.push_back(ev.token_id);
+      if (ev.kind == EngineEvent::Kind::finished) {
+        done = true;
+        final_event = ev;
+        cv.notify_all();
+      }
+    };
+  }
+  bool wait(double seconds = 120) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; });
+  }
+};
+
+EngineConfig config() {
+  EngineConfig c;
+  c.model_path = snap::testing::default_model_path();
+  c.kv_cache_bytes = 256LL << 20;
+  c.max_num_seqs = 8;
+  c.max_waiting = 16;
+  c.prefill_chunk = 64;
+  return c;
+}
+
+std::vector<int32_t> prompt(const Engine& e, int i) {
+  std::string text = "Story " + std::to_string(i) + ": ";
+  for (int k = 0; k < 20 + 9 * i; ++k) text += "the river " + std::to_string(k * (i + 3)) + " flows past the old mill, ";
+  return prompt_ids_for_text(e.tokenizer(), text + "and then");
+}
+
+KvPolicy policy(KvPolicyKind kind) {
+  KvPolicy p;
+  p.kind = kind;
+  p.budget = 64;
+  p.window = 16;
+  p.kernel = 5;
+  return p;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = Engine::create(config(), nullptr);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    engine_ = std::move(e).value();
+  }
+  EngineRequest request(int i, KvPolicyKind kind, int64_t max_tokens = 10) {
+    EngineRequest r;
+    r.prompt_ids = prompt(*engine_, i);
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.kv_policy = policy(kind);
+    return r;
+  }
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineTest, BatchedRequestsGiveTheSameTokensAsAlone) {
+  const KvPolicyKind kinds[] = {KvPolicyKind::full, KvPolicyKind::snapkv, KvPolicyKind::streaming,
+                                KvPolicyKind::h2o, KvPolicyKind::pyramidkv, KvPolicyKind::adakv};
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < 6; ++i) {
+    Collector c;
+    ASSERT_TRUE(engine_->submit(request(i, kinds[i]), c.sink()).ok());
+    ASSERT_TRUE(c.wait());
+    ASSERT_EQ(c.final_event.finish_reason, "length") << c.final_event.error.to_string();
+    alone.push_back(c.tokens);
+  }
+  std::vector<std::unique_ptr<Collector>> together;
+  for (int i = 0; i < 6; ++i) {
+    together.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(engine_->submit(request(i, kinds[i]), together.back()->sink()).ok());
+  }
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(together[i]->wait());
+    EXPECT_EQ(together[i]->tokens, alone[i]) << kv_policy_name(kinds[i]);
+    EXPECT_EQ(together[i]->final_event.completion_tokens, 10);
+    if (kinds[i] != KvPolicyKind::full) {
+      EXPECT_LT(together[i]->final_event.kv_resident_bytes, together[i]->final_event.kv_full_equivalent_bytes);
+    }
+  }
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+}
+
+TEST_F(EngineTest, CancelAndCompletionReturnEveryBlock) {
+  Collector c;
+  auto id = engine_->submit(request(3, KvPolicyKind::full, 200), c.sink());
+  ASSERT_TRUE(id.ok());
+  for (int i = 0; i < 400 && engine_->stats().kv_blocks_used == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(engine_->stats().kv_blocks_used, 0);
+  engine_->cancel(id.value());
+  ASSERT_TRUE(c.wait());
+  EXPECT_EQ(c.final_event.finish_reason, "abort");
+  for (int i = 0; i < 100 && engine_->stats().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+  EXPECT_EQ(engine_->stats().running, 0);
+}
+
+TEST_F(EngineTest, StopStringEndsTheOutputBeforeIt) {
+  Collector free_run;
+  EngineRequest r = request(1, KvPolicyKind::full, 24);
+  ASSERT_TRUE(engine_->submit(r, free_run.sink()).ok());
+  ASSERT_TRUE(free_run.wait());
+  ASSERT_GE(free_run.text.size(), 8u);
+  // Stop at a piece of the free-running text: the output is exactly what came before it.
+  const std::string stop = free_run.text.substr(free_run.text.size() / 2, 3);
+  r.stop = {stop};
+  Collector c;
+  ASSERT_TRUE(engine_->submit(r, c.sink()).ok());
+  ASSERT_TRUE(c.wait());
+  EXPECT_EQ(c.final_event.finish_reason, "stop");
+  EXPECT_EQ(c.text, free_run.text.substr(0, free_run.text.find(stop)));
+}
+
+TEST_F(EngineTest, InvalidRequestsAreRefusedWithAMessage) {
+  Collector c;
+  EngineRequest r = request(0, KvPolicyKind::full);
+  r.max_tokens = 0;
+  auto s = engine_->submit(r, c.sink());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("max_tokens"), std::string::npos);
+  r = request(0, KvPolicyKind::full);
+  r.prompt_ids.clear();
+  EXPECT_FALSE(engine_->submit(r, c.sink()).ok());
+  r = request(0, KvPolicyKind::full);
+  r.prompt_ids.assign(9000, 100);
+  s = engine_->submit(r, c.sink());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("tokens"), std::string::npos);
+  r = request(0, KvPolicyKind::snapkv);
+  r.kv_policy.budget = 8;
+  s = engine_->submit(r, c.sink());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("window"), std::string::npos);
+}
+
+TEST(EngineQueue, FullQueueRefusesAndTimeoutFinishes) {
+  EngineConfig cfg = config();
+  cfg.max_num_seqs = 1;
+  cfg.max_waiting = 1;
+  auto e = Engine::create(cfg, nullptr);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  auto& engine = *e.value();
+  std::vector<std::unique_ptr<Collector>> cs;
+  int refused = 0;
+  for (int i = 0; i < 4; ++i) {
+    cs.push_back(std::make_unique<Collector>());
+    EngineRequest r;
+    r.prompt_ids = prompt(engine, i);
+    r.max_tokens = 64;
+    r.ignore_eos = true;
+    r.timeout_seconds = 1.0;
+    auto s = engine.submit(r, cs.back()->sink());
+    if (!s.ok()) {
+      EXPECT_EQ(s.status().code(), StatusCode::k_resource_exhausted);
+      ++refused;
+      cs.pop_back();
+    }
+  }
+  EXPECT_GE(refused, 1);
+  for (auto& c : cs) {
+    ASSERT_TRUE(c->wait());
+    EXPECT_TRUE(c->final_event.finish_reason == "timeout" || c->final_event.finish_reason == "length")
+        << c->final_event.finish_reason;
+  }
+  engine.shutdown(1.0);
+  EXPECT_FALSE(engine.healthy());
+}
+
+}  // namespace
+}  // namespace snap
