@@ -1,0 +1,51 @@
+// Prometheus metrics of the service, named after vLLM's (prefix snapserve_ instead of
+// vllm:) so existing dashboards port by a rename, plus our KV-compression and per-rank
+// series. One registry per process; rank 0 exports every rank's numbers (workers report
+// theirs to rank 0 each step), so one scrape target shows the whole job.
+// Thread-safe: the engine thread records, the HTTP thread serializes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace snap {
+
+class ServerMetrics {
+ public:
+  // model_name labels nothing today but is kept for /metrics' HELP text.
+  explicit ServerMetrics(const std::string& model_name);
+  ~ServerMetrics();
+
+  // --- scheduler state (gauges)
+  void set_num_requests_running(int64_t n);
+  void set_num_requests_waiting(int64_t n);
+  void set_kv_cache_usage_ratio(double r);  // blocks in use / pool blocks, 0..1
+  // --- per rank (gauges), label rank="N"
+  void set_kv_cache_resident_bytes(int rank, int64_t bytes);
+  void set_kv_cache_full_equivalent_bytes(int rank, int64_t bytes);
+  void set_process_resident_memory_bytes(int rank, int64_t bytes);
+  // --- counters
+  void add_prompt_tokens(int64_t n);
+  void add_generation_tokens(int64_t n);
+  void add_request_success(const std::string& finished_reason);  // stop | length | abort | timeout
+  void add_comm_bytes(int rank, const std::string& op, int64_t bytes);  // all_reduce | broadcast | all_gather
+  // --- histograms (seconds unless named otherwise)
+  void observe_time_to_first_token(double s);
+  void observe_time_per_output_token(double s);
+  void observe_e2e_request_latency(double s);
+  void observe_request_queue_time(double s);
+  void observe_request_prefill_time(double s);
+  void observe_kv_compression_ratio(double full_equivalent_over_resident);
+  void observe_snapkv_selection(double s);
+  void observe_step_latency(const std::string& phase, int rank, double s);  // phase: prefill | decode
+
+  // The Prometheus text exposition format (version 0.0.4) of every series.
+  std::string serialize() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace snap
