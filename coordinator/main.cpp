@@ -17,6 +17,8 @@
 #include "coordinator/engine/generate.h"
 #include "coordinator/engine/logits_dump.h"
 #include "coordinator/engine/prompt.h"
+#include "coordinator/http/serve_cli.h"
+#include "coordinator/loadgen/bench_serve.h"
 #include "coordinator/tokenizer/chat_template.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "kernels/kernels.h"
@@ -391,9 +393,19 @@ int main(int argc, char** argv) {
   ins->add_option("--model", inspect_model, "GGUF file or Hugging Face directory");
   ins->add_flag("--tensors", inspect_tensors, "List every tensor");
 
-  if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "generate" && std::string(argv[1]) != "inspect") {
-    std::fprintf(stderr, "snapserve: error: unknown subcommand '%s' (expected: generate, inspect; see --help)\n", argv[1]);
-    return 2;
+  ServeArgs serve_args;
+  add_serve_subcommand(app, serve_args);
+  BenchServeArgs bench_args;
+  add_bench_subcommand(app, bench_args);
+
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) known |= sub->get_name() == argv[1];
+    if (!known) {
+      std::fprintf(stderr, "snapserve: error: unknown subcommand '%s' (expected: generate, serve, bench, inspect; see --help)\n",
+                   argv[1]);
+      return 2;
+    }
   }
   try {
     app.parse(argc, argv);
@@ -409,5 +421,7 @@ int main(int argc, char** argv) {
     return run_generate(g);
   }
   if (*ins) return run_inspect(inspect_model, inspect_tensors);
+  if (app.got_subcommand("serve")) return run_serve(serve_args);
+  if (app.got_subcommand("bench")) return run_bench_serve(bench_args);
   return 0;
 }

@@ -14,7 +14,9 @@ sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
 # --- system packages ----------------------------------------------------------
 pkgs=(build-essential cmake pkg-config unzip python3-pip
       nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-dev
-      libgtest-dev libgmock-dev libbenchmark-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev
+      libboost-dev libboost-system-dev prometheus-cpp-dev prometheus
+      libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

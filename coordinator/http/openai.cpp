@@ -1,0 +1,530 @@
+// OpenAI-compatible request parsing and response building (see openai.h). Validation
+// follows OpenAI's and vLLM's rules where users rely on them (model name → 404, n=1 only,
+// prompt + max_tokens within the context) and names the offending field in every error.
+// nlohmann exceptions are caught here and never leave this file.
+#include "coordinator/http/openai.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "coordinator/engine/prompt.h"
+#include "coordinator/tokenizer/chat_template.h"
+
+namespace snap {
+namespace {
+
+using nlohmann::json;
+using MaybeError = std::optional<ApiError>;
+
+constexpr int k_max_json_depth = 64;
+constexpr size_t k_max_stop_strings = 4;
+constexpr int64_t k_max_budget = int64_t{1} << 40;
+
+ApiError bad(std::string param, std::string message) {
+  return ApiError{ApiErrorKind::bad_request, std::move(message), std::move(param)};
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// Deepest [ / { nesting outside strings; stops counting past the limit.
+int json_depth(std::string_view s) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size() && max_depth <= k_max_json_depth; ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+const json* field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+MaybeError read_int(const json& obj, const char* key, const std::string& param, int64_t lo, int64_t hi, int64_t* out) {
+  const json* v = field(obj, key);
+  if (!v) return {};
+  double d = 0;
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    d = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? 1e19 : static_cast<double>(u);
+    if (u <= static_cast<uint64_t>(hi)) {
+      if (static_cast<int64_t>(u) < lo) return bad(param, param + " must be at least " + std::to_string(lo) + ", got " + std::to_string(u));
+      *out = static_cast<int64_t>(u);
+      return {};
+    }
+  } else if (v->is_number_integer()) {
+    const int64_t i = v->get<int64_t>();
+    if (i < lo) return bad(param, param + " must be at least " + std::to_string(lo) + ", got " + std::to_string(i));
+    if (i > hi) return bad(param, param + " must be at most " + std::to_string(hi) + ", got " + std::to_string(i));
+    *out = i;
+    return {};
+  } else if (v->is_number_float()) {
+    d = v->get<double>();
+    if (d != std::floor(d)) return bad(param, param + " must be an integer, got " + dump(*v));
+  } else {
+    return bad(param, param + " must be an integer, got " + std::string(v->type_name()));
+  }
+  if (d < static_cast<double>(lo)) return bad(param, param + " must be at least " + std::to_string(lo) + ", got " + dump(*v));
+  if (d > static_cast<double>(hi)) return bad(param, param + " must be at most " + std::to_string(hi) + ", got " + dump(*v));
+  *out = static_cast<int64_t>(d);
+  return {};
+}
+
+// A number in [lo, hi]; lo_open excludes lo.
+MaybeError read_number(const json& obj, const char* key, const std::string& param, double lo, bool lo_open, double hi,
+                       double* out) {
+  const json* v = field(obj, key);
+  if (!v) return {};
+  if (!v->is_number()) return bad(param, param + " must be a number, got " + std::string(v->type_name()));
+  const double d = v->get<double>();
+  const bool low = lo_open ? !(d > lo) : !(d >= lo);
+  if (low || !(d <= hi)) {
+    char range[96];
+    std::snprintf(range, sizeof range, "%s%g, %g]", lo_open ? "(" : "[", lo, hi);
+    return bad(param, param + " must be in " + range + ", got " + dump(*v));
+  }
+  *out = d;
+  return {};
+}
+
+MaybeError read_bool(const json& obj, const char* key, const std::string& param, bool* out) {
+  const json* v = field(obj, key);
+  if (!v) return {};
+  if (!v->is_boolean()) return bad(param, param + " must be a boolean, got " + std::string(v->type_name()));
+  *out = v->get<bool>();
+  return {};
+}
+
+MaybeError read_string(const json& obj, const char* key, const std::string& param, std::string* out) {
+  const json* v = field(obj, key);
+  if (!v) return {};
+  if (!v->is_string()) return bad(param, param + " must be a string, got " + std::string(v->type_name()));
+  *out = v->get<std::string>();
+  return {};
+}
+
+#define SNAP_API_TRY(expr)             \
+  do {                                 \
+    MaybeError snap_api_err_ = (expr); \
+    if (snap_api_err_) return snap_api_err_; \
+  } while (0)
+
+// The field a KvPolicy::validate() message is about.
+std::string kv_param_for(const std::string& message) {
+  if (message.find("larger than window") != std::string::npos || message.find("budget") == 0 ||
+      message.find("kv budget") != std::string::npos || message.find("h2o budget") != std::string::npos) {
+    return "kv_compression.budget";
+  }
+  if (message.find("window") != std::string::npos) return "kv_compression.window";
+  if (message.find("kernel") != std::string::npos) return "kv_compression.kernel";
+  if (message.find("sinks") != std::string::npos) return "kv_compression.sinks";
+  return "kv_compression";
+}
+
+MaybeError parse_kv_compression(const json& body, KvPolicy* policy) {
+  const json* kv = field(body, "kv_compression");
+  if (!kv) return {};
+  if (!kv->is_object()) return bad("kv_compression", "kv_compression must be an object, got " + std::string(kv->type_name()));
+  std::string name;
+  SNAP_API_TRY(read_string(*kv, "policy", "kv_compression.policy", &name));
+  if (name.empty()) return bad("kv_compression.policy", "kv_compression.policy is required (full, snapkv, streaming, h2o, pyramidkv, adakv)");
+  auto kind = kv_policy_from_name(name);
+  if (!kind.ok()) return bad("kv_compression.policy", "kv_compression.policy: " + kind.status().message());
+  policy->kind = kind.value();
+  int64_t v = policy->budget;
+  SNAP_API_TRY(read_int(*kv, "budget", "kv_compression.budget", 1, k_max_budget, &v));
+  policy->budget = v;
+  v = policy->window;
+  SNAP_API_TRY(read_int(*kv, "window", "kv_compression.window", 1, 1 << 20, &v));
+  policy->window = static_cast<int>(v);
+  v = policy->kernel;
+  SNAP_API_TRY(read_int(*kv, "kernel", "kv_compression.kernel", 1, 1 << 20, &v));
+  policy->kernel = static_cast<int>(v);
+  v = policy->num_sink;
+  SNAP_API_TRY(read_int(*kv, "sinks", "kv_compression.sinks", 0, 1 << 20, &v));
+  policy->num_sink = static_cast<int>(v);
+  std::string s;
+  SNAP_API_TRY(read_string(*kv, "pooling", "kv_compression.pooling", &s));
+  if (!s.empty()) {
+    auto p = kv_pooling_from_name(s);
+    if (!p.ok()) return bad("kv_compression.pooling", "kv_compression.pooling: " + p.status().message());
+    policy->pooling = p.value();
+  }
+  s.clear();
+  SNAP_API_TRY(read_string(*kv, "gqa", "kv_compression.gqa", &s));
+  if (!s.empty()) {
+    auto g = gqa_aggregation_from_name(s);
+    if (!g.ok()) return bad("kv_compression.gqa", "kv_compression.gqa: " + g.status().message());
+    policy->aggregation = g.value();
+  }
+  SNAP_API_TRY(read_bool(*kv, "layerwise", "kv_compression.layerwise", &policy->layerwise));
+  const Status st = policy->validate();
+  if (!st.ok()) return bad(kv_param_for(st.message()), "kv_compression: " + st.message());
+  return {};
+}
+
+MaybeError parse_stop(const json& body, std::vector<std::string>* stop) {
+  const json* v = field(body, "stop");
+  if (!v) return {};
+  if (v->is_string()) {
+    if (!v->get<std::string>().empty()) stop->push_back(v->get<std::string>());
+    return {};
+  }
+  if (!v->is_array()) return bad("stop", "stop must be a string or a list of strings, got " + std::string(v->type_name()));
+  if (v->size() > k_max_stop_strings) {
+    return bad("stop", "stop takes at most " + std::to_string(k_max_stop_strings) + " strings, got " + std::to_string(v->size()));
+  }
+  for (const json& s : *v) {
+    if (!s.is_string()) return bad("stop", "stop entries must be strings, got " + std::string(s.type_name()));
+    if (!s.get<std::string>().empty()) stop->push_back(s.get<std::string>());
+  }
+  return {};
+}
+
+// Fields shared by both routes: sampling, stop, n, stream, ignore_eos, kv_compression.
+MaybeError parse_common(const json& body, ApiRequest* req) {
+  EngineRequest& e = req->engine;
+  double d = 1.0;  // OpenAI's default temperature
+  SNAP_API_TRY(read_number(body, "temperature", "temperature", 0.0, false, 2.0, &d));
+  e.sampling.temperature = static_cast<float>(d);
+  d = 1.0;
+  SNAP_API_TRY(read_number(body, "top_p", "top_p", 0.0, true, 1.0, &d));
+  e.sampling.top_p = static_cast<float>(d);
+  d = 0.0;
+  SNAP_API_TRY(read_number(body, "min_p", "min_p", 0.0, false, 1.0, &d));
+  e.sampling.min_p = static_cast<float>(d);
+  int64_t top_k = 0;
+  SNAP_API_TRY(read_int(body, "top_k", "top_k", -1, std::numeric_limits<int32_t>::max(), &top_k));
+  e.sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
+  // No seed: a fresh one per request, as OpenAI samples differently each time.
+  const json* seed = field(body, "seed");
+  if (seed) {
+    if (!seed->is_number_integer()) return bad("seed", "seed must be an integer, got " + std::string(seed->type_name()));
+    e.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
+  } else {
+    e.sampling.seed = std::random_device{}() * uint64_t{0x9E3779B97F4A7C15} + std::random_device{}();
+  }
+  int64_t n = 1;
+  SNAP_API_TRY(read_int(body, "n", "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &n));
+  if (n != 1) return bad("n", "n must be 1 (one choice per request is supported), got " + std::to_string(n));
+  const json* logprobs = field(body, "logprobs");
+  if (logprobs && !(logprobs->is_boolean() && !logprobs->get<bool>())) {
+    return bad("logprobs", "logprobs are not supported yet");
+  }
+  bool echo = false;
+  SNAP_API_TRY(read_bool(body, "echo", "echo", &echo));
+  if (echo) return bad("echo", "echo is not supported");
+  SNAP_API_TRY(parse_stop(body, &e.stop));
+  SNAP_API_TRY(read_bool(body, "stream", "stream", &req->stream));
+  const json* so = field(body, "stream_options");
+  if (so) {
+    if (!so->is_object()) return bad("stream_options", "stream_options must be an object, got " + std::string(so->type_name()));
+    SNAP_API_TRY(read_bool(*so, "include_usage", "stream_options.include_usage", &req->include_usage));
+  }
+  SNAP_API_TRY(read_bool(body, "ignore_eos", "ignore_eos", &e.ignore_eos));
+  SNAP_API_TRY(parse_kv_compression(body, &e.kv_policy));
+  return {};
+}
+
+MaybeError parse_completion_prompt(const json& body, const ApiContext& ctx, std::vector<int32_t>* ids) {
+  const json* p = field(body, "prompt");
+  if (!p) return bad("prompt", "prompt is required");
+  if (p->is_string()) {
+    *ids = prompt_ids_for_text(*ctx.tokenizer, p->get<std::string>());
+    return {};
+  }
+  const char* shape = "prompt must be a string, a list of one string, or a list of token ids";
+  if (!p->is_array() || p->empty()) return bad("prompt", shape);
+  if ((*p)[0].is_string()) {
+    if (p->size() != 1) return bad("prompt", "batched prompts are not supported: send one prompt per request");
+    *ids = prompt_ids_for_text(*ctx.tokenizer, (*p)[0].get<std::string>());
+    return {};
+  }
+  const int64_t vocab = ctx.tokenizer->vocab_size();
+  for (const json& t : *p) {
+    if (!t.is_number_integer()) return bad("prompt", shape);
+    const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(vocab) ? vocab : t.get<int64_t>();
+    if (id < 0 || id >= vocab) {
+      return bad("prompt", "prompt token id " + dump(t) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+    ids->push_back(static_cast<int32_t>(id));
+  }
+  return {};
+}
+
+MaybeError parse_messages(const json& body, const ApiContext& ctx, std::vector<int32_t>* ids) {
+  const json* m = field(body, "messages");
+  if (!m) return bad("messages", "messages is required");
+  if (!m->is_array() || m->empty()) return bad("messages", "messages must be a non-empty list");
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) return bad(at, at + " must be an object, got " + std::string(msg.type_name()));
+    ChatMessage cm;
+    SNAP_API_TRY(read_string(msg, "role", at + ".role", &cm.role));
+    if (cm.role == "developer") cm.role = "system";
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant") {
+      return bad(at + ".role", at + ".role must be system, user or assistant, got '" + cm.role + "'");
+    }
+    const json* content = field(msg, "content");
+    if (!content) return bad(at + ".content", at + ".content is required");
+    if (content->is_string()) {
+      cm.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const json& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+          return bad(at + ".content", at + ".content parts must be {\"type\": \"text\", \"text\": string}");
+        }
+        cm.content += part["text"].get<std::string>();
+      }
+    } else {
+      return bad(at + ".content", at + ".content must be a string, got " + std::string(content->type_name()));
+    }
+    messages.push_back(std::move(cm));
+  }
+  auto r = prompt_ids_for_chat(*ctx.tokenizer, messages);
+  if (!r.ok()) return bad("messages", "messages: " + r.status().message());
+  *ids = std::move(r).value();
+  return {};
+}
+
+MaybeError parse_body(ApiRoute route, const json& body, const ApiContext& ctx, ApiRequest* req) {
+  if (!body.is_object()) return bad("", "request body must be a JSON object, got " + std::string(body.type_name()));
+  std::string model;
+  SNAP_API_TRY(read_string(body, "model", "model", &model));
+  if (field(body, "model") && model != ctx.model_name) {
+    return ApiError{ApiErrorKind::model_not_found, "The model `" + model + "` does not exist (serving `" + ctx.model_name + "`)",
+                    "model"};
+  }
+  SNAP_API_TRY(parse_common(body, req));
+
+  const int64_t context = ctx.context_length > 0 ? ctx.context_length : std::numeric_limits<int64_t>::max();
+  const int64_t max_prompt = ctx.max_prompt_tokens > 0 ? ctx.max_prompt_tokens : context;
+  const int64_t max_tokens_limit = ctx.max_tokens_limit > 0 ? ctx.max_tokens_limit : context;
+  const char* tokens_key = "max_tokens";
+  int64_t max_tokens = -1;
+  SNAP_API_TRY(read_int(body, "max_tokens", "max_tokens", 1, max_tokens_limit, &max_tokens));
+  if (route == ApiRoute::chat_completions && max_tokens < 0) {
+    tokens_key = "max_completion_tokens";
+    SNAP_API_TRY(read_int(body, tokens_key, tokens_key, 1, max_tokens_limit, &max_tokens));
+  }
+
+  CHECK(ctx.tokenizer != nullptr) << "ApiContext without a tokenizer";
+  std::vector<int32_t> ids;
+  const char* prompt_param = route == ApiRoute::completions ? "prompt" : "messages";
+  SNAP_API_TRY(route == ApiRoute::completions ? parse_completion_prompt(body, ctx, &ids) : parse_messages(body, ctx, &ids));
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n == 0) return bad(prompt_param, std::string(prompt_param) + " must not be empty");
+  if (n > max_prompt) {
+    return bad(prompt_param, std::string(prompt_param) + " has " + std::to_string(n) + " tokens, more than the limit of " +
+                                 std::to_string(max_prompt));
+  }
+  if (max_tokens < 0) {  // completions: 16 like OpenAI; chat: the rest of the context
+    max_tokens = route == ApiRoute::completions ? 16 : std::min(max_tokens_limit, context - n);
+    max_tokens = std::max<int64_t>(1, std::min(max_tokens, max_tokens_limit));
+  }
+  if (n + max_tokens > context) {
+    return bad(tokens_key, std::string(prompt_param) + " (" + std::to_string(n) + " tokens) plus " + tokens_key + " (" +
+                               std::to_string(max_tokens) + ") exceeds the context length of " + std::to_string(context));
+  }
+  req->engine.prompt_ids = std::move(ids);
+  req->engine.max_tokens = max_tokens;
+  req->engine.timeout_seconds = ctx.timeout_seconds;
+  return {};
+}
+
+std::string random_hex(int n) {
+  thread_local std::mt19937_64 rng{std::random_device{}() ^ static_cast<uint64_t>(
+                                       std::chrono::steady_clock::now().time_since_epoch().count())};
+  static const char* k_hex = "0123456789abcdef";
+  std::string s(n, '0');
+  for (auto& c : s) c = k_hex[rng() & 15];
+  return s;
+}
+
+json usage_json(const EngineEvent& f) {
+  return {{"prompt_tokens", f.prompt_tokens},
+          {"completion_tokens", f.completion_tokens},
+          {"total_tokens", f.prompt_tokens + f.completion_tokens}};
+}
+
+json kv_json(const ApiResponseMeta& meta, const EngineEvent& f) {
+  json ratio = nullptr;
+  if (f.kv_resident_bytes > 0) ratio = static_cast<double>(f.kv_full_equivalent_bytes) / f.kv_resident_bytes;
+  return {{"policy", kv_policy_name(meta.policy)},
+          {"resident_bytes", f.kv_resident_bytes},
+          {"full_equivalent_bytes", f.kv_full_equivalent_bytes},
+          {"compression_ratio", ratio}};
+}
+
+json envelope(const ApiResponseMeta& meta, const char* object) {
+  return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+json finish_json(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }
+
+}  // namespace
+
+// --- errors --------------------------------------------------------------------
+
+ApiErrorInfo api_error_info(ApiErrorKind kind) {
+  switch (kind) {
+    case ApiErrorKind::bad_request: return {400, "invalid_request_error", "invalid_value"};
+    case ApiErrorKind::unauthorized: return {401, "authentication_error", "invalid_api_key"};
+    case ApiErrorKind::model_not_found: return {404, "invalid_request_error", "model_not_found"};
+    case ApiErrorKind::route_not_found: return {404, "invalid_request_error", "not_found"};
+    case ApiErrorKind::method_not_allowed: return {405, "invalid_request_error", "method_not_allowed"};
+    case ApiErrorKind::request_timeout: return {408, "invalid_request_error", "request_timeout"};
+    case ApiErrorKind::payload_too_large: return {413, "invalid_request_error", "payload_too_large"};
+    case ApiErrorKind::too_many_requests: return {429, "rate_limit_error", "queue_full"};
+    case ApiErrorKind::unavailable: return {503, "server_error", "service_unavailable"};
+    case ApiErrorKind::internal: return {500, "server_error", "internal_error"};
+  }
+  return {500, "server_error", "internal_error"};
+}
+
+ApiError api_error_from_status(const Status& status, std::string param) {
+  ApiErrorKind kind = ApiErrorKind::internal;
+  if (status.code() == StatusCode::k_invalid_argument) kind = ApiErrorKind::bad_request;
+  if (status.code() == StatusCode::k_resource_exhausted) kind = ApiErrorKind::too_many_requests;
+  if (status.code() == StatusCode::k_not_found) kind = ApiErrorKind::model_not_found;
+  return ApiError{kind, status.message(), std::move(param)};
+}
+
+std::string api_error_body(const ApiError& error) {
+  const ApiErrorInfo info = api_error_info(error.kind);
+  json e = {{"message", error.message},
+            {"type", info.type},
+            {"param", error.param.empty() ? json(nullptr) : json(error.param)},
+            {"code", info.code}};
+  return dump(json{{"error", e}});
+}
+
+// --- requests ------------------------------------------------------------------
+
+bool utf8_is_valid(std::string_view s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    else return false;
+    if (i + len > n) return false;
+    for (int k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+ApiParse parse_api_request(ApiRoute route, std::string_view body, const ApiContext& ctx) {
+  ApiParse out;
+  out.request.route = route;
+  if (!utf8_is_valid(body)) {
+    out.error = bad("", "request body is not valid UTF-8");
+    return out;
+  }
+  if (json_depth(body) > k_max_json_depth) {
+    out.error = bad("", "request body nests JSON deeper than " + std::to_string(k_max_json_depth) + " levels");
+    return out;
+  }
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    out.error = bad("", std::string("malformed JSON: ") + e.what());
+    return out;
+  }
+  try {
+    out.error = parse_body(route, j, ctx, &out.request);
+  } catch (const json::exception& e) {  // a shape the checks above missed: still the client's fault
+    out.error = bad("", std::string("invalid request: ") + e.what());
+  }
+  return out;
+}
+
+// --- responses -----------------------------------------------------------------
+
+ApiResponseMeta api_response_meta(const ApiRequest& request, const std::string& model_name) {
+  ApiResponseMeta m;
+  m.route = request.route;
+  m.id = (request.route == ApiRoute::completions ? "cmpl-" : "chatcmpl-") + random_hex(24);
+  m.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  m.model = model_name;
+  m.policy = request.engine.kv_policy.kind;
+  return m;
+}
+
+std::string completion_response(const ApiResponseMeta& meta, const std::string& text, const EngineEvent& finished) {
+  const bool chat = meta.route == ApiRoute::chat_completions;
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_json(finished.finish_reason)}};
+  if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else choice["text"] = text;
+  json j = envelope(meta, chat ? "chat.completion" : "text_completion");
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(finished);
+  j["kv"] = kv_json(meta, finished);
+  return dump(j);
+}
+
+std::string stream_chunk(const ApiResponseMeta& meta, const std::string& text, bool with_role,
+                         const std::string& finish_reason) {
+  const bool chat = meta.route == ApiRoute::chat_completions;
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish_reason)}};
+  if (chat) {
+    json delta = json::object();
+    if (with_role) delta["role"] = "assistant";
+    if (with_role || !text.empty() || finish_reason.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  json j = envelope(meta, chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array({choice});
+  return dump(j);
+}
+
+std::string stream_usage_chunk(const ApiResponseMeta& meta, const EngineEvent& finished) {
+  json j = envelope(meta, meta.route == ApiRoute::chat_completions ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array();
+  j["usage"] = usage_json(finished);
+  j["kv"] = kv_json(meta, finished);
+  return dump(j);
+}
+
+std::string sse_event(const std::string& payload) { return "data: " + payload + "\n\n"; }
+
+std::string models_response(const std::string& model_name, int64_t created) {
+  json m = {{"id", model_name}, {"object", "model"}, {"created", created}, {"owned_by", "snapserve"}};
+  return dump(json{{"object", "list"}, {"data", json::array({m})}});
+}
+
+}  // namespace snap

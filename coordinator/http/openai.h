@@ -1,0 +1,111 @@
+// The OpenAI-compatible protocol as pure functions (no sockets): parse and validate
+// /v1/completions and /v1/chat/completions bodies into an EngineRequest, build the response
+// objects and SSE chunks, and the OpenAI-style error object. Every API error's HTTP status
+// comes from api_error_info(), the one place that maps error kinds to HTTP codes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "coordinator/scheduler/engine.h"
+#include "coordinator/tokenizer/tokenizer.h"
+
+namespace snap {
+
+// --- errors --------------------------------------------------------------------
+
+enum class ApiErrorKind : uint8_t {
+  bad_request,         // malformed JSON, wrong type, missing field, out-of-range value
+  unauthorized,        // missing or wrong API key
+  model_not_found,     // "model" names something we do not serve
+  route_not_found,     // unknown path
+  method_not_allowed,  // known path, wrong method
+  request_timeout,     // the request did not arrive in time
+  payload_too_large,   // body over the limit
+  too_many_requests,   // engine queue full
+  unavailable,         // too many connections, not healthy, shutting down
+  internal,            // the engine failed
+};
+
+struct ApiErrorInfo {
+  int http_status;
+  const char* type;  // OpenAI "type"
+  const char* code;  // OpenAI "code"
+};
+
+// The one switch from error kind to HTTP status and OpenAI type/code.
+ApiErrorInfo api_error_info(ApiErrorKind kind);
+
+struct ApiError {
+  ApiErrorKind kind = ApiErrorKind::bad_request;
+  std::string message;
+  std::string param;  // the offending field ("max_tokens", "kv_compression.budget"); "" = null
+};
+
+// An engine Status as an API error: invalid_argument → bad_request, resource_exhausted →
+// too_many_requests, not_found → model_not_found, the rest → internal.
+ApiError api_error_from_status(const Status& status, std::string param = "");
+// {"error": {"message", "type", "param", "code"}}
+std::string api_error_body(const ApiError& error);
+
+// --- requests ------------------------------------------------------------------
+
+enum class ApiRoute : uint8_t { completions, chat_completions };
+
+struct ApiContext {
+  const Tokenizer* tokenizer = nullptr;
+  std::string model_name;         // the served name; a request's "model" must equal it
+  int64_t context_length = 0;     // prompt + max_tokens must fit; 0: unchecked
+  int64_t max_prompt_tokens = 0;  // 0: context_length
+  int64_t max_tokens_limit = 0;   // 0: context_length
+  double timeout_seconds = 0;     // copied into EngineRequest::timeout_seconds
+};
+
+struct ApiRequest {
+  ApiRoute route = ApiRoute::completions;
+  EngineRequest engine;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+struct ApiParse {
+  std::optional<ApiError> error;  // set: the request is rejected with it
+  ApiRequest request;
+};
+
+// Parses and validates one body (unknown fields ignored, null treated as absent).
+ApiParse parse_api_request(ApiRoute route, std::string_view body, const ApiContext& ctx);
+
+// True when bytes are well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool utf8_is_valid(std::string_view bytes);
+
+// --- responses -----------------------------------------------------------------
+
+// Stable per-response fields: "cmpl-…"/"chatcmpl-…", the creation time, the served name.
+struct ApiResponseMeta {
+  ApiRoute route = ApiRoute::completions;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  KvPolicyKind policy = KvPolicyKind::full;
+};
+
+ApiResponseMeta api_response_meta(const ApiRequest& request, const std::string& model_name);
+
+// The whole non-streaming response; `finished` is the engine's final event.
+std::string completion_response(const ApiResponseMeta& meta, const std::string& text, const EngineEvent& finished);
+// One SSE chunk object (no "data: " framing): a text delta; chat's first chunk carries
+// the assistant role; a chunk with finish_reason set closes the choice.
+std::string stream_chunk(const ApiResponseMeta& meta, const std::string& text, bool with_role,
+                         const std::string& finish_reason);
+// The usage chunk (choices: []) sent before [DONE] when stream_options.include_usage.
+std::string stream_usage_chunk(const ApiResponseMeta& meta, const EngineEvent& finished);
+// "data: PAYLOAD\n\n"
+std::string sse_event(const std::string& payload);
+// GET /v1/models
+std::string models_response(const std::string& model_name, int64_t created);
+
+}  // namespace snap

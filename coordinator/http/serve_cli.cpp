@@ -1,0 +1,137 @@
+// `snapserve serve`: flag registration and the process lifecycle — signals blocked before
+// any thread starts (so only the sigwait below sees SIGTERM/SIGINT), engine, HTTP server,
+// one "serving" line on stderr (tests read the port from it), graceful stop, exit 0.
+#include "coordinator/http/serve_cli.h"
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "coordinator/http/server.h"
+#include "coordinator/metrics/metrics.h"
+#include "coordinator/scheduler/engine.h"
+
+namespace snap {
+namespace {
+
+std::string default_serve_model() {
+  if (const char* m = std::getenv("SNAP_MODEL")) return m;
+  std::string cache;
+  if (const char* c = std::getenv("SNAP_CACHE")) {
+    cache = c;
+  } else {
+    const char* home = std::getenv("HOME");
+    cache = std::string(home ? home : ".") + "/.cache/snapserve";
+  }
+  return cache + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+int serve_fail(const std::string& message) {
+  std::fprintf(stderr, "snapserve: error: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
+  if (a.model.empty()) a.model = default_serve_model();
+  auto* s = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (completions, chat, SSE streaming)");
+  s->add_option("--model", a.model, "GGUF file or Hugging Face directory (default: $SNAP_MODEL or the cached SmolLM2-135M-Instruct)");
+  s->add_option("--host", a.host, "Address to bind (default 127.0.0.1; 0.0.0.0 for every interface)");
+  s->add_option("--port", a.port, "Port (default 8000; 0 picks a free one, printed on stderr)")->check(CLI::Range(0, 65535));
+  s->add_option("--api-key", a.api_key, "Require Authorization: Bearer KEY on /v1/* (default: $SNAPSERVE_API_KEY; none)")
+      ->envname("SNAPSERVE_API_KEY");
+  s->add_option("--served-model-name", a.served_model_name, "Model id in the API (default: the model file's name)");
+  s->add_option("--threads", a.threads, "Compute threads (default: all cores)")->check(CLI::Range(1, 1024));
+  s->add_option("--http-threads", a.http_threads, "HTTP I/O threads (default 2)")->check(CLI::Range(1, 256));
+  s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  s->add_option("--max-num-seqs", a.max_num_seqs, "Sequences running at once (default 16)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  s->add_option("--max-waiting", a.max_waiting, "Queued requests before 429 (default 64)")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  s->add_option("--max-model-len", a.max_model_len, "Context length: prompt + max_tokens (default 0 = the model's)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  s->add_option("--prefill-chunk", a.prefill_chunk, "Prompt tokens per sequence per step (default 256)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  s->add_option("--max-body-bytes", a.max_body_bytes, "Largest request body (default 1 MiB; larger gets 413)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 34));
+  s->add_option("--max-connections", a.max_connections, "Concurrent connections (default 256; beyond gets 503)")
+      ->check(CLI::Range(1, 1 << 20));
+  s->add_option("--request-timeout", a.request_timeout, "Seconds a request may run (default 600; 0 = none)")
+      ->check(CLI::Range(0.0, 1e9));
+  s->add_option("--read-timeout", a.read_timeout, "Seconds to receive one request's headers and body (default 10)")
+      ->check(CLI::Range(0.1, 1e6));
+  s->add_option("--shutdown-timeout", a.shutdown_timeout,
+                "Seconds running requests get to finish after SIGTERM before they are cancelled (default 10)")
+      ->check(CLI::Range(0.0, 1e6));
+}
+
+int run_serve(const ServeArgs& a) {
+  // Every thread started from here on inherits the mask; sigwait below takes the signals.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a vanished client is a write error, not a dead server
+
+  EngineConfig cfg;
+  cfg.model_path = a.model;
+  cfg.served_model_name = a.served_model_name;
+  cfg.threads = a.threads;
+  cfg.kv_cache_bytes = a.kv_cache_mib << 20;
+  cfg.max_num_seqs = a.max_num_seqs;
+  cfg.max_waiting = a.max_waiting;
+  cfg.prefill_chunk = a.prefill_chunk;
+  cfg.max_prompt_tokens = a.max_model_len > 0 ? a.max_model_len - 1 : 0;
+  cfg.max_tokens_limit = a.max_model_len;
+  const std::string metrics_name =
+      a.served_model_name.empty() ? std::filesystem::path(a.model).filename().string() : a.served_model_name;
+  auto metrics = std::make_unique<ServerMetrics>(metrics_name);
+  auto engine = Engine::create(cfg, metrics.get());
+  if (!engine.ok()) return serve_fail(engine.status().message());
+  // "serving" below means ready: wait for the scheduler thread's first heartbeat.
+  const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!(*engine)->healthy() && std::chrono::steady_clock::now() < ready_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!(*engine)->healthy()) {
+    (*engine)->shutdown(0);
+    return serve_fail("the engine did not become healthy within 60 s");
+  }
+
+  HttpServerConfig hc;
+  hc.host = a.host;
+  hc.port = a.port;
+  hc.io_threads = a.http_threads;
+  hc.api_key = a.api_key;
+  hc.max_body_bytes = a.max_body_bytes;
+  hc.max_connections = a.max_connections;
+  hc.read_timeout_seconds = a.read_timeout;
+  hc.request_timeout_seconds = a.request_timeout;
+  hc.context_length = a.max_model_len;
+  auto server = HttpServer::start(hc, engine->get(), metrics.get());
+  if (!server.ok()) {
+    (*engine)->shutdown(0);
+    return serve_fail(server.status().message());
+  }
+  const std::string host = a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host;
+  std::fprintf(stderr, "snapserve: serving %s on http://%s:%d\n", (*engine)->model_name().c_str(), host.c_str(),
+               (*server)->port());
+  std::fflush(stderr);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "snapserve: %s received, stopping (deadline %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               a.shutdown_timeout);
+  (*server)->stop(a.shutdown_timeout);
+  server->reset();
+  engine->reset();
+  std::fprintf(stderr, "snapserve: stopped\n");
+  return 0;
+}
+
+}  // namespace snap

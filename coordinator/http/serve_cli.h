@@ -1,0 +1,36 @@
+// `snapserve serve`: the flags (ServeArgs, registered by add_serve_subcommand) and
+// run_serve(), which loads the engine, starts the HTTP server, logs
+// "snapserve: serving MODEL on http://HOST:PORT" to stderr, and on SIGTERM/SIGINT stops
+// gracefully within --shutdown-timeout and exits 0.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace snap {
+
+struct ServeArgs {
+  std::string model;  // default: $SNAP_MODEL or the cached SmolLM2-135M-Instruct
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;  // default: $SNAPSERVE_API_KEY
+  std::string served_model_name;
+  int threads = 0;
+  int http_threads = 2;
+  int64_t kv_cache_mib = 512;
+  int64_t max_num_seqs = 16;
+  int64_t max_waiting = 64;
+  int64_t max_model_len = 0;
+  int64_t prefill_chunk = 256;
+  int64_t max_body_bytes = 1 << 20;
+  int max_connections = 256;
+  double request_timeout = 600;
+  double read_timeout = 10;
+  double shutdown_timeout = 10;
+};
+
+void add_serve_subcommand(CLI::App& app, ServeArgs& args);
+int run_serve(const ServeArgs& args);
+
+}  // namespace snap

@@ -1,0 +1,515 @@
+// HttpServer on Boost.Beast: one io_context run by a fixed pool of I/O threads, one
+// asynchronous Session per connection on its own strand (so a session's handlers never run
+// concurrently and need no locks). Chosen over thread-per-connection because SSE streams
+// are long-lived: 256 idle streams cost 256 small objects, not 256 stacks.
+// Engine events arrive on the engine thread; the EventSink only posts them to the
+// session's strand (never blocks), where they are framed and queued for writing.
+#include "coordinator/http/server.h"
+
+#include <sys/socket.h>
+
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cerrno>
+#include <chrono>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "coordinator/http/openai.h"
+
+namespace snap {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+namespace {
+
+constexpr size_t k_header_limit = 16 * 1024;
+constexpr auto k_peer_check_interval = std::chrono::milliseconds(200);
+constexpr double k_close_grace_seconds = 2.0;
+constexpr double k_linger_seconds = 2.0;
+constexpr int64_t k_linger_bytes = 8 << 20;
+
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Compares in time independent of where the strings differ.
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  unsigned diff = static_cast<unsigned>(a.size() ^ b.size());
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? a[i] : 0, y = i < b.size() ? b[i] : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+std::string serialize_response(unsigned version, int status, const char* content_type, std::string body,
+                               bool keep_alive, const char* extra_name = nullptr, const char* extra_value = nullptr) {
+  http::response<http::string_body> res{static_cast<http::status>(status), version};
+  res.set(http::field::server, "snapserve");
+  res.set(http::field::content_type, content_type);
+  if (extra_name) res.set(extra_name, extra_value);
+  res.keep_alive(keep_alive);
+  res.body() = std::move(body);
+  res.prepare_payload();
+  std::ostringstream os;
+  os << res;
+  return os.str();
+}
+
+std::string hex_size(size_t n) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%zx", n);
+  return buf;
+}
+
+}  // namespace
+
+// --- shared state ------------------------------------------------------------
+
+struct HttpServer::State {
+  HttpServerConfig cfg;
+  Engine* engine = nullptr;
+  ServerMetrics* metrics = nullptr;
+  ApiContext api;
+  int64_t started = 0;  // /v1/models "created"
+
+  net::io_context ioc;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  tcp::acceptor acceptor{net::make_strand(ioc)};
+  int port = 0;
+  std::vector<std::thread> threads;
+
+  std::atomic<int> connections{0};
+  std::atomic<bool> stopping{false};
+  bool stopped = false;
+  std::mutex sessions_mu;
+  std::map<void*, std::function<void()>> close_idle;  // per live session: close it if idle
+};
+
+namespace {
+
+using State = HttpServer::State;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(std::shared_ptr<State> state, tcp::socket socket, bool counted)
+      : state_(std::move(state)), stream_(std::move(socket)), peer_timer_(stream_.get_executor()), counted_(counted) {
+    if (counted_) state_->connections.fetch_add(1);
+  }
+  ~Session() {
+    if (!counted_) return;
+    {
+      std::lock_guard<std::mutex> lock(state_->sessions_mu);
+      state_->close_idle.erase(this);
+    }
+    state_->connections.fetch_sub(1);
+  }
+
+  void start() {
+    auto self = shared_from_this();
+    {
+      std::lock_guard<std::mutex> lock(state_->sessions_mu);
+      std::weak_ptr<Session> weak = self;
+      state_->close_idle[this] = [weak] {
+        if (auto s = weak.lock()) net::post(s->stream_.get_executor(), [s] { s->close_if_idle(); });
+      };
+    }
+    net::dispatch(stream_.get_executor(), [self] { self->do_read(); });
+  }
+
+  // Too many connections: answer 503 and close without reading.
+  void reject() {
+    auto self = shared_from_this();
+    net::dispatch(stream_.get_executor(), [self] {
+      self->keep_alive_ = false;
+      self->send_error(ApiError{ApiErrorKind::unavailable, "too many connections; retry later", ""});
+    });
+  }
+
+ private:
+  // --- reading
+  void do_read() {
+    if (closed_) return;
+    parser_.emplace();
+    parser_->body_limit(static_cast<uint64_t>(state_->cfg.max_body_bytes));
+    parser_->header_limit(k_header_limit);
+    stream_.expires_after(seconds(state_->cfg.read_timeout_seconds));
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      keep_alive_ = false;
+      return send_error({ApiErrorKind::payload_too_large,
+                         "request body exceeds " + std::to_string(state_->cfg.max_body_bytes) + " bytes", ""});
+    }
+    if (ec == http::error::header_limit) {
+      keep_alive_ = false;
+      return send_error({ApiErrorKind::payload_too_large,
+                         "request headers exceed " + std::to_string(k_header_limit) + " bytes", ""});
+    }
+    if (ec) {
+      // Timeout (slowloris), end of stream, reset: nothing sensible to answer.
+      const bool http_syntax = ec.category() == http::make_error_code(http::error::bad_method).category();
+      if (http_syntax && ec != http::error::end_of_stream && ec != http::error::partial_message) {
+        keep_alive_ = false;
+        return send_error({ApiErrorKind::bad_request, "malformed HTTP request: " + ec.message(), ""});
+      }
+      return close();
+    }
+    stream_.expires_never();
+    handle_request(parser_->release());
+  }
+
+  // --- routing
+  void handle_request(http::request<http::string_body> req) {
+    version_ = req.version();
+    keep_alive_ = req.keep_alive() && !state_->stopping.load();
+    std::string path(req.target());
+    if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
+    const http::verb method = req.method();
+
+    if (path.rfind("/v1/", 0) == 0 && !state_->cfg.api_key.empty() && !authorized(req)) {
+      return send_error({ApiErrorKind::unauthorized, "missing or invalid API key (send Authorization: Bearer KEY)", ""});
+    }
+    auto wrong_method = [&](const char* allowed) {
+      last_allow_ = allowed;
+      send_error({ApiErrorKind::method_not_allowed,
+                  "method " + std::string(req.method_string()) + " is not allowed on " + path + " (use " + allowed + ")",
+                  ""});
+    };
+    if (path == "/health") {
+      if (method != http::verb::get) return wrong_method("GET");
+      if (state_->stopping.load() || !state_->engine->healthy()) {
+        return send_error({ApiErrorKind::unavailable, "the engine is not healthy", ""});
+      }
+      return send_body(200, "application/json", "{\"status\":\"ok\"}");
+    }
+    if (path == "/metrics") {
+      if (method != http::verb::get) return wrong_method("GET");
+      if (!state_->metrics) return send_error({ApiErrorKind::route_not_found, "metrics are disabled", ""});
+      return send_body(200, "text/plain; version=0.0.4; charset=utf-8", state_->metrics->serialize());
+    }
+    if (path == "/v1/models") {
+      if (method != http::verb::get) return wrong_method("GET");
+      return send_body(200, "application/json", models_response(state_->api.model_name, state_->started));
+    }
+    if (path == "/v1/completions" || path == "/v1/chat/completions") {
+      if (method != http::verb::post) return wrong_method("POST");
+      if (state_->stopping.load()) return send_error({ApiErrorKind::unavailable, "the server is shutting down", ""});
+      const ApiRoute route = path == "/v1/completions" ? ApiRoute::completions : ApiRoute::chat_completions;
+      return submit(route, req.body());
+    }
+    send_error({ApiErrorKind::route_not_found, "no route for " + path, ""});
+  }
+
+  bool authorized(const http::request<http::string_body>& req) const {
+    auto it = req.find(http::field::authorization);
+    if (it == req.end()) return false;
+    const std::string value(it->value());
+    if (value.size() < 7 || !beast::iequals(value.substr(0, 7), "Bearer ")) return false;
+    return constant_time_equal(value.substr(7), state_->cfg.api_key);
+  }
+
+  // --- engine requests
+  void submit(ApiRoute route, const std::string& body) {
+    ApiParse parsed = parse_api_request(route, body, state_->api);
+    if (parsed.error) return send_error(*parsed.error);
+    meta_ = api_response_meta(parsed.request, state_->api.model_name);
+    streaming_ = parsed.request.stream;
+    include_usage_ = parsed.request.include_usage;
+    text_.clear();
+    // Runs on the engine thread: post and return.
+    EventSink sink = [self = shared_from_this()](const EngineEvent& ev) {
+      net::post(self->stream_.get_executor(), [self, ev] { self->on_event(ev); });
+    };
+    auto id = state_->engine->submit(std::move(parsed.request.engine), std::move(sink));
+    if (!id.ok()) {
+      const ApiError err = api_error_from_status(id.status());
+      if (err.kind == ApiErrorKind::too_many_requests) return send_error(err, "Retry-After", "1");
+      return send_error(err);
+    }
+    engine_id_ = id.value();
+    in_flight_ = true;
+    if (streaming_) {
+      const bool chunked = version_ >= 11;
+      chunked_ = chunked;
+      if (!chunked) keep_alive_ = false;
+      std::string head = "HTTP/1." + std::to_string(version_ % 10) + " 200 OK\r\nServer: snapserve\r\n"
+                         "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
+      head += chunked ? "Transfer-Encoding: chunked\r\n" : "";
+      head += keep_alive_ ? (version_ >= 11 ? "" : "Connection: keep-alive\r\n") : "Connection: close\r\n";
+      head += "\r\n";
+      enqueue(std::move(head));
+      if (meta_.route == ApiRoute::chat_completions) send_sse(stream_chunk(meta_, "", true, ""));
+    }
+    arm_peer_check();
+  }
+
+  void on_event(const EngineEvent& ev) {
+    if (ev.kind == EngineEvent::Kind::finished) {
+      in_flight_ = false;
+      peer_timer_.cancel();
+    }
+    if (closed_) return;
+    if (ev.kind == EngineEvent::Kind::token) {
+      if (!streaming_) text_ += ev.text;
+      else if (!ev.text.empty()) send_sse(stream_chunk(meta_, ev.text, false, ""));
+      return;
+    }
+    if (!streaming_) {
+      if (ev.finish_reason == "error") return send_error(api_error_from_status(ev.error));
+      return send_body(200, "application/json", completion_response(meta_, text_, ev));
+    }
+    if (ev.finish_reason == "error") {
+      send_sse(api_error_body(api_error_from_status(ev.error)));
+    } else {
+      send_sse(stream_chunk(meta_, "", false, ev.finish_reason));
+      if (include_usage_) send_sse(stream_usage_chunk(meta_, ev));
+    }
+    send_sse("[DONE]");
+    if (chunked_) enqueue("0\r\n\r\n");
+    response_done_ = true;
+    if (!writing_) after_response();
+  }
+
+  // Polls the socket while a request runs: EOF or an error means the client left.
+  void arm_peer_check() {
+    peer_timer_.expires_after(k_peer_check_interval);
+    peer_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || !self->in_flight_ || self->closed_) return;
+      char c;
+      const ssize_t r = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        return self->client_gone();
+      }
+      self->arm_peer_check();
+    });
+  }
+
+  void client_gone() {
+    if (closed_) return;
+    if (in_flight_) state_->engine->cancel(engine_id_);
+    close();
+  }
+
+  // --- writing
+  void send_sse(const std::string& payload) {
+    std::string event = sse_event(payload);
+    if (chunked_) event = hex_size(event.size()) + "\r\n" + event + "\r\n";
+    enqueue(std::move(event));
+  }
+
+  void send_body(int status, const char* content_type, std::string body, const char* extra_name = nullptr,
+                 const char* extra_value = nullptr) {
+    enqueue(serialize_response(version_, status, content_type, std::move(body), keep_alive_, extra_name, extra_value));
+    response_done_ = true;
+    if (!writing_) do_write();
+  }
+
+  void send_error(const ApiError& err, const char* extra_name = nullptr, const char* extra_value = nullptr) {
+    const int status = api_error_info(err.kind).http_status;
+    if (status == 405) {
+      extra_name = "Allow";
+      extra_value = last_allow_;
+    }
+    send_body(status, "application/json", api_error_body(err), extra_name, extra_value);
+  }
+
+  void enqueue(std::string bytes) {
+    if (closed_) return;
+    outbox_.push_back(std::move(bytes));
+    if (!writing_) do_write();
+  }
+
+  void do_write() {
+    if (closed_) return;
+    if (outbox_.empty()) {
+      if (response_done_) after_response();
+      return;
+    }
+    writing_ = true;
+    stream_.expires_after(seconds(state_->cfg.write_timeout_seconds));
+    net::async_write(stream_, net::buffer(outbox_.front()),
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+  }
+
+  void on_write(beast::error_code ec) {
+    writing_ = false;
+    if (ec) return client_gone();
+    outbox_.pop_front();
+    do_write();
+  }
+
+  void after_response() {
+    if (closed_ || writing_ || !outbox_.empty()) return;
+    response_done_ = false;
+    streaming_ = chunked_ = false;
+    if (keep_alive_ && !state_->stopping.load()) return do_read();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    linger();
+  }
+
+  // Lingering close: after answering a request whose body we did not read (413, a parse
+  // error), closing at once would reset the connection and the client could lose our
+  // answer; read and discard what it still sends, for a bounded time and size, first.
+  void linger() {
+    if (closed_) return;
+    if (lingered_bytes_ > k_linger_bytes) return close();
+    if (lingered_bytes_ == 0) stream_.expires_after(seconds(k_linger_seconds));
+    stream_.async_read_some(net::buffer(scratch_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      if (ec) return self->close();
+      self->lingered_bytes_ += static_cast<int64_t>(n) + 1;
+      self->linger();
+    });
+  }
+
+  void close_if_idle() {
+    keep_alive_ = false;
+    if (!in_flight_ && !writing_ && outbox_.empty()) close();
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    outbox_.clear();
+    peer_timer_.cancel();
+    beast::error_code ec;
+    stream_.socket().close(ec);
+  }
+
+  std::shared_ptr<State> state_;  // first: destroyed last
+  beast::tcp_stream stream_;
+  net::steady_timer peer_timer_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  bool counted_;
+
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+  const char* last_allow_ = "GET";
+  ApiResponseMeta meta_;
+  uint64_t engine_id_ = 0;
+  bool in_flight_ = false;
+  bool streaming_ = false;
+  bool chunked_ = false;
+  bool include_usage_ = false;
+  std::string text_;
+  std::deque<std::string> outbox_;
+  bool writing_ = false;
+  bool response_done_ = false;
+  bool closed_ = false;
+  std::array<char, 16384> scratch_;
+  int64_t lingered_bytes_ = 0;
+};
+
+void do_accept(const std::shared_ptr<State>& state) {
+  state->acceptor.async_accept(net::make_strand(state->ioc), [state](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted || !state->acceptor.is_open()) return;
+      return do_accept(state);  // e.g. EMFILE: keep serving the connections we have
+    }
+    if (state->connections.load() >= state->cfg.max_connections) {
+      std::make_shared<Session>(state, std::move(socket), false)->reject();
+    } else {
+      std::make_shared<Session>(state, std::move(socket), true)->start();
+    }
+    do_accept(state);
+  });
+}
+
+}  // namespace
+
+// --- HttpServer ----------------------------------------------------------------
+
+Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerConfig& cfg, Engine* engine,
+                                                      ServerMetrics* metrics) {
+  CHECK(engine != nullptr) << "HttpServer needs an engine";
+  if (cfg.io_threads < 1) return invalid_argument("http: io_threads must be >= 1");
+  if (cfg.max_body_bytes < 1) return invalid_argument("http: max body bytes must be >= 1");
+  if (cfg.max_connections < 1) return invalid_argument("http: max connections must be >= 1");
+  if (cfg.port < 0 || cfg.port > 65535) return invalid_argument("http: port " + std::to_string(cfg.port) + " out of range");
+  auto state = std::make_shared<State>();
+  state->cfg = cfg;
+  state->engine = engine;
+  state->metrics = metrics;
+  const int64_t context = cfg.context_length > 0 ? cfg.context_length : engine->model_config().max_position;
+  state->api.tokenizer = &engine->tokenizer();
+  state->api.model_name = engine->model_name();
+  state->api.context_length = context;
+  state->api.max_prompt_tokens = cfg.max_prompt_tokens > 0 ? cfg.max_prompt_tokens : std::max<int64_t>(1, context - 1);
+  state->api.max_tokens_limit = cfg.max_tokens_limit > 0 ? cfg.max_tokens_limit : context;
+  state->api.timeout_seconds = cfg.request_timeout_seconds;
+  state->started = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+
+  beast::error_code ec;
+  tcp::resolver resolver(state->ioc);
+  auto endpoints = resolver.resolve(cfg.host, std::to_string(cfg.port), tcp::resolver::passive, ec);
+  if (ec || endpoints.empty()) return invalid_argument("http: cannot resolve host '" + cfg.host + "': " + ec.message());
+  const tcp::endpoint ep = endpoints.begin()->endpoint();
+  tcp::acceptor& acc = state->acceptor;
+  if (acc.open(ep.protocol(), ec); ec) return internal_error("http: socket: " + ec.message());
+  if (acc.set_option(net::socket_base::reuse_address(true), ec); ec) return internal_error("http: SO_REUSEADDR: " + ec.message());
+  if (acc.bind(ep, ec); ec) {
+    return invalid_argument("http: cannot bind " + cfg.host + ":" + std::to_string(cfg.port) + ": " + ec.message());
+  }
+  if (acc.listen(net::socket_base::max_listen_connections, ec); ec) return internal_error("http: listen: " + ec.message());
+  state->port = acc.local_endpoint().port();
+
+  do_accept(state);
+  state->work.emplace(state->ioc.get_executor());
+  for (int i = 0; i < cfg.io_threads; ++i) state->threads.emplace_back([s = state.get()] { s->ioc.run(); });
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(state)));
+}
+
+int HttpServer::port() const { return state_->port; }
+
+void HttpServer::stop(double deadline_seconds) {
+  State& s = *state_;
+  if (s.stopped) return;
+  s.stopped = true;
+  s.stopping.store(true);
+  std::promise<void> closed;
+  net::post(s.acceptor.get_executor(), [&] {
+    beast::error_code ec;
+    s.acceptor.close(ec);
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  // Running requests finish (their events are written by the I/O threads) or are cancelled.
+  s.engine->shutdown(deadline_seconds);
+  const auto until = std::chrono::steady_clock::now() + seconds(k_close_grace_seconds);
+  while (s.connections.load() > 0 && std::chrono::steady_clock::now() < until) {
+    std::vector<std::function<void()>> closers;
+    {
+      std::lock_guard<std::mutex> lock(s.sessions_mu);
+      for (auto& [key, fn] : s.close_idle) closers.push_back(fn);
+    }
+    for (auto& fn : closers) fn();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  s.work.reset();
+  if (s.connections.load() > 0) s.ioc.stop();  // a client that would not leave
+  for (auto& t : s.threads) t.join();
+  s.threads.clear();
+}
+
+HttpServer::~HttpServer() { stop(0); }
+
+}  // namespace snap

@@ -1,0 +1,324 @@
+// The OpenAI protocol layer without sockets: every bad body in the table is rejected with
+// the HTTP status and "param" a client would check; good bodies become the EngineRequest
+// they describe (prompt ids from the real SmolLM2 tokenizer); responses and SSE chunks
+// have the shapes OpenAI clients parse.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "coordinator/engine/prompt.h"
+#include "coordinator/http/openai.h"
+
+namespace snap {
+namespace {
+
+using nlohmann::json;
+
+std::string model_path() {
+  if (const char* m = std::getenv("SNAP_MODEL")) return m;
+  return std::string(std::getenv("HOME")) + "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+class OpenAi : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_TRUE(std::filesystem::exists(model_path())) << "default model missing at " << model_path()
+                                                       << " (run scripts/setup.sh or set SNAP_MODEL)";
+    auto tok = Tokenizer::load_for_model(model_path());
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    tokenizer_ = new Tokenizer(std::move(tok).value());
+  }
+  void SetUp() override {
+    ASSERT_NE(tokenizer_, nullptr);
+    ctx_.tokenizer = tokenizer_;
+    ctx_.model_name = "smol";
+    ctx_.context_length = 2048;
+    ctx_.max_prompt_tokens = 2047;
+    ctx_.max_tokens_limit = 2048;
+    ctx_.timeout_seconds = 30;
+  }
+  ApiParse completions(const std::string& body) { return parse_api_request(ApiRoute::completions, body, ctx_); }
+  ApiParse chat(const std::string& body) { return parse_api_request(ApiRoute::chat_completions, body, ctx_); }
+
+  static Tokenizer* tokenizer_;
+  ApiContext ctx_;
+};
+Tokenizer* OpenAi::tokenizer_ = nullptr;
+
+std::string token_list(int n) {
+  std::string s = "[";
+  for (int i = 0; i < n; ++i) s += (i ? ",1" : "1");
+  return s + "]";
+}
+
+struct BadCase {
+  const char* name;
+  ApiRoute route;
+  std::string body;
+  int status;
+  std::string param;
+};
+
+TEST_F(OpenAi, BadRequestsGetStatusAndParam) {
+  const ApiRoute C = ApiRoute::completions, H = ApiRoute::chat_completions;
+  const std::vector<BadCase> cases = {
+      {"malformed json", C, "{\"prompt\": \"hi\"", 400, ""},
+      {"not an object", C, "[1, 2]", 400, ""},
+      {"invalid utf-8", C, "{\"prompt\": \"a\xff" "b\"}", 400, ""},
+      {"lone surrogate escape", C, "{\"prompt\": \"\\ud800\"}", 400, ""},
+      {"deep nesting", C, std::string(200, '[') + std::string(200, ']'), 400, ""},
+      {"missing prompt", C, "{\"max_tokens\": 4}", 400, "prompt"},
+      {"prompt wrong type", C, "{\"prompt\": 5}", 400, "prompt"},
+      {"prompt empty list", C, "{\"prompt\": []}", 400, "prompt"},
+      {"batched prompts", C, "{\"prompt\": [\"a\", \"b\"]}", 400, "prompt"},
+      {"token id outside vocab", C, "{\"prompt\": [1, 99999999]}", 400, "prompt"},
+      {"negative token id", C, "{\"prompt\": [1, -3]}", 400, "prompt"},
+      {"prompt over the limit", C, "{\"prompt\": " + token_list(2100) + "}", 400, "prompt"},
+      {"prompt + max_tokens over context", C, "{\"prompt\": " + token_list(2000) + ", \"max_tokens\": 100}", 400, "max_tokens"},
+      {"negative max_tokens", C, "{\"prompt\": \"hi\", \"max_tokens\": -1}", 400, "max_tokens"},
+      {"zero max_tokens", C, "{\"prompt\": \"hi\", \"max_tokens\": 0}", 400, "max_tokens"},
+      {"huge max_tokens", C, "{\"prompt\": \"hi\", \"max_tokens\": 1000000}", 400, "max_tokens"},
+      {"max_tokens past int64", C, "{\"prompt\": \"hi\", \"max_tokens\": 99999999999999999999}", 400, "max_tokens"},
+      {"max_tokens float", C, "{\"prompt\": \"hi\", \"max_tokens\": 1.5}", 400, "max_tokens"},
+      {"max_tokens string", C, "{\"prompt\": \"hi\", \"max_tokens\": \"16\"}", 400, "max_tokens"},
+      {"temperature too high", C, "{\"prompt\": \"hi\", \"temperature\": 2.5}", 400, "temperature"},
+      {"temperature string", C, "{\"prompt\": \"hi\", \"temperature\": \"hot\"}", 400, "temperature"},
+      {"top_p zero", C, "{\"prompt\": \"hi\", \"top_p\": 0}", 400, "top_p"},
+      {"top_k below -1", C, "{\"prompt\": \"hi\", \"top_k\": -2}", 400, "top_k"},
+      {"min_p above 1", C, "{\"prompt\": \"hi\", \"min_p\": 1.5}", 400, "min_p"},
+      {"seed string", C, "{\"prompt\": \"hi\", \"seed\": \"x\"}", 400, "seed"},
+      {"n = 2", C, "{\"prompt\": \"hi\", \"n\": 2}", 400, "n"},
+      {"stop number", C, "{\"prompt\": \"hi\", \"stop\": 5}", 400, "stop"},
+      {"five stops", C, "{\"prompt\": \"hi\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop"},
+      {"stream string", C, "{\"prompt\": \"hi\", \"stream\": \"yes\"}", 400, "stream"},
+      {"include_usage string", C, "{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}", 400,
+       "stream_options.include_usage"},
+      {"logprobs", C, "{\"prompt\": \"hi\", \"logprobs\": 3}", 400, "logprobs"},
+      {"unknown model", C, "{\"model\": \"gpt-4\", \"prompt\": \"hi\"}", 404, "model"},
+      {"kv_compression string", C, "{\"prompt\": \"hi\", \"kv_compression\": \"snapkv\"}", 400, "kv_compression"},
+      {"kv missing policy", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"budget\": 64}}", 400, "kv_compression.policy"},
+      {"unknown policy", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"magic\"}}", 400, "kv_compression.policy"},
+      {"budget below window", C,
+       "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"snapkv\", \"budget\": 16, \"window\": 32}}", 400,
+       "kv_compression.budget"},
+      {"even kernel", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"snapkv\", \"budget\": 64, \"kernel\": 4}}",
+       400, "kv_compression.kernel"},
+      {"unknown pooling", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"snapkv\", \"pooling\": \"median\"}}",
+       400, "kv_compression.pooling"},
+      {"negative budget", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"h2o\", \"budget\": -4}}", 400,
+       "kv_compression.budget"},
+      {"missing messages", H, "{\"max_tokens\": 4}", 400, "messages"},
+      {"empty messages", H, "{\"messages\": []}", 400, "messages"},
+      {"messages string", H, "{\"messages\": \"hi\"}", 400, "messages"},
+      {"unknown role", H, "{\"messages\": [{\"role\": \"robot\", \"content\": \"hi\"}]}", 400, "messages[0].role"},
+      {"missing role", H, "{\"messages\": [{\"content\": \"hi\"}]}", 400, "messages[0].role"},
+      {"content number", H, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "messages[0].content"},
+      {"content image part", H,
+       "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {}}]}]}", 400,
+       "messages[0].content"},
+      {"negative max_completion_tokens", H,
+       "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_completion_tokens\": -1}", 400,
+       "max_completion_tokens"},
+  };
+  for (const BadCase& c : cases) {
+    const ApiParse p = parse_api_request(c.route, c.body, ctx_);
+    ASSERT_TRUE(p.error.has_value()) << c.name << ": accepted";
+    EXPECT_EQ(api_error_info(p.error->kind).http_status, c.status) << c.name << ": " << p.error->message;
+    EXPECT_EQ(p.error->param, c.param) << c.name << ": " << p.error->message;
+    EXPECT_FALSE(p.error->message.empty()) << c.name;
+    EXPECT_EQ(p.error->message.find('\n'), std::string::npos) << c.name << ": message is not one line";
+  }
+}
+
+TEST_F(OpenAi, BudgetBelowWindowMessageNamesBoth) {
+  const ApiParse p = completions(
+      "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"snapkv\", \"budget\": 16, \"window\": 32}}");
+  ASSERT_TRUE(p.error.has_value());
+  EXPECT_NE(p.error->message.find("budget 16 must be larger than window 32"), std::string::npos) << p.error->message;
+}
+
+TEST_F(OpenAi, CompletionDefaults) {
+  const ApiParse p = completions("{\"prompt\": \"The capital of France is\", \"unknown_field\": {\"x\": 1}}");
+  ASSERT_FALSE(p.error.has_value()) << p.error->message;
+  const EngineRequest& e = p.request.engine;
+  EXPECT_EQ(e.prompt_ids, prompt_ids_for_text(*tokenizer_, "The capital of France is"));
+  EXPECT_EQ(e.max_tokens, 16);
+  EXPECT_FLOAT_EQ(e.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(e.sampling.top_p, 1.0f);
+  EXPECT_EQ(e.sampling.top_k, 0);
+  EXPECT_TRUE(e.stop.empty());
+  EXPECT_FALSE(e.ignore_eos);
+  EXPECT_EQ(e.kv_policy.kind, KvPolicyKind::full);
+  EXPECT_DOUBLE_EQ(e.timeout_seconds, 30);
+  EXPECT_FALSE(p.request.stream);
+  EXPECT_FALSE(p.request.include_usage);
+}
+
+TEST_F(OpenAi, CompletionEveryField) {
+  const ApiParse p = completions(R"({"model": "smol", "prompt": ["Once upon a time"], "max_tokens": 7,
+      "temperature": 0, "top_p": 0.9, "top_k": -1, "min_p": 0.05, "seed": 42, "stop": ["\n", "The end"],
+      "n": 1, "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true, "logprobs": null,
+      "kv_compression": {"policy": "snapkv", "budget": 64, "window": 8, "kernel": 5, "pooling": "avg",
+                         "gqa": "max", "layerwise": true}})");
+  ASSERT_FALSE(p.error.has_value()) << p.error->message;
+  const EngineRequest& e = p.request.engine;
+  EXPECT_EQ(e.prompt_ids, prompt_ids_for_text(*tokenizer_, "Once upon a time"));
+  EXPECT_EQ(e.max_tokens, 7);
+  EXPECT_FLOAT_EQ(e.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(e.sampling.top_p, 0.9f);
+  EXPECT_EQ(e.sampling.top_k, 0);
+  EXPECT_FLOAT_EQ(e.sampling.min_p, 0.05f);
+  EXPECT_EQ(e.sampling.seed, 42u);
+  EXPECT_EQ(e.stop, (std::vector<std::string>{"\n", "The end"}));
+  EXPECT_TRUE(e.ignore_eos);
+  EXPECT_TRUE(p.request.stream);
+  EXPECT_TRUE(p.request.include_usage);
+  EXPECT_EQ(e.kv_policy.kind, KvPolicyKind::snapkv);
+  EXPECT_EQ(e.kv_policy.budget, 64);
+  EXPECT_EQ(e.kv_policy.window, 8);
+  EXPECT_EQ(e.kv_policy.kernel, 5);
+  EXPECT_EQ(e.kv_policy.pooling, KvPooling::avg);
+  EXPECT_EQ(e.kv_policy.aggregation, GqaAggregation::max);
+  EXPECT_TRUE(e.kv_policy.layerwise);
+}
+
+TEST_F(OpenAi, PromptAsTokenIds) {
+  const ApiParse p = completions("{\"prompt\": [504, 3458, 282], \"max_tokens\": 3, \"top_k\": 40}");
+  ASSERT_FALSE(p.error.has_value()) << p.error->message;
+  EXPECT_EQ(p.request.engine.prompt_ids, (std::vector<int32_t>{504, 3458, 282}));
+  EXPECT_EQ(p.request.engine.sampling.top_k, 40);
+}
+
+TEST_F(OpenAi, ChatUsesTheTemplateAndMaxCompletionTokens) {
+  const ApiParse p = chat(R"({"messages": [{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "What is the capital "}, {"type": "text", "text": "of France?"}]}],
+      "max_completion_tokens": 9, "temperature": 0})");
+  ASSERT_FALSE(p.error.has_value()) << p.error->message;
+  auto ids = prompt_ids_for_chat(*tokenizer_, {{"system", "Be brief."}, {"user", "What is the capital of France?"}});
+  ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+  EXPECT_EQ(p.request.engine.prompt_ids, *ids);
+  EXPECT_EQ(p.request.engine.max_tokens, 9);
+  EXPECT_EQ(p.request.route, ApiRoute::chat_completions);
+}
+
+TEST_F(OpenAi, ChatDefaultMaxTokensFillsTheContext) {
+  const ApiParse p = chat(R"({"messages": [{"role": "user", "content": "Hi"}]})");
+  ASSERT_FALSE(p.error.has_value()) << p.error->message;
+  const int64_t n = static_cast<int64_t>(p.request.engine.prompt_ids.size());
+  EXPECT_GT(n, 0);
+  EXPECT_EQ(p.request.engine.max_tokens, ctx_.context_length - n);
+}
+
+TEST(OpenAiErrors, KindsMapToHttpStatuses) {
+  const std::vector<std::pair<ApiErrorKind, int>> table = {
+      {ApiErrorKind::bad_request, 400},        {ApiErrorKind::unauthorized, 401},
+      {ApiErrorKind::model_not_found, 404},    {ApiErrorKind::route_not_found, 404},
+      {ApiErrorKind::method_not_allowed, 405}, {ApiErrorKind::request_timeout, 408},
+      {ApiErrorKind::payload_too_large, 413},  {ApiErrorKind::too_many_requests, 429},
+      {ApiErrorKind::unavailable, 503},        {ApiErrorKind::internal, 500},
+  };
+  for (auto [kind, status] : table) EXPECT_EQ(api_error_info(kind).http_status, status);
+  EXPECT_EQ(api_error_info(api_error_from_status(resource_exhausted("queue full")).kind).http_status, 429);
+  EXPECT_EQ(api_error_info(api_error_from_status(invalid_argument("bad")).kind).http_status, 400);
+  EXPECT_EQ(api_error_info(api_error_from_status(internal_error("boom")).kind).http_status, 500);
+}
+
+TEST(OpenAiErrors, BodyHasOpenAiShape) {
+  const json j = json::parse(api_error_body({ApiErrorKind::bad_request, "max_tokens must be at least 1", "max_tokens"}));
+  ASSERT_TRUE(j.contains("error"));
+  EXPECT_EQ(j["error"]["message"], "max_tokens must be at least 1");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "max_tokens");
+  EXPECT_TRUE(j["error"].contains("code"));
+  const json k = json::parse(api_error_body({ApiErrorKind::unauthorized, "no key", ""}));
+  EXPECT_TRUE(k["error"]["param"].is_null());
+}
+
+EngineEvent finished_event() {
+  EngineEvent f;
+  f.kind = EngineEvent::Kind::finished;
+  f.finish_reason = "length";
+  f.prompt_tokens = 11;
+  f.completion_tokens = 5;
+  f.kv_resident_bytes = 1000;
+  f.kv_full_equivalent_bytes = 4000;
+  return f;
+}
+
+TEST(OpenAiResponses, CompletionObject) {
+  ApiRequest req;
+  req.engine.kv_policy.kind = KvPolicyKind::snapkv;
+  const ApiResponseMeta meta = api_response_meta(req, "smol");
+  const json j = json::parse(completion_response(meta, "Paris.", finished_event()));
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "smol");
+  EXPECT_GT(j["created"].get<int64_t>(), 1700000000);
+  EXPECT_EQ(j["choices"][0]["text"], "Paris.");
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 11);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["usage"]["total_tokens"], 16);
+  EXPECT_EQ(j["kv"]["policy"], "snapkv");
+  EXPECT_EQ(j["kv"]["resident_bytes"], 1000);
+  EXPECT_EQ(j["kv"]["full_equivalent_bytes"], 4000);
+  EXPECT_DOUBLE_EQ(j["kv"]["compression_ratio"].get<double>(), 4.0);
+}
+
+TEST(OpenAiResponses, ChatObjectAndChunks) {
+  ApiRequest req;
+  req.route = ApiRoute::chat_completions;
+  const ApiResponseMeta meta = api_response_meta(req, "smol");
+  const json j = json::parse(completion_response(meta, "Hello", finished_event()));
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello");
+
+  const json first = json::parse(stream_chunk(meta, "", true, ""));
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["id"], j["id"]);
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  const json mid = json::parse(stream_chunk(meta, "Hel", false, ""));
+  EXPECT_FALSE(mid["choices"][0]["delta"].contains("role"));
+  EXPECT_EQ(mid["choices"][0]["delta"]["content"], "Hel");
+  const json last = json::parse(stream_chunk(meta, "", false, "stop"));
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  const json usage = json::parse(stream_usage_chunk(meta, finished_event()));
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 16);
+}
+
+TEST(OpenAiResponses, CompletionChunkAndSseFraming) {
+  ApiRequest req;
+  const ApiResponseMeta meta = api_response_meta(req, "smol");
+  const json c = json::parse(stream_chunk(meta, " Paris", false, ""));
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["choices"][0]["text"], " Paris");
+  EXPECT_EQ(sse_event("[DONE]"), "data: [DONE]\n\n");
+  const json m = json::parse(models_response("smol", 123));
+  EXPECT_EQ(m["object"], "list");
+  EXPECT_EQ(m["data"][0]["id"], "smol");
+  EXPECT_EQ(m["data"][0]["object"], "model");
+}
+
+TEST(OpenAiUtf8, Validation) {
+  EXPECT_TRUE(utf8_is_valid("plain ascii"));
+  EXPECT_TRUE(utf8_is_valid("caf\xc3\xa9 \xf0\x9d\x84\x9e"));
+  EXPECT_FALSE(utf8_is_valid("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(utf8_is_valid("\xed\xa0\x80"));      // surrogate
+  EXPECT_FALSE(utf8_is_valid("\xf4\x90\x80\x80"));  // past U+10FFFF
+  EXPECT_FALSE(utf8_is_valid("caf\xc3"));           // cut sequence
+  EXPECT_FALSE(utf8_is_valid("\x80"));
+}
+
+}  // namespace
+}  // namespace snap

@@ -1,0 +1,653 @@
+// `snapserve serve` as a client sees it: the real binary on a free loopback port, spoken to
+// over real HTTP (a small Beast client). Completions and chat, streamed and not, agree;
+// 16 concurrent streams with different KV policies equal the same requests run alone
+// (greedy); every bad input gets its 4xx and the server keeps serving; a full queue gives
+// 429; a vanished client's blocks are freed; SIGTERM stops the server cleanly with exit 0.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coordinator/engine/prompt.h"
+#include "coordinator/tokenizer/tokenizer.h"
+
+namespace snap {
+namespace {
+
+namespace fs = std::filesystem;
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string model_path() {
+  if (const char* m = std::getenv("SNAP_MODEL")) return m;
+  return std::string(std::getenv("HOME")) + "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// --- the server process ------------------------------------------------------------
+
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::vector<std::string>& extra) {
+    err_path_ = (fs::temp_directory_path() / ("snap_serve_" + std::to_string(::getpid()) + "_" +
+                                              std::to_string(counter_++) + ".err")).string();
+    std::vector<std::string> args = {std::string(SNAP_BINARY_DIR) + "/snapserve", "serve", "--model", model_path(),
+                                     "--port", "0", "--threads", "2", "--read-timeout", "2",
+                                     "--max-model-len", "1024", "--shutdown-timeout", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      FILE* err = std::fopen(err_path_.c_str(), "w");
+      if (err) ::dup2(::fileno(err), 2);
+      FILE* out = std::fopen("/dev/null", "w");
+      if (out) ::dup2(::fileno(out), 1);
+      ::execv(argv[0], argv.data());
+      std::_Exit(127);
+    }
+    const std::regex serving(R"(snapserve: serving (\S+) on http://127\.0\.0\.1:(\d+))");
+    const auto until = Clock::now() + std::chrono::seconds(120);
+    while (Clock::now() < until) {
+      std::smatch m;
+      const std::string err = slurp(err_path_);
+      if (std::regex_search(err, m, serving)) {
+        model_name_ = m[1];
+        port_ = std::stoi(m[2]);
+        return;
+      }
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        ADD_FAILURE() << "snapserve serve exited before serving: " << err;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "snapserve serve did not report its port: " << slurp(err_path_);
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    fs::remove(err_path_);
+  }
+
+  // Sends SIGTERM and waits up to `wait_seconds`; the exit code, or -1 when still running.
+  int terminate(double wait_seconds) {
+    if (pid_ <= 0) return -1;
+    ::kill(pid_, SIGTERM);
+    const auto until = Clock::now() + std::chrono::duration<double>(wait_seconds);
+    while (Clock::now() < until) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+  int port() const { return port_; }
+  const std::string& model_name() const { return model_name_; }
+  std::string log() const { return slurp(err_path_); }
+
+ private:
+  static inline int counter_ = 0;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string model_name_;
+  std::string err_path_;
+};
+
+// --- a small HTTP client -----------------------------------------------------------
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  std::string retry_after;
+  std::string content_type;
+  std::string error;  // transport failure
+  json j() const { return json::parse(body, nullptr, false); }
+};
+
+Reply call(int port, http::verb method, const std::string& target, const std::string& body = "",
+           const std::string& api_key = "", int64_t declared_length = -1) {
+  Reply r;
+  net::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  beast::error_code ec;
+  stream.expires_after(std::chrono::seconds(120));
+  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)), ec);
+  if (ec) {
+    r.error = "connect: " + ec.message();
+    return r;
+  }
+  http::request<http::string_body> req{method, target, 11};
+  req.set(http::field::host, "127.0.0.1");
+  req.set(http::field::content_type, "application/json");
+  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+  req.body() = body;
+  req.prepare_payload();
+  if (declared_length >= 0) req.content_length(declared_length);
+  http::write(stream, req, ec);  // a server refusing the body may stop reading it: still read the answer
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(64 << 20);
+  http::read(stream, buf, parser, ec);
+  if (ec) {
+    r.error = "read: " + ec.message();
+    return r;
+  }
+  const auto& res = parser.get();
+  r.status = res.result_int();
+  r.body = res.body();
+  if (auto it = res.find(http::field::retry_after); it != res.end()) r.retry_after = std::string(it->value());
+  if (auto it = res.find(http::field::content_type); it != res.end()) r.content_type = std::string(it->value());
+  return r;
+}
+
+Reply post(int port, const std::string& target, const json& body, const std::string& key = "") {
+  return call(port, http::verb::post, target, body.dump(), key);
+}
+
+// The "data:" payloads of an SSE body, in order.
+std::vector<std::string> sse_payloads(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    out.push_back(body.substr(pos + 6, end == std::string::npos ? std::string::npos : end - pos - 6));
+    if (end == std::string::npos) break;
+    pos = end + 2;
+  }
+  return out;
+}
+
+struct Streamed {
+  std::string text;
+  std::string finish_reason;
+  json usage;
+  bool saw_role = false;
+  bool done = false;
+  std::string problem;
+};
+
+Streamed collect_stream(const Reply& r, bool chat) {
+  Streamed s;
+  if (r.status != 200) {
+    s.problem = "status " + std::to_string(r.status) + " " + r.error + " " + r.body;
+    return s;
+  }
+  const auto payloads = sse_payloads(r.body);
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    if (payloads[i] == "[DONE]") {
+      s.done = i + 1 == payloads.size();
+      break;
+    }
+    const json c = json::parse(payloads[i], nullptr, false);
+    if (c.is_discarded() || !c.contains("choices")) {
+      s.problem = "bad chunk: " + payloads[i];
+      return s;
+    }
+    if (c.contains("usage")) s.usage = c["usage"];
+    if (c["choices"].empty()) continue;
+    const json& ch = c["choices"][0];
+    if (chat) {
+      if (ch["delta"].contains("role")) s.saw_role = true;
+      if (ch["delta"].contains("content")) s.text += ch["delta"]["content"].get<std::string>();
+    } else {
+      s.text += ch["text"].get<std::string>();
+    }
+    if (!ch["finish_reason"].is_null()) s.finish_reason = ch["finish_reason"];
+  }
+  return s;
+}
+
+// A value from the Prometheus text: the line "key value" (key with its labels).
+double metric(int port, const std::string& key) {
+  const Reply r = call(port, http::verb::get, "/metrics");
+  if (r.status != 200) return std::nan("");
+  size_t pos = 0;
+  while ((pos = r.body.find(key + " ", pos)) != std::string::npos) {
+    if (pos == 0 || r.body[pos - 1] == '\n') return std::stod(r.body.substr(pos + key.size() + 1));
+    pos += key.size();
+  }
+  return std::nan("");
+}
+
+// Polls until running requests and KV usage are both zero, or the time is up.
+bool wait_until_idle(int port, double seconds) {
+  const auto until = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < until) {
+    if (metric(port, "snapserve_num_requests_running") == 0 && metric(port, "snapserve_kv_cache_usage_ratio") == 0) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// A raw TCP connection for partial requests and early disconnects.
+class RawConn {
+ public:
+  explicit RawConn(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~RawConn() { close(); }
+  bool ok() const { return ok_; }
+  bool send_all(const std::string& s) {
+    size_t off = 0;
+    while (off < s.size()) {
+      const ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Reads what arrives within timeout_ms; false once the peer closed.
+  bool read_some(std::string* into, int timeout_ms) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return true;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    into->append(buf, static_cast<size_t>(n));
+    return true;
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
+std::string raw_post(const std::string& target, const std::string& body) {
+  return "POST " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// --- the shared server (one model load for most tests) -----------------------------
+
+class Server : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_TRUE(fs::exists(model_path())) << "default model missing at " << model_path()
+                                          << " (run scripts/setup.sh or set SNAP_MODEL)";
+    server_ = new ServerProcess({});
+    auto tok = Tokenizer::load_for_model(model_path());
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    tokenizer_ = new Tokenizer(std::move(tok).value());
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete tokenizer_;
+    server_ = nullptr;
+    tokenizer_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(server_->port(), 0) << server_->log();
+    port_ = server_->port();
+  }
+  static ServerProcess* server_;
+  static Tokenizer* tokenizer_;
+  int port_ = 0;
+};
+ServerProcess* Server::server_ = nullptr;
+Tokenizer* Server::tokenizer_ = nullptr;
+
+TEST_F(Server, HealthModelsAndMetricsAnswer) {
+  const Reply h = call(port_, http::verb::get, "/health");
+  EXPECT_EQ(h.status, 200) << h.error;
+  EXPECT_EQ(h.j()["status"], "ok");
+  const Reply m = call(port_, http::verb::get, "/v1/models");
+  ASSERT_EQ(m.status, 200) << m.body;
+  EXPECT_EQ(m.j()["data"][0]["id"], server_->model_name());
+  const Reply met = call(port_, http::verb::get, "/metrics");
+  ASSERT_EQ(met.status, 200);
+  EXPECT_NE(met.content_type.find("text/plain"), std::string::npos);
+  EXPECT_NE(met.body.find("snapserve_num_requests_running"), std::string::npos);
+}
+
+TEST_F(Server, KeepAliveServesSeveralRequestsOnOneConnection) {
+  RawConn conn(port_);
+  ASSERT_TRUE(conn.ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(conn.send_all("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")) << "request " << i;
+    std::string got;
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < until && got.find("{\"status\":\"ok\"}") == std::string::npos) {
+      ASSERT_TRUE(conn.read_some(&got, 100)) << "connection closed after request " << i << ": " << got;
+    }
+    EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  }
+}
+
+TEST_F(Server, CompletionStreamedEqualsNotStreamed) {
+  const std::string prompt = "The three primary colors are";
+  json body = {{"model", server_->model_name()}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}};
+  const Reply whole = post(port_, "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.error << whole.body;
+  const json w = whole.j();
+  const std::string text = w["choices"][0]["text"];
+  EXPECT_FALSE(text.empty());
+  EXPECT_EQ(w["object"], "text_completion");
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt_ids_for_text(*tokenizer_, prompt).size());
+  EXPECT_EQ(w["usage"]["prompt_tokens"], prompt_tokens);
+  const int64_t completion_tokens = w["usage"]["completion_tokens"];
+  EXPECT_GE(completion_tokens, 1);
+  EXPECT_LE(completion_tokens, 12);
+  EXPECT_EQ(w["usage"]["total_tokens"], prompt_tokens + completion_tokens);
+  if (w["choices"][0]["finish_reason"] == "length") {
+    EXPECT_EQ(completion_tokens, 12);
+  }
+  EXPECT_GT(w["kv"]["resident_bytes"].get<int64_t>(), 0);
+
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  const Reply streamed = post(port_, "/v1/completions", body);
+  EXPECT_NE(streamed.content_type.find("text/event-stream"), std::string::npos);
+  const Streamed s = collect_stream(streamed, false);
+  ASSERT_TRUE(s.problem.empty()) << s.problem;
+  EXPECT_TRUE(s.done) << "stream did not end with data: [DONE]";
+  EXPECT_EQ(s.text, text);
+  EXPECT_EQ(s.finish_reason, w["choices"][0]["finish_reason"]);
+  EXPECT_EQ(s.usage, w["usage"]);
+}
+
+TEST_F(Server, ChatStreamedEqualsNotStreamed) {
+  const std::vector<ChatMessage> messages = {{"user", "What is the capital of France?"}};
+  json body = {{"messages", {{{"role", "user"}, {"content", messages[0].content}}}},
+               {"max_tokens", 10},
+               {"temperature", 0}};
+  const Reply whole = post(port_, "/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.error << whole.body;
+  const json w = whole.j();
+  EXPECT_EQ(w["object"], "chat.completion");
+  EXPECT_EQ(w["choices"][0]["message"]["role"], "assistant");
+  const std::string text = w["choices"][0]["message"]["content"];
+  EXPECT_NE(text.find("Paris"), std::string::npos) << text;
+  auto ids = prompt_ids_for_chat(*tokenizer_, messages);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(w["usage"]["prompt_tokens"], static_cast<int64_t>(ids->size()));
+
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  const Streamed s = collect_stream(post(port_, "/v1/chat/completions", body), true);
+  ASSERT_TRUE(s.problem.empty()) << s.problem;
+  EXPECT_TRUE(s.saw_role);
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.text, text);
+  EXPECT_EQ(s.finish_reason, w["choices"][0]["finish_reason"]);
+  EXPECT_EQ(s.usage, w["usage"]);
+}
+
+TEST_F(Server, SixteenConcurrentPoliciesEqualRunsAlone) {
+  std::string prompt;
+  for (int i = 0; i < 8; ++i) {
+    prompt += "Paragraph " + std::to_string(i) + ": the harbor town kept its lighthouse lit through every storm, "
+              "and the keeper wrote the weather in a book. ";
+  }
+  prompt += "The keeper's book recorded";
+  ASSERT_GT(prompt_ids_for_text(*tokenizer_, prompt).size(), 150u);  // longer than every budget below
+  const std::vector<json> policies = {
+      {{"policy", "full"}},
+      {{"policy", "snapkv"}, {"budget", 64}, {"window", 8}, {"kernel", 7}},
+      {{"policy", "snapkv"}, {"budget", 96}, {"window", 16}, {"kernel", 5}, {"pooling", "avg"}, {"gqa", "max"}},
+      {{"policy", "streaming"}, {"budget", 64}},
+      {{"policy", "h2o"}, {"budget", 64}},
+      {{"policy", "pyramidkv"}, {"budget", 64}, {"window", 8}},
+      {{"policy", "adakv"}, {"budget", 64}, {"window", 8}},
+      {{"policy", "snapkv"}, {"budget", 64}, {"window", 8}, {"layerwise", true}},
+  };
+  auto body_for = [&](size_t p, bool stream) {
+    return json{{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true},
+                {"stream", stream}, {"kv_compression", policies[p]}};
+  };
+  constexpr int k_clients = 16;
+  std::vector<Streamed> results(k_clients);
+  std::vector<std::thread> clients;
+  for (int c = 0; c < k_clients; ++c) {
+    clients.emplace_back([&, c] {
+      results[c] = collect_stream(post(port_, "/v1/completions", body_for(c % policies.size(), true)), false);
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t p = 0; p < policies.size(); ++p) {
+    const Reply alone = post(port_, "/v1/completions", body_for(p, false));
+    ASSERT_EQ(alone.status, 200) << policies[p].dump() << ": " << alone.body;
+    const std::string expected = alone.j()["choices"][0]["text"];
+    EXPECT_EQ(alone.j()["usage"]["completion_tokens"], 8);
+    for (int c = static_cast<int>(p); c < k_clients; c += static_cast<int>(policies.size())) {
+      ASSERT_TRUE(results[c].problem.empty()) << "client " << c << ": " << results[c].problem;
+      EXPECT_TRUE(results[c].done) << "client " << c;
+      EXPECT_EQ(results[c].finish_reason, "length") << "client " << c;
+      EXPECT_EQ(results[c].text, expected) << "client " << c << " policy " << policies[p].dump();
+    }
+  }
+}
+
+struct BadInput {
+  const char* name;
+  std::string target;
+  std::string body;
+  int status;
+  std::string param;  // "" = null
+};
+
+TEST_F(Server, BadInputsGetTheir4xxAndTheServerKeepsServing) {
+  std::string long_prompt = "[";
+  for (int i = 0; i < 1100; ++i) long_prompt += i ? ",28" : "28";  // over --max-model-len 1024
+  long_prompt += "]";
+  const std::string C = "/v1/completions", H = "/v1/chat/completions";
+  const std::vector<BadInput> table = {
+      {"malformed JSON", C, "{\"prompt\": \"hi\"", 400, ""},
+      {"wrong type: prompt", C, "{\"prompt\": 42}", 400, "prompt"},
+      {"wrong type: temperature", C, "{\"prompt\": \"hi\", \"temperature\": \"warm\"}", 400, "temperature"},
+      {"wrong type: messages", H, "{\"messages\": {\"role\": \"user\"}}", 400, "messages"},
+      {"missing prompt", C, "{\"max_tokens\": 3}", 400, "prompt"},
+      {"missing content", H, "{\"messages\": [{\"role\": \"user\"}]}", 400, "messages[0].content"},
+      {"negative max_tokens", C, "{\"prompt\": \"hi\", \"max_tokens\": -5}", 400, "max_tokens"},
+      {"huge max_tokens", C, "{\"prompt\": \"hi\", \"max_tokens\": 100000000000}", 400, "max_tokens"},
+      {"n = 3", C, "{\"prompt\": \"hi\", \"n\": 3}", 400, "n"},
+      {"unknown policy", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"zip\"}}", 400, "kv_compression.policy"},
+      {"budget < window", C,
+       "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"snapkv\", \"budget\": 16, \"window\": 32}}", 400,
+       "kv_compression.budget"},
+      {"prompt over the limit", C, "{\"prompt\": " + long_prompt + "}", 400, "prompt"},
+      {"invalid UTF-8", C, "{\"prompt\": \"caf\xc3\x28\"}", 400, ""},
+      {"unknown model", C, "{\"model\": \"gpt-4o\", \"prompt\": \"hi\"}", 404, "model"},
+      {"unknown route", "/v1/embeddings", "{\"input\": \"hi\"}", 404, ""},
+  };
+  for (const BadInput& b : table) {
+    const Reply r = call(port_, http::verb::post, b.target, b.body);
+    EXPECT_EQ(r.status, b.status) << b.name << ": " << r.error << " " << r.body;
+    const json j = r.j();
+    ASSERT_TRUE(j.contains("error")) << b.name << ": " << r.body;
+    EXPECT_TRUE(j["error"]["message"].is_string()) << b.name;
+    EXPECT_TRUE(j["error"]["type"].is_string()) << b.name;
+    EXPECT_TRUE(j["error"].contains("code")) << b.name;
+    if (b.param.empty()) {
+      EXPECT_TRUE(j["error"]["param"].is_null()) << b.name << ": " << r.body;
+    } else {
+      EXPECT_EQ(j["error"]["param"], b.param) << b.name << ": " << r.body;
+    }
+  }
+
+  const Reply wrong_method = call(port_, http::verb::get, "/v1/completions");
+  EXPECT_EQ(wrong_method.status, 405) << wrong_method.body;
+
+  // Oversized body: 2 MiB against the 1 MiB default.
+  const Reply big = call(port_, http::verb::post, "/v1/completions", std::string(2 << 20, 'a'));
+  EXPECT_EQ(big.status, 413) << big.error << " " << big.body;
+
+  // Slowloris: headers trickled a byte at a time are cut off (read timeout 2 s here).
+  RawConn slow(port_);
+  ASSERT_TRUE(slow.ok());
+  const std::string partial = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+  bool dropped = !slow.send_all(partial);
+  std::string got;
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (!dropped && Clock::now() < until) {
+    if (!slow.send_all("a") || !slow.read_some(&got, 200)) dropped = true;
+  }
+  EXPECT_TRUE(dropped) << "a request trickling its headers was never dropped";
+
+  const Reply h = call(port_, http::verb::get, "/health");
+  EXPECT_EQ(h.status, 200) << h.error << " " << h.body;
+  const Reply ok = post(port_, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}, {"temperature", 0}});
+  EXPECT_EQ(ok.status, 200) << ok.body;
+}
+
+TEST_F(Server, DisconnectMidStreamFreesBlocks) {
+  ASSERT_TRUE(wait_until_idle(port_, 30)) << "server busy before the test";
+  const double aborted_before = metric(port_, "snapserve_request_success_total{finished_reason=\"abort\"}");
+  RawConn conn(port_);
+  ASSERT_TRUE(conn.ok());
+  const json body = {{"prompt", "Write a long story about a dragon."}, {"max_tokens", 400}, {"temperature", 0},
+                     {"ignore_eos", true}, {"stream", true}};
+  ASSERT_TRUE(conn.send_all(raw_post("/v1/completions", body.dump())));
+  std::string got;
+  const auto until = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < until && sse_payloads(got).size() < 2) {
+    if (!conn.read_some(&got, 200)) break;
+  }
+  ASSERT_GE(sse_payloads(got).size(), 2u) << "no tokens streamed: " << got;
+  EXPECT_EQ(metric(port_, "snapserve_num_requests_running"), 1);
+  EXPECT_GT(metric(port_, "snapserve_kv_cache_usage_ratio"), 0);
+  conn.close();
+  EXPECT_TRUE(wait_until_idle(port_, 20)) << "blocks not freed after the client left";
+  EXPECT_EQ(metric(port_, "snapserve_request_success_total{finished_reason=\"abort\"}"), aborted_before + 1);
+}
+
+TEST_F(Server, DisconnectWhileWaitingCancels) {
+  ASSERT_TRUE(wait_until_idle(port_, 30)) << "server busy before the test";
+  const double aborted_before = metric(port_, "snapserve_request_success_total{finished_reason=\"abort\"}");
+  RawConn conn(port_);
+  ASSERT_TRUE(conn.ok());
+  const json body = {{"prompt", "Count to one thousand:"}, {"max_tokens", 400}, {"temperature", 0}, {"ignore_eos", true}};
+  ASSERT_TRUE(conn.send_all(raw_post("/v1/completions", body.dump())));
+  const auto until = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < until && metric(port_, "snapserve_num_requests_running") != 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(metric(port_, "snapserve_num_requests_running"), 1);
+  conn.close();
+  EXPECT_TRUE(wait_until_idle(port_, 20)) << "blocks not freed after the client left";
+  EXPECT_EQ(metric(port_, "snapserve_request_success_total{finished_reason=\"abort\"}"), aborted_before + 1);
+}
+
+// --- servers with their own flags --------------------------------------------------
+
+TEST(ServerLimits, ApiKeyAndQueueOverflow) {
+  ASSERT_TRUE(fs::exists(model_path())) << "default model missing at " << model_path();
+  ServerProcess server({"--api-key", "s3cret", "--max-num-seqs", "1", "--max-waiting", "1"});
+  const int port = server.port();
+  ASSERT_GT(port, 0);
+  const json body = {{"prompt", "Hello"}, {"max_tokens", 2}, {"temperature", 0}};
+  EXPECT_EQ(post(port, "/v1/completions", body).status, 401);
+  EXPECT_EQ(post(port, "/v1/completions", body, "wrong").status, 401);
+  EXPECT_EQ(post(port, "/v1/completions", body, "s3cre").status, 401);
+  const Reply unauth = call(port, http::verb::get, "/v1/models");
+  EXPECT_EQ(unauth.status, 401);
+  EXPECT_EQ(unauth.j()["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(call(port, http::verb::get, "/health").status, 200);  // probes need no key
+  EXPECT_EQ(post(port, "/v1/completions", body, "s3cret").status, 200);
+
+  // One running, one waiting: of six long requests at once, some must be refused.
+  const json long_body = {{"prompt", "Tell me a story."}, {"max_tokens", 48}, {"temperature", 0}, {"ignore_eos", true}};
+  std::vector<Reply> replies(6);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    clients.emplace_back([&, i] { replies[i] = post(port, "/v1/completions", long_body, "s3cret"); });
+  }
+  for (auto& t : clients) t.join();
+  int ok = 0, refused = 0;
+  for (const Reply& r : replies) {
+    if (r.status == 200) ++ok;
+    if (r.status == 429) {
+      ++refused;
+      EXPECT_EQ(r.retry_after, "1");
+      EXPECT_TRUE(r.j()["error"]["message"].is_string());
+    }
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(refused, 1);
+  EXPECT_EQ(ok + refused, 6);
+  EXPECT_EQ(call(port, http::verb::get, "/health").status, 200);
+}
+
+TEST(ServerLimits, SigtermStopsWithinTheDeadline) {
+  ASSERT_TRUE(fs::exists(model_path())) << "default model missing at " << model_path();
+  ServerProcess server({"--max-connections", "3"});
+  const int port = server.port();
+  ASSERT_GT(port, 0);
+  {
+    // Three open connections fill the limit; a fourth is answered 503 and closed.
+    std::vector<std::unique_ptr<RawConn>> held;
+    for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<RawConn>(port));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const Reply over = call(port, http::verb::get, "/health");
+    EXPECT_EQ(over.status, 503) << over.error << " " << over.body;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(call(port, http::verb::get, "/health").status, 200);
+  // A stream that would run for many seconds is in flight when SIGTERM arrives.
+  Reply streamed;
+  std::thread client([&] {
+    streamed = post(port, "/v1/completions",
+                    {{"prompt", "Once upon a time"}, {"max_tokens", 1000}, {"temperature", 0}, {"ignore_eos", true},
+                     {"stream", true}});
+  });
+  const auto until = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < until && metric(port, "snapserve_num_requests_running") != 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(metric(port, "snapserve_num_requests_running"), 1);
+  const int code = server.terminate(15);  // --shutdown-timeout 2
+  client.join();
+  EXPECT_EQ(code, 0) << server.log();
+  const Streamed s = collect_stream(streamed, false);
+  EXPECT_TRUE(s.problem.empty()) << s.problem;
+  EXPECT_TRUE(s.done) << "the in-flight stream was not closed cleanly";
+  EXPECT_EQ(s.finish_reason, "abort");
+}
+
+}  // namespace
+}  // namespace snap
