@@ -3,10 +3,13 @@
 // against its memory-bandwidth floor: bytes read per decoded token (weights + resident KV)
 // / measured bandwidth.
 //   build/bench/bench_generate [--model PATH] [--lengths 512,2048,8000] [--decode 32]
-//       [--threads 2] [--policies full,snapkv:1024] [--layerwise] [--json FILE]
+//       [--threads 2] [--policies full,snapkv:1024] [--layerwise] [--weight-dtype auto|f32|f16|bf16]
+//       [--json FILE]
 // A policy is NAME[:BUDGET]. Prompts are synthetic (a fixed-seed stream of ordinary token
 // ids): speed does not depend on which ids they are.
 #include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -24,7 +27,26 @@ namespace snap {
 namespace {
 
 // STREAM-style triad a = b + s*c over arrays far larger than the caches; best of 5, GB/s.
+// Runs in a forked child so its 384 MiB of arrays do not count in this process' peak RSS.
+double measure_bandwidth_gbs_here();
 double measure_bandwidth_gbs() {
+  int fds[2];
+  if (pipe(fds) != 0) return measure_bandwidth_gbs_here();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const double bw = measure_bandwidth_gbs_here();
+    const ssize_t w = write(fds[1], &bw, sizeof bw);
+    _exit(w == sizeof bw ? 0 : 1);
+  }
+  double bw = 0;
+  if (read(fds[0], &bw, sizeof bw) != sizeof bw) bw = 0;
+  close(fds[0]);
+  close(fds[1]);
+  waitpid(pid, nullptr, 0);
+  return bw;
+}
+
+double measure_bandwidth_gbs_here() {
   const int64_t n = 1 << 25;  // 32M floats = 128 MiB per array
   std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
   double best = 0;
@@ -67,6 +89,7 @@ int main(int argc, char** argv) {
   std::string lengths_arg = "512,2048,8000", policies_arg = "full", json_path;
   int decode_tokens = 32, threads = 2;
   bool layerwise = false;
+  std::string weight_format = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--layerwise") {
@@ -84,13 +107,18 @@ int main(int argc, char** argv) {
     else if (k == "--threads") threads = std::atoi(v.c_str());
     else if (k == "--policies") policies_arg = v;
     else if (k == "--json") json_path = v;
+    else if (k == "--weight-dtype") weight_format = v;
     else {
       std::fprintf(stderr, "bench_generate: unknown flag %s\n", k.c_str());
       return 2;
     }
   }
   omp_set_num_threads(threads);
-  auto model = load_model(model_path);
+  LoadOptions opts;  // auto: GGUF Q8_0/Q4_0/Q4_1 kept natively; f32/f16/bf16: all dequantized
+  opts.keep_quantized = weight_format == "auto";
+  if (weight_format == "f16") opts.weight_dtype = DType::f16;
+  if (weight_format == "bf16") opts.weight_dtype = DType::bf16;
+  auto model = load_model(model_path, opts);
   if (!model.ok()) {
     std::fprintf(stderr, "bench_generate: %s\n", model.status().message().c_str());
     return 1;
@@ -102,8 +130,8 @@ int main(int argc, char** argv) {
   // (one row is looked up), plus the LM head (which is the embedding when tied).
   const ModelWeights& w = model->weights;
   const int64_t weight_bytes = w.nbytes() - w.embed.nbytes() + w.output().nbytes() * (w.lm_head.empty() ? 1 : 0);
-  std::printf("model %s, %d threads, simd %s, weights read per token %.1f MiB, bandwidth %.1f GB/s (triad)\n",
-              c.name.c_str(), threads, kernels::simd_level_name(), weight_bytes / 1048576.0, bw);
+  std::printf("model %s, weights %s/%s, %d threads, simd %s, weights read per token %.1f MiB, bandwidth %.1f GB/s (triad)\n",
+              c.name.c_str(), dtype_name(w.layers[0].q_proj.dtype()), dtype_name(w.output().dtype()), threads, kernels::simd_level_name(), weight_bytes / 1048576.0, bw);
   std::printf("%-14s %7s %11s %10s %10s %9s %12s %12s %8s %9s %8s\n", "policy", "prompt", "prefill_tps", "decode_ms",
               "decode_tps", "floor_ms", "kv_resident", "kv_full_eq", "ratio", "select_%", "rss_MiB");
   std::string json = "{\"model\":\"" + c.name + "\",\"threads\":" + std::to_string(threads) +
