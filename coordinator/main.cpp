@@ -16,6 +16,7 @@
 #include "common/sys.h"
 #include "coordinator/engine/generate.h"
 #include "coordinator/engine/logits_dump.h"
+#include "coordinator/engine/model_path.h"
 #include "coordinator/engine/prompt.h"
 #include "coordinator/http/serve_cli.h"
 #include "coordinator/loadgen/bench_serve.h"
@@ -30,18 +31,6 @@
 
 namespace snap {
 namespace {
-
-std::string default_model_path() {
-  if (const char* m = std::getenv("SNAP_MODEL")) return m;
-  std::string cache;
-  if (const char* c = std::getenv("SNAP_CACHE")) {
-    cache = c;
-  } else {
-    const char* home = std::getenv("HOME");
-    cache = std::string(home ? home : ".") + "/.cache/snapserve";
-  }
-  return cache + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "snapserve: error: %s\n", message.c_str());

@@ -11,24 +11,13 @@
 #include <memory>
 #include <thread>
 
+#include "coordinator/engine/model_path.h"
 #include "coordinator/http/server.h"
 #include "coordinator/metrics/metrics.h"
 #include "coordinator/scheduler/engine.h"
 
 namespace snap {
 namespace {
-
-std::string default_serve_model() {
-  if (const char* m = std::getenv("SNAP_MODEL")) return m;
-  std::string cache;
-  if (const char* c = std::getenv("SNAP_CACHE")) {
-    cache = c;
-  } else {
-    const char* home = std::getenv("HOME");
-    cache = std::string(home ? home : ".") + "/.cache/snapserve";
-  }
-  return cache + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 int serve_fail(const std::string& message) {
   std::fprintf(stderr, "snapserve: error: %s\n", message.c_str());
@@ -38,7 +27,7 @@ int serve_fail(const std::string& message) {
 }  // namespace
 
 void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
-  if (a.model.empty()) a.model = default_serve_model();
+  if (a.model.empty()) a.model = default_model_path();
   auto* s = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (completions, chat, SSE streaming)");
   s->add_option("--model", a.model, "GGUF file or Hugging Face directory (default: $SNAP_MODEL or the cached SmolLM2-135M-Instruct)");
   s->add_option("--host", a.host, "Address to bind (default 127.0.0.1; 0.0.0.0 for every interface)");
