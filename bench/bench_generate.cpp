@@ -28,12 +28,15 @@ namespace {
 
 // STREAM-style triad a = b + s*c over arrays far larger than the caches; best of 5, GB/s.
 // Runs in a forked child so its 384 MiB of arrays do not count in this process' peak RSS.
+// Call it before this process runs any OpenMP region: libgomp's thread pool does not
+// survive fork(), the child would hang.
 double measure_bandwidth_gbs_here();
-double measure_bandwidth_gbs() {
+double measure_bandwidth_gbs(int threads) {
   int fds[2];
   if (pipe(fds) != 0) return measure_bandwidth_gbs_here();
   const pid_t pid = fork();
   if (pid == 0) {
+    omp_set_num_threads(threads);
     const double bw = measure_bandwidth_gbs_here();
     const ssize_t w = write(fds[1], &bw, sizeof bw);
     _exit(w == sizeof bw ? 0 : 1);
@@ -113,6 +116,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const double bw = measure_bandwidth_gbs(threads);  // first: before any OpenMP region here
   omp_set_num_threads(threads);
   LoadOptions opts;  // auto: GGUF Q8_0/Q4_0/Q4_1 kept natively; f32/f16/bf16: all dequantized
   opts.keep_quantized = weight_format == "auto";
@@ -125,7 +129,6 @@ int main(int argc, char** argv) {
   }
   const ModelConfig& c = model->config;
   LlamaForward fwd(*model);
-  const double bw = measure_bandwidth_gbs();
   // Bytes a decode step reads from the weights: every matrix but the embedding table
   // (one row is looked up), plus the LM head (which is the embedding when tied).
   const ModelWeights& w = model->weights;

@@ -9,7 +9,7 @@ build=${1:-build}
 out=${2:-bench/results}
 mkdir -p "$out"
 b="$build/bench/bench_generate"
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+
 
 echo "== engine: weights auto (native Q4_1/Q8_0), 2 threads" | tee "$out/engine.txt"
 $b --lengths 512,2048,8000 --decode 32 --threads 2 --json "$out/engine_auto.json" | tee -a "$out/engine.txt"

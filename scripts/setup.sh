@@ -13,7 +13,7 @@ sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
 
 # --- system packages ----------------------------------------------------------
 pkgs=(build-essential cmake pkg-config unzip python3-pip
-      nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-dev
+      nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       libboost-dev libboost-system-dev prometheus-cpp-dev prometheus
       libopenmpi-dev openmpi-bin)
