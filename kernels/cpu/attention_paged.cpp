@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu/attention_ops.h"
 #include "kernels/cpu/simd.h"
 
 namespace snap::kernels {
@@ -75,172 +76,6 @@ void for_each_run(const PagedKv& kv, const PagedKvHead& h, int hd, int64_t a, in
   }
 }
 
-// --- block primitives, one set per SIMD level --------------------------------------------
-// scores: s[j] = dot(q, k_j), j < n; exp_sum: s[j] = e^(s[j]−m), returns Σ;
-// accumulate: acc += Σ_j p[j]·v_j; scale: acc *= f.
-struct BlockOps {
-  void (*scores)(const float* q, const float* k, int64_t n, int hd, float* s);
-  float (*exp_sum)(float* s, int64_t n, float m);
-  void (*accumulate)(float* acc, const float* p, const float* v, int64_t n, int hd);
-  void (*scale)(float* acc, int hd, float f);
-};
-
-void scores_scalar(const float* q, const float* k, int64_t n, int hd, float* s) {
-  for (int64_t j = 0; j < n; ++j) {
-    float d = 0.0f;
-    for (int i = 0; i < hd; ++i) d += q[i] * k[j * hd + i];
-    s[j] = d;
-  }
-}
-float exp_sum_scalar(float* s, int64_t n, float m) {
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
-  return sum;
-}
-void accumulate_scalar(float* acc, const float* p, const float* v, int64_t n, int hd) {
-  for (int64_t j = 0; j < n; ++j)
-    for (int i = 0; i < hd; ++i) acc[i] += p[j] * v[j * hd + i];
-}
-void scale_scalar(float* acc, int hd, float f) {
-  for (int i = 0; i < hd; ++i) acc[i] *= f;
-}
-
-// AVX2 needs hd % 8 == 0, AVX-512 hd % 16 == 0 (every Llama-family head_dim is 64 or 128).
-SNAP_TARGET_AVX2 void scores_avx2(const float* q, const float* k, int64_t n, int hd, float* s) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float* kj = k + j * hd;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= hd; i += 16) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
-    }
-    if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-    s[j] = hsum_avx2(_mm256_add_ps(a0, a1));
-  }
-}
-SNAP_TARGET_AVX2 float exp_sum_avx2(float* s, int64_t n, float m) {
-  const __m256 mv = _mm256_set1_ps(m);
-  __m256 acc = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
-    _mm256_storeu_ps(s + j, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  float sum = hsum_avx2(acc);
-  for (; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
-  return sum;
-}
-// acc stays in registers across the run: 8 dims per register, 4 registers per pass.
-SNAP_TARGET_AVX2 void accumulate_avx2(float* acc, const float* p, const float* v, int64_t n, int hd) {
-  int i = 0;
-  for (; i + 32 <= hd; i += 32) {
-    __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
-    __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
-    for (int64_t j = 0; j < n; ++j) {
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      const float* vj = v + j * hd + i;
-      a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), a0);
-      a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), a3);
-    }
-    _mm256_storeu_ps(acc + i, a0);
-    _mm256_storeu_ps(acc + i + 8, a1);
-    _mm256_storeu_ps(acc + i + 16, a2);
-    _mm256_storeu_ps(acc + i + 24, a3);
-  }
-  for (; i < hd; i += 8) {
-    __m256 a = _mm256_loadu_ps(acc + i);
-    for (int64_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + i), a);
-    _mm256_storeu_ps(acc + i, a);
-  }
-}
-SNAP_TARGET_AVX2 void scale_avx2(float* acc, int hd, float f) {
-  const __m256 fv = _mm256_set1_ps(f);
-  for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), fv));
-}
-
-SNAP_TARGET_AVX512 void scores_avx512(const float* q, const float* k, int64_t n, int hd, float* s) {
-  if (hd == 64) {  // the common case: q in 4 registers for the whole run
-    const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16);
-    const __m512 q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* kj = k + j * 64;
-      __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kj));
-      __m512 b = _mm512_mul_ps(q1, _mm512_loadu_ps(kj + 16));
-      a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kj + 32), a);
-      b = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kj + 48), b);
-      s[j] = hsum_avx512(_mm512_add_ps(a, b));
-    }
-    return;
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    const float* kj = k + j * hd;
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= hd; i += 32) {
-      a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kj + i), a);
-      b = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), _mm512_loadu_ps(kj + i + 16), b);
-    }
-    if (i < hd) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kj + i), a);
-    s[j] = hsum_avx512(_mm512_add_ps(a, b));
-  }
-}
-SNAP_TARGET_AVX512 float exp_sum_avx512(float* s, int64_t n, float m) {
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 msk = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1);
-    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, s + j), mv));
-    _mm512_mask_storeu_ps(s + j, msk, e);
-    acc = _mm512_mask_add_ps(acc, msk, acc, e);
-  }
-  return hsum_avx512(acc);
-}
-SNAP_TARGET_AVX512 void accumulate_avx512(float* acc, const float* p, const float* v, int64_t n, int hd) {
-  int i = 0;
-  for (; i + 64 <= hd; i += 64) {
-    __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
-    __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
-    for (int64_t j = 0; j < n; ++j) {
-      const __m512 pj = _mm512_set1_ps(p[j]);
-      const float* vj = v + j * hd + i;
-      a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), a0);
-      a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), a1);
-      a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), a2);
-      a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), a3);
-    }
-    _mm512_storeu_ps(acc + i, a0);
-    _mm512_storeu_ps(acc + i + 16, a1);
-    _mm512_storeu_ps(acc + i + 32, a2);
-    _mm512_storeu_ps(acc + i + 48, a3);
-  }
-  for (; i < hd; i += 16) {
-    __m512 a = _mm512_loadu_ps(acc + i);
-    for (int64_t j = 0; j < n; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(v + j * hd + i), a);
-    _mm512_storeu_ps(acc + i, a);
-  }
-}
-SNAP_TARGET_AVX512 void scale_avx512(float* acc, int hd, float f) {
-  const __m512 fv = _mm512_set1_ps(f);
-  for (int i = 0; i < hd; i += 16) _mm512_storeu_ps(acc + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), fv));
-}
-
-BlockOps pick_ops(int head_dim) {
-  const SimdLevel level = simd_level();
-  if (level == SimdLevel::avx512 && head_dim % 16 == 0)
-    return {scores_avx512, exp_sum_avx512, accumulate_avx512, scale_avx512};
-  if (level != SimdLevel::scalar && head_dim % 8 == 0) return {scores_avx2, exp_sum_avx2, accumulate_avx2, scale_avx2};
-  return {scores_scalar, exp_sum_scalar, accumulate_scalar, scale_scalar};
-}
-
-// Running softmax state of one (query, head) row: acc is unnormalized, output = acc / l.
-struct RowState {
-  float m = -std::numeric_limits<float>::infinity();
-  float l = 0.0f;
-};
 
 // Software prefetch of the K and V blocks holding keys [a, b), one 64-key chunk ahead: with
 // blocks scattered by compression and reuse, each 4 KiB block is a new page where the
@@ -378,7 +213,7 @@ void attention_paged_cpu(const float* q, const int32_t* q_positions, int64_t num
   CHECK_GT(kv.block_size, 0);
   const int hd = p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
-  const BlockOps ops = pick_ops(hd);
+  const BlockOps ops = attention_block_ops(hd);
   int64_t max_len = 0;
   for (int g = 0; g < p.num_kv_heads; ++g) max_len = std::max(max_len, kv.heads[g].length);
   const int64_t num_tiles = (num_tokens + k_query_tile - 1) / k_query_tile;
