@@ -12,7 +12,9 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 
+#include "comm/bootstrap.h"
 #include "common/sys.h"
 #include "coordinator/engine/generate.h"
 #include "coordinator/engine/logits_dump.h"
@@ -79,6 +81,7 @@ struct GenerateArgs {
   int64_t kv_cache_mib = 0;
   std::string dump_kv_selection;
   std::string weight_dtype = "auto";
+  int tp = 0;  // 0: the launcher's world size
 };
 
 Result<KvPolicy> kv_policy_from_args(const GenerateArgs& a) {
@@ -114,33 +117,100 @@ int64_t context_token_count(const Tokenizer& tok, const std::vector<int32_t>& fu
   return std::min<int64_t>(c, static_cast<int64_t>(full.size()) - 1);
 }
 
-// --dump-kv-selection: per layer and KV head, the prompt positions the cache kept.
-Status write_kv_selection(const std::string& path, const PagedKvCache& cache, const GenerateRequest& req,
-                          const ModelConfig& c) {
-  const KvPolicy& p = req.kv_policy;
-  nlohmann::json doc;
-  doc["policy"] = kv_policy_name(p.kind);
-  doc["prompt_tokens"] = req.prompt_ids.size();
-  doc["compressed_tokens"] = p.context_tokens > 0 ? p.context_tokens : static_cast<int64_t>(req.prompt_ids.size());
-  doc["budget"] = p.budget;
-  doc["window"] = p.window;
-  doc["kernel"] = p.kernel;
-  doc["pooling"] = p.pooling == KvPooling::max ? "max" : "avg";
-  doc["gqa"] = p.aggregation == GqaAggregation::mean ? "mean" : "max";
-  doc["layers"] = nlohmann::json::array();
-  for (int l = 0; l < c.num_layers; ++l) {
-    nlohmann::json heads = nlohmann::json::array();
-    for (int g = 0; g < c.num_kv_heads; ++g) heads.push_back(cache.positions(l, g));
-    doc["layers"].push_back({{"layer", l}, {"heads", heads}});
-  }
-  std::ofstream out(path);
-  out << doc.dump() << "\n";
-  if (!out) return invalid_argument(path + ": cannot write the KV selection dump");
-  return {};
+// "2 x 30 layers x 1234 tokens x 576 x 4 B"
+std::string all_reduce_formula(const ModelConfig& c, int64_t tokens) {
+  return "2 x " + std::to_string(c.num_layers) + " layers x " + std::to_string(tokens) + " tokens x " +
+         std::to_string(c.hidden_size) + " hidden x 4 B";
 }
 
+// The tensor-parallel lines of generate's report: what this rank holds and what it sent.
+void report_tp(const comm::Communicator& comm, const LoadedModel& model, const GenerateStats& st,
+               const comm::CommStats& after_prefill) {
+  const comm::CommStats total = comm.stats();
+  const auto& ar = total[comm::CommOp::all_reduce_sum];
+  const auto& bc = total[comm::CommOp::broadcast];
+  const int64_t decode_steps = std::max<int64_t>(st.generated_tokens - 1, 0);
+  const int64_t forwarded = st.prompt_tokens + decode_steps;
+  const double per_decode = decode_steps > 0 ? 1.0 / decode_steps : 0.0;
+  std::fprintf(stderr,
+               "snapserve: tensor parallel %d ranks (%s); rank 0 holds %s, %s of weights\n"
+               "snapserve: sent by each rank: all_reduce_sum %lld calls, %lld bytes (= %s), broadcast (step plans) "
+               "%lld calls, %lld bytes, all_gather %lld bytes\n"
+               "snapserve: per decoded token: all_reduce_sum %.0f bytes, broadcast %.0f bytes; KV figures above are per rank\n",
+               comm.group_size(), comm.backend_name(), model.shard.describe().c_str(),
+               human_bytes(model.weights.nbytes()).c_str(), static_cast<long long>(ar.calls),
+               static_cast<long long>(ar.bytes), all_reduce_formula(model.config, forwarded).c_str(),
+               static_cast<long long>(bc.calls), static_cast<long long>(bc.bytes),
+               static_cast<long long>(total[comm::CommOp::all_gather].bytes),
+               (ar.bytes - after_prefill[comm::CommOp::all_reduce_sum].bytes) * per_decode,
+               (bc.bytes - after_prefill[comm::CommOp::broadcast].bytes) * per_decode);
+}
+
+int run_generate_leader(const GenerateArgs& a, const LoadedModel& model, StepDriver& driver, double load_seconds);
+
+
+// Every rank: find its place in the launcher's world, load its shard, agree that all ranks
+// loaded, then rank 0 leads (run_generate_leader) and the others run plans until it is done.
 int run_generate(const GenerateArgs& a) {
-  if (a.threads > 0) omp_set_num_threads(a.threads);
+  comm::WorldFlags wf;
+  auto world = comm::world_from_environment(wf);
+  if (!world.ok()) return fail(world.status().message());
+  const int size = world->size();
+  if (a.tp > 0 && a.tp != size) {
+    return fail("--tp " + std::to_string(a.tp) + " but the launcher started " + std::to_string(size) +
+                " process(es); run `mpirun -np " + std::to_string(a.tp) + " snapserve generate --tp " +
+                std::to_string(a.tp) + " ...`");
+  }
+  const int threads = a.threads > 0 ? a.threads
+                                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / size);
+  omp_set_num_threads(threads);
+  std::unique_ptr<comm::Communicator> comm;
+  if (size > 1) {
+    auto c = comm::make_communicator(comm::CommKind::mpi, *world);
+    if (!c.ok()) return fail(c.status().message());
+    comm = std::move(c).value();
+  }
+  auto policy = kv_policy_from_args(a);  // checked on every rank before loading
+  if (!policy.ok()) return fail(policy.status().message());
+
+  LoadOptions opts;  // auto: q8_0/q4_0/q4_1 matrices stay native, the rest f32
+  opts.keep_quantized = a.weight_dtype == "auto";
+  if (a.weight_dtype == "f16") opts.weight_dtype = DType::f16;
+  if (a.weight_dtype == "bf16") opts.weight_dtype = DType::bf16;
+  opts.tp_rank = world->tp_rank();
+  opts.tp_size = size;
+  const double t_load = now_seconds();
+  auto model = load_model(a.model, opts);
+  const double load_seconds = now_seconds() - t_load;
+  if (comm) {
+    // No rank goes on alone: a rank whose shard failed to load tells the others here.
+    float failed = model.ok() ? 0.0f : 1.0f;
+    Status st = comm->all_reduce_sum(std::span<float>(&failed, 1));
+    if (!st.ok()) return fail(st.message());
+    if (failed > 0) {
+      if (!model.ok()) return fail("rank " + std::to_string(world->rank()) + ": " + model.status().message());
+      if (world->is_leader()) fail(std::to_string(static_cast<int>(failed)) + " rank(s) failed to load their shard (see above)");
+      return 1;
+    }
+    comm->reset_stats();
+  }
+  if (!model.ok()) return fail(model.status().message());
+  LlamaForward forward(*model, comm.get());
+  Worker worker(forward);
+  if (!world->is_leader()) {
+    Status st = worker_loop(worker, *comm);
+    if (!st.ok()) return fail("rank " + std::to_string(world->rank()) + ": " + st.message());
+    return 0;
+  }
+  StepDriver driver(worker, comm.get());
+  const int rc = run_generate_leader(a, *model, driver, load_seconds);
+  Status st = driver.shutdown();
+  if (!st.ok() && rc == 0) return fail(st.message());
+  return rc;
+}
+
+int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, StepDriver& driver, double load_seconds) {
+  const LoadedModel* model = &model_ref;
   std::string text = a.prompt;
   if (!a.prompt_file.empty()) {
     std::ifstream in(a.prompt_file, std::ios::binary);
@@ -150,21 +220,13 @@ int run_generate(const GenerateArgs& a) {
     text = ss.str();
   }
 
-  LoadOptions opts;  // auto: q8_0/q4_0/q4_1 matrices stay native, the rest f32
-  opts.keep_quantized = a.weight_dtype == "auto";
-  if (a.weight_dtype == "f16") opts.weight_dtype = DType::f16;
-  if (a.weight_dtype == "bf16") opts.weight_dtype = DType::bf16;
-  const double t_load = now_seconds();
-  auto model = load_model(a.model, opts);
-  if (!model.ok()) return fail(model.status().message());
+  const double t_tok = now_seconds();
   auto tok = Tokenizer::load_for_model(a.model);
   if (!tok.ok()) return fail(tok.status().message());
-  const double load_seconds = now_seconds() - t_load;
+  load_seconds += now_seconds() - t_tok;
 
   GenerateRequest req;
-  auto policy = kv_policy_from_args(a);
-  if (!policy.ok()) return fail(policy.status().message());
-  req.kv_policy = policy.value();
+  req.kv_policy = kv_policy_from_args(a).value();  // checked by run_generate
   req.kv_pool_bytes = a.kv_cache_mib * 1024 * 1024;
   // With --question the prompt is context + question, and the context alone is compressed
   // before the question is prefilled (question-agnostic compression).
@@ -193,7 +255,7 @@ int run_generate(const GenerateArgs& a) {
     for (int32_t id : model->config.eos_token_ids) req.stop_ids.push_back(id);
   }
 
-  LlamaForward forward(*model);
+  req.kv_selection_dump = a.dump_kv_selection;
   std::unique_ptr<LogitsDumpWriter> dump;
   GenerateHooks hooks;
   if (!a.dump_logits.empty()) {
@@ -202,13 +264,11 @@ int run_generate(const GenerateArgs& a) {
     dump.reset(w.value());
     hooks.on_prompt_logits = [&](int64_t, const float* row) { dump->write_row(row); };
   }
-  std::string selection_error;
-  if (!a.dump_kv_selection.empty()) {
-    hooks.on_prefilled = [&](const PagedKvCache& cache) {
-      Status st = write_kv_selection(a.dump_kv_selection, cache, req, model->config);
-      if (!st.ok()) selection_error = st.message();
-    };
-  }
+  comm::Communicator* comm = driver.comm();
+  comm::CommStats after_prefill;
+  hooks.on_prefilled = [&](const PagedKvCache&) {
+    if (comm) after_prefill = comm->stats();
+  };
   StreamDecoder decoder(*tok, true);
   const std::vector<int32_t>& stops = req.stop_ids;
   hooks.on_token = [&](int32_t id) {
@@ -219,7 +279,7 @@ int run_generate(const GenerateArgs& a) {
     return true;
   };
 
-  auto result = generate(forward, req, hooks);
+  auto result = generate(driver, req, hooks);
   if (!result.ok()) return fail(result.status().message());
   const std::string tail = decoder.flush();
   std::fwrite(tail.data(), 1, tail.size(), stdout);
@@ -229,7 +289,6 @@ int run_generate(const GenerateArgs& a) {
     Status s = dump->close();
     if (!s.ok()) return fail(s.message());
   }
-  if (!selection_error.empty()) return fail(selection_error);
 
   const GenerateStats& st = result->stats;
   const double decode_tps = st.generated_tokens > 1 ? (st.generated_tokens - 1) / st.decode_seconds : 0.0;
@@ -248,6 +307,7 @@ int run_generate(const GenerateArgs& a) {
                st.kv_full_equivalent_bytes / std::max<double>(1, st.kv_resident_bytes),
                human_bytes(st.kv_pool_peak_bytes).c_str(), st.selection_seconds,
                100.0 * st.selection_seconds / std::max(st.prefill_seconds, 1e-9), human_bytes(peak_rss_bytes()).c_str());
+  if (comm && comm->group_size() > 1) report_tp(*comm, *model, st, after_prefill);
   return 0;
 }
 
@@ -348,7 +408,7 @@ int main(int argc, char** argv) {
   gen->add_option("--system", g.system, "System message for --chat");
   gen->add_flag("--ignore-eos", g.ignore_eos, "Keep generating past end-of-sequence tokens");
   gen->add_option("--dump-logits", g.dump_logits, "Write every prompt position's logits to FILE (format: tools/read_logits.py)");
-  gen->add_option("--threads", g.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
+  gen->add_option("--threads", g.threads, "CPU threads per rank (default: the cores divided by the ranks)")->check(CLI::Range(1, 1024));
   gen->add_option("--prefill-chunk", g.prefill_chunk, "Prompt tokens per prefill step (default 512)")->check(CLI::Range(1, 1 << 20));
   gen->add_option("--weight-dtype", g.weight_dtype,
                   "Storage of projection weights: auto (default: GGUF q8_0/q4_0/q4_1 kept as is, others f32), "
@@ -374,7 +434,13 @@ int main(int argc, char** argv) {
                   "KV block pool size in MiB (default: enough for the uncompressed prompt + max tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   gen->add_option("--dump-kv-selection", g.dump_kv_selection,
-                  "Write the kept prompt positions per layer and KV head to FILE (JSON)");
+                  "Write the kept prompt positions per layer and KV head to FILE (JSON; with --tp N > 1 each "
+                  "rank writes FILE.rank<r> for its own KV heads)");
+  gen->add_option("--tp", g.tp,
+                  "Tensor-parallel ranks: must equal the processes the launcher started (`mpirun -np N snapserve "
+                  "generate --tp N`, or srun); attention heads and the MLP are split over them, each rank "
+                  "compresses its own heads' KV (default: the launcher's process count, 1 alone)")
+      ->check(CLI::Range(1, 4096));
 
   std::string inspect_model = default_model_path();
   bool inspect_tensors = false;

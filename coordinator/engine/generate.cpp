@@ -1,5 +1,6 @@
-// generate(): validate, size a block pool from the request, prefill (+ compression), then
-// the decode loop.
+// generate(): validate, size the block pool from the request, open the sequence, prefill
+// chunk by chunk (compression happens on every rank when the prompt reaches the policy's
+// point), then the decode loop — each forward one StepPlan.
 #include "coordinator/engine/generate.h"
 
 #include <algorithm>
@@ -7,9 +8,11 @@
 #include "common/sys.h"
 
 namespace snap {
+namespace {
 
-Result<GenerateResult> generate(LlamaForward& model, const GenerateRequest& req, const GenerateHooks& hooks) {
-  const ModelConfig& c = model.config();
+constexpr uint64_t k_seq = 1;  // generate runs one sequence at a time
+
+Status validate(const ModelConfig& c, const GenerateRequest& req) {
   const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
   if (n == 0) return invalid_argument("prompt is empty (0 tokens)");
   if (req.max_tokens < 0) return invalid_argument("max_tokens must be >= 0, got " + std::to_string(req.max_tokens));
@@ -34,48 +37,65 @@ Result<GenerateResult> generate(LlamaForward& model, const GenerateRequest& req,
   if (policy.layerwise && policy.context_tokens > 0) {
     return invalid_argument("layer-wise prefill compresses the whole prompt; it cannot be combined with context-only compression");
   }
-  // Positions up to the prompt and every new token, capped by the context.
-  int64_t limit = n + req.max_tokens;
-  if (context > 0) limit = std::min(limit, context);
-  limit = std::max(limit, n);
+  if (req.prefill_chunk <= 0) return invalid_argument("prefill chunk must be > 0");
+  return {};
+}
 
-  // A pool that can hold the uncompressed sequence: address space only — pages are touched
-  // as blocks are first used, and blocks freed by compression are reused first.
-  BlockPoolConfig pc;
-  pc.block_size = req.kv_block_size;
-  pc.head_dim = c.head_dim;
-  const int64_t blocks_per_head = (limit + pc.block_size - 1) / pc.block_size;
-  const int64_t block_bytes_estimate = 2LL * pc.block_size * c.head_dim * 4 + pc.block_size * 4 + 64;
-  pc.capacity_bytes = req.kv_pool_bytes > 0 ? req.kv_pool_bytes
-                                            : int64_t{c.num_layers} * c.num_kv_heads * blocks_per_head * block_bytes_estimate;
-  SNAP_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool, BlockPool::create(pc));
-  PagedKvCache cache(*pool, model.kv_shape());
-
-  const int64_t compress_at = policy.context_tokens > 0 ? policy.context_tokens : n;
-  KvCompressor compressor(policy, model.compressor_shape(), compress_at);
-
-  GenerateResult result;
-  result.finish_reason = "length";
+// Prefill, decode loop and stats; the caller opened the sequence and closes it.
+Status run_sequence(StepDriver& driver, const GenerateRequest& req, const GenerateHooks& hooks, int64_t limit,
+                    int64_t compress_at, GenerateResult& result) {
+  Worker& local = driver.local();
+  const ModelConfig& c = local.config();
+  const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
   const int64_t vocab = c.vocab_size;
+  const Worker::Sequence& seq = *local.sequence(k_seq);
   std::vector<float> logits(vocab);
-  kernels::Rng rng(req.sampling.seed);
-  int64_t peak_blocks = 0;
+  std::vector<float> rows;
+  float* last = logits.data();
 
   double t0 = now_seconds();
-  if (policy.layerwise && compressor.active()) {
+  const bool layerwise = req.kv_policy.layerwise && seq.compressor->active();
+  if (layerwise) {
     if (hooks.on_prompt_logits) return invalid_argument("layer-wise prefill does not produce per-position logits");
-    SNAP_RETURN_IF_ERROR(model.prefill_layerwise(req.prompt_ids.data(), n, cache, logits.data(), req.prefill_chunk,
-                                                 compressor));
+    StepPlan plan;
+    plan.chunk = req.prefill_chunk;
+    plan.items.push_back({k_seq, 0, req.prompt_ids, true, true, LogitsWanted::last});
+    SNAP_RETURN_IF_ERROR(driver.run(plan, {&last, 1}));
   } else {
-    SNAP_RETURN_IF_ERROR(model.prefill(req.prompt_ids.data(), n, cache, logits.data(), req.prefill_chunk, &compressor,
-                                       hooks.on_prompt_logits));
+    for (int64_t start = 0; start < n;) {
+      int64_t len = std::min(req.prefill_chunk, n - start);
+      // A chunk never crosses the compression point: compress exactly at compress_at.
+      if (seq.compressor->active() && start < compress_at) len = std::min(len, compress_at - start);
+      StepPlan plan;
+      StepItem item{k_seq, static_cast<int32_t>(start), {}, true, false, LogitsWanted::last};
+      item.tokens.assign(req.prompt_ids.begin() + start, req.prompt_ids.begin() + start + len);
+      float* out = last;
+      if (hooks.on_prompt_logits) {
+        item.logits = LogitsWanted::all;
+        rows.resize(static_cast<size_t>(len * vocab));
+        out = rows.data();
+      }
+      plan.items.push_back(std::move(item));
+      SNAP_RETURN_IF_ERROR(driver.run(plan, {&out, 1}));
+      if (hooks.on_prompt_logits) {
+        for (int64_t t = 0; t < len; ++t) hooks.on_prompt_logits(start + t, rows.data() + t * vocab);
+        std::copy_n(rows.data() + (len - 1) * vocab, vocab, logits.data());
+      }
+      start += len;
+    }
   }
   result.stats.prefill_seconds = now_seconds() - t0;
-  result.stats.selection_seconds = compressor.selection_seconds();
-  peak_blocks = pool->peak_used();
-  if (hooks.on_prefilled) hooks.on_prefilled(cache);
+  result.stats.selection_seconds = seq.compressor->selection_seconds();
+  const int64_t peak_blocks = local.pool()->peak_used();
+  if (!req.kv_selection_dump.empty()) {
+    StepPlan plan;
+    plan.dumps.push_back({k_seq, req.kv_selection_dump, n});
+    SNAP_RETURN_IF_ERROR(driver.run(plan));
+  }
+  if (hooks.on_prefilled) hooks.on_prefilled(*seq.cache);
 
   t0 = now_seconds();
+  kernels::Rng rng(req.sampling.seed);
   for (int64_t step = 0; step < req.max_tokens; ++step) {
     if (hooks.on_step_logits) hooks.on_step_logits(logits.data());
     const int32_t id = kernels::sample_cpu(logits.data(), vocab, req.sampling, rng);
@@ -87,17 +107,64 @@ Result<GenerateResult> generate(LlamaForward& model, const GenerateRequest& req,
       break;
     }
     if (step + 1 == req.max_tokens) break;
-    if (cache.next_position() >= limit) break;  // context full: finish with "length"
-    SNAP_RETURN_IF_ERROR(model.forward(&id, 1, cache, logits.data(), false));
+    const int32_t pos = seq.cache->next_position();
+    if (pos >= limit) break;  // context full: finish with "length"
+    StepPlan plan;
+    plan.items.push_back({k_seq, pos, {id}, false, false, LogitsWanted::last});
+    SNAP_RETURN_IF_ERROR(driver.run(plan, {&last, 1}));
   }
   result.stats.decode_seconds = now_seconds() - t0;
   result.stats.prompt_tokens = n;
   result.stats.generated_tokens = static_cast<int64_t>(result.tokens.size());
-  result.stats.kv_resident_bytes = cache.resident_bytes();
-  result.stats.kv_stored_bytes = cache.stored_bytes();
-  result.stats.kv_full_equivalent_bytes = cache.full_equivalent_bytes();
-  result.stats.kv_pool_peak_bytes = std::max(peak_blocks, pool->peak_used()) * pool->block_bytes();
+  result.stats.kv_resident_bytes = seq.cache->resident_bytes();
+  result.stats.kv_stored_bytes = seq.cache->stored_bytes();
+  result.stats.kv_full_equivalent_bytes = seq.cache->full_equivalent_bytes();
+  result.stats.kv_pool_peak_bytes = std::max(peak_blocks, local.pool()->peak_used()) * local.pool()->block_bytes();
+  return {};
+}
+
+}  // namespace
+
+Result<GenerateResult> generate(StepDriver& driver, const GenerateRequest& req, const GenerateHooks& hooks) {
+  Worker& local = driver.local();
+  const ModelConfig& c = local.config();
+  SNAP_RETURN_IF_ERROR(validate(c, req));
+  const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
+  const int64_t context = req.context_limit > 0 ? req.context_limit : c.max_position;
+  // Positions up to the prompt and every new token, capped by the context.
+  int64_t limit = n + req.max_tokens;
+  if (context > 0) limit = std::min(limit, context);
+  limit = std::max(limit, n);
+
+  // A pool (per rank, for this rank's KV heads) that can hold the uncompressed sequence:
+  // address space only — pages are touched as blocks are first used, and blocks freed by
+  // compression are reused first.
+  StepPlan open;
+  open.block_size = req.kv_block_size;
+  const int64_t blocks_per_head = (limit + req.kv_block_size - 1) / req.kv_block_size;
+  const int64_t block_bytes_estimate = 2LL * req.kv_block_size * c.head_dim * 4 + req.kv_block_size * 4 + 64;
+  open.pool_bytes = req.kv_pool_bytes > 0
+                        ? req.kv_pool_bytes
+                        : int64_t{c.num_layers} * local.shard().num_kv_heads * blocks_per_head * block_bytes_estimate;
+  const int64_t compress_at = req.kv_policy.context_tokens > 0 ? req.kv_policy.context_tokens : n;
+  open.open.push_back({k_seq, req.kv_policy, compress_at});
+  SNAP_RETURN_IF_ERROR(driver.run(open));
+
+  GenerateResult result;
+  result.finish_reason = "length";
+  const Status st = run_sequence(driver, req, hooks, limit, compress_at, result);
+  StepPlan close;
+  close.close.push_back(k_seq);
+  const Status closed = driver.run(close);
+  SNAP_RETURN_IF_ERROR(st);
+  SNAP_RETURN_IF_ERROR(closed);
   return result;
+}
+
+Result<GenerateResult> generate(LlamaForward& model, const GenerateRequest& req, const GenerateHooks& hooks) {
+  Worker local(model);
+  StepDriver driver(local, nullptr);
+  return generate(driver, req, hooks);
 }
 
 }  // namespace snap

@@ -1,7 +1,8 @@
 // One sequence, start to finish: prefill the prompt ids (compressing the KV cache by the
 // request's policy), then sample and decode token by token until max_tokens, a stop id,
-// or the context limit. Used by `snapserve generate` and by the tests; the server's
-// scheduler will batch many of these.
+// or the context limit. Used by `snapserve generate` and by the tests. Every forward goes
+// out as a StepPlan through a StepDriver, so the same loop drives one process or a
+// tensor-parallel group (rank 0 runs this; the other ranks run worker_loop).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "kernels/kernels.h"
 #include "worker/kv/policy.h"
 #include "worker/model/llama.h"
+#include "worker/worker.h"
 
 namespace snap {
 
@@ -30,6 +32,9 @@ struct GenerateRequest {
   // Positions allowed; 0 = the model's context. Larger values run RoPE past the trained
   // context (for memory measurements with synthetic prompts, not for quality).
   int64_t context_limit = 0;
+  // When set, every rank writes the kept positions of its KV heads after prefill (JSON;
+  // with tp > 1 to this path + ".rank<r>").
+  std::string kv_selection_dump;
 };
 
 struct GenerateStats {
@@ -38,6 +43,8 @@ struct GenerateStats {
   double prefill_seconds = 0;     // prompt forward passes, compression included
   double decode_seconds = 0;      // all decode steps (tokens after the first)
   double selection_seconds = 0;   // KV selection (scores, pooling, top-k, compaction)
+  // KV figures are this rank's (rank 0's); with tensor parallelism every rank holds the
+  // same amount for its own heads.
   int64_t kv_resident_bytes = 0;  // blocks held at the end
   int64_t kv_stored_bytes = 0;    // K/V bytes of the tokens held at the end
   int64_t kv_full_equivalent_bytes = 0;  // what an uncompressed cache would hold at the end
@@ -61,6 +68,10 @@ struct GenerateHooks {
   std::function<void(const PagedKvCache&)> on_prefilled;
 };
 
+// Runs the request through `driver` (rank 0 of its group). The sequence is closed on
+// every rank before this returns, also on error.
+Result<GenerateResult> generate(StepDriver& driver, const GenerateRequest& request, const GenerateHooks& hooks = {});
+// One process: a local worker over `model`.
 Result<GenerateResult> generate(LlamaForward& model, const GenerateRequest& request, const GenerateHooks& hooks = {});
 
 }  // namespace snap

@@ -12,11 +12,18 @@
 
 namespace snap {
 
-LlamaForward::LlamaForward(const LoadedModel& model) : model_(model) {
+LlamaForward::LlamaForward(const LoadedModel& model, comm::Communicator* comm) : model_(model), comm_(comm) {
   const ModelConfig& c = model.config;
+  const TpShard& s = model.shard;
+  CHECK(s.num_heads > 0 && s.num_kv_heads > 0) << "model without a shard plan (load it with load_model)";
+  if (s.is_sharded()) {
+    CHECK(comm != nullptr) << "a tensor-parallel shard needs a communicator";
+    CHECK_EQ(comm->group_size(), s.tp_size);
+    CHECK_EQ(comm->group_rank(), s.tp_rank);
+  }
   inv_freq_ = kernels::rope_inv_freq(c.rope);
-  attn_params_.num_heads = c.num_heads;
-  attn_params_.num_kv_heads = c.num_kv_heads;
+  attn_params_.num_heads = s.num_heads;
+  attn_params_.num_kv_heads = s.num_kv_heads;
   attn_params_.head_dim = c.head_dim;
   attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   attn_params_.sliding_window = c.sliding_window;
@@ -24,27 +31,31 @@ LlamaForward::LlamaForward(const LoadedModel& model) : model_(model) {
 
 KvCacheShape LlamaForward::kv_shape() const {
   const ModelConfig& c = model_.config;
-  return {c.num_layers, c.num_kv_heads, c.head_dim};
+  return {c.num_layers, model_.shard.num_kv_heads, c.head_dim};
 }
 
+// With replicated KV heads the compressor sees the whole GQA group's queries, so every
+// replica selects what a single process would (project_queries).
 CompressorShape LlamaForward::compressor_shape() const {
   const ModelConfig& c = model_.config;
-  return {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim};
+  return {c.num_layers, model_.shard.q_load_heads, model_.shard.num_kv_heads, c.head_dim};
 }
 
 void LlamaForward::ensure_scratch(int64_t n) {
   if (n <= scratch_tokens_) return;
   const ModelConfig& c = model_.config;
-  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  const TpShard& s = model_.shard;
+  const int64_t q_dim = int64_t{s.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{s.num_kv_heads} * c.head_dim;
   x_.resize(n * c.hidden_size);
   h_.resize(n * c.hidden_size);
   q_.resize(n * q_dim);
+  if (s.q_load_heads != s.num_heads) qg_.resize(n * s.q_load_heads * c.head_dim);
   k_.resize(n * kv_dim);
   v_.resize(n * kv_dim);
   attn_.resize(n * q_dim);
-  gate_.resize(n * c.intermediate_size);
-  up_.resize(n * c.intermediate_size);
+  gate_.resize(n * s.ff_size);
+  up_.resize(n * s.ff_size);
   positions_.resize(n);
   scratch_tokens_ = n;
 }
@@ -58,45 +69,80 @@ void LlamaForward::embed(const int32_t* tokens, int64_t n, float* x) const {
   }
 }
 
+const float* LlamaForward::project_queries(int l, const float* h, const int32_t* positions, int64_t n,
+                                           bool observed) {
+  const ModelConfig& c = model_.config;
+  const TpShard& s = model_.shard;
+  const LayerWeights& lw = model_.weights.layers[l];
+  const float* bias = lw.q_bias.empty() ? nullptr : lw.q_bias.f32();
+  if (s.q_load_heads == s.num_heads) {
+    project(h, lw.q_proj.view(), bias, q_.data(), n);
+    kernels::rope_cpu(q_.data(), positions, n, s.num_heads, c.head_dim, inv_freq_.data());
+    return q_.data();
+  }
+  // Replicated KV head: q_proj holds the group's heads; ours start at head `own` of it.
+  const int64_t own = s.head_begin - s.q_load_begin;
+  const int64_t q_dim = int64_t{s.num_heads} * c.head_dim;
+  if (observed) {
+    const int64_t qg_dim = int64_t{s.q_load_heads} * c.head_dim;
+    project(h, lw.q_proj.view(), bias, qg_.data(), n);
+    kernels::rope_cpu(qg_.data(), positions, n, s.q_load_heads, c.head_dim, inv_freq_.data());
+    for (int64_t t = 0; t < n; ++t) std::memcpy(&q_[t * q_dim], &qg_[t * qg_dim + own * c.head_dim], q_dim * sizeof(float));
+    return qg_.data();
+  }
+  kernels::WeightView mine = lw.q_proj.view();
+  mine.data = static_cast<const uint8_t*>(mine.data) + own * c.head_dim * dtype_row_bytes(mine.dtype, mine.cols);
+  mine.rows = q_dim;
+  project(h, mine, bias ? bias + own * c.head_dim : nullptr, q_.data(), n);
+  kernels::rope_cpu(q_.data(), positions, n, s.num_heads, c.head_dim, inv_freq_.data());
+  return q_.data();
+}
+
 Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_t n,
                                const std::vector<Segment>& segments) {
   const ModelConfig& c = model_.config;
+  const TpShard& sh = model_.shard;
   const LayerWeights& lw = model_.weights.layers[l];
   const int64_t hidden = c.hidden_size;
-  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t q_dim = int64_t{sh.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{sh.num_kv_heads} * c.head_dim;
   auto bias = [](const Matrix& b) { return b.empty() ? nullptr : b.f32(); };
+  bool observed = false;
+  for (const Segment& s : segments) {
+    observed = observed || (s.compressor && s.compressor->active() && !s.compressor->layer_done(l));
+  }
   // --- attention block: projections over every row of the step
   kernels::rms_norm_cpu(x, lw.attn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
-  project(h_.data(), lw.q_proj, bias(lw.q_bias), q_.data(), n);
-  project(h_.data(), lw.k_proj, bias(lw.k_bias), k_.data(), n);
-  project(h_.data(), lw.v_proj, bias(lw.v_bias), v_.data(), n);
-  kernels::rope_cpu(q_.data(), positions, n, c.num_heads, c.head_dim, inv_freq_.data());
-  kernels::rope_cpu(k_.data(), positions, n, c.num_kv_heads, c.head_dim, inv_freq_.data());
+  const float* q_obs = project_queries(l, h_.data(), positions, n, observed);
+  const int64_t q_obs_dim = q_obs == q_.data() ? q_dim : int64_t{sh.q_load_heads} * c.head_dim;
+  project(h_.data(), lw.k_proj.view(), bias(lw.k_bias), k_.data(), n);
+  project(h_.data(), lw.v_proj.view(), bias(lw.v_bias), v_.data(), n);
+  kernels::rope_cpu(k_.data(), positions, n, sh.num_kv_heads, c.head_dim, inv_freq_.data());
   // KV and attention: each sequence on its own cache.
   for (const Segment& s : segments) {
     const int32_t* pos = positions + s.offset;
     SNAP_RETURN_IF_ERROR(
         s.cache->append_layer(l, pos, k_.data() + s.offset * kv_dim, v_.data() + s.offset * kv_dim, s.num_tokens));
     if (s.compressor) {
-      SNAP_RETURN_IF_ERROR(s.compressor->observe(l, q_.data() + s.offset * q_dim, pos, s.num_tokens, *s.cache));
+      SNAP_RETURN_IF_ERROR(s.compressor->observe(l, q_obs + s.offset * q_obs_dim, pos, s.num_tokens, *s.cache));
     }
     kernels::attention_paged_cpu(q_.data() + s.offset * q_dim, pos, s.num_tokens, s.cache->layer_view(l),
                                  attn_params_, attn_.data() + s.offset * q_dim);
   }
-  project(attn_.data(), lw.o_proj, nullptr, h_.data(), n);
+  SNAP_RETURN_IF_ERROR(row_parallel(attn_.data(), lw.o_proj, h_.data(), n));
   for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
   // --- MLP block
   kernels::rms_norm_cpu(x, lw.ffn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
-  project(h_.data(), lw.gate_proj, nullptr, gate_.data(), n);
-  project(h_.data(), lw.up_proj, nullptr, up_.data(), n);
-  kernels::swiglu_cpu(gate_.data(), up_.data(), gate_.data(), n * c.intermediate_size);
-  project(gate_.data(), lw.down_proj, nullptr, h_.data(), n);
+  project(h_.data(), lw.gate_proj.view(), nullptr, gate_.data(), n);
+  project(h_.data(), lw.up_proj.view(), nullptr, up_.data(), n);
+  kernels::swiglu_cpu(gate_.data(), up_.data(), gate_.data(), n * sh.ff_size);
+  SNAP_RETURN_IF_ERROR(row_parallel(gate_.data(), lw.down_proj, h_.data(), n));
   for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
   return {};
 }
 
 void LlamaForward::head(const float* x, int64_t rows, float* logits, bool rowwise) {
+  if (!has_logits() || logits == nullptr) return;
   const ModelConfig& c = model_.config;
   kernels::rms_norm_cpu(x, model_.weights.final_norm.f32(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
   if (rowwise) {
@@ -106,10 +152,18 @@ void LlamaForward::head(const float* x, int64_t rows, float* logits, bool rowwis
   }
 }
 
-void LlamaForward::project(const float* x, const Matrix& w, const float* bias, float* y, int64_t n) {
+void LlamaForward::project(const float* x, const kernels::WeightView& w, const float* bias, float* y, int64_t n) {
   const int64_t p = std::min(prefill_rows_, n);
-  if (p > 0) kernels::matmul_cpu(x, w.view(), bias, y, p);
-  if (n > p) kernels::matmul_rowwise_cpu(x + p * w.cols(), w.view(), bias, y + p * w.rows(), n - p);
+  if (p > 0) kernels::matmul_cpu(x, w, bias, y, p);
+  if (n > p) kernels::matmul_rowwise_cpu(x + p * w.cols, w, bias, y + p * w.rows, n - p);
+}
+
+// The one all-reduce of the model (after o_proj and after down_proj). Without a group
+// (one process) the partial product is already the whole one.
+Status LlamaForward::row_parallel(const float* x, const Matrix& w, float* y, int64_t n) {
+  project(x, w.view(), nullptr, y, n);
+  if (comm_ == nullptr || comm_->group_size() == 1) return {};
+  return comm_->all_reduce_sum(y, n * model_.config.hidden_size, DType::f32);
 }
 
 Status LlamaForward::forward(const int32_t* tokens, int64_t n, PagedKvCache& cache, float* logits, bool all_logits,

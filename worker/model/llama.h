@@ -3,12 +3,19 @@
 // whole prompt through one layer at a time so each layer can be compressed before the
 // next one fills — and decode runs one token at a time. K/V are cached after RoPE; every
 // new token goes to position cache.next_position().
+//
+// Tensor parallelism: when the model is one rank's shard (LoadedModel::shard), this rank
+// attends with its own query heads over its own KV heads, runs its slice of the MLP, and
+// the partial outputs of o_proj and down_proj are summed over the ranks in
+// row_parallel() — the only place activations cross ranks. KV, attention scores and KV
+// selections stay on their rank. Only the rank holding the LM head produces logits.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "common/status.h"
 #include "worker/kv/compressor.h"
 #include "worker/kv/paged_kv_cache.h"
@@ -18,10 +25,15 @@ namespace snap {
 
 class LlamaForward {
  public:
-  // The model must outlive this object.
-  explicit LlamaForward(const LoadedModel& model);
+  // The model (and comm) must outlive this object. comm: the tensor-parallel group of a
+  // sharded model (its group rank and size must match model.shard); may be null when the
+  // model is not sharded.
+  explicit LlamaForward(const LoadedModel& model, comm::Communicator* comm = nullptr);
 
   const ModelConfig& config() const { return model_.config; }
+  const TpShard& shard() const { return model_.shard; }
+  // Whether this rank computes logits (the others pass null logits pointers).
+  bool has_logits() const { return model_.shard.has_lm_head; }
   KvCacheShape kv_shape() const;
   CompressorShape compressor_shape() const;
 
@@ -75,19 +87,30 @@ class LlamaForward {
   };
   // One decoder layer in place on x [n, hidden] at positions[n], rows split into segments.
   Status run_layer(int layer, float* x, const int32_t* positions, int64_t n, const std::vector<Segment>& segments);
-  // Final norm + LM head on rows x [rows, hidden] (row-invariant when rowwise).
+  // Final norm + LM head on rows x [rows, hidden] (row-invariant when rowwise). Nothing on
+  // a rank without the LM head.
   void head(const float* x, int64_t rows, float* logits, bool rowwise);
   // y = x·wᵀ (+bias) for n rows: rows [0, prefill_rows_) in one matmul (sgemm for a prompt
   // chunk), the rest row by row invariant (decode rows of a batch).
-  void project(const float* x, const Matrix& w, const float* bias, float* y, int64_t n);
+  void project(const float* x, const kernels::WeightView& w, const float* bias, float* y, int64_t n);
+  // A row-parallel projection (o_proj, down_proj): this rank's partial product over its
+  // slice of the input features, then the all-reduce that sums the slices over the group
+  // in rank order. y [n, hidden_size].
+  Status row_parallel(const float* x, const Matrix& w, float* y, int64_t n);
+  // The query projection + RoPE for this rank's heads into q_ [n, num_heads*head_dim].
+  // With replicated KV heads and a compressor observing this layer, the whole GQA group's
+  // queries go to qg_ [n, group*head_dim] (the compressor's view) and q_ takes our share.
+  // Returns the queries to show compressors.
+  const float* project_queries(int layer, const float* h, const int32_t* positions, int64_t n, bool observed);
 
   const LoadedModel& model_;
+  comm::Communicator* comm_ = nullptr;  // null or a group of one: no all-reduce
   std::vector<float> inv_freq_;  // [head_dim / 2]
   kernels::AttentionParams attn_params_;
   // Scratch, sized for the largest chunk seen: [num_tokens, ...]
   int64_t scratch_tokens_ = 0;
   int64_t prefill_rows_ = 0;  // rows of the current step that are a prompt chunk
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
+  std::vector<float> x_, h_, q_, qg_, k_, v_, attn_, gate_, up_;
   std::vector<int32_t> positions_;
 };
 

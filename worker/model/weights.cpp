@@ -49,17 +49,24 @@ namespace {
 // ---------------------------------------------------------------------------
 // The list of tensors to load
 
-// One tensor to load: its name in the file, where it goes, and its expected HF shape.
+// One tensor to load: its name in the file, where it goes, its shape in the file, and the
+// slice of it this rank keeps: rows [row_begin, row_begin + rows) and columns [col_begin,
+// col_begin + cols) of the HF layout (a vector's elements are its columns).
 struct Job {
   std::string name;
   Matrix* dst = nullptr;
-  bool vector = false;  // 1-D in the file: shape [cols]; stored as [1, cols]
+  bool vector = false;  // 1-D in the file: shape [file_cols]; stored as [1, cols]
+  int64_t file_rows = 1;
+  int64_t file_cols = 0;
+  int64_t row_begin = 0;
+  int64_t col_begin = 0;
   int64_t rows = 1;
   int64_t cols = 0;
   DType store = DType::f32;
-  int permute_heads = 0;  // > 0: undo llama.cpp's Q/K row permutation with this many heads
+  int permute_heads = 0;  // > 0: undo llama.cpp's Q/K row permutation (heads of head_dim rows)
   int head_dim = 0;
   bool may_keep_blocks = false;  // a matmul weight: may stay in its GGUF block format
+  bool whole() const { return rows == file_rows && cols == file_cols; }
 };
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -71,7 +78,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }
 
 std::vector<int64_t> expected_shape(const Job& j) {
-  return j.vector ? std::vector<int64_t>{j.cols} : std::vector<int64_t>{j.rows, j.cols};
+  return j.vector ? std::vector<int64_t>{j.file_cols} : std::vector<int64_t>{j.file_rows, j.file_cols};
 }
 
 // Tensor names of one format.
@@ -96,45 +103,64 @@ Names hf_names() {
           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
 }
 
-// Builds the job list and sizes `w` (matrices are allocated later, once shapes are checked).
-// permute_qk: the file is a llama-arch GGUF whose Q/K rows the converter permuted.
-std::vector<Job> plan_jobs(const ModelConfig& c, const Names& n, bool load_lm_head, bool permute_qk,
-                           DType proj, ModelWeights* w) {
+// Builds the job list of one shard and sizes `w` (matrices are allocated later, once
+// shapes are checked). permute_qk: the file is a llama-arch GGUF whose Q/K rows the
+// converter permuted. The embedding is always whole; the LM head only on the shard that
+// computes logits.
+std::vector<Job> plan_jobs(const ModelConfig& c, const TpShard& sh, const Names& n, bool load_lm_head,
+                           bool permute_qk, DType proj, ModelWeights* w) {
   std::vector<Job> jobs;
   const int64_t h = c.hidden_size;
-  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t hd = c.head_dim;
+  const int64_t q_dim = int64_t{c.num_heads} * hd;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * hd;
   const int64_t ff = c.intermediate_size;
-  auto mat = [&](std::string name, Matrix* dst, int64_t rows, int64_t cols, DType store, int heads = 0) {
-    jobs.push_back({std::move(name), dst, false, rows, cols, store, permute_qk ? heads : 0, c.head_dim, true});
+  // Column-parallel: rows [row0, row0 + rows) of [file_rows, cols].
+  auto col_par = [&](std::string name, Matrix* dst, int64_t file_rows, int64_t cols, int64_t row0, int64_t rows,
+                     int heads = 0) {
+    Job j{std::move(name), dst, false, file_rows, cols, row0, 0, rows, cols, proj, permute_qk ? heads : 0,
+          c.head_dim, true};
+    jobs.push_back(std::move(j));
   };
-  auto vec = [&](std::string name, Matrix* dst, int64_t len, int heads = 0) {
-    jobs.push_back({std::move(name), dst, true, 1, len, DType::f32, permute_qk ? heads : 0, c.head_dim, false});
+  // Row-parallel: columns [col0, col0 + cols) of [rows, file_cols].
+  auto row_par = [&](std::string name, Matrix* dst, int64_t rows, int64_t file_cols, int64_t col0, int64_t cols) {
+    Job j{std::move(name), dst, false, rows, file_cols, 0, col0, rows, cols, proj, 0, c.head_dim, true};
+    jobs.push_back(std::move(j));
+  };
+  // A vector; elements [e0, e0 + len) of file_len.
+  auto vec = [&](std::string name, Matrix* dst, int64_t file_len, int64_t e0, int64_t len, int heads = 0) {
+    Job j{std::move(name), dst, true, 1, file_len, 0, e0, 1, len, DType::f32, permute_qk ? heads : 0, c.head_dim,
+          false};
+    jobs.push_back(std::move(j));
   };
   // The embedding is the largest single tensor; first, so a worker starts it early. Its
   // rows are looked up, so it is always f32.
-  mat(n.embed, &w->embed, c.vocab_size, h, DType::f32);
+  col_par(n.embed, &w->embed, c.vocab_size, h, 0, c.vocab_size);
+  jobs.back().store = DType::f32;
   jobs.back().may_keep_blocks = false;
-  if (load_lm_head) mat(n.lm_head, &w->lm_head, c.vocab_size, h, proj);
-  vec(n.final_norm, &w->final_norm, h);
+  if (load_lm_head && sh.has_lm_head) col_par(n.lm_head, &w->lm_head, c.vocab_size, h, 0, c.vocab_size);
+  vec(n.final_norm, &w->final_norm, h, 0, h);
+  const int64_t q0 = sh.q_load_begin * hd, q_rows = sh.q_load_heads * hd;
+  const int64_t kv0 = sh.kv_head_begin * hd, kv_rows = sh.num_kv_heads * hd;
+  const int64_t o0 = sh.head_begin * hd, o_cols = sh.num_heads * hd;
   w->layers.resize(static_cast<size_t>(c.num_layers));
   for (int i = 0; i < c.num_layers; ++i) {
     LayerWeights& l = w->layers[static_cast<size_t>(i)];
     const std::string p = n.layer_prefix + std::to_string(i) + ".";
-    vec(p + n.attn_norm, &l.attn_norm, h);
-    mat(p + n.q, &l.q_proj, q_dim, h, proj, c.num_heads);
-    mat(p + n.k, &l.k_proj, kv_dim, h, proj, c.num_kv_heads);
-    mat(p + n.v, &l.v_proj, kv_dim, h, proj);
-    mat(p + n.o, &l.o_proj, h, q_dim, proj);
+    vec(p + n.attn_norm, &l.attn_norm, h, 0, h);
+    col_par(p + n.q, &l.q_proj, q_dim, h, q0, q_rows, c.num_heads);
+    col_par(p + n.k, &l.k_proj, kv_dim, h, kv0, kv_rows, c.num_kv_heads);
+    col_par(p + n.v, &l.v_proj, kv_dim, h, kv0, kv_rows);
+    row_par(p + n.o, &l.o_proj, h, q_dim, o0, o_cols);
     if (c.attention_bias) {
-      vec(p + n.q_bias, &l.q_bias, q_dim, c.num_heads);
-      vec(p + n.k_bias, &l.k_bias, kv_dim, c.num_kv_heads);
-      vec(p + n.v_bias, &l.v_bias, kv_dim);
+      vec(p + n.q_bias, &l.q_bias, q_dim, q0, q_rows, c.num_heads);
+      vec(p + n.k_bias, &l.k_bias, kv_dim, kv0, kv_rows, c.num_kv_heads);
+      vec(p + n.v_bias, &l.v_bias, kv_dim, kv0, kv_rows);
     }
-    vec(p + n.ffn_norm, &l.ffn_norm, h);
-    mat(p + n.gate, &l.gate_proj, ff, h, proj);
-    mat(p + n.up, &l.up_proj, ff, h, proj);
-    mat(p + n.down, &l.down_proj, h, ff, proj);
+    vec(p + n.ffn_norm, &l.ffn_norm, h, 0, h);
+    col_par(p + n.gate, &l.gate_proj, ff, h, sh.ff_begin, sh.ff_size);
+    col_par(p + n.up, &l.up_proj, ff, h, sh.ff_begin, sh.ff_size);
+    row_par(p + n.down, &l.down_proj, h, ff, sh.ff_begin, sh.ff_size);
   }
   return jobs;
 }
@@ -146,6 +172,15 @@ inline int64_t unpermuted_row(int64_t r, int head_dim) {
   const int64_t head = r / head_dim;
   const int64_t within = r % head_dim;
   return head * head_dim + (within % 2) * (head_dim / 2) + within / 2;
+}
+
+// The inverse: the GGUF row holding HF row r (identity when the job is not permuted).
+inline int64_t file_row(const Job& job, int64_t r) {
+  if (job.permute_heads == 0) return r;
+  const int64_t half = job.head_dim / 2;
+  const int64_t head = r / job.head_dim;
+  const int64_t within = r % job.head_dim;
+  return head * job.head_dim + 2 * (within % half) + within / half;
 }
 
 // Writes f32 values into the job's matrix in its storage dtype (an element type).
@@ -224,8 +259,8 @@ Status check_gguf(const GgufFile& g, const Job& job) {
   if (!info.dequantizable)
     return unimplemented(g.path() + ": tensor '" + job.name + "' has type " + info.name +
                          " (no dequantizer for it)");
-  if (job.cols % info.block_size != 0)
-    return data_loss(g.path() + ": tensor '" + job.name + "' rows of " + std::to_string(job.cols) +
+  if (job.file_cols % info.block_size != 0)
+    return data_loss(g.path() + ": tensor '" + job.name + "' rows of " + std::to_string(job.file_cols) +
                      " are not a multiple of the " + info.name + " block size " + std::to_string(info.block_size));
   return Status();
 }
@@ -240,21 +275,23 @@ bool native_dtype(GgmlType type, DType* out) {
   }
 }
 
-// Copies a block-format tensor's rows as they are. ggml and common/dtype.h share the block
-// layout; a Q/K permutation moves whole rows, and a row is whole blocks, so un-permuting
-// is a row copy.
+// Copies a block-format tensor's slice as it is. ggml and common/dtype.h share the block
+// layout; a Q/K permutation moves whole rows within a head, and a row is whole blocks, so
+// un-permuting is a row copy and a block-aligned column slice is a run of blocks.
 Status copy_gguf_blocks(const GgufFile& g, const Job& job) {
   const GgufTensor& t = *g.find_tensor(job.name);
-  SNAP_ASSIGN_OR_RETURN(uint64_t row_bytes, ggml_nbytes(t.type, job.cols));
-  CHECK_EQ(static_cast<int64_t>(row_bytes), dtype_row_bytes(job.store, job.cols));
+  SNAP_ASSIGN_OR_RETURN(uint64_t file_row_bytes, ggml_nbytes(t.type, job.file_cols));
+  SNAP_ASSIGN_OR_RETURN(uint64_t col_offset, ggml_nbytes(t.type, job.col_begin));
+  const auto row_bytes = static_cast<uint64_t>(dtype_row_bytes(job.store, job.cols));
   auto* dst = static_cast<uint8_t*>(job.dst->data());
-  if (job.permute_heads == 0) {
-    std::memcpy(dst, t.data, row_bytes * static_cast<uint64_t>(job.rows));
+  if (job.whole() && job.permute_heads == 0) {
+    std::memcpy(dst, t.data, file_row_bytes * static_cast<uint64_t>(job.rows));
     return Status();
   }
   for (int64_t r = 0; r < job.rows; ++r) {
-    std::memcpy(dst + static_cast<uint64_t>(unpermuted_row(r, job.head_dim)) * row_bytes,
-                t.data + static_cast<uint64_t>(r) * row_bytes, row_bytes);
+    const auto src_row = static_cast<uint64_t>(file_row(job, job.row_begin + r));
+    std::memcpy(dst + static_cast<uint64_t>(r) * row_bytes, t.data + src_row * file_row_bytes + col_offset,
+                row_bytes);
   }
   return Status();
 }
@@ -262,17 +299,19 @@ Status copy_gguf_blocks(const GgufFile& g, const Job& job) {
 Status fill_gguf(const GgufFile& g, const Job& job, float* out) {
   if (dtype_is_quantized(job.store)) return copy_gguf_blocks(g, job);
   const GgufTensor& t = *g.find_tensor(job.name);
-  if (job.permute_heads == 0) return dequantize(t.type, t.data, out, job.rows * job.cols);
-  if (job.vector) {  // a bias: permute elements
-    std::vector<float> tmp(static_cast<size_t>(job.cols));
-    SNAP_RETURN_IF_ERROR(dequantize(t.type, t.data, tmp.data(), job.cols));
-    for (int64_t r = 0; r < job.cols; ++r) out[unpermuted_row(r, job.head_dim)] = tmp[static_cast<size_t>(r)];
+  if (job.whole() && job.permute_heads == 0) return dequantize(t.type, t.data, out, job.rows * job.cols);
+  if (job.vector) {  // a bias or norm: elements [col_begin, col_begin + cols), un-permuted
+    std::vector<float> tmp(static_cast<size_t>(job.file_cols));
+    SNAP_RETURN_IF_ERROR(dequantize(t.type, t.data, tmp.data(), job.file_cols));
+    for (int64_t e = 0; e < job.cols; ++e) out[e] = tmp[static_cast<size_t>(file_row(job, job.col_begin + e))];
     return Status();
   }
-  SNAP_ASSIGN_OR_RETURN(uint64_t row_bytes, ggml_nbytes(t.type, job.cols));
+  SNAP_ASSIGN_OR_RETURN(uint64_t file_row_bytes, ggml_nbytes(t.type, job.file_cols));
+  std::vector<float> row(static_cast<size_t>(job.file_cols));
   for (int64_t r = 0; r < job.rows; ++r) {
-    SNAP_RETURN_IF_ERROR(dequantize(t.type, t.data + static_cast<uint64_t>(r) * row_bytes,
-                                    out + unpermuted_row(r, job.head_dim) * job.cols, job.cols));
+    const auto src_row = static_cast<uint64_t>(file_row(job, job.row_begin + r));
+    SNAP_RETURN_IF_ERROR(dequantize(t.type, t.data + src_row * file_row_bytes, row.data(), job.file_cols));
+    std::memcpy(out + r * job.cols, row.data() + job.col_begin, static_cast<size_t>(job.cols) * sizeof(float));
   }
   return Status();
 }
@@ -286,17 +325,21 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
   // llama.cpp permutes Q/K for llama-arch files only (qwen2 uses NeoX rope and keeps HF order).
   const bool permute = m.config.arch == Arch::llama;
   const Names names = gguf_names();
-  std::vector<Job> jobs = plan_jobs(m.config, names, !m.config.tie_word_embeddings, permute, opts.weight_dtype,
-                                    &m.weights);
+  SNAP_ASSIGN_OR_RETURN(m.shard, make_tp_shard(m.config, opts.tp_rank, opts.tp_size));
+  std::vector<Job> jobs = plan_jobs(m.config, m.shard, names, !m.config.tie_word_embeddings, permute,
+                                    opts.weight_dtype, &m.weights);
   for (const Job& j : jobs) SNAP_RETURN_IF_ERROR(check_gguf(g, j));
   if (opts.keep_quantized) {
     for (Job& j : jobs) {
-      if (j.may_keep_blocks) native_dtype(g.find_tensor(j.name)->type, &j.store);
+      // A column slice stays in blocks only when it starts and ends on a block boundary.
+      if (j.may_keep_blocks && j.col_begin % 32 == 0 && j.cols % 32 == 0) {
+        native_dtype(g.find_tensor(j.name)->type, &j.store);
+      }
     }
     // Tied embeddings: the f32 table serves lookups; the output projection gets its own
     // copy of the file's blocks.
     DType head = DType::f32;
-    if (m.config.tie_word_embeddings && native_dtype(g.find_tensor(names.embed)->type, &head)) {
+    if (m.config.tie_word_embeddings && m.shard.has_lm_head && native_dtype(g.find_tensor(names.embed)->type, &head)) {
       Job lm = *std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) { return j.dst == &m.weights.embed; });
       lm.dst = &m.weights.lm_head;
       lm.store = head;
@@ -321,27 +364,26 @@ Status check_safetensors(const SafetensorsModel& st, const std::string& dir, con
   return Status();
 }
 
-// Tensor data in a file need not be aligned for its dtype: read through memcpy.
+// Tensor data in a file need not be aligned for its dtype: read through memcpy. Reads the
+// job's slice, rows [row_begin, +rows) × columns [col_begin, +cols).
 Status fill_safetensors(const SafetensorsModel& st, const Job& job, float* out) {
   const SafetensorsTensor& t = *st.find(job.name);
-  const int64_t n = t.num_elements;
+  auto widen = [&](auto convert, int64_t elem_bytes) {
+    for (int64_t r = 0; r < job.rows; ++r) {
+      const uint8_t* src = t.data + ((job.row_begin + r) * job.file_cols + job.col_begin) * elem_bytes;
+      float* dst = out + r * job.cols;
+      for (int64_t c = 0; c < job.cols; ++c) dst[c] = convert(src + c * elem_bytes);
+    }
+  };
   switch (t.dtype) {
     case DType::f32:
-      std::memcpy(out, t.data, static_cast<size_t>(n) * sizeof(float));
+      widen([](const uint8_t* p) { float f; std::memcpy(&f, p, 4); return f; }, 4);
       break;
     case DType::f16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, t.data + 2 * i, 2);
-        out[i] = f16_to_f32(h);
-      }
+      widen([](const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return f16_to_f32(h); }, 2);
       break;
     case DType::bf16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, t.data + 2 * i, 2);
-        out[i] = bf16_to_f32(h);
-      }
+      widen([](const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return bf16_to_f32(h); }, 2);
       break;
     case DType::q8_0:
     case DType::q4_0:
@@ -358,7 +400,8 @@ Result<LoadedModel> load_hf_dir(const std::string& dir, const LoadOptions& opts)
   m.format = "safetensors";
   SNAP_ASSIGN_OR_RETURN(m.config, config_from_hf_json((std::filesystem::path(dir) / "config.json").string()));
   SNAP_ASSIGN_OR_RETURN(SafetensorsModel st, SafetensorsModel::open(dir));
-  std::vector<Job> jobs = plan_jobs(m.config, hf_names(), !m.config.tie_word_embeddings, false,
+  SNAP_ASSIGN_OR_RETURN(m.shard, make_tp_shard(m.config, opts.tp_rank, opts.tp_size));
+  std::vector<Job> jobs = plan_jobs(m.config, m.shard, hf_names(), !m.config.tie_word_embeddings, false,
                                     opts.weight_dtype, &m.weights);
   for (const Job& j : jobs) SNAP_RETURN_IF_ERROR(check_safetensors(st, dir, j));
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, [&st](const Job& j, float* out) { return fill_safetensors(st, j, out); }));

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "kernels/kernels.h"
 #include "worker/model/config.h"
+#include "worker/model/shard.h"
 
 namespace snap {
 
@@ -49,17 +50,20 @@ class Matrix {
   std::unique_ptr<void, Free> data_;
 };
 
+// Shapes are those of one tensor-parallel shard (TpShard; the whole model when tp = 1):
+// q heads = shard.q_load_heads, kv heads = shard.num_kv_heads, o_proj's columns are the
+// shard's own heads (shard.num_heads), ff = shard.ff_size.
 struct LayerWeights {
   Matrix attn_norm;             // [1, hidden_size] f32
-  Matrix q_proj;                // [num_heads*head_dim, hidden_size]
-  Matrix k_proj;                // [num_kv_heads*head_dim, hidden_size]
-  Matrix v_proj;                // [num_kv_heads*head_dim, hidden_size]
+  Matrix q_proj;                // [q heads*head_dim, hidden_size]
+  Matrix k_proj;                // [kv heads*head_dim, hidden_size]
+  Matrix v_proj;                // [kv heads*head_dim, hidden_size]
   Matrix q_bias, k_bias, v_bias;  // [1, ...] f32, empty unless attention_bias
   Matrix o_proj;                // [hidden_size, num_heads*head_dim]
   Matrix ffn_norm;              // [1, hidden_size] f32
-  Matrix gate_proj;             // [intermediate_size, hidden_size]
-  Matrix up_proj;               // [intermediate_size, hidden_size]
-  Matrix down_proj;             // [hidden_size, intermediate_size]
+  Matrix gate_proj;             // [ff, hidden_size]
+  Matrix up_proj;               // [ff, hidden_size]
+  Matrix down_proj;             // [hidden_size, ff]
 };
 
 struct ModelWeights {
@@ -79,12 +83,18 @@ struct LoadOptions {
   // Projection matrices and the LM head whose GGUF type is q8_0, q4_0 or q4_1 stay in that
   // format (the matmul dequantizes on the fly); false dequantizes them to weight_dtype.
   bool keep_quantized = true;
+  // Tensor-parallel rank and size: only that rank's shard is read from the file (the
+  // rest of the file is never touched, beyond its header). A row-parallel shard whose
+  // columns do not start and end on a block boundary is dequantized instead of kept.
+  int tp_rank = 0;
+  int tp_size = 1;
 };
 
 struct LoadedModel {
   std::string path;
   std::string format;  // "gguf" or "safetensors"
-  ModelConfig config;
+  ModelConfig config;  // the whole model's
+  TpShard shard;       // what `weights` holds of it
   ModelWeights weights;
 };
 

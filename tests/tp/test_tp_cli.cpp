@@ -1,0 +1,173 @@
+// `snapserve generate --tp N` under mpirun, as a user runs it (ctest label mpi):
+//   - TP=3 prints the same text as one process (snapkv), and its stderr report's
+//     all-reduce bytes equal 2 x layers x tokens x hidden x 4;
+//   - a --tp that does not match the launcher, or does not divide the model's heads, is a
+//     one-line error, not a hang;
+//   - killing one rank mid-generation ends the whole job non-zero, with mpirun naming the
+//     rank, within k_bound_seconds (a `timeout` at 120 s would show up as exit 124).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string k_bin = std::string(SNAP_BINARY_DIR) + "/snapserve";
+const std::string k_mpirun = std::string(SNAP_MPIEXEC) + " --allow-run-as-root --oversubscribe";
+constexpr double k_bound_seconds = 30.0;
+
+std::string model_path() {
+  if (const char* env = std::getenv("SNAP_MODEL"); env && *env) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "") + "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CmdResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs `cmd` with stdout and stderr captured to files.
+CmdResult run(const std::string& cmd) {
+  const std::string base = (fs::temp_directory_path() / ("snap_tp_cli_" + std::to_string(::getpid()))).string();
+  const int status = std::system((cmd + " > " + base + ".out 2> " + base + ".err").c_str());
+  CmdResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+  return r;
+}
+
+class TpCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(model_path())) GTEST_FAIL() << model_path() << " missing (run scripts/setup.sh)";
+    dir_ = (fs::temp_directory_path() / ("snap_tp_cli_dir_" + std::to_string(::getpid()))).string();
+    fs::create_directories(dir_);
+    prompt_ = dir_ + "/prompt.txt";
+    std::ofstream(prompt_) << "Write a short story about a lighthouse keeper who finds a message in a bottle. "
+                              "Describe the storm, the bottle, the message and what the keeper does next.";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string generate_args(int64_t max_tokens) const {
+    return " generate --model " + model_path() + " --prompt-file " + prompt_ + " --max-tokens " +
+           std::to_string(max_tokens) + " --threads 1 --ignore-eos";
+  }
+
+  std::string dir_, prompt_;
+};
+
+int64_t find_int(const std::string& text, const std::string& pattern) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(pattern))) return -1;
+  return std::stoll(m[1].str());
+}
+
+TEST_F(TpCli, SameTextAsOneProcessAndExactBytes) {
+  const std::string args = generate_args(40) + " --chat --kv-policy snapkv --kv-budget 32 --kv-window 8";
+  const CmdResult one = run(k_bin + args);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const CmdResult tp = run(k_mpirun + " -np 3 " + k_bin + args + " --tp 3");
+  ASSERT_EQ(tp.exit_code, 0) << tp.err;
+  EXPECT_GT(one.out.size(), 40u);
+  EXPECT_EQ(tp.out, one.out);
+  // The report: "prompt tokens P", "generated tokens G", "all_reduce_sum C calls, B bytes".
+  const int64_t prompt = find_int(tp.err, R"(prompt tokens (\d+))");
+  const int64_t generated = find_int(tp.err, R"(generated tokens (\d+))");
+  const int64_t bytes = find_int(tp.err, R"(all_reduce_sum \d+ calls, (\d+) bytes)");
+  const int64_t calls = find_int(tp.err, R"(all_reduce_sum (\d+) calls)");
+  ASSERT_GT(prompt, 0) << tp.err;
+  EXPECT_EQ(generated, 40);
+  const int64_t layers = 30, hidden = 576;
+  EXPECT_EQ(bytes, 2 * layers * (prompt + generated - 1) * hidden * 4) << tp.err;
+  EXPECT_EQ(calls % (2 * layers), 0) << tp.err;
+  EXPECT_NE(tp.err.find("tensor parallel 3 ranks (mpi)"), std::string::npos) << tp.err;
+  EXPECT_EQ(find_int(tp.err, R"(per decoded token: all_reduce_sum (\d+) bytes)"), 2 * layers * hidden * 4) << tp.err;
+}
+
+TEST_F(TpCli, TpMustMatchTheLauncher) {
+  const CmdResult r = run(k_bin + generate_args(4) + " --tp 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--tp 2 but the launcher started 1 process(es)"), std::string::npos) << r.err;
+}
+
+TEST_F(TpCli, IndivisibleHeadsEndEveryRank) {
+  const auto start = std::chrono::steady_clock::now();
+  const CmdResult r = run("timeout 120 " + k_mpirun + " -np 2 " + k_bin + generate_args(4) + " --tp 2");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, 124) << "hung until timeout\n" << r.err;
+  EXPECT_LT(seconds, k_bound_seconds);
+  EXPECT_NE(r.err.find("--tp 2 does not divide the model's 9 query heads"), std::string::npos) << r.err;
+}
+
+// The pid of the process whose environment says OMPI_COMM_WORLD_RANK=<rank> and whose
+// command line mentions `marker`, or -1.
+pid_t find_rank(int rank, const std::string& marker) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = slurp(e.path().string() + "/cmdline");
+    for (char& ch : cmdline) ch = ch == '\0' ? ' ' : ch;
+    if (cmdline.find(marker) == std::string::npos || cmdline.find("snapserve generate") == std::string::npos) continue;
+    std::string env = slurp(e.path().string() + "/environ");
+    if (env.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos) {
+      return static_cast<pid_t>(std::stol(name));
+    }
+  }
+  return -1;
+}
+
+TEST_F(TpCli, KilledRankEndsTheJob) {
+  const std::string out = dir_ + "/job.out", err = dir_ + "/job.err", rc = dir_ + "/job.rc";
+  const std::string job = "timeout 120 " + k_mpirun + " -np 3 " + k_bin + generate_args(4000) + " --tp 3 > " + out +
+                          " 2> " + err + "; echo $? > " + rc;
+  ASSERT_EQ(std::system(("(" + job + ") &").c_str()), 0);
+  // Wait until rank 0 streams generated text: the ranks are decoding together.
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  while (slurp(out).size() < 20 && elapsed() < 60 && !fs::exists(rc)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(slurp(out).size(), 20u) << "generation never started\n" << slurp(err);
+  const pid_t victim = find_rank(1, prompt_);
+  ASSERT_GT(victim, 0) << "rank 1 not found";
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  while (!fs::exists(rc) || slurp(rc).empty()) {
+    if (elapsed() > 150) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const std::string code = slurp(rc);
+  ASSERT_FALSE(code.empty()) << "job still running " << seconds << " s after the kill";
+  const int exit_code = std::stoi(code);
+  EXPECT_NE(exit_code, 0);
+  EXPECT_NE(exit_code, 124) << "mpirun hung until timeout killed it\n" << slurp(err);
+  EXPECT_LT(seconds, k_bound_seconds);
+  const std::string log = slurp(err);
+  EXPECT_NE(log.find("rank 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("signal 9"), std::string::npos) << log;
+  EXPECT_EQ(log.find("generated tokens 4000"), std::string::npos) << log;
+}
+
+}  // namespace

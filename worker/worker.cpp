@@ -1,0 +1,192 @@
+// Worker::run (open → forward → compress → dump → close), StepDriver and worker_loop.
+#include "worker/worker.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+namespace snap {
+
+Worker::Worker(LlamaForward& forward) : forward_(forward) {}
+
+const Worker::Sequence* Worker::sequence(uint64_t seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+Status Worker::run(const StepPlan& plan, std::span<float* const> logits) {
+  if (plan.shutdown) return {};
+  if (plan.pool_bytes > 0) {
+    if (!seqs_.empty()) {
+      return internal_error("step plan resizes the KV pool while " + std::to_string(seqs_.size()) +
+                                 " sequences are open");
+    }
+    BlockPoolConfig pc;
+    pc.block_size = plan.block_size;
+    pc.head_dim = config().head_dim;
+    pc.capacity_bytes = plan.pool_bytes;
+    pool_.reset();
+    SNAP_ASSIGN_OR_RETURN(pool_, BlockPool::create(pc));
+  }
+  for (const SequenceOpen& o : plan.open) {
+    if (!pool_) return internal_error("step plan opens a sequence before sizing the KV pool");
+    if (seqs_.count(o.seq)) return invalid_argument("step plan opens sequence " + std::to_string(o.seq) + " twice");
+    SNAP_RETURN_IF_ERROR(o.policy.validate());
+    Sequence s;
+    s.cache = std::make_unique<PagedKvCache>(*pool_, forward_.kv_shape());
+    s.compressor = std::make_unique<KvCompressor>(o.policy, forward_.compressor_shape(), o.compress_at);
+    seqs_.emplace(o.seq, std::move(s));
+  }
+  if (!plan.items.empty()) SNAP_RETURN_IF_ERROR(run_items(plan, logits));
+  for (const SelectionDump& d : plan.dumps) SNAP_RETURN_IF_ERROR(write_selection(d));
+  for (uint64_t seq : plan.close) seqs_.erase(seq);
+  return {};
+}
+
+Status Worker::run_items(const StepPlan& plan, std::span<float* const> logits) {
+  const bool want_logits = !logits.empty();
+  if (want_logits && logits.size() != plan.items.size()) {
+    return invalid_argument("step plan has " + std::to_string(plan.items.size()) + " items but " +
+                            std::to_string(logits.size()) + " logits buffers");
+  }
+  if (want_logits && !forward_.has_logits()) return invalid_argument("logits asked of a rank without the LM head");
+  std::vector<Sequence*> seqs;
+  for (const StepItem& it : plan.items) {
+    auto found = seqs_.find(it.seq);
+    if (found == seqs_.end()) return invalid_argument("step plan runs sequence " + std::to_string(it.seq) + ", which is not open");
+    Sequence& s = found->second;
+    if (it.tokens.empty()) return invalid_argument("step plan item of sequence " + std::to_string(it.seq) + " has no tokens");
+    if (s.cache->next_position() != it.start_position) {
+      return internal_error("rank " + std::to_string(shard().tp_rank) + ": sequence " + std::to_string(it.seq) +
+                            " is at position " + std::to_string(s.cache->next_position()) + ", the plan says " +
+                            std::to_string(it.start_position));
+    }
+    for (int32_t id : it.tokens) {
+      if (id < 0 || id >= config().vocab_size) return invalid_argument("step plan token id " + std::to_string(id) + " out of range");
+    }
+    seqs.push_back(&s);
+  }
+  auto out = [&](size_t i) { return want_logits && plan.items[i].logits != LogitsWanted::none ? logits[i] : nullptr; };
+  // The compressor sees a prompt chunk only while the cache is below its compression point.
+  auto observing = [](const Sequence& s) {
+    KvCompressor* c = s.compressor.get();
+    return c->active() && s.cache->next_position() < c->compress_at() ? c : nullptr;
+  };
+  const StepItem& first = plan.items[0];
+  if (first.layerwise) {
+    if (plan.items.size() != 1) return invalid_argument("a layer-wise prefill must be alone in its step plan");
+    KvCompressor& c = *seqs[0]->compressor;
+    if (!c.active() || c.compress_at() != static_cast<int64_t>(first.tokens.size()) || first.start_position != 0) {
+      return invalid_argument("layer-wise prefill needs a compressing policy over the whole prompt");
+    }
+    SNAP_RETURN_IF_ERROR(forward_.prefill_layerwise(first.tokens.data(), static_cast<int64_t>(first.tokens.size()),
+                                                    *seqs[0]->cache, out(0), plan.chunk, c));
+  } else if (plan.items.size() == 1) {
+    // One sequence: the plain forward (one matmul over its rows, like `generate`).
+    SNAP_RETURN_IF_ERROR(forward_.forward(first.tokens.data(), static_cast<int64_t>(first.tokens.size()),
+                                          *seqs[0]->cache, out(0), first.logits == LogitsWanted::all,
+                                          first.prefill ? observing(*seqs[0]) : nullptr));
+  } else {
+    std::vector<LlamaForward::BatchItem> batch;
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+      const StepItem& it = plan.items[i];
+      if (it.layerwise) return invalid_argument("a layer-wise prefill must be alone in its step plan");
+      if (it.logits == LogitsWanted::all) return invalid_argument("all-position logits need a step plan of one item");
+      batch.push_back({seqs[i]->cache.get(), it.tokens.data(), static_cast<int64_t>(it.tokens.size()),
+                       it.prefill ? observing(*seqs[i]) : nullptr, out(i), it.prefill});
+    }
+    SNAP_RETURN_IF_ERROR(forward_.forward_batch(batch));
+  }
+  // A sequence whose prompt just reached the compression point is compressed, every layer.
+  for (Sequence* s : seqs) {
+    KvCompressor& c = *s->compressor;
+    if (!c.active() || s->cache->next_position() != c.compress_at()) continue;
+    for (int l = 0; l < config().num_layers; ++l) SNAP_RETURN_IF_ERROR(c.compress_layer(l, *s->cache));
+  }
+  return {};
+}
+
+// Per layer and KV head of this rank, the positions the cache holds; with tp > 1 one file
+// per rank (path.rank<r>) naming the global KV heads it covers.
+Status Worker::write_selection(const SelectionDump& d) const {
+  const Sequence* s = sequence(d.seq);
+  if (!s) return invalid_argument("selection dump of sequence " + std::to_string(d.seq) + ", which is not open");
+  const KvPolicy& p = s->compressor->policy();
+  const TpShard& sh = shard();
+  nlohmann::json doc;
+  doc["policy"] = kv_policy_name(p.kind);
+  doc["prompt_tokens"] = d.prompt_tokens;
+  doc["compressed_tokens"] = s->compressor->compress_at();
+  doc["budget"] = p.budget;
+  doc["window"] = p.window;
+  doc["kernel"] = p.kernel;
+  doc["pooling"] = p.pooling == KvPooling::max ? "max" : "avg";
+  doc["gqa"] = p.aggregation == GqaAggregation::mean ? "mean" : "max";
+  doc["tp_rank"] = sh.tp_rank;
+  doc["tp_size"] = sh.tp_size;
+  doc["kv_head_begin"] = sh.kv_head_begin;
+  doc["kv_replicas"] = sh.kv_replicas;
+  doc["layers"] = nlohmann::json::array();
+  for (int l = 0; l < config().num_layers; ++l) {
+    nlohmann::json heads = nlohmann::json::array();
+    for (int g = 0; g < sh.num_kv_heads; ++g) heads.push_back(s->cache->positions(l, g));
+    doc["layers"].push_back({{"layer", l}, {"heads", heads}});
+  }
+  const std::string path = sh.tp_size > 1 ? d.path + ".rank" + std::to_string(sh.tp_rank) : d.path;
+  std::ofstream f(path);
+  f << doc.dump() << "\n";
+  if (!f) return invalid_argument(path + ": cannot write the KV selection dump");
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+// StepDriver and worker_loop: a plan travels as two broadcasts from group rank 0, its
+// size (one i64) and its bytes.
+
+StepDriver::StepDriver(Worker& local, comm::Communicator* comm) : local_(local), comm_(comm) {}
+
+namespace {
+
+bool has_group(const comm::Communicator* comm) { return comm != nullptr && comm->group_size() > 1; }
+
+Status send_plan(comm::Communicator& comm, const StepPlan& plan) {
+  std::vector<uint8_t> bytes = encode_step_plan(plan);
+  int64_t size = static_cast<int64_t>(bytes.size());
+  SNAP_RETURN_IF_ERROR(comm.broadcast_bytes(&size, sizeof size, 0));
+  return comm.broadcast_bytes(bytes.data(), size, 0);
+}
+
+}  // namespace
+
+Status StepDriver::run(const StepPlan& plan, std::span<float* const> logits) {
+  if (has_group(comm_)) SNAP_RETURN_IF_ERROR(send_plan(*comm_, plan));
+  return local_.run(plan, logits);
+}
+
+Status StepDriver::shutdown() {
+  if (shut_down_) return {};
+  shut_down_ = true;
+  if (!has_group(comm_)) return {};
+  StepPlan plan;
+  plan.shutdown = true;
+  return send_plan(*comm_, plan);
+}
+
+Status worker_loop(Worker& worker, comm::Communicator& comm) {
+  std::vector<uint8_t> bytes;
+  for (;;) {
+    int64_t size = 0;
+    SNAP_RETURN_IF_ERROR(comm.broadcast_bytes(&size, sizeof size, 0));
+    if (size <= 0 || size > (int64_t{1} << 32)) return data_loss("step plan of " + std::to_string(size) + " bytes");
+    bytes.resize(static_cast<size_t>(size));
+    SNAP_RETURN_IF_ERROR(comm.broadcast_bytes(bytes.data(), size, 0));
+    SNAP_ASSIGN_OR_RETURN(StepPlan plan, decode_step_plan(bytes));
+    if (plan.shutdown) return {};
+    Status st = worker.run(plan);
+    if (!st.ok()) std::fprintf(stderr, "snapserve: rank %d: step failed: %s\n", comm.world().rank(), st.message().c_str());
+  }
+}
+
+}  // namespace snap
