@@ -16,7 +16,7 @@ pkgs=(build-essential cmake pkg-config unzip python3-pip
       nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       libboost-dev libboost-system-dev prometheus-cpp-dev prometheus
-      libopenmpi-dev openmpi-bin)
+      libopenmpi-dev openmpi-bin slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
