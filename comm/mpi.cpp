@@ -10,10 +10,13 @@
 // A rank that hangs without dying is not detected here.
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "comm/backends.h"
@@ -148,11 +151,31 @@ class MpiCommunicator final : public Communicator {
     return do_broadcast_bytes(buf, count * dtype_size(dtype), root);
   }
 
+  // Worker ranks wait here for rank 0's next step plan, which may be seconds away when a
+  // server is idle. MPI_Bcast would spin a core the whole time (and on CPU ranks that
+  // share cores, slow rank 0 down), so a receiving rank polls a non-blocking broadcast:
+  // it spins for the first 200 µs (a decode step's plan arrives well within that), then
+  // sleeps between polls, backing off to 1 ms.
   Status do_broadcast_bytes(void* buf, int64_t num_bytes, int root) override {
     SNAP_RETURN_IF_ERROR(check_int_bytes("broadcast", num_bytes));
     if (num_bytes == 0) return Status();
-    SNAP_MPI_CALL(MPI_Bcast, buf, static_cast<int>(num_bytes), MPI_BYTE, root, comm_);
-    return Status();
+    // Every rank uses MPI_Ibcast: a blocking and a non-blocking collective never match.
+    MPI_Request req = MPI_REQUEST_NULL;
+    SNAP_MPI_CALL(MPI_Ibcast, buf, static_cast<int>(num_bytes), MPI_BYTE, root, comm_, &req);
+    if (group_rank() == root) {
+      SNAP_MPI_CALL(MPI_Wait, &req, MPI_STATUS_IGNORE);
+      return Status();
+    }
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+    auto nap = std::chrono::microseconds(20);
+    for (;;) {
+      int done = 0;
+      SNAP_MPI_CALL(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
+      if (done) return Status();
+      if (std::chrono::steady_clock::now() < spin_until) continue;
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
   }
 
   Status do_barrier() override {

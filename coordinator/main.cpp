@@ -182,19 +182,9 @@ int run_generate(const GenerateArgs& a) {
   const double t_load = now_seconds();
   auto model = load_model(a.model, opts);
   const double load_seconds = now_seconds() - t_load;
-  if (comm) {
-    // No rank goes on alone: a rank whose shard failed to load tells the others here.
-    float failed = model.ok() ? 0.0f : 1.0f;
-    Status st = comm->all_reduce_sum(std::span<float>(&failed, 1));
-    if (!st.ok()) return fail(st.message());
-    if (failed > 0) {
-      if (!model.ok()) return fail("rank " + std::to_string(world->rank()) + ": " + model.status().message());
-      if (world->is_leader()) fail(std::to_string(static_cast<int>(failed)) + " rank(s) failed to load their shard (see above)");
-      return 1;
-    }
-    comm->reset_stats();
-  }
-  if (!model.ok()) return fail(model.status().message());
+  // No rank goes on alone: a rank whose shard failed to load tells the others here.
+  Status loaded = agree_on_load(comm.get(), model.ok() ? Status() : model.status());
+  if (!loaded.ok()) return fail(loaded.message());
   LlamaForward forward(*model, comm.get());
   Worker worker(forward);
   if (!world->is_leader()) {

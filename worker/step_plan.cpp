@@ -124,6 +124,7 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& plan) {
   }
   w.put<uint64_t>(plan.close.size());
   for (uint64_t s : plan.close) w.put<uint64_t>(s);
+  w.put<uint8_t>(plan.report ? 1 : 0);
   return w.take();
 }
 
@@ -170,6 +171,9 @@ Result<StepPlan> decode_step_plan(std::span<const uint8_t> bytes) {
   if (!r.get_count(&n, 8)) return bad("bad close count");
   plan.close.resize(n);
   for (uint64_t& s : plan.close) r.get(&s);
+  uint8_t report = 0;
+  if (!r.get(&report) || report > 1) return bad("bad report flag");
+  plan.report = report != 0;
   if (!r.done()) return bad("trailing bytes");
   return plan;
 }

@@ -49,6 +49,8 @@ struct StepPlan {
   std::vector<StepItem> items;  // one forward over all of them (none: no forward)
   std::vector<SelectionDump> dumps;
   std::vector<uint64_t> close;  // freed after the rest
+  // After the rest, every rank sends rank 0 its RankReport (worker.h), in one all_gather.
+  bool report = false;
 };
 
 std::vector<uint8_t> encode_step_plan(const StepPlan& plan);

@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/sys.h"
+
 #include <cstdio>
 #include <fstream>
 #include <vector>
@@ -83,12 +85,14 @@ Status Worker::run_items(const StepPlan& plan, std::span<float* const> logits) {
     }
     SNAP_RETURN_IF_ERROR(forward_.prefill_layerwise(first.tokens.data(), static_cast<int64_t>(first.tokens.size()),
                                                     *seqs[0]->cache, out(0), plan.chunk, c));
-  } else if (plan.items.size() == 1) {
-    // One sequence: the plain forward (one matmul over its rows, like `generate`).
+  } else if (first.logits == LogitsWanted::all) {
+    // Every position's logits (--dump-logits): the single-sequence forward.
+    if (plan.items.size() != 1) return invalid_argument("all-position logits need a step plan of one item");
     SNAP_RETURN_IF_ERROR(forward_.forward(first.tokens.data(), static_cast<int64_t>(first.tokens.size()),
-                                          *seqs[0]->cache, out(0), first.logits == LogitsWanted::all,
-                                          first.prefill ? observing(*seqs[0]) : nullptr));
+                                          *seqs[0]->cache, out(0), true, first.prefill ? observing(*seqs[0]) : nullptr));
   } else {
+    // The batched forward, also for one item: a sequence gets the same logits alone or
+    // batched (LlamaForward::forward_batch).
     std::vector<LlamaForward::BatchItem> batch;
     for (size_t i = 0; i < plan.items.size(); ++i) {
       const StepItem& it = plan.items[i];
@@ -141,6 +145,22 @@ Status Worker::write_selection(const SelectionDump& d) const {
   return {};
 }
 
+RankReport Worker::report(const comm::Communicator* comm) const {
+  RankReport r;
+  if (pool_) {
+    r.kv_resident_bytes = pool_->resident_bytes();
+    r.kv_full_equivalent_bytes = pool_->full_equivalent_bytes();
+  }
+  r.rss_bytes = current_rss_bytes();
+  if (comm) {
+    const comm::CommStats st = comm->stats();
+    r.all_reduce_bytes = st[comm::CommOp::all_reduce_sum].bytes;
+    r.broadcast_bytes = st[comm::CommOp::broadcast].bytes;
+    r.all_gather_bytes = st[comm::CommOp::all_gather].bytes;
+  }
+  return r;
+}
+
 // ---------------------------------------------------------------------------
 // StepDriver and worker_loop: a plan travels as two broadcasts from group rank 0, its
 // size (one i64) and its bytes.
@@ -151,6 +171,17 @@ namespace {
 
 bool has_group(const comm::Communicator* comm) { return comm != nullptr && comm->group_size() > 1; }
 
+// RankReports travel as raw bits in an f32 all_gather (a copy, no arithmetic).
+constexpr int64_t k_report_words = sizeof(RankReport) / sizeof(float);
+static_assert(sizeof(RankReport) % sizeof(float) == 0);
+
+Status gather_reports(comm::Communicator& comm, const RankReport& mine, std::vector<RankReport>* all) {
+  std::vector<RankReport> recv(static_cast<size_t>(comm.group_size()));
+  SNAP_RETURN_IF_ERROR(comm.all_gather(&mine, recv.data(), k_report_words, DType::f32));
+  if (all) *all = std::move(recv);
+  return {};
+}
+
 Status send_plan(comm::Communicator& comm, const StepPlan& plan) {
   std::vector<uint8_t> bytes = encode_step_plan(plan);
   int64_t size = static_cast<int64_t>(bytes.size());
@@ -160,9 +191,28 @@ Status send_plan(comm::Communicator& comm, const StepPlan& plan) {
 
 }  // namespace
 
-Status StepDriver::run(const StepPlan& plan, std::span<float* const> logits) {
+Status StepDriver::run(const StepPlan& plan, std::span<float* const> logits, std::vector<RankReport>* reports) {
   if (has_group(comm_)) SNAP_RETURN_IF_ERROR(send_plan(*comm_, plan));
-  return local_.run(plan, logits);
+  const Status st = local_.run(plan, logits);
+  if (plan.report) {
+    // Always joined, also after an error: the other ranks are waiting in it.
+    if (has_group(comm_)) {
+      SNAP_RETURN_IF_ERROR(gather_reports(*comm_, local_.report(comm_), reports));
+    } else if (reports) {
+      *reports = {local_.report(comm_)};
+    }
+  }
+  return st;
+}
+
+Status agree_on_load(comm::Communicator* comm, const Status& local) {
+  if (!has_group(comm)) return local;
+  float failed = local.ok() ? 0.0f : 1.0f;
+  SNAP_RETURN_IF_ERROR(comm->all_reduce_sum(std::span<float>(&failed, 1)));
+  if (!local.ok()) return Status(local.code(), "rank " + std::to_string(comm->world().rank()) + ": " + local.message());
+  if (failed > 0) return internal_error(std::to_string(static_cast<int>(failed)) + " other rank(s) failed to load their shard (see their message)");
+  comm->reset_stats();  // the counters start with the model's traffic
+  return {};
 }
 
 Status StepDriver::shutdown() {
@@ -186,6 +236,7 @@ Status worker_loop(Worker& worker, comm::Communicator& comm) {
     if (plan.shutdown) return {};
     Status st = worker.run(plan);
     if (!st.ok()) std::fprintf(stderr, "snapserve: rank %d: step failed: %s\n", comm.world().rank(), st.message().c_str());
+    if (plan.report) SNAP_RETURN_IF_ERROR(gather_reports(comm, worker.report(&comm), nullptr));
   }
 }
 

@@ -21,6 +21,16 @@
 
 namespace snap {
 
+// What a rank tells rank 0 for the metrics (StepPlan::report).
+struct RankReport {
+  int64_t kv_resident_bytes = 0;         // blocks in use in this rank's pool
+  int64_t kv_full_equivalent_bytes = 0;  // what its sequences' uncompressed KV would take
+  int64_t rss_bytes = 0;                 // process resident memory
+  int64_t all_reduce_bytes = 0;          // comm counters (communicator.h), cumulative
+  int64_t broadcast_bytes = 0;
+  int64_t all_gather_bytes = 0;
+};
+
 class Worker {
  public:
   // forward must outlive the worker.
@@ -43,6 +53,8 @@ class Worker {
   // An open sequence of this rank, or null.
   const Sequence* sequence(uint64_t seq) const;
   const BlockPool* pool() const { return pool_.get(); }
+  // This rank's figures; comm (may be null) gives the byte counters.
+  RankReport report(const comm::Communicator* comm) const;
 
  private:
   Status run_items(const StepPlan& plan, std::span<float* const> logits);
@@ -61,7 +73,8 @@ class StepDriver {
   StepDriver(Worker& local, comm::Communicator* comm);
   Worker& local() { return local_; }
   comm::Communicator* comm() { return comm_; }
-  Status run(const StepPlan& plan, std::span<float* const> logits = {});
+  // reports: when plan.report, every rank's RankReport, indexed by group rank.
+  Status run(const StepPlan& plan, std::span<float* const> logits = {}, std::vector<RankReport>* reports = nullptr);
   // Ends the other ranks' worker_loop. Idempotent.
   Status shutdown();
 
@@ -70,6 +83,12 @@ class StepDriver {
   comm::Communicator* comm_;
   bool shut_down_ = false;
 };
+
+// Every rank of a group calls this once after loading its shard, with how that went: an
+// error on any rank becomes an error on all ("rank 2: <message>" on that rank, "another
+// rank failed to load its shard" elsewhere), so no rank goes on alone and none hangs.
+// Without a group it returns `local`.
+Status agree_on_load(comm::Communicator* comm, const Status& local);
 
 // The other ranks: receive plans from group rank 0 and run them until a shutdown plan.
 // A plan's own error is printed and the loop goes on (rank 0 saw the same error and

@@ -11,10 +11,15 @@
 #include <memory>
 #include <thread>
 
+#include <omp.h>
+
+#include "comm/bootstrap.h"
 #include "coordinator/engine/model_path.h"
 #include "coordinator/http/server.h"
 #include "coordinator/metrics/metrics.h"
 #include "coordinator/scheduler/engine.h"
+#include "worker/model/weights.h"
+#include "worker/worker.h"
 
 namespace snap {
 namespace {
@@ -22,6 +27,21 @@ namespace {
 int serve_fail(const std::string& message) {
   std::fprintf(stderr, "snapserve: error: %s\n", message.c_str());
   return 1;
+}
+
+// A tensor-parallel rank other than 0: its shard, then plans from rank 0 until it stops.
+int run_serve_worker(const ServeArgs& a, comm::Communicator& comm) {
+  LoadOptions opts;
+  opts.tp_rank = comm.group_rank();
+  opts.tp_size = comm.group_size();
+  auto model = load_model(a.model, opts);
+  Status loaded = agree_on_load(&comm, model.ok() ? Status() : model.status());
+  if (!loaded.ok()) return serve_fail(loaded.message());
+  LlamaForward forward(*model, &comm);
+  Worker worker(forward);
+  Status st = worker_loop(worker, comm);
+  if (!st.ok()) return serve_fail("rank " + std::to_string(comm.world().rank()) + ": " + st.message());
+  return 0;
 }
 
 }  // namespace
@@ -35,7 +55,13 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   s->add_option("--api-key", a.api_key, "Require Authorization: Bearer KEY on /v1/* (default: $SNAPSERVE_API_KEY; none)")
       ->envname("SNAPSERVE_API_KEY");
   s->add_option("--served-model-name", a.served_model_name, "Model id in the API (default: the model file's name)");
-  s->add_option("--threads", a.threads, "Compute threads (default: all cores)")->check(CLI::Range(1, 1024));
+  s->add_option("--threads", a.threads, "Compute threads per rank (default: the cores divided by the ranks)")
+      ->check(CLI::Range(1, 1024));
+  s->add_option("--tp", a.tp,
+                "Tensor-parallel ranks: must equal the processes the launcher started (`mpirun -np N snapserve "
+                "serve --tp N`, or srun); rank 0 serves HTTP, every rank holds its share of the heads and their KV "
+                "(default: the launcher's process count, 1 alone)")
+      ->check(CLI::Range(1, 4096));
   s->add_option("--http-threads", a.http_threads, "HTTP I/O threads (default 2)")->check(CLI::Range(1, 256));
   s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -67,10 +93,31 @@ int run_serve(const ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a vanished client is a write error, not a dead server
 
+  // Tensor parallelism: the launcher's processes form one group. Worker ranks keep the
+  // signal mask above: they stop when rank 0 tells them, after draining.
+  auto world = comm::world_from_environment();
+  if (!world.ok()) return serve_fail(world.status().message());
+  const int size = world->size();
+  if (a.tp > 0 && a.tp != size) {
+    return serve_fail("--tp " + std::to_string(a.tp) + " but the launcher started " + std::to_string(size) +
+                      " process(es); run `mpirun -np " + std::to_string(a.tp) + " snapserve serve --tp " +
+                      std::to_string(a.tp) + " ...`");
+  }
+  std::unique_ptr<comm::Communicator> comm;
+  if (size > 1) {
+    auto c = comm::make_communicator(comm::CommKind::mpi, *world);
+    if (!c.ok()) return serve_fail(c.status().message());
+    comm = std::move(c).value();
+  }
+  const int threads = a.threads > 0 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / size);
+  omp_set_num_threads(threads);
+  if (!world->is_leader()) return run_serve_worker(a, *comm);
+
   EngineConfig cfg;
+  cfg.comm = comm.get();
   cfg.model_path = a.model;
   cfg.served_model_name = a.served_model_name;
-  cfg.threads = a.threads;
+  cfg.threads = threads;
   cfg.kv_cache_bytes = a.kv_cache_mib << 20;
   cfg.max_num_seqs = a.max_num_seqs;
   cfg.max_waiting = a.max_waiting;

@@ -1,7 +1,9 @@
 // `snapserve serve`: the flags (ServeArgs, registered by add_serve_subcommand) and
 // run_serve(), which loads the engine, starts the HTTP server, logs
 // "snapserve: serving MODEL on http://HOST:PORT" to stderr, and on SIGTERM/SIGINT stops
-// gracefully within --shutdown-timeout and exits 0.
+// gracefully within --shutdown-timeout and exits 0. Under mpirun/srun with N processes
+// (`--tp N`), rank 0 serves HTTP and leads; the other ranks run their shard's worker loop
+// until rank 0 stops.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -28,6 +30,7 @@ struct ServeArgs {
   double request_timeout = 600;
   double read_timeout = 10;
   double shutdown_timeout = 10;
+  int tp = 0;  // tensor-parallel ranks; 0: the launcher's process count
 };
 
 void add_serve_subcommand(CLI::App& app, ServeArgs& args);

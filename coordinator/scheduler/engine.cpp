@@ -6,6 +6,9 @@
 // applies stop strings and streams events. KV reservations: a sequence holds, in blocks,
 // max(its prompt uncompressed — the prefill peak —, its compressed size + max_tokens); the
 // reservation shrinks to the second term once compression ran, so admission is exact.
+// The model, the pool and every sequence's KV live in a Worker; the engine reaches them
+// only through StepPlans (open, forward, close) run by a StepDriver, so the same loop
+// drives one process or a tensor-parallel group. Reservations count this rank's KV heads.
 #include "coordinator/scheduler/engine.h"
 
 #include <omp.h>
@@ -24,6 +27,7 @@
 #include "worker/kv/paged_kv_cache.h"
 #include "worker/model/llama.h"
 #include "worker/model/weights.h"
+#include "worker/worker.h"
 
 namespace snap {
 namespace {
@@ -32,8 +36,9 @@ struct Sequence {
   uint64_t id = 0;
   EngineRequest req;
   EventSink sink;
-  std::unique_ptr<PagedKvCache> cache;
-  std::unique_ptr<KvCompressor> compressor;
+  bool open = false;         // opened on the workers (its KV exists there)
+  bool opened_this_step = false;
+  int64_t compress_at = 0;
   std::unique_ptr<StreamDecoder> decoder;
   kernels::Rng rng{0};
   std::vector<float> logits;
@@ -61,21 +66,33 @@ class EngineImpl final : public Engine {
   ~EngineImpl() override { shutdown(0); }
 
   Status init() {
-    auto model = load_model(cfg_.model_path);
-    if (!model.ok()) return model.status();
+    comm::Communicator* comm = cfg_.comm;
+    LoadOptions opts;
+    if (comm) {
+      opts.tp_rank = comm->group_rank();
+      opts.tp_size = comm->group_size();
+    }
+    auto model = load_model(cfg_.model_path, opts);
+    SNAP_RETURN_IF_ERROR(agree_on_load(comm, model.ok() ? Status() : model.status()));
     model_ = std::make_unique<LoadedModel>(std::move(model).value());
+    forward_ = std::make_unique<LlamaForward>(*model_, comm);
+    worker_ = std::make_unique<Worker>(*forward_);
+    driver_ = std::make_unique<StepDriver>(*worker_, comm);  // from here the workers wait for plans
     auto tok = Tokenizer::load_for_model(cfg_.model_path);
-    if (!tok.ok()) return tok.status();
+    if (!tok.ok()) {
+      shutdown_workers();
+      return tok.status();
+    }
     tokenizer_ = std::make_unique<Tokenizer>(std::move(tok).value());
-    forward_ = std::make_unique<LlamaForward>(*model_);
     const ModelConfig& c = model_->config;
-    BlockPoolConfig pc;
-    pc.block_size = cfg_.kv_block_size;
-    pc.head_dim = c.head_dim;
-    pc.capacity_bytes = cfg_.kv_cache_bytes;
-    auto pool = BlockPool::create(pc);
-    if (!pool.ok()) return pool.status();
-    pool_ = std::move(pool).value();
+    StepPlan pool;
+    pool.pool_bytes = cfg_.kv_cache_bytes;
+    pool.block_size = cfg_.kv_block_size;
+    if (Status st = driver_->run(pool); !st.ok()) {
+      shutdown_workers();
+      return st;
+    }
+    pool_ = worker_->pool();
     context_ = c.max_position > 0 ? c.max_position : (int64_t{1} << 30);
     max_prompt_ = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, context_) : context_;
     max_tokens_limit_ = cfg_.max_tokens_limit > 0 ? cfg_.max_tokens_limit : context_;
@@ -87,7 +104,6 @@ class EngineImpl final : public Engine {
     }
     for (int32_t id : tokenizer_->eos_ids()) eos_.push_back(id);
     for (int32_t id : c.eos_token_ids) eos_.push_back(id);
-    if (cfg_.threads > 0) omp_set_num_threads(cfg_.threads);
     alive_ = true;  // healthy from here: the model is loaded and the loop is starting
     heartbeat_ = now_seconds();
     thread_ = std::thread([this] { loop(); });
@@ -160,15 +176,27 @@ class EngineImpl final : public Engine {
   void shutdown(double deadline_seconds) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!thread_.joinable()) return;
+      if (!thread_.joinable()) {
+        shutdown_workers();
+        return;
+      }
       stopping_ = true;
       stop_deadline_ = now_seconds() + std::max(0.0, deadline_seconds);
       cv_.notify_one();
     }
     thread_.join();
+    shutdown_workers();
   }
 
  private:
+  // Ends the other ranks' worker loops (after the scheduler thread is gone).
+  void shutdown_workers() {
+    if (driver_) {
+      Status st = driver_->shutdown();
+      if (!st.ok()) std::fprintf(stderr, "snapserve: error: stopping the worker ranks: %s\n", st.message().c_str());
+    }
+  }
+
   // --- reservations ---------------------------------------------------------------------
 
   // Blocks the request holds at its peak: the uncompressed prompt (all layers) during
@@ -177,17 +205,19 @@ class EngineImpl final : public Engine {
     const ModelConfig& c = model_->config;
     const int64_t bs = cfg_.kv_block_size;
     const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
-    const int64_t heads = int64_t{c.num_layers} * c.num_kv_heads;
+    const int64_t kv_heads = model_->shard.num_kv_heads;  // this rank's
+    const int64_t heads = int64_t{c.num_layers} * kv_heads;
     const int64_t full = heads * ceil_div(n + req.max_tokens, bs);
     if (req.kv_policy.kind == KvPolicyKind::full) return full;
     const int64_t prefill_peak = req.kv_policy.layerwise
-                                     ? int64_t{c.num_kv_heads} * ceil_div(n, bs) + heads * ceil_div(req.kv_policy.budget * 2, bs)
+                                     ? kv_heads * ceil_div(n, bs) + heads * ceil_div(req.kv_policy.budget * 2, bs)
                                      : heads * ceil_div(n, bs);
     return std::max(prefill_peak, after_compression_blocks(req, nullptr));
   }
 
   int64_t after_compression_blocks(const EngineRequest& req, const KvCompressor* comp) const {
     const ModelConfig& c = model_->config;
+    const int64_t kv_heads = model_->shard.num_kv_heads;  // this rank's
     const int64_t bs = cfg_.kv_block_size;
     const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
     const int64_t compress_at = req.kv_policy.context_tokens > 0 ? req.kv_policy.context_tokens : n;
@@ -200,11 +230,11 @@ class EngineImpl final : public Engine {
       const int64_t kept = std::min(compress_at, budget) + (n - compress_at) + req.max_tokens;
       // adakv heads differ in size: each head may use one partly filled block more.
       const int64_t per_head = ceil_div(kept, bs) + (req.kv_policy.kind == KvPolicyKind::adakv ? 1 : 0);
-      blocks += int64_t{c.num_kv_heads} * per_head;
+      blocks += kv_heads * per_head;
     }
     if (req.kv_policy.kind == KvPolicyKind::adakv) {
       // adakv moves slots between heads: one head may hold up to all of its layer's slots.
-      blocks = std::max(blocks, int64_t{c.num_layers} * ceil_div(int64_t{c.num_kv_heads} * (std::min(compress_at, req.kv_policy.budget) + req.max_tokens + n - compress_at), bs) + int64_t{c.num_layers} * c.num_kv_heads);
+      blocks = std::max(blocks, int64_t{c.num_layers} * ceil_div(kv_heads * (std::min(compress_at, req.kv_policy.budget) + req.max_tokens + n - compress_at), bs) + int64_t{c.num_layers} * kv_heads);
     }
     return blocks;
   }
@@ -212,6 +242,8 @@ class EngineImpl final : public Engine {
   // --- the scheduler loop -----------------------------------------------------------------
 
   void loop() {
+    // OpenMP's thread count is per thread: set it on the thread that runs the model.
+    if (cfg_.threads > 0) omp_set_num_threads(cfg_.threads);
     while (true) {
       bool exit_loop = false;
       {
@@ -295,9 +327,7 @@ class EngineImpl final : public Engine {
       s.reserved_blocks = need;
       reserved_blocks_ += need;
       s.admitted = now_seconds();
-      s.cache = std::make_unique<PagedKvCache>(*pool_, forward_->kv_shape());
-      const int64_t compress_at = s.req.kv_policy.context_tokens > 0 ? s.req.kv_policy.context_tokens : s.prompt_len();
-      s.compressor = std::make_unique<KvCompressor>(s.req.kv_policy, forward_->compressor_shape(), compress_at);
+      s.compress_at = s.req.kv_policy.context_tokens > 0 ? s.req.kv_policy.context_tokens : s.prompt_len();
       s.decoder = std::make_unique<StreamDecoder>(*tokenizer_, true);
       s.rng = kernels::Rng(s.req.sampling.seed);
       s.logits.resize(model_->config.vocab_size);
@@ -308,47 +338,71 @@ class EngineImpl final : public Engine {
     waiting_count_ = static_cast<int64_t>(waiting_.size());
   }
 
+  // One StepPlan: the sequences admitted since the last step are opened, then one forward
+  // runs a prompt chunk (first, for batch invariance: see LlamaForward::forward_batch) and
+  // one decode token per decoding sequence. A layer-wise prefill runs a whole prompt
+  // through one layer at a time, alone in its step.
   void step() {
     const double t0 = now_seconds();
-    // Layer-wise prefill runs a whole prompt through one layer at a time: alone in its step.
+    StepPlan plan;
     for (auto& s : running_) {
-      if (s->prefilled == 0 && s->req.kv_policy.layerwise && s->compressor->active() &&
-          s->req.kv_policy.context_tokens == 0) {
-        Status st = forward_->prefill_layerwise(s->req.prompt_ids.data(), s->prompt_len(), *s->cache,
-                                                s->logits.data(), cfg_.prefill_chunk, *s->compressor);
-        s->prefilled = s->prompt_len();
-        after_prefill_chunk(*s, st, t0);
-        reap();
-        return;
-      }
+      if (s->open) continue;
+      plan.open.push_back({s->id, s->req.kv_policy, s->compress_at});
+      s->open = true;
     }
-    std::vector<LlamaForward::BatchItem> items;
     std::vector<Sequence*> seqs;
     std::vector<int64_t> lens;
+    std::vector<float*> outs;
     bool has_prefill = false;
-    // The step's prompt chunk goes first (batch invariance: see LlamaForward::forward_batch).
     for (auto& s : running_) {
-      if (!s->prefilling()) continue;
-      int64_t len = std::min(cfg_.prefill_chunk, s->prompt_len() - s->prefilled);
-      const bool before_compression = s->compressor->active() && s->prefilled < s->compressor->compress_at();
-      if (before_compression) len = std::min(len, s->compressor->compress_at() - s->prefilled);
-      const bool last = s->prefilled + len == s->prompt_len();
-      items.push_back({s->cache.get(), s->req.prompt_ids.data() + s->prefilled, len,
-                       before_compression ? s->compressor.get() : nullptr, last ? s->logits.data() : nullptr, true});
-      seqs.push_back(s.get());
-      lens.push_back(len);
-      has_prefill = true;
-      break;  // one prompt chunk per step keeps the running streams' latency bounded
+      if (s->prefilled == 0 && s->req.kv_policy.layerwise && s->req.kv_policy.kind != KvPolicyKind::full &&
+          s->req.kv_policy.context_tokens == 0 && s->compress_at > 0) {
+        plan.chunk = cfg_.prefill_chunk;
+        plan.items.push_back({s->id, 0, s->req.prompt_ids, true, true, LogitsWanted::last});
+        seqs.push_back(s.get());
+        lens.push_back(s->prompt_len());
+        outs.push_back(s->logits.data());
+        has_prefill = true;
+        break;
+      }
     }
-    for (auto& s : running_) {
-      if (s->prefilling()) continue;
-      items.push_back({s->cache.get(), &s->next_token, 1, nullptr, s->logits.data(), false});
-      seqs.push_back(s.get());
-      lens.push_back(1);
+    if (plan.items.empty()) {
+      for (auto& s : running_) {
+        if (!s->prefilling()) continue;
+        int64_t len = std::min(cfg_.prefill_chunk, s->prompt_len() - s->prefilled);
+        if (s->req.kv_policy.kind != KvPolicyKind::full && s->prefilled < s->compress_at) {
+          len = std::min(len, s->compress_at - s->prefilled);  // a chunk never crosses the compression point
+        }
+        const bool last = s->prefilled + len == s->prompt_len();
+        StepItem item{s->id, static_cast<int32_t>(s->prefilled), {}, true, false,
+                      last ? LogitsWanted::last : LogitsWanted::none};
+        item.tokens.assign(s->req.prompt_ids.begin() + s->prefilled, s->req.prompt_ids.begin() + s->prefilled + len);
+        plan.items.push_back(std::move(item));
+        seqs.push_back(s.get());
+        lens.push_back(len);
+        outs.push_back(last ? s->logits.data() : nullptr);
+        has_prefill = true;
+        break;  // one prompt chunk per step keeps the running streams' latency bounded
+      }
+      for (auto& s : running_) {
+        if (s->prefilling()) continue;
+        const int32_t pos = static_cast<int32_t>(s->prompt_len() + s->generated - 1);
+        plan.items.push_back({s->id, pos, {s->next_token}, false, false, LogitsWanted::last});
+        seqs.push_back(s.get());
+        lens.push_back(1);
+        outs.push_back(s->logits.data());
+      }
     }
-    if (items.empty()) return;
-    const Status st = forward_->forward_batch(items);
+    if (plan.items.empty() && plan.open.empty()) return;
+    const Status st = driver_->run(plan, plan.items.empty() ? std::span<float* const>{} : std::span<float* const>(outs));
     const double dt = now_seconds() - t0;
+    if (plan.items.empty()) {
+      if (!st.ok()) {
+        for (auto& s : running_) fail(*s, st);
+        reap();
+      }
+      return;
+    }
     if (metrics_) metrics_->observe_step_latency(has_prefill ? "prefill" : "decode", 0, dt);
     for (size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = *seqs[i];
@@ -365,27 +419,23 @@ class EngineImpl final : public Engine {
     reap();
   }
 
+  // The worker compressed the sequence when its prompt reached compress_at: shrink the
+  // reservation to the compressed size.
   void after_prefill_chunk(Sequence& s, const Status& st, double t0) {
     if (!st.ok()) {
       fail(s, st);
       return;
     }
-    if (s.compressor->active() && !s.compressed && s.cache->next_position() == s.compressor->compress_at()) {
-      for (int l = 0; l < model_->config.num_layers; ++l) {
-        Status cs = s.compressor->compress_layer(l, *s.cache);
-        if (!cs.ok()) {
-          fail(s, cs);
-          return;
-        }
-      }
+    const Worker::Sequence* ws = worker_->sequence(s.id);
+    if (ws && ws->compressor->active() && !s.compressed && ws->compressor->layer_done(0)) {
       s.compressed = true;
-      const int64_t after = after_compression_blocks(s.req, s.compressor.get());
+      const int64_t after = after_compression_blocks(s.req, ws->compressor.get());
       std::lock_guard<std::mutex> lock(mu_);
       if (after < s.reserved_blocks) {
         reserved_blocks_ -= s.reserved_blocks - after;
         s.reserved_blocks = after;
       }
-      if (metrics_) metrics_->observe_snapkv_selection(s.compressor->selection_seconds());
+      if (metrics_) metrics_->observe_snapkv_selection(ws->compressor->selection_seconds());
     }
     if (!s.prefilling()) {
       if (s.prefill_seconds == 0) s.prefill_seconds = now_seconds() - t0;
@@ -449,7 +499,7 @@ class EngineImpl final : public Engine {
     s.sink(ev);
     if (eos) {
       s.done_reason = "stop";
-    } else if (s.generated >= s.req.max_tokens || s.cache->next_position() + 1 >= context_) {
+    } else if (s.generated >= s.req.max_tokens || s.prompt_len() + s.generated >= context_) {
       s.done_reason = "length";
     } else {
       s.next_token = id;
@@ -485,10 +535,17 @@ class EngineImpl final : public Engine {
     if (reason != "error" && !s.stopped_by_string && s.decoder) ev.text = s.text + s.decoder->flush();
     ev.prompt_tokens = s.prompt_len();
     ev.completion_tokens = s.generated;
-    if (s.cache) {
-      ev.kv_resident_bytes = s.cache->resident_bytes();
-      ev.kv_full_equivalent_bytes = s.cache->full_equivalent_bytes();
-      s.cache.reset();  // blocks back to the pool
+    if (s.open) {
+      if (const Worker::Sequence* ws = worker_->sequence(s.id)) {
+        ev.kv_resident_bytes = ws->cache->resident_bytes();
+        ev.kv_full_equivalent_bytes = ws->cache->full_equivalent_bytes();
+      }
+      StepPlan close;  // blocks back to every rank's pool before the event goes out
+      close.close.push_back(s.id);
+      Status st = driver_->run(close);
+      if (!st.ok()) std::fprintf(stderr, "snapserve: error: closing sequence %llu: %s\n",
+                                 static_cast<unsigned long long>(s.id), st.message().c_str());
+      s.open = false;
     }
     reserved_blocks_ -= s.reserved_blocks;
     s.reserved_blocks = 0;
@@ -506,6 +563,16 @@ class EngineImpl final : public Engine {
   }
 
   void publish_stats() {
+    // Every rank's memory and traffic, gathered at most once a second (one all_gather).
+    std::vector<RankReport> reports;
+    const double now = now_seconds();
+    if (metrics_ && now - last_report_ >= 1.0) {
+      last_report_ = now;
+      StepPlan ask;
+      ask.report = true;
+      Status st = driver_->run(ask, {}, &reports);
+      if (!st.ok()) std::fprintf(stderr, "snapserve: error: rank reports: %s\n", st.message().c_str());
+    }
     std::lock_guard<std::mutex> lock(mu_);
     stats_.running = static_cast<int64_t>(running_.size());
     stats_.waiting = static_cast<int64_t>(waiting_.size() + incoming_.size());
@@ -515,9 +582,23 @@ class EngineImpl final : public Engine {
     metrics_->set_num_requests_running(stats_.running);
     metrics_->set_num_requests_waiting(stats_.waiting);
     metrics_->set_kv_cache_usage_ratio(static_cast<double>(stats_.kv_blocks_used) / std::max<int64_t>(1, stats_.kv_blocks_total));
+    // This rank's memory every iteration; the group's with each report.
     metrics_->set_kv_cache_resident_bytes(0, pool_->resident_bytes());
     metrics_->set_kv_cache_full_equivalent_bytes(0, pool_->full_equivalent_bytes());
     metrics_->set_process_resident_memory_bytes(0, current_rss_bytes());
+    reported_.resize(std::max(reported_.size(), reports.size()));
+    for (size_t r = 0; r < reports.size(); ++r) {
+      const RankReport& rep = reports[r];
+      const int rank = static_cast<int>(r);
+      metrics_->set_kv_cache_resident_bytes(rank, rep.kv_resident_bytes);
+      metrics_->set_kv_cache_full_equivalent_bytes(rank, rep.kv_full_equivalent_bytes);
+      metrics_->set_process_resident_memory_bytes(rank, rep.rss_bytes);
+      RankReport& last = reported_[r];  // counters: add what is new since the last report
+      metrics_->add_comm_bytes(rank, "all_reduce", rep.all_reduce_bytes - last.all_reduce_bytes);
+      metrics_->add_comm_bytes(rank, "broadcast", rep.broadcast_bytes - last.broadcast_bytes);
+      metrics_->add_comm_bytes(rank, "all_gather", rep.all_gather_bytes - last.all_gather_bytes);
+      last = rep;
+    }
   }
 
   EngineConfig cfg_;
@@ -525,7 +606,11 @@ class EngineImpl final : public Engine {
   std::unique_ptr<LoadedModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<LlamaForward> forward_;
-  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<Worker> worker_;       // this rank: the pool and every sequence's KV
+  std::unique_ptr<StepDriver> driver_;   // runs plans here and on the other ranks
+  const BlockPool* pool_ = nullptr;      // worker_'s, read for admission and stats
+  double last_report_ = -1e9;
+  std::vector<RankReport> reported_;     // last report per rank (counter deltas)
   std::string name_;
   std::vector<int32_t> eos_;
   int64_t context_ = 0, max_prompt_ = 0, max_tokens_limit_ = 0;

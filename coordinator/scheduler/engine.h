@@ -5,6 +5,8 @@
 // A request is admitted only when its KV reservation fits the pool (with SnapKV the size
 // after compression is known in advance); past `max_waiting` queued requests submit()
 // refuses (HTTP 429). Results flow back through a per-request EventSink.
+// Tensor parallelism: with EngineConfig::comm the engine is group rank 0; it loads its
+// shard and drives the other ranks (each in worker_loop) with one StepPlan per step.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "common/status.h"
 #include "coordinator/metrics/metrics.h"
 #include "coordinator/tokenizer/tokenizer.h"
@@ -33,6 +36,9 @@ struct EngineConfig {
   int64_t prefill_chunk = 256;    // prompt tokens per sequence per step
   int64_t max_prompt_tokens = 0;  // 0: the model's context
   int64_t max_tokens_limit = 0;   // upper bound on a request's max_tokens; 0: the model's context
+  // The tensor-parallel group this engine leads (group rank 0), or null for one process.
+  // Must outlive the engine. KV sizes (kv_cache_bytes, reservations) are per rank.
+  comm::Communicator* comm = nullptr;
 };
 
 struct EngineRequest {
