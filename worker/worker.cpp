@@ -48,12 +48,10 @@ Status Worker::run(const StepPlan& plan, std::span<float* const> logits) {
 }
 
 Status Worker::run_items(const StepPlan& plan, std::span<float* const> logits) {
-  const bool want_logits = !logits.empty();
-  if (want_logits && logits.size() != plan.items.size()) {
+  if (!logits.empty() && logits.size() != plan.items.size()) {
     return invalid_argument("step plan has " + std::to_string(plan.items.size()) + " items but " +
                             std::to_string(logits.size()) + " logits buffers");
   }
-  if (want_logits && !forward_.has_logits()) return invalid_argument("logits asked of a rank without the LM head");
   std::vector<Sequence*> seqs;
   for (const StepItem& it : plan.items) {
     auto found = seqs_.find(it.seq);
@@ -70,7 +68,20 @@ Status Worker::run_items(const StepPlan& plan, std::span<float* const> logits) {
     }
     seqs.push_back(&s);
   }
-  auto out = [&](size_t i) { return want_logits && plan.items[i].logits != LogitsWanted::none ? logits[i] : nullptr; };
+  // Every rank computes its share of the logits the plan asks for (the LM head is
+  // vocab-parallel); only rank 0 receives them. A rank given no buffer passes a dummy
+  // non-null pointer, which LlamaForward reads as "wanted" and never writes off rank 0.
+  float dummy = 0;
+  std::vector<std::vector<float>> unclaimed(plan.items.size());  // rank 0 asked for no buffer
+  auto out = [&](size_t i) -> float* {
+    const StepItem& it = plan.items[i];
+    if (it.logits == LogitsWanted::none) return nullptr;
+    if (!forward_.is_logits_rank()) return &dummy;
+    if (!logits.empty() && logits[i] != nullptr) return logits[i];
+    const size_t rows = it.logits == LogitsWanted::all ? it.tokens.size() : 1;
+    unclaimed[i].resize(rows * static_cast<size_t>(config().vocab_size));
+    return unclaimed[i].data();
+  };
   // The compressor sees a prompt chunk only while the cache is below its compression point.
   auto observing = [](const Sequence& s) {
     KvCompressor* c = s.compressor.get();

@@ -27,6 +27,14 @@ LlamaForward::LlamaForward(const LoadedModel& model, comm::Communicator* comm) :
   attn_params_.head_dim = c.head_dim;
   attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   attn_params_.sliding_window = c.sliding_window;
+  // The LM head: lm_head already holds this rank's rows; a tied f32 embed is whole.
+  const Matrix& out = model.weights.output();
+  head_w_ = out.view();
+  if (out.rows() != s.vocab_size) {
+    CHECK_EQ(out.rows(), c.vocab_size);
+    head_w_.data = static_cast<const uint8_t*>(head_w_.data) + s.vocab_begin * dtype_row_bytes(out.dtype(), out.cols());
+    head_w_.rows = s.vocab_size;
+  }
 }
 
 KvCacheShape LlamaForward::kv_shape() const {
@@ -141,15 +149,47 @@ Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_
   return {};
 }
 
-void LlamaForward::head(const float* x, int64_t rows, float* logits, bool rowwise) {
-  if (!has_logits() || logits == nullptr) return;
+Status LlamaForward::head(const float* x, int64_t rows, float* logits, bool rowwise) {
+  if (logits == nullptr) return {};
   const ModelConfig& c = model_.config;
+  const TpShard& s = model_.shard;
   kernels::rms_norm_cpu(x, model_.weights.final_norm.f32(), h_.data(), rows, c.hidden_size, c.rms_norm_eps);
-  if (rowwise) {
-    kernels::matmul_rowwise_cpu(h_.data(), model_.weights.output().view(), nullptr, logits, rows);
-  } else {
-    kernels::matmul_cpu(h_.data(), model_.weights.output().view(), nullptr, logits, rows);
+  auto matmul = [&](float* y) {
+    if (rowwise) {
+      kernels::matmul_rowwise_cpu(h_.data(), head_w_, nullptr, y, rows);
+    } else {
+      kernels::matmul_cpu(h_.data(), head_w_, nullptr, y, rows);
+    }
+  };
+  if (!s.is_sharded()) {
+    matmul(logits);
+    return {};
   }
+  // Vocab-parallel: our rows into [rows, vocab_chunk] (the last rank's short slice padded),
+  // gathered on every rank; rank 0 lays the slices out as [rows, vocab_size].
+  const int64_t chunk = s.vocab_chunk;
+  head_part_.resize(static_cast<size_t>(rows * chunk));
+  head_all_.resize(static_cast<size_t>(s.tp_size * rows * chunk));
+  if (s.vocab_size == chunk) {
+    matmul(head_part_.data());
+  } else {
+    std::vector<float> mine(static_cast<size_t>(rows * s.vocab_size));
+    if (s.vocab_size > 0) matmul(mine.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(&mine[r * s.vocab_size], s.vocab_size, &head_part_[r * chunk]);
+      std::fill(&head_part_[r * chunk + s.vocab_size], &head_part_[(r + 1) * chunk], 0.0f);
+    }
+  }
+  SNAP_RETURN_IF_ERROR(comm_->all_gather(head_part_.data(), head_all_.data(), rows * chunk, DType::f32));
+  if (!s.is_logits_rank) return {};
+  for (int p = 0; p < s.tp_size; ++p) {
+    const int64_t begin = std::min<int64_t>(c.vocab_size, p * chunk);
+    const int64_t len = std::min<int64_t>(c.vocab_size, begin + chunk) - begin;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(&head_all_[(p * rows + r) * chunk], len, logits + r * c.vocab_size + begin);
+    }
+  }
+  return {};
 }
 
 void LlamaForward::project(const float* x, const kernels::WeightView& w, const float* bias, float* y, int64_t n) {
@@ -180,8 +220,7 @@ Status LlamaForward::forward(const int32_t* tokens, int64_t n, PagedKvCache& cac
   }
   // Only the rows whose logits are wanted go through the final norm and LM head.
   const int64_t first = all_logits ? 0 : n - 1;
-  head(&x_[first * model_.config.hidden_size], n - first, logits, !all_logits);
-  return {};
+  return head(&x_[first * model_.config.hidden_size], n - first, logits, !all_logits);
 }
 
 Status LlamaForward::forward_batch(const std::vector<BatchItem>& items) {
@@ -219,8 +258,9 @@ Status LlamaForward::forward_batch(const std::vector<BatchItem>& items) {
     outs.push_back(items[i].logits);
   }
   if (outs.empty()) return {};
-  std::vector<float> logits(outs.size() * c.vocab_size);
-  head(rows.data(), static_cast<int64_t>(outs.size()), logits.data(), true);
+  std::vector<float> logits(is_logits_rank() ? outs.size() * c.vocab_size : 1);
+  SNAP_RETURN_IF_ERROR(head(rows.data(), static_cast<int64_t>(outs.size()), logits.data(), true));
+  if (!is_logits_rank()) return {};
   for (size_t i = 0; i < outs.size(); ++i) std::copy_n(&logits[i * c.vocab_size], c.vocab_size, outs[i]);
   return {};
 }
@@ -275,8 +315,7 @@ Status LlamaForward::prefill_layerwise(const int32_t* tokens, int64_t n, PagedKv
     }
     SNAP_RETURN_IF_ERROR(compressor.compress_layer(l, cache));
   }
-  head(&x[(n - 1) * c.hidden_size], 1, last_logits, true);
-  return {};
+  return head(&x[(n - 1) * c.hidden_size], 1, last_logits, true);
 }
 
 }  // namespace snap

@@ -8,7 +8,10 @@
 // attends with its own query heads over its own KV heads, runs its slice of the MLP, and
 // the partial outputs of o_proj and down_proj are summed over the ranks in
 // row_parallel() — the only place activations cross ranks. KV, attention scores and KV
-// selections stay on their rank. Only the rank holding the LM head produces logits.
+// selections stay on their rank. Each rank multiplies its vocabulary rows of the LM head
+// and the logits are gathered to tp rank 0 (head()). Every rank must be asked for the same
+// logits: on ranks other than 0 a non-null logits pointer only means "wanted" and is
+// never written.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +35,8 @@ class LlamaForward {
 
   const ModelConfig& config() const { return model_.config; }
   const TpShard& shard() const { return model_.shard; }
-  // Whether this rank computes logits (the others pass null logits pointers).
-  bool has_logits() const { return model_.shard.has_lm_head; }
+  // Whether this rank receives the logits (tp rank 0).
+  bool is_logits_rank() const { return model_.shard.is_logits_rank; }
   KvCacheShape kv_shape() const;
   CompressorShape compressor_shape() const;
 
@@ -87,9 +90,9 @@ class LlamaForward {
   };
   // One decoder layer in place on x [n, hidden] at positions[n], rows split into segments.
   Status run_layer(int layer, float* x, const int32_t* positions, int64_t n, const std::vector<Segment>& segments);
-  // Final norm + LM head on rows x [rows, hidden] (row-invariant when rowwise). Nothing on
-  // a rank without the LM head.
-  void head(const float* x, int64_t rows, float* logits, bool rowwise);
+  // Final norm + this rank's LM head rows on x [rows, hidden] (row-invariant when
+  // rowwise), then the all_gather that assembles logits [rows, vocab_size] on rank 0.
+  Status head(const float* x, int64_t rows, float* logits, bool rowwise);
   // y = x·wᵀ (+bias) for n rows: rows [0, prefill_rows_) in one matmul (sgemm for a prompt
   // chunk), the rest row by row invariant (decode rows of a batch).
   void project(const float* x, const kernels::WeightView& w, const float* bias, float* y, int64_t n);
@@ -107,6 +110,8 @@ class LlamaForward {
   comm::Communicator* comm_ = nullptr;  // null or a group of one: no all-reduce
   std::vector<float> inv_freq_;  // [head_dim / 2]
   kernels::AttentionParams attn_params_;
+  kernels::WeightView head_w_;  // this rank's LM head rows [shard.vocab_size, hidden_size]
+  std::vector<float> head_part_, head_all_;  // [rows, vocab_chunk], [tp, rows, vocab_chunk]
   // Scratch, sized for the largest chunk seen: [num_tokens, ...]
   int64_t scratch_tokens_ = 0;
   int64_t prefill_rows_ = 0;  // rows of the current step that are a prompt chunk

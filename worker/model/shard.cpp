@@ -2,6 +2,7 @@
 // heads and MLP features one rank holds.
 #include "worker/model/shard.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace snap {
@@ -12,6 +13,7 @@ std::string TpShard::describe() const {
      << ", kv heads " << kv_head_begin << "-" << kv_head_begin + num_kv_heads - 1;
   if (kv_replicas > 1) os << " (replicated x" << kv_replicas << ")";
   os << ", ff " << ff_begin << "-" << ff_begin + ff_size - 1;
+  os << ", vocab " << vocab_begin << "-" << vocab_begin + vocab_size - 1;
   return os.str();
 }
 
@@ -55,7 +57,10 @@ Result<TpShard> make_tp_shard(const ModelConfig& c, int tp_rank, int tp_size) {
   }
   s.ff_size = c.intermediate_size / tp_size;
   s.ff_begin = tp_rank * s.ff_size;
-  s.has_lm_head = tp_rank == 0;
+  s.vocab_chunk = (c.vocab_size + tp_size - 1) / tp_size;
+  s.vocab_begin = std::min<int64_t>(c.vocab_size, tp_rank * s.vocab_chunk);
+  s.vocab_size = std::min<int64_t>(c.vocab_size, s.vocab_begin + s.vocab_chunk) - s.vocab_begin;
+  s.is_logits_rank = tp_rank == 0;
   return s;
 }
 

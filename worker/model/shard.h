@@ -4,7 +4,8 @@
 // down_proj row-parallel. After each row-parallel projection the partial sums are
 // all-reduced (LlamaForward::row_parallel). When tp > num_kv_heads every KV head is
 // replicated on tp / num_kv_heads consecutive ranks, each holding a share of its query
-// heads. Embedding and LM head: see make_tp_shard.
+// heads. The LM head is split by vocabulary rows and its logits gathered to rank 0; the
+// embedding is replicated (see make_tp_shard).
 #pragma once
 
 #include <cstdint>
@@ -33,7 +34,12 @@ struct TpShard {
   // Intermediate (MLP) features [ff_begin, ff_begin + ff_size).
   int64_t ff_begin = 0;
   int64_t ff_size = 0;
-  bool has_lm_head = true;  // only tp rank 0 computes logits
+  // LM head rows (vocabulary ids) [vocab_begin, vocab_begin + vocab_size); every rank's
+  // slice is vocab_chunk = ceil(vocab / tp) rows but the last rank's may be shorter.
+  int64_t vocab_begin = 0;
+  int64_t vocab_size = 0;
+  int64_t vocab_chunk = 0;
+  bool is_logits_rank = true;  // tp rank 0 receives the whole logits rows and samples
 
   bool is_sharded() const { return tp_size > 1; }
   // "tp 1/3: q heads 3-5, kv heads 1-1, ff 512-1023"
@@ -44,18 +50,19 @@ struct TpShard {
 // dimension when tp_size does not divide the query heads or the MLP width, or when
 // tp_size and num_kv_heads do not divide one another.
 //
-// Embedding and LM head are not vocab-parallel. The embedding is replicated: every rank
-// needs the full hidden state of each token to start the layer, and a lookup costs no
-// compute, so replicating it trades vocab × hidden × 4 bytes per rank (113 MB for
-// SmolLM2-135M, 2.1 GB for Llama-3-8B in f32, 1 GB in bf16) for zero traffic — a
-// vocab-parallel embedding would add one all-reduce of hidden_size per token. The LM head
-// lives on tp rank 0 only, which alone samples: the other ranks neither store it nor
-// compute it, and no logits cross ranks. A vocab-parallel head would split that matmul
-// (1/tp of the compute each) but cost an all-gather of vocab_size floats per sampled
-// token (128256 × 4 = 513 KB for Llama-3-8B, as much as the 64 hidden-size all-reduces
-// of its 32 layers together) or a distributed top-k. The head is 6.5% of Llama-3-8B's
-// weights, so rank 0 holds that much more than the others; we accept it for zero logits
-// traffic.
+// The embedding is replicated: every rank needs the full hidden state of each token to
+// start the layer, and a lookup costs no compute, so replicating it trades vocab × hidden
+// × 4 bytes per rank (113 MB for SmolLM2-135M; 2.1 GB for Llama-3-8B in f32, 1 GB in
+// bf16) for zero traffic — a vocab-parallel embedding would add one all-reduce of
+// hidden_size per token.
+// The LM head is vocab-parallel: each rank multiplies its 1/tp of the vocabulary rows and
+// rank 0 gathers the logits (one all_gather of vocab_chunk floats per logits row: 98 KB
+// per rank per token for SmolLM2 at tp 2). Keeping the whole head on rank 0 instead would
+// save that traffic but make rank 0 read the whole head every decode step while the
+// others wait: measured on a SmolLM2-shaped f32 model at tp 2 (bench/run_tp.sh) decode
+// went from 1.40x to <see README> of one process with the split head, and for
+// Llama-3-8B on GPUs at tp 8 the whole head on one rank makes a memory-bound step ~1.5x
+// longer (docs/tensor_parallel.md).
 Result<TpShard> make_tp_shard(const ModelConfig& c, int tp_rank, int tp_size);
 
 }  // namespace snap

@@ -138,7 +138,7 @@ std::vector<Job> plan_jobs(const ModelConfig& c, const TpShard& sh, const Names&
   col_par(n.embed, &w->embed, c.vocab_size, h, 0, c.vocab_size);
   jobs.back().store = DType::f32;
   jobs.back().may_keep_blocks = false;
-  if (load_lm_head && sh.has_lm_head) col_par(n.lm_head, &w->lm_head, c.vocab_size, h, 0, c.vocab_size);
+  if (load_lm_head) col_par(n.lm_head, &w->lm_head, c.vocab_size, h, sh.vocab_begin, sh.vocab_size);
   vec(n.final_norm, &w->final_norm, h, 0, h);
   const int64_t q0 = sh.q_load_begin * hd, q_rows = sh.q_load_heads * hd;
   const int64_t kv0 = sh.kv_head_begin * hd, kv_rows = sh.num_kv_heads * hd;
@@ -339,9 +339,11 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
     // Tied embeddings: the f32 table serves lookups; the output projection gets its own
     // copy of the file's blocks.
     DType head = DType::f32;
-    if (m.config.tie_word_embeddings && m.shard.has_lm_head && native_dtype(g.find_tensor(names.embed)->type, &head)) {
+    if (m.config.tie_word_embeddings && native_dtype(g.find_tensor(names.embed)->type, &head)) {
       Job lm = *std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) { return j.dst == &m.weights.embed; });
       lm.dst = &m.weights.lm_head;
+      lm.row_begin = m.shard.vocab_begin;  // this rank's vocabulary rows
+      lm.rows = m.shard.vocab_size;
       lm.store = head;
       lm.may_keep_blocks = true;
       jobs.insert(jobs.begin() + 1, lm);

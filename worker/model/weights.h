@@ -70,10 +70,13 @@ struct ModelWeights {
   Matrix embed;       // [vocab_size, hidden_size] f32 (rows are looked up)
   std::vector<LayerWeights> layers;
   Matrix final_norm;  // [1, hidden_size] f32
-  // [vocab_size, hidden_size]; when tied, empty (use embed), or the tied table in its
+  // [shard.vocab_size, hidden_size] (this rank's vocabulary rows); when tied, empty (use
+  // embed's rows from shard.vocab_begin), or the tied table's rows in its
   // block format when that is kept natively (for SmolLM2-135M: 30 MB of q8_0 beside the
   // 113 MB f32 embed, and 4x fewer bytes read per decoded token than the f32 table).
   Matrix lm_head;
+  // The LM head matrix: lm_head, or the whole embed table when tied and not kept in blocks
+  // (then a shard uses its rows from shard.vocab_begin; see LlamaForward).
   const Matrix& output() const { return lm_head.empty() ? embed : lm_head; }
   int64_t nbytes() const;
 };
