@@ -136,13 +136,15 @@ void report_tp(const comm::Communicator& comm, const LoadedModel& model, const G
                "snapserve: tensor parallel %d ranks (%s); rank 0 holds %s, %s of weights\n"
                "snapserve: sent by each rank: all_reduce_sum %lld calls, %lld bytes (= %s), broadcast (step plans) "
                "%lld calls, %lld bytes, all_gather %lld bytes\n"
-               "snapserve: per decoded token: all_reduce_sum %.0f bytes, broadcast %.0f bytes; KV figures above are per rank\n",
+               "snapserve: per decoded token: all_reduce_sum %.0f bytes, all_gather %.0f bytes (LM head logits), "
+               "broadcast %.0f bytes; KV figures above are per rank\n",
                comm.group_size(), comm.backend_name(), model.shard.describe().c_str(),
                human_bytes(model.weights.nbytes()).c_str(), static_cast<long long>(ar.calls),
                static_cast<long long>(ar.bytes), all_reduce_formula(model.config, forwarded).c_str(),
                static_cast<long long>(bc.calls), static_cast<long long>(bc.bytes),
                static_cast<long long>(total[comm::CommOp::all_gather].bytes),
                (ar.bytes - after_prefill[comm::CommOp::all_reduce_sum].bytes) * per_decode,
+               (total[comm::CommOp::all_gather].bytes - after_prefill[comm::CommOp::all_gather].bytes) * per_decode,
                (bc.bytes - after_prefill[comm::CommOp::broadcast].bytes) * per_decode);
 }
 

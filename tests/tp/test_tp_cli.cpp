@@ -104,6 +104,9 @@ TEST_F(TpCli, SameTextAsOneProcessAndExactBytes) {
   EXPECT_EQ(calls % (2 * layers), 0) << tp.err;
   EXPECT_NE(tp.err.find("tensor parallel 3 ranks (mpi)"), std::string::npos) << tp.err;
   EXPECT_EQ(find_int(tp.err, R"(per decoded token: all_reduce_sum (\d+) bytes)"), 2 * layers * hidden * 4) << tp.err;
+  // The vocab-parallel LM head: one row of 49152 / 3 logits gathered per sampled token.
+  EXPECT_EQ(find_int(tp.err, R"(per decoded token: .* all_gather (\d+) bytes)"), 49152 / 3 * 4) << tp.err;
+  EXPECT_EQ(find_int(tp.err, R"(all_gather (\d+) bytes\n)"), generated * 49152 / 3 * 4) << tp.err;
 }
 
 TEST_F(TpCli, TpMustMatchTheLauncher) {

@@ -59,10 +59,10 @@ struct TpShard {
 // rank 0 gathers the logits (one all_gather of vocab_chunk floats per logits row: 98 KB
 // per rank per token for SmolLM2 at tp 2). Keeping the whole head on rank 0 instead would
 // save that traffic but make rank 0 read the whole head every decode step while the
-// others wait: measured on a SmolLM2-shaped f32 model at tp 2 (bench/run_tp.sh) decode
-// went from 1.40x to <see README> of one process with the split head, and for
-// Llama-3-8B on GPUs at tp 8 the whole head on one rank makes a memory-bound step ~1.5x
-// longer (docs/tensor_parallel.md).
+// others wait. Measured on a SmolLM2-shaped f32 model at tp 2 (bench/run_tp.sh, 2048-token
+// prompt), decode ran 1.42x faster than one process with the whole head on rank 0 and
+// 1.82x with the split head; for Llama-3-8B on GPUs at tp 8 the whole head on one rank
+// would make a memory-bound step ~1.5x longer (docs/tensor_parallel.md).
 Result<TpShard> make_tp_shard(const ModelConfig& c, int tp_rank, int tp_size);
 
 }  // namespace snap
