@@ -12,7 +12,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include "comm/bootstrap.h"
 #include "common/sys.h"
@@ -20,6 +19,7 @@
 #include "coordinator/engine/logits_dump.h"
 #include "coordinator/engine/model_path.h"
 #include "coordinator/engine/prompt.h"
+#include "coordinator/engine/tp_launch.h"
 #include "coordinator/http/serve_cli.h"
 #include "coordinator/loadgen/bench_serve.h"
 #include "coordinator/tokenizer/chat_template.h"
@@ -150,28 +150,14 @@ void report_tp(const comm::Communicator& comm, const LoadedModel& model, const G
 
 int run_generate_leader(const GenerateArgs& a, const LoadedModel& model, StepDriver& driver, double load_seconds);
 
-
 // Every rank: find its place in the launcher's world, load its shard, agree that all ranks
 // loaded, then rank 0 leads (run_generate_leader) and the others run plans until it is done.
 int run_generate(const GenerateArgs& a) {
-  comm::WorldFlags wf;
-  auto world = comm::world_from_environment(wf);
-  if (!world.ok()) return fail(world.status().message());
+  auto launch = start_tensor_parallel("generate", a.tp, a.threads);
+  if (!launch.ok()) return fail(launch.status().message());
+  const comm::World* world = &launch->world;
   const int size = world->size();
-  if (a.tp > 0 && a.tp != size) {
-    return fail("--tp " + std::to_string(a.tp) + " but the launcher started " + std::to_string(size) +
-                " process(es); run `mpirun -np " + std::to_string(a.tp) + " snapserve generate --tp " +
-                std::to_string(a.tp) + " ...`");
-  }
-  const int threads = a.threads > 0 ? a.threads
-                                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / size);
-  omp_set_num_threads(threads);
-  std::unique_ptr<comm::Communicator> comm;
-  if (size > 1) {
-    auto c = comm::make_communicator(comm::CommKind::mpi, *world);
-    if (!c.ok()) return fail(c.status().message());
-    comm = std::move(c).value();
-  }
+  std::unique_ptr<comm::Communicator> comm = std::move(launch->comm);
   auto policy = kv_policy_from_args(a);  // checked on every rank before loading
   if (!policy.ok()) return fail(policy.status().message());
 

@@ -11,10 +11,8 @@
 #include <memory>
 #include <thread>
 
-#include <omp.h>
-
-#include "comm/bootstrap.h"
 #include "coordinator/engine/model_path.h"
+#include "coordinator/engine/tp_launch.h"
 #include "coordinator/http/server.h"
 #include "coordinator/metrics/metrics.h"
 #include "coordinator/scheduler/engine.h"
@@ -95,22 +93,11 @@ int run_serve(const ServeArgs& a) {
 
   // Tensor parallelism: the launcher's processes form one group. Worker ranks keep the
   // signal mask above: they stop when rank 0 tells them, after draining.
-  auto world = comm::world_from_environment();
-  if (!world.ok()) return serve_fail(world.status().message());
-  const int size = world->size();
-  if (a.tp > 0 && a.tp != size) {
-    return serve_fail("--tp " + std::to_string(a.tp) + " but the launcher started " + std::to_string(size) +
-                      " process(es); run `mpirun -np " + std::to_string(a.tp) + " snapserve serve --tp " +
-                      std::to_string(a.tp) + " ...`");
-  }
-  std::unique_ptr<comm::Communicator> comm;
-  if (size > 1) {
-    auto c = comm::make_communicator(comm::CommKind::mpi, *world);
-    if (!c.ok()) return serve_fail(c.status().message());
-    comm = std::move(c).value();
-  }
-  const int threads = a.threads > 0 ? a.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / size);
-  omp_set_num_threads(threads);
+  auto launch = start_tensor_parallel("serve", a.tp, a.threads);
+  if (!launch.ok()) return serve_fail(launch.status().message());
+  const comm::World* world = &launch->world;
+  std::unique_ptr<comm::Communicator> comm = std::move(launch->comm);
+  const int threads = launch->threads;
   if (!world->is_leader()) return run_serve_worker(a, *comm);
 
   EngineConfig cfg;

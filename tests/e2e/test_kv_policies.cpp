@@ -143,7 +143,9 @@ TEST_F(TinyModel, PoliciesKeepTheirBudgetPerHeadAndFreeBlocks) {
         }
         layer_total += static_cast<int64_t>(pos.size());
       }
-      if (kind == KvPolicyKind::adakv) EXPECT_EQ(layer_total, kv_heads * budget) << "layer " << l;
+      if (kind == KvPolicyKind::adakv) {
+        EXPECT_EQ(layer_total, kv_heads * budget) << "layer " << l;
+      }
       total += layer_total;
     }
     EXPECT_EQ(total, int64_t{layers} * kv_heads * budget) << kv_policy_name(kind);

@@ -26,6 +26,7 @@
 
 #include "coordinator/engine/prompt.h"
 #include "coordinator/tokenizer/tokenizer.h"
+#include "tests/e2e/server_process.h"
 
 namespace snap {
 namespace {
@@ -43,88 +44,21 @@ std::string model_path() {
   return std::string(std::getenv("HOME")) + "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // --- the server process ------------------------------------------------------------
 
-class ServerProcess {
+// `snapserve serve` on a free port with the suite's limits, plus `extra` flags.
+class ServerProcess : public snap::testing::ServerProcess {
  public:
-  explicit ServerProcess(const std::vector<std::string>& extra) {
-    err_path_ = (fs::temp_directory_path() / ("snap_serve_" + std::to_string(::getpid()) + "_" +
-                                              std::to_string(counter_++) + ".err")).string();
+  explicit ServerProcess(const std::vector<std::string>& extra) : snap::testing::ServerProcess(command(extra)) {}
+
+ private:
+  static std::vector<std::string> command(const std::vector<std::string>& extra) {
     std::vector<std::string> args = {std::string(SNAP_BINARY_DIR) + "/snapserve", "serve", "--model", model_path(),
                                      "--port", "0", "--threads", "2", "--read-timeout", "2",
                                      "--max-model-len", "1024", "--shutdown-timeout", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      FILE* err = std::fopen(err_path_.c_str(), "w");
-      if (err) ::dup2(::fileno(err), 2);
-      FILE* out = std::fopen("/dev/null", "w");
-      if (out) ::dup2(::fileno(out), 1);
-      ::execv(argv[0], argv.data());
-      std::_Exit(127);
-    }
-    const std::regex serving(R"(snapserve: serving (\S+) on http://127\.0\.0\.1:(\d+))");
-    const auto until = Clock::now() + std::chrono::seconds(120);
-    while (Clock::now() < until) {
-      std::smatch m;
-      const std::string err = slurp(err_path_);
-      if (std::regex_search(err, m, serving)) {
-        model_name_ = m[1];
-        port_ = std::stoi(m[2]);
-        return;
-      }
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        ADD_FAILURE() << "snapserve serve exited before serving: " << err;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ADD_FAILURE() << "snapserve serve did not report its port: " << slurp(err_path_);
+    return args;
   }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    fs::remove(err_path_);
-  }
-
-  // Sends SIGTERM and waits up to `wait_seconds`; the exit code, or -1 when still running.
-  int terminate(double wait_seconds) {
-    if (pid_ <= 0) return -1;
-    ::kill(pid_, SIGTERM);
-    const auto until = Clock::now() + std::chrono::duration<double>(wait_seconds);
-    while (Clock::now() < until) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-
-  int port() const { return port_; }
-  const std::string& model_name() const { return model_name_; }
-  std::string log() const { return slurp(err_path_); }
-
- private:
-  static inline int counter_ = 0;
-  pid_t pid_ = -1;
-  int port_ = 0;
-  std::string model_name_;
-  std::string err_path_;
 };
 
 // --- a small HTTP client -----------------------------------------------------------

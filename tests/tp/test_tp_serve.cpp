@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/e2e/server_process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -37,87 +39,17 @@ std::string model_path() {
   return std::string(std::getenv("HOME")) + "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+// `launcher... snapserve serve` on a free port, one thread per rank.
+snap::testing::ServerProcess start_server(std::vector<std::string> launcher, const std::vector<std::string>& extra) {
+  std::vector<std::string> args = std::move(launcher);
+  for (const std::string& a : {std::string(SNAP_BINARY_DIR) + "/snapserve", std::string("serve"), std::string("--model"),
+                               model_path(), std::string("--port"), std::string("0"), std::string("--threads"),
+                               std::string("1"), std::string("--shutdown-timeout"), std::string("5")}) {
+    args.push_back(a);
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  return snap::testing::ServerProcess(std::move(args));
 }
-
-// A server launched as `launcher... snapserve serve ...`, its port read from stderr.
-class Server {
- public:
-  Server(std::vector<std::string> launcher, const std::vector<std::string>& extra) {
-    err_ = (fs::temp_directory_path() / ("snap_tp_serve_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(counter_++) + ".err")).string();
-    std::vector<std::string> args = std::move(launcher);
-    for (const std::string& a : {std::string(SNAP_BINARY_DIR) + "/snapserve", std::string("serve"),
-                                 std::string("--model"), model_path(), std::string("--port"), std::string("0"),
-                                 std::string("--threads"), std::string("1"), std::string("--shutdown-timeout"),
-                                 std::string("5")}) {
-      args.push_back(a);
-    }
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      FILE* err = std::fopen(err_.c_str(), "w");
-      if (err) ::dup2(::fileno(err), 2);
-      FILE* out = std::fopen("/dev/null", "w");
-      if (out) ::dup2(::fileno(out), 1);
-      ::execvp(argv[0], argv.data());
-      std::_Exit(127);
-    }
-    const std::regex serving(R"(snapserve: serving \S+ on http://127\.0\.0\.1:(\d+))");
-    const auto until = Clock::now() + std::chrono::seconds(120);
-    while (Clock::now() < until) {
-      std::smatch m;
-      const std::string err = slurp(err_);
-      if (std::regex_search(err, m, serving)) {
-        port_ = std::stoi(m[1]);
-        return;
-      }
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        ADD_FAILURE() << "server exited before serving: " << err;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ADD_FAILURE() << "server did not report its port: " << slurp(err_);
-  }
-  ~Server() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    fs::remove(err_);
-  }
-  // SIGTERM, then the exit code within wait_seconds (-1: still running).
-  int terminate(double wait_seconds) {
-    if (pid_ <= 0) return -1;
-    ::kill(pid_, SIGTERM);
-    const auto until = Clock::now() + std::chrono::duration<double>(wait_seconds);
-    while (Clock::now() < until) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-  int port() const { return port_; }
-  std::string log() const { return slurp(err_); }
-
- private:
-  static inline int counter_ = 0;
-  pid_t pid_ = -1;
-  int port_ = 0;
-  std::string err_;
-};
 
 struct Reply {
   int status = 0;
@@ -194,14 +126,14 @@ TEST(TpServe, SameCompletionsAsOneProcessMetricsAndCleanStop) {
   if (!fs::exists(model_path())) GTEST_FAIL() << model_path() << " missing (run scripts/setup.sh)";
   std::vector<std::string> expected;
   {
-    Server one({}, {});
+    snap::testing::ServerProcess one = start_server({}, {});
     ASSERT_GT(one.port(), 0);
     expected = complete_all(one.port());
     EXPECT_EQ(one.terminate(30), 0) << one.log();
   }
   for (const std::string& t : expected) ASSERT_EQ(t.rfind("HTTP ", 0), std::string::npos) << t;
 
-  Server tp({SNAP_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np", "3"}, {"--tp", "3"});
+  snap::testing::ServerProcess tp = start_server({SNAP_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np", "3"}, {"--tp", "3"});
   ASSERT_GT(tp.port(), 0);
   const std::vector<std::string> got = complete_all(tp.port());
   ASSERT_EQ(got.size(), expected.size());
