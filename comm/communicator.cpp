@@ -91,31 +91,36 @@ Status Communicator::check_root(const char* op, int root) const {
   return Status();
 }
 
-void Communicator::record(CommOp op, int64_t bytes) {
+void Communicator::record(CommOp op, int64_t bytes, std::chrono::steady_clock::time_point start) {
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   calls_[static_cast<int>(op)].fetch_add(1, std::memory_order_relaxed);
   bytes_[static_cast<int>(op)].fetch_add(bytes, std::memory_order_relaxed);
+  nanos_[static_cast<int>(op)].fetch_add(ns, std::memory_order_relaxed);
 }
 
 Status Communicator::all_reduce_sum(void* buf, int64_t count, DType dtype) {
   SNAP_RETURN_IF_ERROR(check_buffer("all_reduce_sum", buf, count, dtype));
+  const auto start = std::chrono::steady_clock::now();
   SNAP_RETURN_IF_ERROR(do_all_reduce_sum(buf, count, dtype));
-  record(CommOp::all_reduce_sum, count * dtype_size(dtype));
+  record(CommOp::all_reduce_sum, count * dtype_size(dtype), start);
   return Status();
 }
 
 Status Communicator::all_gather(const void* send, void* recv, int64_t count, DType dtype) {
   SNAP_RETURN_IF_ERROR(check_buffer("all_gather", send, count, dtype));
   SNAP_RETURN_IF_ERROR(check_buffer("all_gather", recv, count, dtype));
+  const auto start = std::chrono::steady_clock::now();
   SNAP_RETURN_IF_ERROR(do_all_gather(send, recv, count, dtype));
-  record(CommOp::all_gather, count * dtype_size(dtype));
+  record(CommOp::all_gather, count * dtype_size(dtype), start);
   return Status();
 }
 
 Status Communicator::broadcast(void* buf, int64_t count, DType dtype, int root) {
   SNAP_RETURN_IF_ERROR(check_buffer("broadcast", buf, count, dtype));
   SNAP_RETURN_IF_ERROR(check_root("broadcast", root));
+  const auto start = std::chrono::steady_clock::now();
   SNAP_RETURN_IF_ERROR(do_broadcast(buf, count, dtype, root));
-  record(CommOp::broadcast, count * dtype_size(dtype));
+  record(CommOp::broadcast, count * dtype_size(dtype), start);
   return Status();
 }
 
@@ -123,14 +128,16 @@ Status Communicator::broadcast_bytes(void* buf, int64_t num_bytes, int root) {
   if (num_bytes < 0) return invalid_argument("comm: broadcast_bytes with negative size " + std::to_string(num_bytes));
   if (num_bytes > 0 && buf == nullptr) return invalid_argument("comm: broadcast_bytes on a null buffer");
   SNAP_RETURN_IF_ERROR(check_root("broadcast_bytes", root));
+  const auto start = std::chrono::steady_clock::now();
   SNAP_RETURN_IF_ERROR(do_broadcast_bytes(buf, num_bytes, root));
-  record(CommOp::broadcast, num_bytes);
+  record(CommOp::broadcast, num_bytes, start);
   return Status();
 }
 
 Status Communicator::barrier() {
+  const auto start = std::chrono::steady_clock::now();
   SNAP_RETURN_IF_ERROR(do_barrier());
-  record(CommOp::barrier, 0);
+  record(CommOp::barrier, 0, start);
   return Status();
 }
 
@@ -139,6 +146,7 @@ CommStats Communicator::stats() const {
   for (int i = 0; i < k_num_comm_ops; ++i) {
     s.ops[i].calls = calls_[i].load(std::memory_order_relaxed);
     s.ops[i].bytes = bytes_[i].load(std::memory_order_relaxed);
+    s.ops[i].seconds = nanos_[i].load(std::memory_order_relaxed) * 1e-9;
   }
   return s;
 }
@@ -147,6 +155,7 @@ void Communicator::reset_stats() {
   for (int i = 0; i < k_num_comm_ops; ++i) {
     calls_[i].store(0, std::memory_order_relaxed);
     bytes_[i].store(0, std::memory_order_relaxed);
+    nanos_[i].store(0, std::memory_order_relaxed);
   }
 }
 

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -35,7 +36,8 @@ const char* comm_op_name(CommOp op);
 
 struct CommOpStats {
   int64_t calls = 0;
-  int64_t bytes = 0;  // payload bytes handed to the collective by this rank (see above)
+  int64_t bytes = 0;     // payload bytes handed to the collective by this rank (see above)
+  double seconds = 0;    // wall time inside successful calls, waiting for other ranks included
 };
 
 struct CommStats {
@@ -95,11 +97,12 @@ class Communicator {
  private:
   Status check_buffer(const char* op, const void* buf, int64_t count, DType dtype) const;
   Status check_root(const char* op, int root) const;
-  void record(CommOp op, int64_t bytes);
+  void record(CommOp op, int64_t bytes, std::chrono::steady_clock::time_point start);
 
   const World world_;
   std::array<std::atomic<int64_t>, k_num_comm_ops> calls_{};
   std::array<std::atomic<int64_t>, k_num_comm_ops> bytes_{};
+  std::array<std::atomic<int64_t>, k_num_comm_ops> nanos_{};
 };
 
 // Host reference of the documented order, used by the host backends: out[i] =

@@ -137,7 +137,9 @@ void report_tp(const comm::Communicator& comm, const LoadedModel& model, const G
                "snapserve: sent by each rank: all_reduce_sum %lld calls, %lld bytes (= %s), broadcast (step plans) "
                "%lld calls, %lld bytes, all_gather %lld bytes\n"
                "snapserve: per decoded token: all_reduce_sum %.0f bytes, all_gather %.0f bytes (LM head logits), "
-               "broadcast %.0f bytes; KV figures above are per rank\n",
+               "broadcast %.0f bytes; KV figures above are per rank\n"
+               "snapserve: rank 0 time in collectives (waiting for the other ranks included): all_reduce_sum "
+               "%.3f s, all_gather %.3f s, broadcast %.3f s = %.1f%% of prefill + decode\n",
                comm.group_size(), comm.backend_name(), model.shard.describe().c_str(),
                human_bytes(model.weights.nbytes()).c_str(), static_cast<long long>(ar.calls),
                static_cast<long long>(ar.bytes), all_reduce_formula(model.config, forwarded).c_str(),
@@ -145,7 +147,10 @@ void report_tp(const comm::Communicator& comm, const LoadedModel& model, const G
                static_cast<long long>(total[comm::CommOp::all_gather].bytes),
                (ar.bytes - after_prefill[comm::CommOp::all_reduce_sum].bytes) * per_decode,
                (total[comm::CommOp::all_gather].bytes - after_prefill[comm::CommOp::all_gather].bytes) * per_decode,
-               (bc.bytes - after_prefill[comm::CommOp::broadcast].bytes) * per_decode);
+               (bc.bytes - after_prefill[comm::CommOp::broadcast].bytes) * per_decode, ar.seconds,
+               total[comm::CommOp::all_gather].seconds, bc.seconds,
+               100.0 * (ar.seconds + total[comm::CommOp::all_gather].seconds + bc.seconds) /
+                   std::max(st.prefill_seconds + st.decode_seconds, 1e-9));
 }
 
 int run_generate_leader(const GenerateArgs& a, const LoadedModel& model, StepDriver& driver, double load_seconds);

@@ -205,6 +205,9 @@ Status send_plan(comm::Communicator& comm, const StepPlan& plan) {
 Status StepDriver::run(const StepPlan& plan, std::span<float* const> logits, std::vector<RankReport>* reports) {
   if (has_group(comm_)) SNAP_RETURN_IF_ERROR(send_plan(*comm_, plan));
   const Status st = local_.run(plan, logits);
+  // An internal error means this rank's state no longer matches the plan (the others may
+  // be fine): going on would desynchronise the group's collectives, so end the job.
+  if (st.code() == StatusCode::k_internal && has_group(comm_)) comm_->abort_job("step failed: " + st.message());
   if (plan.report) {
     // Always joined, also after an error: the other ranks are waiting in it.
     if (has_group(comm_)) {
@@ -246,6 +249,7 @@ Status worker_loop(Worker& worker, comm::Communicator& comm) {
     SNAP_ASSIGN_OR_RETURN(StepPlan plan, decode_step_plan(bytes));
     if (plan.shutdown) return {};
     Status st = worker.run(plan);
+    if (st.code() == StatusCode::k_internal) comm.abort_job("step failed: " + st.message());  // see StepDriver::run
     if (!st.ok()) std::fprintf(stderr, "snapserve: rank %d: step failed: %s\n", comm.world().rank(), st.message().c_str());
     if (plan.report) SNAP_RETURN_IF_ERROR(gather_reports(comm, worker.report(&comm), nullptr));
   }

@@ -92,7 +92,9 @@ Status agree_on_load(comm::Communicator* comm, const Status& local);
 
 // The other ranks: receive plans from group rank 0 and run them until a shutdown plan.
 // A plan's own error is printed and the loop goes on (rank 0 saw the same error and
-// decides); a communication error or a malformed plan returns.
+// decides: pool exhaustion and bad requests happen alike on every rank); an internal error
+// (this rank's state disagrees with the plan) ends the whole job through
+// Communicator::abort_job, on any rank; a communication error or a malformed plan returns.
 Status worker_loop(Worker& worker, comm::Communicator& comm);
 
 }  // namespace snap
