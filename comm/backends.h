@@ -11,6 +11,8 @@ namespace snap::comm::detail {
 
 Result<std::unique_ptr<Communicator>> make_single_communicator(const World& world);
 Result<std::unique_ptr<Communicator>> make_mpi_communicator(const World& world, const CommOptions& options);
+// Star through rank 0 over TCP (comm/tcp.cpp); connects every rank before returning.
+Result<std::unique_ptr<Communicator>> make_tcp_communicator(const World& world, const CommOptions& options);
 // Defined in comm/nccl.cpp only when SNAP_HAVE_NCCL.
 Result<std::unique_ptr<Communicator>> make_nccl_communicator(const World& world, const CommOptions& options);
 // Broadcast `num_bytes` from world rank 0 over MPI_COMM_WORLD (initialising MPI if needed);

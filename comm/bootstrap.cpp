@@ -146,6 +146,7 @@ const char* comm_kind_name(CommKind kind) {
     case CommKind::single: return "single";
     case CommKind::mpi: return "mpi";
     case CommKind::nccl: return "nccl";
+    case CommKind::tcp: return "tcp";
   }
   return "?";
 }
@@ -154,7 +155,8 @@ Result<CommKind> parse_comm_kind(std::string_view name) {
   if (name == "single") return CommKind::single;
   if (name == "mpi") return CommKind::mpi;
   if (name == "nccl") return CommKind::nccl;
-  return invalid_argument("comm: unknown communicator '" + std::string(name) + "'; expected single, mpi or nccl");
+  if (name == "tcp") return CommKind::tcp;
+  return invalid_argument("comm: unknown communicator '" + std::string(name) + "'; expected single, mpi, nccl or tcp");
 }
 
 bool nccl_compiled() {
@@ -170,6 +172,7 @@ Result<std::unique_ptr<Communicator>> make_communicator(CommKind kind, const Wor
   switch (kind) {
     case CommKind::single: return detail::make_single_communicator(world);
     case CommKind::mpi: return detail::make_mpi_communicator(world, options);
+    case CommKind::tcp: return detail::make_tcp_communicator(world, options);
     case CommKind::nccl:
 #ifdef SNAP_HAVE_NCCL
       return detail::make_nccl_communicator(world, options);

@@ -61,15 +61,20 @@ Result<World> world_from_environment(const WorldFlags& flags = {});
 Result<std::vector<uint8_t>> tcp_rendezvous(const std::string& leader_host, int port, int rank, int world_size,
                                             std::span<const uint8_t> blob, std::chrono::milliseconds timeout);
 
-enum class CommKind : uint8_t { single, mpi, nccl };
+// tcp: host buffers over persistent TCP connections through rank 0 (comm/tcp.cpp), for
+// launchers without MPI; the whole world must be one tensor-parallel group.
+enum class CommKind : uint8_t { single, mpi, nccl, tcp };
 const char* comm_kind_name(CommKind kind);
-Result<CommKind> parse_comm_kind(std::string_view name);  // "single" | "mpi" | "nccl"
+Result<CommKind> parse_comm_kind(std::string_view name);  // "single" | "mpi" | "nccl" | "tcp"
 // True when this build contains the NCCL backend (CUDA and NCCL were found).
 bool nccl_compiled();
 
 struct CommOptions {
   // NCCL: where to exchange the unique id. Empty leader_host: MPI broadcast (mpirun/srun);
   // otherwise the TCP rendezvous at leader_host:port.
+  // tcp: rank 0 listens on `port`, the others connect to leader_host:port; every rank must
+  // have joined within rendezvous_timeout (a rank that joined waits up to 1 s more for
+  // rank 0 to say why it gave up). Collectives themselves have no timeout.
   std::string leader_host;
   int port = k_default_rendezvous_port;
   std::chrono::milliseconds rendezvous_timeout{30000};

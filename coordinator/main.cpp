@@ -67,7 +67,7 @@ struct GenerateArgs {
   bool chat = false;
   bool ignore_eos = false;
   std::string dump_logits;
-  int threads = 0;
+  TpFlags parallel;  // --tp, --threads, --rank, --world-size, --leader
   int64_t prefill_chunk = 512;
   std::string question;
   std::string kv_policy = "full";
@@ -81,7 +81,6 @@ struct GenerateArgs {
   int64_t kv_cache_mib = 0;
   std::string dump_kv_selection;
   std::string weight_dtype = "auto";
-  int tp = 0;  // 0: the launcher's world size
 };
 
 Result<KvPolicy> kv_policy_from_args(const GenerateArgs& a) {
@@ -158,9 +157,9 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model, StepDri
 // Every rank: find its place in the launcher's world, load its shard, agree that all ranks
 // loaded, then rank 0 leads (run_generate_leader) and the others run plans until it is done.
 int run_generate(const GenerateArgs& a) {
-  auto launch = start_tensor_parallel("generate", a.tp, a.threads);
+  auto launch = start_tensor_parallel("generate", a.parallel);
   if (!launch.ok()) return fail(launch.status().message());
-  const comm::World* world = &launch->world;
+  const comm::World* world = &launch->world();
   const int size = world->size();
   std::unique_ptr<comm::Communicator> comm = std::move(launch->comm);
   auto policy = kv_policy_from_args(a);  // checked on every rank before loading
@@ -391,7 +390,7 @@ int main(int argc, char** argv) {
   gen->add_option("--system", g.system, "System message for --chat");
   gen->add_flag("--ignore-eos", g.ignore_eos, "Keep generating past end-of-sequence tokens");
   gen->add_option("--dump-logits", g.dump_logits, "Write every prompt position's logits to FILE (format: tools/read_logits.py)");
-  gen->add_option("--threads", g.threads, "CPU threads per rank (default: the cores divided by the ranks)")->check(CLI::Range(1, 1024));
+  add_tp_options(gen, g.parallel, "generate");
   gen->add_option("--prefill-chunk", g.prefill_chunk, "Prompt tokens per prefill step (default 512)")->check(CLI::Range(1, 1 << 20));
   gen->add_option("--weight-dtype", g.weight_dtype,
                   "Storage of projection weights: auto (default: GGUF q8_0/q4_0/q4_1 kept as is, others f32), "
@@ -419,11 +418,6 @@ int main(int argc, char** argv) {
   gen->add_option("--dump-kv-selection", g.dump_kv_selection,
                   "Write the kept prompt positions per layer and KV head to FILE (JSON; with --tp N > 1 each "
                   "rank writes FILE.rank<r> for its own KV heads)");
-  gen->add_option("--tp", g.tp,
-                  "Tensor-parallel ranks: must equal the processes the launcher started (`mpirun -np N snapserve "
-                  "generate --tp N`, or srun); attention heads and the MLP are split over them, each rank "
-                  "compresses its own heads' KV (default: the launcher's process count, 1 alone)")
-      ->check(CLI::Range(1, 4096));
 
   std::string inspect_model = default_model_path();
   bool inspect_tensors = false;

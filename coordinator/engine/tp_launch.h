@@ -1,26 +1,38 @@
 // The start of a tensor-parallel subcommand (`generate`, `serve`): this process's place in
-// the launcher's world (mpirun, srun or one process), the check that `--tp` matches it, the
-// OpenMP thread count per rank, and the MPI communicator of the group (none alone).
+// the launcher's world — mpirun or srun (MPI), a Kubernetes LeaderWorkerSet or explicit
+// --rank/--world-size/--leader flags (TCP through the leader), or one process — the check
+// that `--tp` matches it, the OpenMP thread count per rank, and the group's communicator.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "comm/world.h"
 #include "common/status.h"
 
 namespace snap {
 
-struct TpLaunch {
-  comm::World world;
-  std::unique_ptr<comm::Communicator> comm;  // null for one process
-  int threads = 1;                           // OpenMP threads of this rank
+// The flags every tensor-parallel subcommand takes.
+struct TpFlags {
+  int tp = 0;       // --tp: 0 = the launcher's process count
+  int threads = 0;  // --threads per rank: 0 = the cores divided by the ranks (at least 1)
+  // Launchers without MPI: --rank R --world-size N --leader HOST[:PORT] (all or none).
+  int rank = -1;
+  int world_size = -1;
+  std::string leader;
 };
 
-// tp: the --tp flag (0: the launcher's process count); threads: --threads (0: the cores
-// divided by the ranks, at least 1). Sets OpenMP's thread count on the calling thread.
-// invalid_argument when --tp differs from the process count, naming the command to run.
-Result<TpLaunch> start_tensor_parallel(const std::string& subcommand, int tp, int threads);
+struct TpLaunch {
+  comm::LaunchInfo launch;                   // world, launcher, rendezvous address
+  std::unique_ptr<comm::Communicator> comm;  // null for one process
+  int threads = 1;                           // OpenMP threads of this rank
+  const comm::World& world() const { return launch.world; }
+};
+
+// Sets OpenMP's thread count on the calling thread. invalid_argument when --tp differs
+// from the process count (naming the command to run) or the flags are inconsistent.
+Result<TpLaunch> start_tensor_parallel(const std::string& subcommand, const TpFlags& flags);
 
 }  // namespace snap

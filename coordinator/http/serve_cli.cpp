@@ -44,6 +44,27 @@ int run_serve_worker(const ServeArgs& a, comm::Communicator& comm) {
 
 }  // namespace
 
+void add_tp_options(CLI::App* cmd, TpFlags& f, const std::string& subcommand) {
+  cmd->add_option("--threads", f.threads, "Compute threads per rank (default: the cores divided by the ranks)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--tp", f.tp,
+                  "Tensor-parallel ranks: must equal the processes the launcher started (`mpirun -np N snapserve " +
+                      subcommand + " --tp N`, `srun --mpi=pmix -n N ...`, a LeaderWorkerSet group, or N processes "
+                      "started with --rank/--world-size/--leader); attention heads, the MLP and the LM head are "
+                      "split over them and each rank compresses its own heads' KV (default: the launcher's "
+                      "process count, 1 alone)")
+      ->check(CLI::Range(1, 4096));
+  auto* rank = cmd->add_option("--rank", f.rank, "This process's rank, for launchers without MPI (with --world-size, --leader)")
+                   ->check(CLI::Range(0, 4095));
+  auto* size = cmd->add_option("--world-size", f.world_size, "Processes in the group, for launchers without MPI")
+                   ->check(CLI::Range(1, 4096));
+  cmd->add_option("--leader", f.leader,
+                  "HOST[:PORT] where rank 0 listens for the others (TCP; default port 29517, or "
+                  "$SNAP_RENDEZVOUS_PORT); under a LeaderWorkerSet, LWS_LEADER_ADDRESS");
+  rank->needs(size);
+  size->needs(rank);
+}
+
 void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   if (a.model.empty()) a.model = default_model_path();
   auto* s = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (completions, chat, SSE streaming)");
@@ -53,13 +74,7 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   s->add_option("--api-key", a.api_key, "Require Authorization: Bearer KEY on /v1/* (default: $SNAPSERVE_API_KEY; none)")
       ->envname("SNAPSERVE_API_KEY");
   s->add_option("--served-model-name", a.served_model_name, "Model id in the API (default: the model file's name)");
-  s->add_option("--threads", a.threads, "Compute threads per rank (default: the cores divided by the ranks)")
-      ->check(CLI::Range(1, 1024));
-  s->add_option("--tp", a.tp,
-                "Tensor-parallel ranks: must equal the processes the launcher started (`mpirun -np N snapserve "
-                "serve --tp N`, or srun); rank 0 serves HTTP, every rank holds its share of the heads and their KV "
-                "(default: the launcher's process count, 1 alone)")
-      ->check(CLI::Range(1, 4096));
+  add_tp_options(s, a.parallel, "serve");
   s->add_option("--http-threads", a.http_threads, "HTTP I/O threads (default 2)")->check(CLI::Range(1, 256));
   s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -93,9 +108,9 @@ int run_serve(const ServeArgs& a) {
 
   // Tensor parallelism: the launcher's processes form one group. Worker ranks keep the
   // signal mask above: they stop when rank 0 tells them, after draining.
-  auto launch = start_tensor_parallel("serve", a.tp, a.threads);
+  auto launch = start_tensor_parallel("serve", a.parallel);
   if (!launch.ok()) return serve_fail(launch.status().message());
-  const comm::World* world = &launch->world;
+  const comm::World* world = &launch->world();
   std::unique_ptr<comm::Communicator> comm = std::move(launch->comm);
   const int threads = launch->threads;
   if (!world->is_leader()) return run_serve_worker(a, *comm);

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "coordinator/engine/tp_launch.h"
+
 namespace snap {
 
 struct ServeArgs {
@@ -18,7 +20,7 @@ struct ServeArgs {
   int port = 8000;
   std::string api_key;  // default: $SNAPSERVE_API_KEY
   std::string served_model_name;
-  int threads = 0;
+  TpFlags parallel;  // --tp, --threads, --rank, --world-size, --leader
   int http_threads = 2;
   int64_t kv_cache_mib = 512;
   int64_t max_num_seqs = 16;
@@ -30,8 +32,10 @@ struct ServeArgs {
   double request_timeout = 600;
   double read_timeout = 10;
   double shutdown_timeout = 10;
-  int tp = 0;  // tensor-parallel ranks; 0: the launcher's process count
 };
+
+// --threads, --tp, --rank, --world-size and --leader on a tensor-parallel subcommand.
+void add_tp_options(CLI::App* cmd, TpFlags& flags, const std::string& subcommand);
 
 void add_serve_subcommand(CLI::App& app, ServeArgs& args);
 int run_serve(const ServeArgs& args);

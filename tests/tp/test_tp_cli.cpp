@@ -4,9 +4,13 @@
 //   - a --tp that does not match the launcher, or does not divide the model's heads, is a
 //     one-line error, not a hang;
 //   - killing one rank mid-generation ends the whole job non-zero, with mpirun naming the
-//     rank, within k_bound_seconds (a `timeout` at 120 s would show up as exit 124).
+//     rank, within k_bound_seconds (a `timeout` at 120 s would show up as exit 124);
+//   - without MPI (as under a Kubernetes LeaderWorkerSet): three processes started with
+//     --rank/--world-size/--leader form the group over TCP and print the same text.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -171,6 +175,44 @@ TEST_F(TpCli, KilledRankEndsTheJob) {
   EXPECT_NE(log.find("rank 1"), std::string::npos) << log;
   EXPECT_NE(log.find("signal 9"), std::string::npos) << log;
   EXPECT_EQ(log.find("generated tokens 4000"), std::string::npos) << log;
+}
+
+// A TCP port that was free a moment ago.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST_F(TpCli, TcpGroupWithoutMpiMatchesOneProcess) {
+  const std::string args = generate_args(24) + " --kv-policy snapkv --kv-budget 16 --kv-window 4";
+  const CmdResult one = run(k_bin + args);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  // Ranks 1 and 2 in the background, rank 0 in the foreground; all three must exit 0.
+  std::string cmd = "(";
+  for (int r = 1; r < 3; ++r) {
+    cmd += "timeout 120 " + k_bin + args + " --tp 3 --rank " + std::to_string(r) + " --world-size 3 --leader 127.0.0.1:" +
+           std::to_string(port) + " > " + dir_ + "/rank" + std::to_string(r) + ".log 2>&1 & p" + std::to_string(r) +
+           "=$!; ";
+  }
+  cmd += "timeout 120 " + k_bin + args + " --tp 3 --rank 0 --world-size 3 --leader 127.0.0.1:" + std::to_string(port) +
+         "; rc=$?; wait $p1 || rc=91; wait $p2 || rc=92; exit $rc)";
+  const CmdResult tp = run(cmd);
+  EXPECT_EQ(tp.exit_code, 0) << tp.err << slurp(dir_ + "/rank1.log") << slurp(dir_ + "/rank2.log");
+  EXPECT_EQ(tp.out, one.out);
+  EXPECT_NE(tp.err.find("tensor parallel 3 ranks (tcp)"), std::string::npos) << tp.err;
 }
 
 }  // namespace

@@ -1,0 +1,666 @@
+// TCP backend (host buffers) for launchers without MPI: Kubernetes LeaderWorkerSet pods or
+// explicit --rank/--world-size. A star through group rank 0 over persistent connections:
+// every rank != 0 sends its block to rank 0, rank 0 combines (all_reduce_sum: exactly
+// sum_blocks_in_rank_order, hence the MPI backend's bits) and sends the result to every
+// rank. Rank 0 moves (P-1)·n bytes each way per all-reduce: fine for CPU tensor
+// parallelism over a handful of pods, not a replacement for NCCL/MPI at scale.
+//
+// Wire, little-endian. Setup: hello = u32 {magic, rank, world_size}; reply = u32 {magic,
+// verdict, value}. Collectives: each message is a 16-byte header {u32 magic, u32 kind,
+// u64 num_bytes} + payload; kind is the CommOp + 1, so ranks that call different
+// collectives (or counts) fail with a one-line error instead of misreading bytes. A rank
+// that fails sends, where its connection is at a message boundary, an abort notice (kind
+// k_kind_abort, payload: the one-line message) and closes every connection; the others
+// then fail in their current or next collective with that message (or "rank R closed the
+// connection" when the process died), never hang. Collectives have no timeout (an idle
+// worker waits for the next step plan in poll(), no spinning); a host that vanishes
+// without closing is caught by TCP keepalive / TCP_USER_TIMEOUT within ~30 s.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "comm/backends.h"
+
+namespace snap::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t k_magic = 0x54504e53;  // "SNPT": not the rendezvous' "SNAP"
+constexpr uint32_t k_verdict_ok = 0;
+constexpr uint32_t k_verdict_bad_size = 1;    // value: rank 0's world size
+constexpr uint32_t k_verdict_bad_rank = 2;
+constexpr uint32_t k_verdict_timed_out = 3;   // value: ranks joined
+constexpr uint32_t k_verdict_other_bad = 4;   // value: the rank whose hello was refused
+constexpr uint32_t k_kind_abort = 0xff;
+constexpr size_t k_header_bytes = 16;
+constexpr size_t k_max_notice = 4096;
+constexpr auto k_retry_interval = std::chrono::milliseconds(100);
+constexpr auto k_notice_time = std::chrono::milliseconds(200);
+constexpr auto k_verdict_grace = std::chrono::milliseconds(1000);
+
+// ------------------------------------------------------------ sockets (as comm/rendezvous.cpp)
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket& operator=(Socket&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  ~Socket() { reset(); }
+  int fd() const { return fd_; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+enum class Io { ok, timeout, closed };
+
+int remaining_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
+
+Io wait_fd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, remaining_ms(deadline));
+    if (n > 0) return (p.revents & (events | POLLHUP | POLLERR)) ? Io::ok : Io::closed;
+    if (n == 0) return Io::timeout;
+    if (errno != EINTR) return Io::closed;
+  }
+}
+
+Io send_all(int fd, const void* data, size_t len, Clock::time_point deadline) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (len > 0) {
+    if (Io w = wait_fd(fd, POLLOUT, deadline); w != Io::ok) return w;
+    const ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return Io::closed;
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return Io::ok;
+}
+
+Io recv_all(int fd, void* data, size_t len, Clock::time_point deadline) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (len > 0) {
+    if (Io w = wait_fd(fd, POLLIN, deadline); w != Io::ok) return w;
+    const ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return Io::closed;
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return Io::ok;
+}
+
+Io send_words(int fd, std::initializer_list<uint32_t> words, Clock::time_point deadline) {
+  uint32_t buf[4];
+  size_t n = 0;
+  for (uint32_t w : words) buf[n++] = htole32(w);
+  return send_all(fd, buf, n * 4, deadline);
+}
+
+Io recv_words(int fd, uint32_t* words, size_t n, Clock::time_point deadline) {
+  Io r = recv_all(fd, words, n * 4, deadline);
+  for (size_t i = 0; i < n; ++i) words[i] = le32toh(words[i]);
+  return r;
+}
+
+// No Nagle delay (a decode step's all-reduce is one small message each way), and a peer
+// host that vanishes without a FIN/RST (power loss, partition) is declared dead after
+// ~30 s: keepalive probes when idle, TCP_USER_TIMEOUT when sent data stays unacknowledged.
+void tune_socket(int fd) {
+  const int one = 1;
+  const int idle_s = 10, interval_s = 5, probes = 3;
+  const unsigned user_timeout_ms = 30000;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+}
+
+std::string seconds_text(std::chrono::milliseconds t) {
+  char buf[32];
+  if (t.count() % 1000 == 0) {
+    std::snprintf(buf, sizeof buf, "%lld s", static_cast<long long>(t.count() / 1000));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(t.count()) / 1000.0);
+  }
+  return buf;
+}
+
+// ------------------------------------------------------------ setup: connect the star
+
+struct Setup {
+  std::string where;  // "host:port"
+  std::chrono::milliseconds timeout;
+  Clock::time_point deadline;
+  int world_size;
+
+  Status timed_out(const std::string& what) const {
+    return internal_error("comm/tcp: connecting the group at " + where + " timed out after " + seconds_text(timeout) +
+                          ": " + what);
+  }
+  Status failed(const std::string& what) const {
+    return internal_error("comm/tcp: connecting the group at " + where + " failed: " + what);
+  }
+  Status io_error(Io io, const std::string& what) const {
+    return io == Io::timeout ? timed_out(what) : failed(what + " (connection closed)");
+  }
+};
+
+Result<Socket> listen_on(int port, const Setup& st) {
+  // Dual-stack where IPv6 exists, IPv4 otherwise.
+  Socket s(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int one = 1;
+  const int zero = 0;
+  int rc = -1;
+  if (s.fd() >= 0) {
+    ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    ::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(static_cast<uint16_t>(port));
+    rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  if (rc != 0) {
+    s = Socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (s.fd() < 0) return st.failed(std::string("socket: ") + std::strerror(errno));
+    ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      return st.failed("rank 0 cannot listen on port " + std::to_string(port) + ": " + std::strerror(errno));
+    }
+  }
+  if (::listen(s.fd(), st.world_size + 8) != 0) return st.failed(std::string("listen: ") + std::strerror(errno));
+  return s;
+}
+
+// Rank 0: accept world_size - 1 hellos; peers[r] is rank r's connection (peers[0] empty).
+// A refused hello fails the whole group: the ranks already connected are told why.
+Result<std::vector<Socket>> lead(int port, const Setup& st) {
+  SNAP_ASSIGN_OR_RETURN(Socket listener, listen_on(port, st));
+  std::vector<Socket> peers(st.world_size);
+  int joined = 1;
+  auto tell_joined = [&](uint32_t verdict, uint32_t value) {
+    const auto deadline = Clock::now() + k_notice_time;
+    for (const Socket& p : peers) {
+      if (p.fd() >= 0) send_words(p.fd(), {k_magic, verdict, value}, deadline);
+    }
+  };
+  while (joined < st.world_size) {
+    if (wait_fd(listener.fd(), POLLIN, st.deadline) == Io::timeout) {
+      tell_joined(k_verdict_timed_out, static_cast<uint32_t>(joined));
+      std::string missing;
+      for (int r = 1; r < st.world_size; ++r) {
+        if (peers[r].fd() < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      return st.timed_out(std::to_string(joined) + " of " + std::to_string(st.world_size) +
+                          " ranks joined (missing: " + missing + ")");
+    }
+    Socket peer(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (peer.fd() < 0) continue;
+    // A peer that connects and stays silent (a probe) may hold us at most 5 s.
+    const auto hello_deadline = std::min(st.deadline, Clock::now() + std::chrono::seconds(5));
+    uint32_t hello[3];
+    if (recv_words(peer.fd(), hello, 3, hello_deadline) != Io::ok || hello[0] != k_magic) continue;
+    const int rank = static_cast<int>(hello[1]);
+    const int size = static_cast<int>(hello[2]);
+    if (size != st.world_size) {
+      send_words(peer.fd(), {k_magic, k_verdict_bad_size, static_cast<uint32_t>(st.world_size)}, hello_deadline);
+      tell_joined(k_verdict_other_bad, hello[1]);
+      return st.failed("rank " + std::to_string(rank) + " says world size " + std::to_string(size) + ", rank 0 has " +
+                       std::to_string(st.world_size));
+    }
+    if (rank < 1 || rank >= st.world_size || peers[rank].fd() >= 0) {
+      send_words(peer.fd(), {k_magic, k_verdict_bad_rank, 0}, hello_deadline);
+      tell_joined(k_verdict_other_bad, hello[1]);
+      return st.failed("rank " + std::to_string(rank) + " joined twice or is outside [1, " +
+                       std::to_string(st.world_size) + ")");
+    }
+    tune_socket(peer.fd());
+    peers[rank] = std::move(peer);
+    ++joined;
+  }
+  for (int r = 1; r < st.world_size; ++r) {
+    const Io io = send_words(peers[r].fd(), {k_magic, k_verdict_ok, static_cast<uint32_t>(st.world_size)}, st.deadline);
+    if (io != Io::ok) return st.io_error(io, "telling rank " + std::to_string(r) + " that the group is complete");
+  }
+  return peers;
+}
+
+// One non-blocking connect attempt bounded by the deadline; the reason on failure. A name
+// that does not resolve yet is retried too: a Kubernetes leader's DNS entry appears late.
+Result<Socket> try_connect(const std::string& host, int port, Clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (gai != 0) return internal_error("cannot resolve " + host + ": " + gai_strerror(gai));
+  std::string last = "no address";
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
+    if (s.fd() < 0) continue;
+    int rc = ::connect(s.fd(), a->ai_addr, a->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      if (wait_fd(s.fd(), POLLOUT, deadline) != Io::ok) {
+        last = "connect timed out";
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc == 0) {
+      ::freeaddrinfo(res);
+      tune_socket(s.fd());
+      return s;
+    }
+    last = std::strerror(errno);
+  }
+  ::freeaddrinfo(res);
+  return internal_error(last);
+}
+
+Result<Socket> follow(const std::string& host, int port, int rank, const Setup& st) {
+  Socket s;
+  for (;;) {
+    Result<Socket> c = try_connect(host, port, st.deadline);
+    if (c.ok()) {
+      s = std::move(c.value());
+      break;
+    }
+    if (remaining_ms(st.deadline) == 0) {
+      return st.timed_out("rank " + std::to_string(rank) + " could not connect (" + c.status().message() + ")");
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(
+        k_retry_interval, std::chrono::milliseconds(remaining_ms(st.deadline))));
+  }
+  const std::string me = "rank " + std::to_string(rank);
+  Io io = send_words(s.fd(), {k_magic, static_cast<uint32_t>(rank), static_cast<uint32_t>(st.world_size)}, st.deadline);
+  if (io != Io::ok) return st.io_error(io, me + " sending its hello");
+  // Rank 0 gives up at the same deadline and then says why (e.g. which ranks are
+  // missing); wait a little longer for that than for our own deadline.
+  uint32_t reply[3];
+  io = recv_words(s.fd(), reply, 3, st.deadline + k_verdict_grace);
+  if (io != Io::ok) return st.io_error(io, me + " connected but not all " + std::to_string(st.world_size) + " ranks joined");
+  if (reply[0] != k_magic) return st.failed("rank 0 answered with a bad magic (is another service on the port?)");
+  switch (reply[1]) {
+    case k_verdict_ok: return s;
+    case k_verdict_bad_size:
+      return st.failed("rank 0 has world size " + std::to_string(reply[2]) + ", " + me + " has " +
+                       std::to_string(st.world_size));
+    case k_verdict_bad_rank: return st.failed("rank 0 rejected " + me + " (joined twice?)");
+    case k_verdict_timed_out:
+      return st.failed("rank 0 timed out waiting for the others: " + std::to_string(reply[2]) + " of " +
+                       std::to_string(st.world_size) + " ranks joined");
+    default:
+      return st.failed("rank 0 gave up: it refused the hello of rank " + std::to_string(static_cast<int>(reply[2])) +
+                       " (wrong world size or duplicate rank)");
+  }
+}
+
+// ------------------------------------------------------------ collectives
+
+// One message to or from one peer, moved a piece at a time as poll() allows.
+struct Transfer {
+  int peer;       // group rank at the other end
+  bool send;
+  uint8_t* data;  // payload [num_bytes]
+  uint64_t num_bytes;
+  uint8_t header[k_header_bytes] = {};
+  uint64_t done = 0;  // bytes of header + payload moved
+  bool finished() const { return done == k_header_bytes + num_bytes; }
+};
+
+void encode_header(uint8_t* out, uint32_t kind, uint64_t num_bytes) {
+  const uint32_t w[2] = {htole32(k_magic), htole32(kind)};
+  const uint64_t n = htole64(num_bytes);
+  std::memcpy(out, w, 8);
+  std::memcpy(out + 8, &n, 8);
+}
+
+void decode_header(const uint8_t* in, uint32_t* magic, uint32_t* kind, uint64_t* num_bytes) {
+  uint32_t w[2];
+  uint64_t n;
+  std::memcpy(w, in, 8);
+  std::memcpy(&n, in + 8, 8);
+  *magic = le32toh(w[0]);
+  *kind = le32toh(w[1]);
+  *num_bytes = le64toh(n);
+}
+
+uint32_t kind_of(CommOp op) { return static_cast<uint32_t>(op) + 1; }
+
+std::string kind_name(uint32_t kind) {
+  if (kind >= 1 && kind <= k_num_comm_ops) return comm_op_name(static_cast<CommOp>(kind - 1));
+  return "kind " + std::to_string(kind);
+}
+
+class TcpCommunicator final : public Communicator {
+ public:
+  // peers_[r]: the connection to group rank r (rank 0: every r > 0; others: r == 0 only).
+  TcpCommunicator(World world, std::vector<Socket> peers)
+      : Communicator(world), peers_(std::move(peers)), out_partial_(peers_.size(), false) {}
+  const char* backend_name() const override { return "tcp"; }
+
+  // The peers see our closed connections (or this notice) and fail in turn; rank 0
+  // passes the message on to everyone else.
+  [[noreturn]] void abort_job(const std::string& message, int exit_code) override {
+    std::fprintf(stderr, "snapserve: rank %d aborting the job: %s\n", world().rank(), message.c_str());
+    std::fflush(stderr);
+    notify_peers("comm/tcp: rank " + std::to_string(group_rank()) + " aborted the job: " + message);
+    std::_Exit(exit_code);
+  }
+
+ protected:
+  // Rank 0 sums the P blocks with sum_blocks_in_rank_order (rank 0's value first, f32
+  // accumulator, one rounding) and sends the same bytes to everyone.
+  Status do_all_reduce_sum(void* buf, int64_t count, DType dtype) override {
+    SNAP_RETURN_IF_ERROR(failed_);
+    const int p = group_size();
+    if (count == 0 || p == 1) return Status();
+    const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
+    auto* data = static_cast<uint8_t*>(buf);
+    if (group_rank() != 0) {
+      SNAP_RETURN_IF_ERROR(exchange({send_to(0, data, bytes)}, CommOp::all_reduce_sum));
+      return exchange({recv_from(0, data, bytes)}, CommOp::all_reduce_sum);
+    }
+    scratch_.resize(p * bytes);  // [P × bytes]: block r is rank r's buffer
+    std::memcpy(scratch_.data(), data, bytes);
+    std::vector<Transfer> ts;
+    for (int r = 1; r < p; ++r) ts.push_back(recv_from(r, scratch_.data() + r * bytes, bytes));
+    SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_reduce_sum));
+    sum_blocks_in_rank_order(scratch_.data(), p, count, count, dtype, data);
+    return send_to_all(data, bytes, -1, CommOp::all_reduce_sum);
+  }
+
+  Status do_all_gather(const void* send, void* recv, int64_t count, DType dtype) override {
+    SNAP_RETURN_IF_ERROR(failed_);
+    const int p = group_size();
+    const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
+    auto* out = static_cast<uint8_t*>(recv);
+    if (count == 0) return Status();
+    if (group_rank() != 0) {
+      auto* in = static_cast<uint8_t*>(const_cast<void*>(send));  // only read: a send transfer
+      SNAP_RETURN_IF_ERROR(exchange({send_to(0, in, bytes)}, CommOp::all_gather));
+      return exchange({recv_from(0, out, p * bytes)}, CommOp::all_gather);
+    }
+    if (send != recv) std::memmove(out, send, bytes);
+    std::vector<Transfer> ts;
+    for (int r = 1; r < p; ++r) ts.push_back(recv_from(r, out + r * bytes, bytes));
+    SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_gather));
+    return send_to_all(out, p * bytes, -1, CommOp::all_gather);
+  }
+
+  Status do_broadcast(void* buf, int64_t count, DType dtype, int root) override {
+    return do_broadcast_bytes(buf, count * dtype_size(dtype), root);
+  }
+
+  // A root other than 0 first hands its bytes to rank 0, which sends them on to the rest.
+  Status do_broadcast_bytes(void* buf, int64_t num_bytes, int root) override {
+    SNAP_RETURN_IF_ERROR(failed_);
+    if (num_bytes == 0 || group_size() == 1) return Status();
+    auto* data = static_cast<uint8_t*>(buf);
+    const auto bytes = static_cast<uint64_t>(num_bytes);
+    const int me = group_rank();
+    if (me == 0) {
+      if (root != 0) SNAP_RETURN_IF_ERROR(exchange({recv_from(root, data, bytes)}, CommOp::broadcast));
+      return send_to_all(data, bytes, root, CommOp::broadcast);
+    }
+    if (me == root) return exchange({send_to(0, data, bytes)}, CommOp::broadcast);
+    return exchange({recv_from(0, data, bytes)}, CommOp::broadcast);
+  }
+
+  // Empty messages: everyone reports to rank 0, rank 0 releases everyone.
+  Status do_barrier() override {
+    SNAP_RETURN_IF_ERROR(failed_);
+    const int p = group_size();
+    if (p == 1) return Status();
+    if (group_rank() != 0) {
+      SNAP_RETURN_IF_ERROR(exchange({send_to(0, nullptr, 0)}, CommOp::barrier));
+      return exchange({recv_from(0, nullptr, 0)}, CommOp::barrier);
+    }
+    std::vector<Transfer> ts;
+    for (int r = 1; r < p; ++r) ts.push_back(recv_from(r, nullptr, 0));
+    SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::barrier));
+    return send_to_all(nullptr, 0, -1, CommOp::barrier);
+  }
+
+ private:
+  static Transfer send_to(int peer, uint8_t* data, uint64_t n) { return Transfer{peer, true, data, n}; }
+  static Transfer recv_from(int peer, uint8_t* data, uint64_t n) { return Transfer{peer, false, data, n}; }
+
+  // Rank 0: `data` to every rank except 0 and `skip`.
+  Status send_to_all(uint8_t* data, uint64_t n, int skip, CommOp op) {
+    std::vector<Transfer> ts;
+    for (int r = 1; r < group_size(); ++r) {
+      if (r != skip) ts.push_back(send_to(r, data, n));
+    }
+    return exchange(std::move(ts), op);
+  }
+
+  // Moves every transfer to completion, all peers at once (poll; no timeout). The first
+  // failure breaks the communicator: see fail().
+  Status exchange(std::vector<Transfer> ts, CommOp op) {
+    for (Transfer& t : ts) {
+      if (t.send) {
+        encode_header(t.header, kind_of(op), t.num_bytes);
+        out_partial_[t.peer] = true;
+      }
+    }
+    std::vector<pollfd> fds;
+    std::vector<Transfer*> polled;
+    for (;;) {
+      fds.clear();
+      polled.clear();
+      for (Transfer& t : ts) {
+        if (t.finished()) continue;
+        fds.push_back(pollfd{peers_[t.peer].fd(), static_cast<short>(t.send ? POLLOUT : POLLIN), 0});
+        polled.push_back(&t);
+      }
+      if (fds.empty()) return Status();
+      if (::poll(fds.data(), fds.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        return fail(internal_error(std::string("comm/tcp: poll failed during ") + comm_op_name(op) + ": " +
+                                   std::strerror(errno)));
+      }
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        Transfer& t = *polled[i];
+        Status s = t.send ? step_send(t, op) : step_recv(t, op);
+        if (!s.ok()) return fail(std::move(s));
+        if (t.send && t.finished()) out_partial_[t.peer] = false;
+      }
+    }
+  }
+
+  Status closed(int peer, CommOp op) const {
+    return internal_error("comm/tcp: rank " + std::to_string(peer) + " closed the connection during " +
+                          comm_op_name(op));
+  }
+
+  // Sends until the socket would block or the message is out.
+  Status step_send(Transfer& t, CommOp op) {
+    const int fd = peers_[t.peer].fd();
+    while (!t.finished()) {
+      iovec iov[2];
+      int n_iov = 0;
+      if (t.done < k_header_bytes) iov[n_iov++] = {t.header + t.done, k_header_bytes - t.done};
+      const uint64_t payload_done = t.done < k_header_bytes ? 0 : t.done - k_header_bytes;
+      if (t.num_bytes > payload_done) iov[n_iov++] = {t.data + payload_done, t.num_bytes - payload_done};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = n_iov;
+      const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Status();
+      if (n <= 0) {
+        // The peer may have said why before it closed.
+        Status notice = pending_notice(fd);
+        return notice.ok() ? closed(t.peer, op) : notice;
+      }
+      t.done += static_cast<uint64_t>(n);
+    }
+    return Status();
+  }
+
+  // Receives until the socket would block or the message is in; checks the header first.
+  Status step_recv(Transfer& t, CommOp op) {
+    const int fd = peers_[t.peer].fd();
+    while (!t.finished()) {
+      const bool in_header = t.done < k_header_bytes;
+      uint8_t* dst = in_header ? t.header + t.done : t.data + (t.done - k_header_bytes);
+      const uint64_t want = in_header ? k_header_bytes - t.done : t.num_bytes - (t.done - k_header_bytes);
+      const ssize_t n = ::recv(fd, dst, want, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Status();
+      if (n <= 0) return closed(t.peer, op);
+      t.done += static_cast<uint64_t>(n);
+      if (in_header && t.done == k_header_bytes) SNAP_RETURN_IF_ERROR(check_header(t, op));
+    }
+    return Status();
+  }
+
+  Status check_header(const Transfer& t, CommOp op) {
+    uint32_t magic, kind;
+    uint64_t num_bytes;
+    decode_header(t.header, &magic, &kind, &num_bytes);
+    if (magic == k_magic && kind == k_kind_abort) return read_notice(peers_[t.peer].fd(), num_bytes);
+    if (magic != k_magic) {
+      return internal_error("comm/tcp: rank " + std::to_string(t.peer) + " sent a bad message header during " +
+                            comm_op_name(op));
+    }
+    if (kind != kind_of(op) || num_bytes != t.num_bytes) {
+      return internal_error("comm/tcp: rank " + std::to_string(t.peer) + " sent " + kind_name(kind) + " of " +
+                            std::to_string(num_bytes) + " bytes while this rank is in " + comm_op_name(op) + " of " +
+                            std::to_string(t.num_bytes) + " bytes (ranks called different collectives)");
+    }
+    return Status();
+  }
+
+  // The text of an abort notice whose header was just read, as this rank's error.
+  static Status read_notice(int fd, uint64_t len) {
+    std::string text(std::min<uint64_t>(len, k_max_notice), '\0');
+    if (len > k_max_notice || recv_all(fd, text.data(), text.size(), Clock::now() + k_notice_time) != Io::ok) {
+      return internal_error("comm/tcp: a peer aborted (its message was lost)");
+    }
+    return internal_error(text);
+  }
+
+  // After a failed send: an abort notice waiting in the receive queue, if any (ok: none).
+  static Status pending_notice(int fd) {
+    uint8_t header[k_header_bytes];
+    if (::recv(fd, header, sizeof header, MSG_DONTWAIT | MSG_PEEK) != static_cast<ssize_t>(sizeof header)) {
+      return Status();
+    }
+    uint32_t magic, kind;
+    uint64_t num_bytes;
+    decode_header(header, &magic, &kind, &num_bytes);
+    if (magic != k_magic || kind != k_kind_abort) return Status();
+    ::recv(fd, header, sizeof header, MSG_DONTWAIT);
+    return read_notice(fd, num_bytes);
+  }
+
+  // Best effort, bounded: the notice goes only where no message is half sent (it would
+  // be read as payload), and to peers that may already be gone.
+  void notify_peers(const std::string& text) {
+    const std::string line = text.substr(0, k_max_notice);
+    uint8_t header[k_header_bytes];
+    encode_header(header, k_kind_abort, line.size());
+    const auto deadline = Clock::now() + k_notice_time;
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      const int fd = peers_[r].fd();
+      if (fd < 0 || out_partial_[r]) continue;
+      if (send_all(fd, header, sizeof header, deadline) == Io::ok) send_all(fd, line.data(), line.size(), deadline);
+    }
+  }
+
+  // The communicator is unusable after a failure: tell the peers, close every connection
+  // (so a rank waiting on us wakes up), and return `s` from every later call too. Bytes
+  // still unread are drained first so that close() sends a FIN rather than a reset, which
+  // could discard the notice before the peer reads it.
+  Status fail(Status s) {
+    failed_ = s;
+    notify_peers(s.message());
+    uint8_t sink[1 << 16];
+    for (Socket& p : peers_) {
+      if (p.fd() < 0) continue;
+      ::shutdown(p.fd(), SHUT_WR);
+      for (int i = 0; i < 64 && ::recv(p.fd(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+      }
+      p.reset();
+    }
+    return s;
+  }
+
+  std::vector<Socket> peers_;
+  std::vector<bool> out_partial_;  // [peer]: a message to it is half sent
+  std::vector<uint8_t> scratch_;   // rank 0's all-reduce receive area [P × bytes]
+  Status failed_;                  // the first failure; ok while the communicator works
+};
+
+}  // namespace
+
+namespace detail {
+
+Result<std::unique_ptr<Communicator>> make_tcp_communicator(const World& world, const CommOptions& options) {
+  if (world.tp_size() != world.size()) {
+    return unimplemented("comm/tcp: tensor-parallel groups smaller than the world are not implemented (" +
+                         world.to_string() + "); use tp size = world size or the mpi backend");
+  }
+  const int p = world.size();
+  if (p == 1) return std::unique_ptr<Communicator>(std::make_unique<TcpCommunicator>(world, std::vector<Socket>(1)));
+  if (options.port < 1 || options.port > 65535) {
+    return invalid_argument("comm/tcp: port " + std::to_string(options.port) + " is not a TCP port");
+  }
+  if (options.leader_host.empty() && world.rank() != 0) {
+    return invalid_argument("comm/tcp: rank " + std::to_string(world.rank()) +
+                            " needs the rank-0 host (CommOptions::leader_host) to connect to");
+  }
+  const Setup st{options.leader_host + ":" + std::to_string(options.port), options.rendezvous_timeout,
+                 Clock::now() + options.rendezvous_timeout, p};
+  std::vector<Socket> peers;
+  if (world.rank() == 0) {
+    SNAP_ASSIGN_OR_RETURN(peers, lead(options.port, st));
+  } else {
+    SNAP_ASSIGN_OR_RETURN(Socket leader, follow(options.leader_host, options.port, world.rank(), st));
+    peers.resize(1);
+    peers[0] = std::move(leader);
+  }
+  return std::unique_ptr<Communicator>(std::make_unique<TcpCommunicator>(world, std::move(peers)));
+}
+
+}  // namespace detail
+}  // namespace snap::comm

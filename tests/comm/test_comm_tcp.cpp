@@ -1,0 +1,572 @@
+// TCP backend: the test forks P ranks (P = 2, 3, 4) on 127.0.0.1 and each child runs the
+// collectives on awkward sizes and dtypes, comparing bit for bit with the documented rank
+// order computed locally; exact byte counters; barrier. Failures: a rank killed, exiting
+// or calling abort_job mid-loop makes every other rank's collective fail with a message
+// naming it, within a bound (a hang check, not a timing); a wrong world size or a missing
+// rank is a one-line setup error. Children cannot use gtest (their results would be lost):
+// they print what went wrong and report by exit code; the parent asserts on both.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
+
+namespace snap::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const int64_t k_sizes[] = {1, 7, 83, 769, 5125, 100000};
+const DType k_dtypes[] = {DType::f32, DType::bf16, DType::f16};
+
+// ------------------------------------------------------------ inputs and the reference
+
+uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+
+// Rank r's input element i: sign, mantissa in [1, 2) and exponent in [-8, 8] all vary, so
+// a different summation order changes the bits.
+float input_value(int rank, int64_t i, uint64_t salt) {
+  const uint64_t h = mix(salt * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(rank) * 1000003ull + i);
+  const float mantissa = 1.0f + static_cast<float>(h & 0xffffff) / 16777216.0f;
+  const int exponent = static_cast<int>((h >> 24) % 17) - 8;
+  const float v = std::ldexp(mantissa, exponent);
+  return (h >> 40) & 1 ? -v : v;
+}
+
+std::vector<uint8_t> make_input(int rank, int64_t count, DType dtype, uint64_t salt) {
+  std::vector<uint8_t> buf(count * dtype_size(dtype));
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = input_value(rank, i, salt);
+    if (dtype == DType::f32) {
+      std::memcpy(buf.data() + i * 4, &v, 4);
+    } else {
+      const uint16_t h = dtype == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+      std::memcpy(buf.data() + i * 2, &h, 2);
+    }
+  }
+  return buf;
+}
+
+float element(const std::vector<uint8_t>& buf, int64_t i, DType dtype) {
+  if (dtype == DType::f32) {
+    float v;
+    std::memcpy(&v, buf.data() + i * 4, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, buf.data() + i * 2, 2);
+  return dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+// The documented order, written out independently of the code under test: f32
+// accumulator, ranks 0, 1, ..., n-1 (or reversed), one rounding at the end.
+std::vector<uint8_t> reference_sum(int n, int64_t count, DType dtype, uint64_t salt, bool reversed = false) {
+  std::vector<std::vector<uint8_t>> inputs;
+  for (int r = 0; r < n; ++r) inputs.push_back(make_input(r, count, dtype, salt));
+  if (reversed) std::reverse(inputs.begin(), inputs.end());
+  std::vector<uint8_t> out(count * dtype_size(dtype));
+  for (int64_t i = 0; i < count; ++i) {
+    float acc = element(inputs[0], i, dtype);
+    for (int r = 1; r < n; ++r) acc = acc + element(inputs[r], i, dtype);
+    if (dtype == DType::f32) {
+      std::memcpy(out.data() + i * 4, &acc, 4);
+    } else {
+      const uint16_t h = dtype == DType::bf16 ? f32_to_bf16(acc) : f32_to_f16(acc);
+      std::memcpy(out.data() + i * 2, &h, 2);
+    }
+  }
+  return out;
+}
+
+// Index of the first differing element, -1 when equal.
+int64_t first_mismatch(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, DType dtype) {
+  const int elem = dtype_size(dtype);
+  for (size_t i = 0; i + elem <= std::min(a.size(), b.size()); i += elem) {
+    if (std::memcmp(a.data() + i, b.data() + i, elem) != 0) return static_cast<int64_t>(i / elem);
+  }
+  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()) / elem);
+}
+
+// ------------------------------------------------------------ forking ranks
+
+// A port nobody listens on right now (bound to 0, read back, closed).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct RankOutcome {
+  int exit_code = -1;   // -1 when killed by a signal
+  int signal = 0;
+  bool hung = false;    // still running at the limit (then SIGKILLed)
+  std::string output;   // everything the child wrote to stderr
+};
+
+// Forks n children; child r runs body(r) with stderr going to a pipe the parent reads,
+// and exits with its return value. Children still running after `limit` are killed.
+std::vector<RankOutcome> run_ranks(int n, const std::function<int(int)>& body,
+                                   std::chrono::seconds limit = std::chrono::seconds(120)) {
+  std::vector<pid_t> pids(n, -1);
+  std::vector<int> pipes(n, -1);
+  std::vector<RankOutcome> out(n);
+  std::fflush(stderr);
+  for (int r = 0; r < n; ++r) {
+    int fds[2];
+    if (::pipe(fds) != 0) {
+      ADD_FAILURE() << "pipe: " << std::strerror(errno);
+      return out;
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      for (int q = 0; q < r; ++q) ::close(pipes[q]);
+      ::dup2(fds[1], 2);
+      ::close(fds[1]);
+      const int rc = body(r);
+      std::fflush(stderr);
+      ::_exit(rc);
+    }
+    ::close(fds[1]);
+    pids[r] = pid;
+    pipes[r] = fds[0];
+  }
+  const auto deadline = Clock::now() + limit;
+  int running = n;
+  int open_pipes = n;
+  while (running > 0 || open_pipes > 0) {
+    std::vector<pollfd> fds;
+    std::vector<int> who;
+    for (int r = 0; r < n; ++r) {
+      if (pipes[r] >= 0) {
+        fds.push_back({pipes[r], POLLIN, 0});
+        who.push_back(r);
+      }
+    }
+    ::poll(fds.data(), fds.size(), 20);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      char buf[4096];
+      const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
+      if (got > 0) {
+        out[who[i]].output.append(buf, got);
+      } else {
+        ::close(fds[i].fd);
+        pipes[who[i]] = -1;
+        --open_pipes;
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      if (pids[r] < 0) continue;
+      int status = 0;
+      if (::waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
+      out[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      out[r].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      pids[r] = -1;
+      --running;
+    }
+    if (Clock::now() > deadline) {
+      for (int r = 0; r < n; ++r) {
+        if (pids[r] < 0) continue;
+        ::kill(pids[r], SIGKILL);
+        ::waitpid(pids[r], nullptr, 0);
+        out[r].hung = true;
+        pids[r] = -1;
+        --running;
+      }
+      for (int r = 0; r < n; ++r) {
+        if (pipes[r] >= 0) ::close(pipes[r]);
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+CommOptions loopback_options(int port, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  CommOptions options;
+  options.leader_host = "127.0.0.1";
+  options.port = port;
+  options.rendezvous_timeout = timeout;
+  return options;
+}
+
+// Child side: counts failed checks, printing each with the rank.
+struct Checks {
+  int rank;
+  int failures = 0;
+  bool check(bool ok, const std::string& what) {
+    if (!ok) {
+      ++failures;
+      if (failures <= 20) std::fprintf(stderr, "[rank %d] FAILED: %s\n", rank, what.c_str());
+    }
+    return ok;
+  }
+  bool ok_status(const Status& s, const std::string& what) { return check(s.ok(), what + ": " + s.to_string()); }
+};
+
+// ------------------------------------------------------------ the collectives, per child
+
+void check_all_reduce(Communicator& comm, int p, Checks& c) {
+  uint64_t salt = 1;
+  for (DType dtype : k_dtypes) {
+    for (int64_t count : k_sizes) {
+      const std::string what = std::string("all_reduce_sum ") + dtype_name(dtype) + " count " + std::to_string(count);
+      std::vector<uint8_t> buf = make_input(c.rank, count, dtype, salt);
+      if (c.ok_status(comm.all_reduce_sum(buf.data(), count, dtype), what)) {
+        const std::vector<uint8_t> ref = reference_sum(p, count, dtype, salt);
+        const int64_t bad = first_mismatch(buf, ref, dtype);
+        c.check(bad == -1, what + ": element " + std::to_string(bad) + " got " +
+                               std::to_string(bad < 0 ? 0 : element(buf, bad, dtype)) + ", reference " +
+                               std::to_string(bad < 0 ? 0 : element(ref, bad, dtype)));
+      }
+      ++salt;
+    }
+  }
+  // The reference is only worth matching if order matters: with 3+ ranks the reversed
+  // order gives other f32 bits somewhere (with 2, a + b == b + a exactly).
+  if (p >= 3) {
+    c.check(first_mismatch(reference_sum(p, 100000, DType::f32, 99),
+                           reference_sum(p, 100000, DType::f32, 99, /*reversed=*/true), DType::f32) != -1,
+            "reference is not order-sensitive");
+  }
+}
+
+void check_all_gather(Communicator& comm, int p, Checks& c) {
+  uint64_t salt = 500;
+  for (DType dtype : k_dtypes) {
+    for (int64_t count : k_sizes) {
+      const std::string what = std::string("all_gather ") + dtype_name(dtype) + " count " + std::to_string(count);
+      const std::vector<uint8_t> mine = make_input(c.rank, count, dtype, salt);
+      std::vector<uint8_t> all(p * mine.size(), 0xAB);
+      if (c.ok_status(comm.all_gather(mine.data(), all.data(), count, dtype), what)) {
+        for (int r = 0; r < p; ++r) {
+          const std::vector<uint8_t> expect = make_input(r, count, dtype, salt);
+          const std::vector<uint8_t> block(all.begin() + r * expect.size(), all.begin() + (r + 1) * expect.size());
+          c.check(first_mismatch(block, expect, dtype) == -1, what + ": block of rank " + std::to_string(r));
+        }
+      }
+      ++salt;
+    }
+  }
+}
+
+void check_broadcast(Communicator& comm, int p, Checks& c) {
+  uint64_t salt = 900;
+  for (int root = 0; root < p; ++root) {
+    for (DType dtype : k_dtypes) {
+      for (int64_t count : {int64_t{1}, int64_t{83}, int64_t{5125}, int64_t{100000}}) {
+        const std::string what = "broadcast root " + std::to_string(root) + " " + dtype_name(dtype) + " count " +
+                                 std::to_string(count);
+        std::vector<uint8_t> buf = make_input(c.rank, count, dtype, salt);
+        if (c.ok_status(comm.broadcast(buf.data(), count, dtype, root), what)) {
+          c.check(first_mismatch(buf, make_input(root, count, dtype, salt), dtype) == -1, what);
+        }
+        ++salt;
+      }
+    }
+    // Raw bytes of an odd length, different on every rank before the call.
+    std::vector<uint8_t> bytes(1001 + root);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(mix(c.rank * 7919 + i + root));
+    std::vector<uint8_t> expect(bytes.size());
+    for (size_t i = 0; i < expect.size(); ++i) expect[i] = static_cast<uint8_t>(mix(root * 7919 + i + root));
+    const std::string what = "broadcast_bytes root " + std::to_string(root);
+    if (c.ok_status(comm.broadcast_bytes(bytes.data(), bytes.size(), root), what)) c.check(bytes == expect, what);
+  }
+}
+
+// Files written before the barrier are all visible after it. Rank r waits r × 50 ms
+// before writing, so a barrier that returned early would miss the slow ranks' files.
+void check_barrier(Communicator& comm, int p, Checks& c) {
+  char dir[256] = {};
+  if (c.rank == 0) {
+    const std::string templ = (std::filesystem::temp_directory_path() / "snap_tcp_barrier_XXXXXX").string();
+    std::strncpy(dir, templ.c_str(), sizeof dir - 1);
+    if (!c.check(::mkdtemp(dir) != nullptr, "mkdtemp")) dir[0] = '\0';
+  }
+  if (!c.ok_status(comm.broadcast_bytes(dir, sizeof dir, 0), "broadcast of the barrier dir")) return;
+  for (int round = 0; round < 3; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 * c.rank));
+    std::ofstream(std::string(dir) + "/" + std::to_string(round) + "_" + std::to_string(c.rank)) << "x";
+    if (!c.ok_status(comm.barrier(), "barrier")) return;
+    for (int r = 0; r < p; ++r) {
+      c.check(std::filesystem::exists(std::string(dir) + "/" + std::to_string(round) + "_" + std::to_string(r)),
+              "round " + std::to_string(round) + ": rank " + std::to_string(r) + "'s file missing after the barrier");
+    }
+  }
+  c.ok_status(comm.barrier(), "final barrier");
+  if (c.rank == 0) std::filesystem::remove_all(dir);
+}
+
+// Payload bytes handed in (count × element size), not wire traffic, the same on every
+// rank: a mock decode of 30 layers × 2 all-reduces of hidden 576, plus one of each op.
+void check_stats(Communicator& comm, int p, Checks& c) {
+  comm.reset_stats();
+  const int64_t layers = 30, tokens = 3, hidden = 576;
+  std::vector<float> act(tokens * hidden, 1.0f);
+  std::vector<uint16_t> act16(100000, 0);
+  for (int64_t l = 0; l < 2 * layers; ++l) {
+    std::fill(act.begin(), act.end(), 1.0f);
+    c.ok_status(comm.all_reduce_sum(act.data(), tokens * hidden, DType::f32), "stats all_reduce_sum");
+  }
+  c.check(act[0] == static_cast<float>(p) && act.back() == static_cast<float>(p), "sum of ones is not P");
+  c.ok_status(comm.all_reduce_sum(act16.data(), 100000, DType::bf16), "stats bf16 all_reduce_sum");
+  std::vector<float> gathered(p * 7);
+  c.ok_status(comm.all_gather(act.data(), gathered.data(), 7, DType::f32), "stats all_gather");
+  c.ok_status(comm.broadcast(act16.data(), 4097, DType::bf16, p - 1), "stats broadcast");
+  uint64_t plan = 42;
+  c.ok_status(comm.broadcast_bytes(&plan, sizeof plan, 0), "stats broadcast_bytes");
+  c.ok_status(comm.barrier(), "stats barrier");
+  // Bad arguments fail on the calling rank before any traffic and are not counted.
+  c.check(comm.broadcast(act16.data(), 1, DType::bf16, p).code() == StatusCode::k_invalid_argument, "bad root");
+  c.check(comm.all_reduce_sum(act.data(), 8, DType::q8_0).code() == StatusCode::k_invalid_argument, "bad dtype");
+  const CommStats s = comm.stats();
+  auto expect_eq = [&](int64_t got, int64_t want, const char* what) {
+    c.check(got == want, std::string(what) + ": " + std::to_string(got) + " != " + std::to_string(want));
+  };
+  expect_eq(s[CommOp::all_reduce_sum].calls, 2 * layers + 1, "all_reduce_sum calls");
+  expect_eq(s[CommOp::all_reduce_sum].bytes, 2 * layers * tokens * hidden * 4 + 100000 * 2, "all_reduce_sum bytes");
+  expect_eq(s[CommOp::all_gather].calls, 1, "all_gather calls");
+  expect_eq(s[CommOp::all_gather].bytes, 7 * 4, "all_gather bytes");
+  expect_eq(s[CommOp::broadcast].calls, 2, "broadcast calls");
+  expect_eq(s[CommOp::broadcast].bytes, 4097 * 2 + 8, "broadcast bytes");
+  expect_eq(s[CommOp::barrier].calls, 1, "barrier calls");
+  expect_eq(s[CommOp::barrier].bytes, 0, "barrier bytes");
+  // Still in step after the refused calls.
+  std::vector<float> one = {1.0f};
+  c.ok_status(comm.all_reduce_sum(std::span<float>(one)), "all_reduce_sum after bad arguments");
+  c.check(one[0] == static_cast<float>(p), "all_reduce_sum after bad arguments");
+}
+
+int collectives_child(int rank, int p, int port) {
+  Checks c{rank};
+  Result<World> world = World::make(rank, p);
+  if (!world.ok()) return 2;
+  Result<std::unique_ptr<Communicator>> made = make_communicator(CommKind::tcp, world.value(), loopback_options(port));
+  if (!made.ok()) {
+    std::fprintf(stderr, "[rank %d] %s\n", rank, made.status().to_string().c_str());
+    return 2;
+  }
+  Communicator& comm = *made.value();
+  c.check(std::string(comm.backend_name()) == "tcp", "backend name");
+  c.check(comm.group_size() == p && comm.group_rank() == rank, "group");
+  check_all_reduce(comm, p, c);
+  check_all_gather(comm, p, c);
+  check_broadcast(comm, p, c);
+  check_barrier(comm, p, c);
+  check_stats(comm, p, c);
+  return c.failures == 0 ? 0 : 1;
+}
+
+// ------------------------------------------------------------ tests
+
+TEST(TcpCollectives, MatchTheRankOrderReferenceBitForBit) {
+  for (int p : {2, 3, 4}) {
+    SCOPED_TRACE("P = " + std::to_string(p));
+    const int port = free_port();
+    const std::vector<RankOutcome> out = run_ranks(p, [&](int rank) { return collectives_child(rank, p, port); });
+    for (int r = 0; r < p; ++r) {
+      EXPECT_FALSE(out[r].hung) << "rank " << r << " hung\n" << out[r].output;
+      EXPECT_EQ(out[r].exit_code, 0) << "rank " << r << " (signal " << out[r].signal << ")\n" << out[r].output;
+    }
+  }
+}
+
+enum class Fault { kill, exit, abort };
+
+constexpr double k_bound_seconds = 10.0;  // a hang check: failures arrive in milliseconds
+constexpr int k_fault_round = 50;
+
+// Loops all-reduces (alternating 769 and 100000 f32, so some failures land mid-message);
+// `victim` fails at round 50. A survivor prints "error after S s: <message>", then the
+// message of one more call (the communicator stays failed), and exits 10.
+int fault_child(int rank, int p, int port, int victim, Fault fault) {
+  Result<World> world = World::make(rank, p);
+  Result<std::unique_ptr<Communicator>> made = make_communicator(CommKind::tcp, world.value(), loopback_options(port));
+  if (!made.ok()) {
+    std::fprintf(stderr, "[rank %d] %s\n", rank, made.status().to_string().c_str());
+    return 2;
+  }
+  Communicator& comm = *made.value();
+  for (int round = 0; round < 200; ++round) {
+    if (rank == victim && round == k_fault_round) {
+      if (fault == Fault::kill) ::raise(SIGKILL);
+      if (fault == Fault::exit) ::_exit(3);
+      comm.abort_job("worker failed on purpose in round " + std::to_string(round), 5);
+    }
+    std::vector<float> buf(round % 2 ? 100000 : 769, static_cast<float>(rank + 1));
+    const auto start = Clock::now();
+    const Status s = comm.all_reduce_sum(std::span<float>(buf));
+    if (!s.ok()) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      const Status again = comm.barrier();
+      std::fprintf(stderr, "error after %.3f s: %s\nthen: %s\n", seconds, s.message().c_str(),
+                   again.message().c_str());
+      return s.message().find('\n') == std::string::npos ? 10 : 11;
+    }
+    if (buf[0] != static_cast<float>(p * (p + 1) / 2)) return 4;
+  }
+  std::fprintf(stderr, "200 rounds done\n");
+  return 0;
+}
+
+double error_seconds(const std::string& output) {
+  const size_t at = output.find("error after ");
+  return at == std::string::npos ? -1.0 : std::atof(output.c_str() + at + 12);
+}
+
+void expect_survivors_fail(const std::vector<RankOutcome>& out, int victim, const std::string& expected) {
+  for (int r = 0; r < static_cast<int>(out.size()); ++r) {
+    if (r == victim) continue;
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_FALSE(out[r].hung) << out[r].output;
+    EXPECT_EQ(out[r].exit_code, 10) << out[r].output;
+    const double seconds = error_seconds(out[r].output);
+    EXPECT_GE(seconds, 0.0) << out[r].output;
+    EXPECT_LT(seconds, k_bound_seconds) << out[r].output;
+    EXPECT_NE(out[r].output.find("error after"), std::string::npos) << out[r].output;
+    EXPECT_NE(out[r].output.find(expected), std::string::npos) << "wanted '" << expected << "' in\n" << out[r].output;
+    EXPECT_NE(out[r].output.find("then: " + expected), std::string::npos) << out[r].output;
+  }
+}
+
+TEST(TcpFailure, KilledRankFailsEveryOtherRank) {
+  for (int victim : {1, 0, 3}) {
+    SCOPED_TRACE("victim " + std::to_string(victim));
+    const int p = 4;
+    const int port = free_port();
+    const auto out = run_ranks(p, [&](int rank) { return fault_child(rank, p, port, victim, Fault::kill); });
+    EXPECT_EQ(out[victim].signal, SIGKILL) << out[victim].output;
+    expect_survivors_fail(out, victim,
+                          "comm/tcp: rank " + std::to_string(victim) + " closed the connection during all_reduce_sum");
+  }
+}
+
+TEST(TcpFailure, RankExitingMidLoopFailsEveryOtherRank) {
+  const int p = 3, victim = 2;
+  const int port = free_port();
+  const auto out = run_ranks(p, [&](int rank) { return fault_child(rank, p, port, victim, Fault::exit); });
+  EXPECT_EQ(out[victim].exit_code, 3) << out[victim].output;
+  expect_survivors_fail(out, victim, "comm/tcp: rank 2 closed the connection during all_reduce_sum");
+}
+
+TEST(TcpFailure, AbortJobPrintsItsMessageAndFailsEveryOtherRank) {
+  for (int victim : {1, 0}) {
+    SCOPED_TRACE("victim " + std::to_string(victim));
+    const int p = 3;
+    const int port = free_port();
+    const auto out = run_ranks(p, [&](int rank) { return fault_child(rank, p, port, victim, Fault::abort); });
+    EXPECT_EQ(out[victim].exit_code, 5) << out[victim].output;
+    const std::string why = "worker failed on purpose in round " + std::to_string(k_fault_round);
+    EXPECT_NE(out[victim].output.find("snapserve: rank " + std::to_string(victim) + " aborting the job: " + why),
+              std::string::npos)
+        << out[victim].output;
+    expect_survivors_fail(out, victim, "comm/tcp: rank " + std::to_string(victim) + " aborted the job: " + why);
+  }
+}
+
+// Each child prints "setup error: <message>" and exits 10 when make_communicator fails
+// with a one-line message, 11 when the message has several lines, 0 when it succeeds.
+int setup_child(int rank, int size, int port, std::chrono::milliseconds timeout) {
+  Result<World> world = World::make(rank, size);
+  Result<std::unique_ptr<Communicator>> made =
+      make_communicator(CommKind::tcp, world.value(), loopback_options(port, timeout));
+  if (made.ok()) return 0;
+  std::fprintf(stderr, "setup error: %s\n", made.status().message().c_str());
+  return made.status().message().find('\n') == std::string::npos ? 10 : 11;
+}
+
+TEST(TcpSetup, WrongWorldSizeIsAOneLineError) {
+  const int port = free_port();
+  const auto start = Clock::now();
+  const auto out = run_ranks(3, [&](int rank) {
+    return setup_child(rank, rank == 2 ? 4 : 3, port, std::chrono::seconds(5));
+  });
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(out[r].hung) << out[r].output;
+    EXPECT_EQ(out[r].exit_code, 10) << "rank " << r << "\n" << out[r].output;
+  }
+  EXPECT_NE(out[0].output.find("comm/tcp: connecting the group at 127.0.0.1:" + std::to_string(port) +
+                               " failed: rank 2 says world size 4, rank 0 has 3"),
+            std::string::npos)
+      << out[0].output;
+  EXPECT_NE(out[2].output.find("rank 0 has world size 3, rank 2 has 4"), std::string::npos) << out[2].output;
+  EXPECT_NE(out[1].output.find("setup error: comm/tcp: connecting the group at"), std::string::npos) << out[1].output;
+  EXPECT_LT(seconds, 5.0 + k_bound_seconds);
+}
+
+TEST(TcpSetup, MissingRankTimesOutNamingIt) {
+  const int port = free_port();
+  // Ranks 0 and 1 of a world of 3; rank 2 never starts.
+  const auto out = run_ranks(2, [&](int rank) { return setup_child(rank, 3, port, std::chrono::milliseconds(1500)); });
+  EXPECT_EQ(out[0].exit_code, 10) << out[0].output;
+  EXPECT_NE(out[0].output.find("timed out after 1.5 s: 2 of 3 ranks joined (missing: 2)"), std::string::npos)
+      << out[0].output;
+  EXPECT_EQ(out[1].exit_code, 10) << out[1].output;
+  EXPECT_NE(out[1].output.find("rank 0 timed out waiting for the others: 2 of 3 ranks joined"), std::string::npos)
+      << out[1].output;
+}
+
+TEST(TcpSetup, RefusesTpGroupsSmallerThanTheWorld) {
+  Result<World> world = World::make(0, 4, 2);
+  ASSERT_TRUE(world.ok());
+  Result<std::unique_ptr<Communicator>> made = make_communicator(CommKind::tcp, world.value(), loopback_options(1));
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), StatusCode::k_unimplemented);
+  EXPECT_NE(made.status().message().find("comm/tcp: tensor-parallel groups smaller than the world"), std::string::npos)
+      << made.status().message();
+}
+
+TEST(TcpSetup, OneRankNeedsNoNetwork) {
+  Result<std::unique_ptr<Communicator>> made = make_communicator(CommKind::tcp, World(), CommOptions{});
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  Communicator& comm = *made.value();
+  std::vector<float> x = {1.5f, -2.0f, 3.25f};
+  const std::vector<float> before = x;
+  ASSERT_TRUE(comm.all_reduce_sum(std::span<float>(x)).ok());
+  EXPECT_EQ(x, before);
+  std::vector<float> gathered(3);
+  ASSERT_TRUE(comm.all_gather(x.data(), gathered.data(), 3, DType::f32).ok());
+  EXPECT_EQ(gathered, before);
+  ASSERT_TRUE(comm.broadcast(std::span<float>(x), 0).ok());
+  ASSERT_TRUE(comm.barrier().ok());
+  EXPECT_EQ(comm.stats()[CommOp::all_reduce_sum].bytes, 12);
+}
+
+TEST(TcpSetup, KindParsesAndPrints) {
+  Result<CommKind> kind = parse_comm_kind("tcp");
+  ASSERT_TRUE(kind.ok()) << kind.status().to_string();
+  EXPECT_EQ(kind.value(), CommKind::tcp);
+  EXPECT_STREQ(comm_kind_name(CommKind::tcp), "tcp");
+}
+
+}  // namespace
+}  // namespace snap::comm
