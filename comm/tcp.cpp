@@ -33,12 +33,13 @@
 #include <vector>
 
 #include "comm/backends.h"
+#include "comm/socket_io.h"
 
 namespace snap::comm {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace detail;  // Socket, Io, send_all, recv_all, ... (socket_io.h)
 constexpr uint32_t k_magic = 0x54504e53;  // "SNPT": not the rendezvous' "SNAP"
 constexpr uint32_t k_verdict_ok = 0;
 constexpr uint32_t k_verdict_bad_size = 1;    // value: rank 0's world size
@@ -54,82 +55,6 @@ constexpr auto k_verdict_grace = std::chrono::milliseconds(1000);
 
 // ------------------------------------------------------------ sockets (as comm/rendezvous.cpp)
 
-class Socket {
- public:
-  Socket() = default;
-  explicit Socket(int fd) : fd_(fd) {}
-  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  Socket& operator=(Socket&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  ~Socket() { reset(); }
-  int fd() const { return fd_; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-enum class Io { ok, timeout, closed };
-
-int remaining_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
-}
-
-Io wait_fd(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, remaining_ms(deadline));
-    if (n > 0) return (p.revents & (events | POLLHUP | POLLERR)) ? Io::ok : Io::closed;
-    if (n == 0) return Io::timeout;
-    if (errno != EINTR) return Io::closed;
-  }
-}
-
-Io send_all(int fd, const void* data, size_t len, Clock::time_point deadline) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (len > 0) {
-    if (Io w = wait_fd(fd, POLLOUT, deadline); w != Io::ok) return w;
-    const ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) return Io::closed;
-    p += n;
-    len -= static_cast<size_t>(n);
-  }
-  return Io::ok;
-}
-
-Io recv_all(int fd, void* data, size_t len, Clock::time_point deadline) {
-  auto* p = static_cast<uint8_t*>(data);
-  while (len > 0) {
-    if (Io w = wait_fd(fd, POLLIN, deadline); w != Io::ok) return w;
-    const ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) return Io::closed;
-    p += n;
-    len -= static_cast<size_t>(n);
-  }
-  return Io::ok;
-}
-
-Io send_words(int fd, std::initializer_list<uint32_t> words, Clock::time_point deadline) {
-  uint32_t buf[4];
-  size_t n = 0;
-  for (uint32_t w : words) buf[n++] = htole32(w);
-  return send_all(fd, buf, n * 4, deadline);
-}
-
-Io recv_words(int fd, uint32_t* words, size_t n, Clock::time_point deadline) {
-  Io r = recv_all(fd, words, n * 4, deadline);
-  for (size_t i = 0; i < n; ++i) words[i] = le32toh(words[i]);
-  return r;
-}
-
 // No Nagle delay (a decode step's all-reduce is one small message each way), and a peer
 // host that vanishes without a FIN/RST (power loss, partition) is declared dead after
 // ~30 s: keepalive probes when idle, TCP_USER_TIMEOUT when sent data stays unacknowledged.
@@ -143,16 +68,6 @@ void tune_socket(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
   ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
-}
-
-std::string seconds_text(std::chrono::milliseconds t) {
-  char buf[32];
-  if (t.count() % 1000 == 0) {
-    std::snprintf(buf, sizeof buf, "%lld s", static_cast<long long>(t.count() / 1000));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(t.count()) / 1000.0);
-  }
-  return buf;
 }
 
 // ------------------------------------------------------------ setup: connect the star
@@ -176,33 +91,9 @@ struct Setup {
 };
 
 Result<Socket> listen_on(int port, const Setup& st) {
-  // Dual-stack where IPv6 exists, IPv4 otherwise.
-  Socket s(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  const int one = 1;
-  const int zero = 0;
-  int rc = -1;
-  if (s.fd() >= 0) {
-    ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    ::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;
-    a.sin6_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a);
-  }
-  if (rc != 0) {
-    s = Socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (s.fd() < 0) return st.failed(std::string("socket: ") + std::strerror(errno));
-    ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      return st.failed("rank 0 cannot listen on port " + std::to_string(port) + ": " + std::strerror(errno));
-    }
-  }
-  if (::listen(s.fd(), st.world_size + 8) != 0) return st.failed(std::string("listen: ") + std::strerror(errno));
+  std::string error;
+  Socket s = listen_any(port, st.world_size + 8, &error);
+  if (s.fd() < 0) return st.failed(error);
   return s;
 }
 
@@ -259,46 +150,17 @@ Result<std::vector<Socket>> lead(int port, const Setup& st) {
   return peers;
 }
 
-// One non-blocking connect attempt bounded by the deadline; the reason on failure. A name
-// that does not resolve yet is retried too: a Kubernetes leader's DNS entry appears late.
-Result<Socket> try_connect(const std::string& host, int port, Clock::time_point deadline) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (gai != 0) return internal_error("cannot resolve " + host + ": " + gai_strerror(gai));
-  std::string last = "no address";
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
-    if (s.fd() < 0) continue;
-    int rc = ::connect(s.fd(), a->ai_addr, a->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      if (wait_fd(s.fd(), POLLOUT, deadline) != Io::ok) {
-        last = "connect timed out";
-        continue;
-      }
-      int err = 0;
-      socklen_t len = sizeof err;
-      ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
-      rc = err == 0 ? 0 : -1;
-      errno = err;
-    }
-    if (rc == 0) {
-      ::freeaddrinfo(res);
-      tune_socket(s.fd());
-      return s;
-    }
-    last = std::strerror(errno);
-  }
-  ::freeaddrinfo(res);
-  return internal_error(last);
+// try_connect (socket_io.h) plus this communicator's socket options.
+Result<Socket> connect_tuned(const std::string& host, int port, Clock::time_point deadline) {
+  SNAP_ASSIGN_OR_RETURN(Socket s, try_connect(host, port, deadline));
+  tune_socket(s.fd());
+  return s;
 }
 
 Result<Socket> follow(const std::string& host, int port, int rank, const Setup& st) {
   Socket s;
   for (;;) {
-    Result<Socket> c = try_connect(host, port, st.deadline);
+    Result<Socket> c = connect_tuned(host, port, st.deadline);
     if (c.ok()) {
       s = std::move(c.value());
       break;

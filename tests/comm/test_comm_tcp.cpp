@@ -24,6 +24,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
+#include "tests/comm/collective_reference.h"
 
 namespace snap::comm {
 namespace {
@@ -35,77 +36,8 @@ const DType k_dtypes[] = {DType::f32, DType::bf16, DType::f16};
 
 // ------------------------------------------------------------ inputs and the reference
 
-uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  return x ^ (x >> 33);
-}
+using namespace reference;  // inputs and the rank-order reference (collective_reference.h)
 
-// Rank r's input element i: sign, mantissa in [1, 2) and exponent in [-8, 8] all vary, so
-// a different summation order changes the bits.
-float input_value(int rank, int64_t i, uint64_t salt) {
-  const uint64_t h = mix(salt * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(rank) * 1000003ull + i);
-  const float mantissa = 1.0f + static_cast<float>(h & 0xffffff) / 16777216.0f;
-  const int exponent = static_cast<int>((h >> 24) % 17) - 8;
-  const float v = std::ldexp(mantissa, exponent);
-  return (h >> 40) & 1 ? -v : v;
-}
-
-std::vector<uint8_t> make_input(int rank, int64_t count, DType dtype, uint64_t salt) {
-  std::vector<uint8_t> buf(count * dtype_size(dtype));
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = input_value(rank, i, salt);
-    if (dtype == DType::f32) {
-      std::memcpy(buf.data() + i * 4, &v, 4);
-    } else {
-      const uint16_t h = dtype == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
-      std::memcpy(buf.data() + i * 2, &h, 2);
-    }
-  }
-  return buf;
-}
-
-float element(const std::vector<uint8_t>& buf, int64_t i, DType dtype) {
-  if (dtype == DType::f32) {
-    float v;
-    std::memcpy(&v, buf.data() + i * 4, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, buf.data() + i * 2, 2);
-  return dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
-
-// The documented order, written out independently of the code under test: f32
-// accumulator, ranks 0, 1, ..., n-1 (or reversed), one rounding at the end.
-std::vector<uint8_t> reference_sum(int n, int64_t count, DType dtype, uint64_t salt, bool reversed = false) {
-  std::vector<std::vector<uint8_t>> inputs;
-  for (int r = 0; r < n; ++r) inputs.push_back(make_input(r, count, dtype, salt));
-  if (reversed) std::reverse(inputs.begin(), inputs.end());
-  std::vector<uint8_t> out(count * dtype_size(dtype));
-  for (int64_t i = 0; i < count; ++i) {
-    float acc = element(inputs[0], i, dtype);
-    for (int r = 1; r < n; ++r) acc = acc + element(inputs[r], i, dtype);
-    if (dtype == DType::f32) {
-      std::memcpy(out.data() + i * 4, &acc, 4);
-    } else {
-      const uint16_t h = dtype == DType::bf16 ? f32_to_bf16(acc) : f32_to_f16(acc);
-      std::memcpy(out.data() + i * 2, &h, 2);
-    }
-  }
-  return out;
-}
-
-// Index of the first differing element, -1 when equal.
-int64_t first_mismatch(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, DType dtype) {
-  const int elem = dtype_size(dtype);
-  for (size_t i = 0; i + elem <= std::min(a.size(), b.size()); i += elem) {
-    if (std::memcmp(a.data() + i, b.data() + i, elem) != 0) return static_cast<int64_t>(i / elem);
-  }
-  return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()) / elem);
-}
 
 // ------------------------------------------------------------ forking ranks
 
@@ -241,7 +173,7 @@ void check_all_reduce(Communicator& comm, int p, Checks& c) {
       const std::string what = std::string("all_reduce_sum ") + dtype_name(dtype) + " count " + std::to_string(count);
       std::vector<uint8_t> buf = make_input(c.rank, count, dtype, salt);
       if (c.ok_status(comm.all_reduce_sum(buf.data(), count, dtype), what)) {
-        const std::vector<uint8_t> ref = reference_sum(p, count, dtype, salt);
+        const std::vector<uint8_t> ref = reference_sum(0, p, count, dtype, salt);
         const int64_t bad = first_mismatch(buf, ref, dtype);
         c.check(bad == -1, what + ": element " + std::to_string(bad) + " got " +
                                std::to_string(bad < 0 ? 0 : element(buf, bad, dtype)) + ", reference " +
@@ -253,8 +185,8 @@ void check_all_reduce(Communicator& comm, int p, Checks& c) {
   // The reference is only worth matching if order matters: with 3+ ranks the reversed
   // order gives other f32 bits somewhere (with 2, a + b == b + a exactly).
   if (p >= 3) {
-    c.check(first_mismatch(reference_sum(p, 100000, DType::f32, 99),
-                           reference_sum(p, 100000, DType::f32, 99, /*reversed=*/true), DType::f32) != -1,
+    c.check(first_mismatch(reference_sum(0, p, 100000, DType::f32, 99),
+                           reference_sum(0, p, 100000, DType::f32, 99, /*reversed=*/true), DType::f32) != -1,
             "reference is not order-sensitive");
   }
 }
