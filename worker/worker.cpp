@@ -20,6 +20,13 @@ const Worker::Sequence* Worker::sequence(uint64_t seq) const {
 
 Status Worker::run(const StepPlan& plan, std::span<float* const> logits) {
   if (plan.shutdown) return {};
+  const double t0 = now_seconds();
+  const Status st = run_plan(plan, logits);
+  busy_seconds_ += now_seconds() - t0;
+  return st;
+}
+
+Status Worker::run_plan(const StepPlan& plan, std::span<float* const> logits) {
   if (plan.pool_bytes > 0) {
     if (!seqs_.empty()) {
       return internal_error("step plan resizes the KV pool while " + std::to_string(seqs_.size()) +
@@ -168,7 +175,11 @@ RankReport Worker::report(const comm::Communicator* comm) const {
     r.all_reduce_bytes = st[comm::CommOp::all_reduce_sum].bytes;
     r.broadcast_bytes = st[comm::CommOp::broadcast].bytes;
     r.all_gather_bytes = st[comm::CommOp::all_gather].bytes;
+    r.all_reduce_seconds = st[comm::CommOp::all_reduce_sum].seconds;
+    r.broadcast_seconds = st[comm::CommOp::broadcast].seconds;
+    r.all_gather_seconds = st[comm::CommOp::all_gather].seconds;
   }
+  r.busy_seconds = busy_seconds_;
   return r;
 }
 

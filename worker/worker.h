@@ -29,6 +29,10 @@ struct RankReport {
   int64_t all_reduce_bytes = 0;          // comm counters (communicator.h), cumulative
   int64_t broadcast_bytes = 0;
   int64_t all_gather_bytes = 0;
+  double all_reduce_seconds = 0;  // inside collectives, waiting included, cumulative
+  double broadcast_seconds = 0;
+  double all_gather_seconds = 0;
+  double busy_seconds = 0;        // running step plans (Worker::run), cumulative
 };
 
 class Worker {
@@ -57,10 +61,12 @@ class Worker {
   RankReport report(const comm::Communicator* comm) const;
 
  private:
+  Status run_plan(const StepPlan& plan, std::span<float* const> logits);
   Status run_items(const StepPlan& plan, std::span<float* const> logits);
   Status write_selection(const SelectionDump& dump) const;
 
   LlamaForward& forward_;
+  double busy_seconds_ = 0;
   std::unique_ptr<BlockPool> pool_;
   std::map<uint64_t, Sequence> seqs_;
 };

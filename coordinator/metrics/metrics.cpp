@@ -66,6 +66,8 @@ struct ServerMetrics::Impl {
   Family<Counter>* generation_tokens = nullptr;
   Family<Counter>* request_success = nullptr;
   Family<Counter>* comm_bytes = nullptr;
+  Family<Counter>* comm_seconds = nullptr;
+  Family<Counter>* busy_seconds = nullptr;
   Family<Histogram>* time_to_first_token = nullptr;
   Family<Histogram>* time_per_output_token = nullptr;
   Family<Histogram>* e2e_request_latency = nullptr;
@@ -118,6 +120,10 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
                                 "Number of finished requests, by finished_reason");
   m.comm_bytes = m.counter("snapserve_comm_bytes_total",
                            "Bytes sent by collective operations, by rank and op");
+  m.comm_seconds = m.counter("snapserve_comm_seconds_total",
+                             "Seconds inside collective operations, waiting for other ranks included (a worker "
+                             "rank's broadcast time includes waiting for the next step), by rank and op");
+  m.busy_seconds = m.counter("snapserve_busy_seconds_total", "Seconds a rank spent running step plans, by rank");
 
   m.time_to_first_token = m.histogram("snapserve_time_to_first_token_seconds",
                                       "Time from request arrival to the first token, in seconds");
@@ -149,6 +155,8 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
   m.generation_tokens->Add({});
   for (const char* reason : k_finished_reasons) m.request_success->Add({{"finished_reason", reason}});
   for (const char* op : k_comm_ops) m.comm_bytes->Add({{"rank", "0"}, {"op", op}});
+  for (const char* op : k_comm_ops) m.comm_seconds->Add({{"rank", "0"}, {"op", op}});
+  m.busy_seconds->Add({{"rank", "0"}});
   m.time_to_first_token->Add({}, k_ttft_buckets);
   m.time_per_output_token->Add({}, k_tpot_buckets);
   m.e2e_request_latency->Add({}, k_request_latency_buckets);
@@ -200,6 +208,12 @@ void ServerMetrics::add_request_success(const std::string& finished_reason) {
 void ServerMetrics::add_comm_bytes(int rank, const std::string& op, int64_t bytes) {
   impl_->comm_bytes->Add({{"rank", std::to_string(rank)}, {"op", op}})
       .Increment(static_cast<double>(bytes));
+}
+void ServerMetrics::add_comm_seconds(int rank, const std::string& op, double s) {
+  impl_->comm_seconds->Add({{"rank", std::to_string(rank)}, {"op", op}}).Increment(s);
+}
+void ServerMetrics::add_busy_seconds(int rank, double s) {
+  impl_->busy_seconds->Add({{"rank", std::to_string(rank)}}).Increment(s);
 }
 
 // --- histograms --------------------------------------------------------------------

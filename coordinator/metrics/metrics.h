@@ -30,6 +30,10 @@ class ServerMetrics {
   void add_generation_tokens(int64_t n);
   void add_request_success(const std::string& finished_reason);  // stop | length | abort | timeout
   void add_comm_bytes(int rank, const std::string& op, int64_t bytes);  // all_reduce | broadcast | all_gather
+  // Wall time inside collectives (waiting for other ranks included), and a rank's time
+  // running step plans: imbalance and communication cost, per rank.
+  void add_comm_seconds(int rank, const std::string& op, double s);
+  void add_busy_seconds(int rank, double s);
   // --- histograms (seconds unless named otherwise)
   void observe_time_to_first_token(double s);
   void observe_time_per_output_token(double s);

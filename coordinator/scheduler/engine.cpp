@@ -597,6 +597,10 @@ class EngineImpl final : public Engine {
       metrics_->add_comm_bytes(rank, "all_reduce", rep.all_reduce_bytes - last.all_reduce_bytes);
       metrics_->add_comm_bytes(rank, "broadcast", rep.broadcast_bytes - last.broadcast_bytes);
       metrics_->add_comm_bytes(rank, "all_gather", rep.all_gather_bytes - last.all_gather_bytes);
+      metrics_->add_comm_seconds(rank, "all_reduce", rep.all_reduce_seconds - last.all_reduce_seconds);
+      metrics_->add_comm_seconds(rank, "broadcast", rep.broadcast_seconds - last.broadcast_seconds);
+      metrics_->add_comm_seconds(rank, "all_gather", rep.all_gather_seconds - last.all_gather_seconds);
+      metrics_->add_busy_seconds(rank, rep.busy_seconds - last.busy_seconds);
       last = rep;
     }
   }

@@ -49,7 +49,8 @@ const char* const k_gauges[] = {"snapserve_num_requests_running", "snapserve_num
                                 "snapserve_process_resident_memory_bytes"};
 const char* const k_counters[] = {"snapserve_prompt_tokens_total",
                                   "snapserve_generation_tokens_total",
-                                  "snapserve_request_success_total", "snapserve_comm_bytes_total"};
+                                  "snapserve_request_success_total", "snapserve_comm_bytes_total",
+                                  "snapserve_comm_seconds_total", "snapserve_busy_seconds_total"};
 const char* const k_histograms[] = {
     "snapserve_time_to_first_token_seconds",  "snapserve_time_per_output_token_seconds",
     "snapserve_e2e_request_latency_seconds",  "snapserve_request_queue_time_seconds",
@@ -112,6 +113,9 @@ TEST(Metrics, RecordedValuesLandInTheirSeries) {
   m.add_request_success("length");
   m.add_comm_bytes(1, "all_reduce", 4608);
   m.add_comm_bytes(1, "all_reduce", 4608);
+  m.add_comm_seconds(2, "all_gather", 0.25);
+  m.add_comm_seconds(2, "all_gather", 0.5);
+  m.add_busy_seconds(1, 1.5);
 
   const auto s = parse_samples(m.serialize());
   EXPECT_EQ(sample(s, "snapserve_num_requests_running"), 3.0);
@@ -127,6 +131,9 @@ TEST(Metrics, RecordedValuesLandInTheirSeries) {
   EXPECT_EQ(sample(s, "snapserve_request_success_total{finished_reason=\"length\"}"), 1.0);
   EXPECT_EQ(sample(s, "snapserve_request_success_total{finished_reason=\"abort\"}"), 0.0);
   EXPECT_EQ(sample(s, "snapserve_comm_bytes_total{op=\"all_reduce\",rank=\"1\"}"), 9216.0);
+  EXPECT_EQ(sample(s, "snapserve_comm_seconds_total{op=\"all_gather\",rank=\"2\"}"), 0.75);
+  EXPECT_EQ(sample(s, "snapserve_busy_seconds_total{rank=\"1\"}"), 1.5);
+  EXPECT_EQ(sample(s, "snapserve_busy_seconds_total{rank=\"0\"}"), 0.0);
 }
 
 TEST(Metrics, HistogramObservationsFillCumulativeBuckets) {

@@ -146,6 +146,8 @@ TEST(TpServe, SameCompletionsAsOneProcessMetricsAndCleanStop) {
   for (const std::string rank : {"0", "1", "2"}) {
     EXPECT_GT(metric(m.body, "snapserve_comm_bytes_total{op=\"all_reduce\",rank=\"" + rank + "\"}"), 0) << m.body;
     EXPECT_GT(metric(m.body, "snapserve_process_resident_memory_bytes{rank=\"" + rank + "\"}"), 1e7) << m.body;
+    EXPECT_GT(metric(m.body, "snapserve_busy_seconds_total{rank=\"" + rank + "\"}"), 0) << m.body;
+    EXPECT_GT(metric(m.body, "snapserve_comm_seconds_total{op=\"all_reduce\",rank=\"" + rank + "\"}"), 0) << m.body;
   }
   // All requests ended: every rank's pool is empty again.
   EXPECT_EQ(metric(m.body, "snapserve_kv_cache_resident_bytes{rank=\"2\"}"), 0) << m.body;
