@@ -2,7 +2,8 @@
 // greedy completions as a one-process server for concurrent requests under full, snapkv,
 // layer-wise snapkv and streaming (so batched steps, per-sequence policies and layer-wise
 // prefill all cross the step-plan broadcast); /metrics shows every rank's memory and
-// traffic; SIGTERM to mpirun drains rank 0, stops the workers, and the job ends.
+// traffic; SIGTERM to mpirun drains rank 0, stops the workers, and the job ends. The same
+// group without MPI (TCP, --rank/--world-size/--leader) answers the same.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -122,15 +123,22 @@ double metric(const std::string& text, const std::string& series) {
   return std::stod(text.substr(at + series.size() + 1));
 }
 
+// The one-process server's answers, computed once for the tests below.
+const std::vector<std::string>& expected_completions() {
+  static const std::vector<std::string> expected = [] {
+    snap::testing::ServerProcess one = start_server({}, {});
+    EXPECT_GT(one.port(), 0);
+    std::vector<std::string> texts = one.port() > 0 ? complete_all(one.port()) : std::vector<std::string>{};
+    EXPECT_EQ(one.terminate(30), 0) << one.log();
+    return texts;
+  }();
+  return expected;
+}
+
 TEST(TpServe, SameCompletionsAsOneProcessMetricsAndCleanStop) {
   if (!fs::exists(model_path())) GTEST_FAIL() << model_path() << " missing (run scripts/setup.sh)";
-  std::vector<std::string> expected;
-  {
-    snap::testing::ServerProcess one = start_server({}, {});
-    ASSERT_GT(one.port(), 0);
-    expected = complete_all(one.port());
-    EXPECT_EQ(one.terminate(30), 0) << one.log();
-  }
+  const std::vector<std::string>& expected = expected_completions();
+  ASSERT_EQ(expected.size(), 4u);
   for (const std::string& t : expected) ASSERT_EQ(t.rfind("HTTP ", 0), std::string::npos) << t;
 
   snap::testing::ServerProcess tp = start_server({SNAP_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np", "3"}, {"--tp", "3"});
@@ -163,6 +171,55 @@ TEST(TpServe, SameCompletionsAsOneProcessMetricsAndCleanStop) {
   EXPECT_NE(log.find("snapserve: stopped"), std::string::npos) << log;
   EXPECT_EQ(log.find("non-zero exit code"), std::string::npos) << log;
   EXPECT_EQ(log.find("error"), std::string::npos) << log;
+}
+
+// A TCP port that was free a moment ago.
+int free_port() {
+  net::io_context ioc;
+  tcp::acceptor acceptor(ioc, tcp::endpoint(net::ip::make_address("127.0.0.1"), 0));
+  return acceptor.local_endpoint().port();
+}
+
+// Without MPI (as a Kubernetes LeaderWorkerSet runs it): ranks 1 and 2 started with
+// --rank/--world-size/--leader join rank 0 over TCP; same answers; SIGTERM to rank 0 drains
+// it and its shutdown plan ends the workers, which exit 0.
+TEST(TpServe, TcpGroupWithoutMpi) {
+  if (!fs::exists(model_path())) GTEST_FAIL() << model_path() << " missing (run scripts/setup.sh)";
+  const std::vector<std::string>& expected = expected_completions();
+  ASSERT_EQ(expected.size(), 4u);
+  const int port = free_port();
+  const std::string leader = "127.0.0.1:" + std::to_string(port);
+  const std::string dir = (fs::temp_directory_path() / ("snap_tp_tcp_" + std::to_string(::getpid()))).string();
+  fs::create_directories(dir);
+  for (int r = 1; r < 3; ++r) {
+    const std::string cmd = std::string(SNAP_BINARY_DIR) + "/snapserve serve --model " + model_path() +
+                            " --threads 1 --tp 3 --rank " + std::to_string(r) + " --world-size 3 --leader " + leader +
+                            " > " + dir + "/rank" + std::to_string(r) + ".log 2>&1; echo $? > " + dir + "/rank" +
+                            std::to_string(r) + ".rc";
+    ASSERT_EQ(std::system(("(" + cmd + ") &").c_str()), 0);
+  }
+  {
+    snap::testing::ServerProcess tp = start_server({}, {"--tp", "3", "--rank", "0", "--world-size", "3", "--leader", leader});
+    ASSERT_GT(tp.port(), 0);
+    const std::vector<std::string> got = complete_all(tp.port());
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "request " << i;
+    EXPECT_EQ(tp.terminate(60), 0) << tp.log();
+  }
+  // The workers leave their loop on rank 0's shutdown plan and exit 0.
+  const auto until = Clock::now() + std::chrono::seconds(30);
+  auto done = [&] { return fs::exists(dir + "/rank1.rc") && fs::exists(dir + "/rank2.rc"); };
+  while (!done() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int r = 1; r < 3; ++r) {
+    std::ifstream rc(dir + "/rank" + std::to_string(r) + ".rc");
+    std::string code;
+    rc >> code;
+    std::ifstream log(dir + "/rank" + std::to_string(r) + ".log");
+    const std::string text((std::istreambuf_iterator<char>(log)), {});
+    EXPECT_EQ(code, "0") << "rank " << r << ": " << text;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
