@@ -7,43 +7,20 @@
 #include <algorithm>
 #include <thread>
 
+#include "common/host_port.h"
+
 namespace snap {
-
-namespace {
-
-// "HOST", "HOST:PORT", "[IPV6]" or "[IPV6]:PORT" into the flags' host and port.
-Status parse_leader(const std::string& leader, comm::WorldFlags* wf) {
-  std::string host = leader, port;
-  if (!leader.empty() && leader.front() == '[') {
-    const size_t close = leader.find(']');
-    if (close == std::string::npos) return invalid_argument("--leader " + leader + ": missing ']'");
-    host = leader.substr(1, close - 1);
-    if (close + 1 < leader.size()) {
-      if (leader[close + 1] != ':') return invalid_argument("--leader " + leader + ": expected ':' after ']'");
-      port = leader.substr(close + 2);
-    }
-  } else if (std::count(leader.begin(), leader.end(), ':') == 1) {
-    host = leader.substr(0, leader.find(':'));
-    port = leader.substr(leader.find(':') + 1);
-  }
-  if (host.empty()) return invalid_argument("--leader " + leader + ": no host");
-  wf->leader_host = host;
-  if (port.empty()) return {};
-  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
-      std::stoi(port) > 65535) {
-    return invalid_argument("--leader " + leader + ": the port must be a number in [1, 65535]");
-  }
-  wf->port = std::stoi(port);
-  return {};
-}
-
-}  // namespace
 
 Result<TpLaunch> start_tensor_parallel(const std::string& subcommand, const TpFlags& flags) {
   comm::WorldFlags wf;
   wf.rank = flags.rank;
   wf.world_size = flags.world_size;
-  if (!flags.leader.empty()) SNAP_RETURN_IF_ERROR(parse_leader(flags.leader, &wf));
+  if (!flags.leader.empty()) {
+    Result<HostPort> leader = parse_host_port(flags.leader);
+    if (!leader.ok()) return invalid_argument("--leader " + flags.leader + ": " + leader.status().message());
+    wf.leader_host = leader->host;
+    wf.port = leader->port;  // 0: the default rendezvous port
+  }
   TpLaunch out;
   SNAP_ASSIGN_OR_RETURN(out.launch, comm::launch_from_environment(comm::process_environment(), wf));
   const int size = out.launch.world.size();

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/host_port.h"
 #include "common/status.h"
 #include "common/sys.h"
 #include "coordinator/loadgen/bench_stats.h"
@@ -60,25 +61,10 @@ Result<Target> parse_url(const std::string& url) {
     rest.resize(slash);
     while (!t.base_path.empty() && t.base_path.back() == '/') t.base_path.pop_back();
   }
-  size_t colon = std::string::npos;
-  if (!rest.empty() && rest.front() == '[') {  // [ipv6]:port
-    const size_t close = rest.find(']');
-    if (close == std::string::npos) {
-      return invalid_argument("bench serve: --url '" + url + "' has an unclosed [");
-    }
-    t.host = rest.substr(1, close - 1);
-    if (close + 1 < rest.size() && rest[close + 1] == ':') colon = close + 1;
-  } else {
-    colon = rest.rfind(':');
-    t.host = rest.substr(0, colon);
-  }
-  t.port = colon == std::string::npos ? "80" : rest.substr(colon + 1);
-  if (t.host.empty()) return invalid_argument("bench serve: --url '" + url + "' has no host");
-  if (t.port.empty() || t.port.size() > 5 ||
-      t.port.find_first_not_of("0123456789") != std::string::npos || std::stoi(t.port) == 0 ||
-      std::stoi(t.port) > 65535) {
-    return invalid_argument("bench serve: --url '" + url + "' has a bad port");
-  }
+  Result<HostPort> hp = parse_host_port(rest);
+  if (!hp.ok()) return invalid_argument("bench serve: --url '" + url + "': " + hp.status().message());
+  t.host = hp->host;
+  t.port = hp->port == 0 ? "80" : std::to_string(hp->port);
   return t;
 }
 

@@ -37,7 +37,6 @@ struct Sequence {
   EngineRequest req;
   EventSink sink;
   bool open = false;         // opened on the workers (its KV exists there)
-  bool opened_this_step = false;
   int64_t compress_at = 0;
   std::unique_ptr<StreamDecoder> decoder;
   kernels::Rng rng{0};

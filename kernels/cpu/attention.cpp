@@ -21,9 +21,8 @@ namespace snap::kernels {
 
 namespace {
 
-constexpr int64_t k_query_tile = 16;
+constexpr int64_t k_query_tile = k_attention_query_tile;
 constexpr int64_t k_key_block = 64;      // 64 keys × 64 dims × 4 B = 16 KiB of K, same of V: L1-resident
-constexpr int64_t k_min_split_keys = 256;  // below this a split's merge costs more than it saves
 
 // Visible keys of a query at position pos: [lo, hi).
 struct KeyRange {
@@ -118,18 +117,10 @@ void attention_cpu(const float* q, const int32_t* q_positions, int64_t num_token
   const BlockOps ops = attention_block_ops(hd);
   const int64_t num_tiles = (num_tokens + k_query_tile - 1) / k_query_tile;
   const int64_t base_items = num_tiles * p.num_kv_heads;
-  const int threads = omp_get_max_threads();
-  // Aim for ≥ 4 items per thread so causal imbalance evens out; split KV only when short of that.
-  int64_t splits = 1;
-  if (base_items < 4 * threads) {
-    splits = std::min<int64_t>((4 * threads + base_items - 1) / base_items, kv_len / k_min_split_keys);
-    splits = std::max<int64_t>(splits, 1);
-  }
+  const int64_t splits = attention_kv_splits(num_tokens, p.num_kv_heads, kv_len);
   const int64_t split_len = (kv_len + splits - 1) / splits;
   const int64_t rows_per_tile = k_query_tile * group;
-  // Partial results only when split: [splits][num_tokens][num_heads] × (m, l, acc[hd]).
-  std::vector<RowState> part_state(splits > 1 ? static_cast<size_t>(splits * num_tokens * p.num_heads) : 0);
-  std::vector<float> part_acc(splits > 1 ? static_cast<size_t>(splits * num_tokens * p.num_heads * hd) : 0);
+  SplitRows rows(splits, num_tokens, p.num_heads, hd);
 
 #pragma omp parallel if (base_items * splits > 1 && num_tokens * kv_len * p.num_heads >= 4096)
   {
@@ -150,43 +141,11 @@ void attention_cpu(const float* q, const int32_t* q_positions, int64_t num_token
       for (int64_t r = 0; r < (t1 - t0) * group; ++r) {
         const int64_t t = t0 + r / group;
         const int h = g * group + static_cast<int>(r % group);
-        const float* a = acc.data() + r * hd;
-        if (splits == 1) {
-          float* o = out + (t * p.num_heads + h) * hd;
-          const float inv = state[r].l > 0.0f ? 1.0f / state[r].l : 0.0f;
-          for (int i = 0; i < hd; ++i) o[i] = a[i] * inv;
-          if (std::isnan(state[r].l)) std::fill(o, o + hd, state[r].l);
-        } else {
-          const int64_t idx = (split * num_tokens + t) * p.num_heads + h;
-          part_state[idx] = state[r];
-          std::copy(a, a + hd, part_acc.data() + idx * hd);
-        }
+        rows.store(split, t, h, state[r], acc.data() + r * hd, out);
       }
     }
   }
-  if (splits == 1) return;
-  // Merge: out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M = max_s m_s; splits in order.
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    for (int h = 0; h < p.num_heads; ++h) {
-      float* o = out + (t * p.num_heads + h) * hd;
-      float big_m = -std::numeric_limits<float>::infinity();
-      for (int64_t sp = 0; sp < splits; ++sp) big_m = std::max(big_m, part_state[(sp * num_tokens + t) * p.num_heads + h].m);
-      std::fill(o, o + hd, 0.0f);
-      float l = 0.0f;
-      for (int64_t sp = 0; sp < splits; ++sp) {
-        const int64_t idx = (sp * num_tokens + t) * p.num_heads + h;
-        const RowState& st = part_state[idx];
-        if (st.l == 0.0f) continue;  // no visible key in this split
-        const float f = std::exp(st.m - big_m);
-        l += st.l * f;
-        const float* a = part_acc.data() + idx * hd;
-        for (int i = 0; i < hd; ++i) o[i] += a[i] * f;
-      }
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      for (int i = 0; i < hd; ++i) o[i] *= inv;
-      if (std::isnan(l)) std::fill(o, o + hd, l);
-    }
-  }
+  rows.merge(out);
 }
 
 }  // namespace snap::kernels

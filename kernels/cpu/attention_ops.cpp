@@ -1,6 +1,9 @@
 // The attention block primitives (kernels/cpu/attention_ops.h): scalar, AVX2 and AVX-512.
 #include "kernels/cpu/attention_ops.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/simd.h"
@@ -160,6 +163,65 @@ BlockOps attention_block_ops(int head_dim) {
     return {scores_avx512, exp_sum_avx512, accumulate_avx512, scale_avx512};
   if (level != SimdLevel::scalar && head_dim % 8 == 0) return {scores_avx2, exp_sum_avx2, accumulate_avx2, scale_avx2};
   return {scores_scalar, exp_sum_scalar, accumulate_scalar, scale_scalar};
+}
+
+int64_t attention_kv_splits(int64_t num_tokens, int num_kv_heads, int64_t kv_len) {
+  constexpr int64_t k_min_split_keys = 256;
+  const int64_t num_tiles = (num_tokens + k_attention_query_tile - 1) / k_attention_query_tile;
+  const int64_t base_items = num_tiles * num_kv_heads;
+  const int threads = omp_get_max_threads();
+  if (base_items >= 4 * threads) return 1;
+  const int64_t splits = std::min<int64_t>((4 * threads + base_items - 1) / base_items, kv_len / k_min_split_keys);
+  return std::max<int64_t>(splits, 1);
+}
+
+void attention_write_row(const RowState& st, const float* acc, int hd, float* o) {
+  const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
+  for (int i = 0; i < hd; ++i) o[i] = acc[i] * inv;
+  if (std::isnan(st.l)) std::fill(o, o + hd, st.l);
+}
+
+SplitRows::SplitRows(int64_t splits, int64_t num_tokens, int num_heads, int head_dim)
+    : splits_(splits), num_tokens_(num_tokens), num_heads_(num_heads), hd_(head_dim) {
+  if (splits > 1) {
+    state_.resize(static_cast<size_t>(splits * num_tokens * num_heads));
+    acc_.resize(static_cast<size_t>(splits * num_tokens * num_heads * head_dim));
+  }
+}
+
+void SplitRows::store(int64_t split, int64_t t, int h, const RowState& st, const float* acc, float* out) {
+  if (splits_ == 1) {
+    attention_write_row(st, acc, hd_, out + (t * num_heads_ + h) * hd_);
+    return;
+  }
+  const int64_t idx = (split * num_tokens_ + t) * num_heads_ + h;
+  state_[idx] = st;
+  std::copy(acc, acc + hd_, acc_.data() + idx * hd_);
+}
+
+void SplitRows::merge(float* out) const {
+  if (splits_ == 1) return;
+#pragma omp parallel for collapse(2) if (num_tokens_ * num_heads_ >= 64)
+  for (int64_t t = 0; t < num_tokens_; ++t) {
+    for (int h = 0; h < num_heads_; ++h) {
+      float* o = out + (t * num_heads_ + h) * hd_;
+      float big_m = -std::numeric_limits<float>::infinity();
+      for (int64_t sp = 0; sp < splits_; ++sp) big_m = std::max(big_m, state_[(sp * num_tokens_ + t) * num_heads_ + h].m);
+      std::fill(o, o + hd_, 0.0f);
+      RowState merged;
+      merged.l = 0.0f;
+      for (int64_t sp = 0; sp < splits_; ++sp) {
+        const int64_t idx = (sp * num_tokens_ + t) * num_heads_ + h;
+        const RowState& st = state_[idx];
+        if (st.l == 0.0f) continue;  // no visible key in this split
+        const float f = std::exp(st.m - big_m);
+        merged.l += st.l * f;
+        const float* a = acc_.data() + idx * hd_;
+        for (int i = 0; i < hd_; ++i) o[i] += a[i] * f;
+      }
+      attention_write_row(merged, o, hd_, o);
+    }
+  }
 }
 
 }  // namespace snap::kernels

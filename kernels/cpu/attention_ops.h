@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace snap::kernels {
 
@@ -20,10 +21,39 @@ struct BlockOps {
 // head_dim % 8 == 0, AVX-512 head_dim % 16 == 0 (every Llama-family head_dim is 64 or 128).
 BlockOps attention_block_ops(int head_dim);
 
+// Query rows per work item, shared by both kernels.
+inline constexpr int64_t k_attention_query_tile = 16;
+
+// Work split of one attention call: items are (query tile, KV head), and when that gives
+// fewer than 4 items per thread (so causal imbalance cannot even out) the keys of each
+// head are split too, into at most kv_len / 256 parts (below 256 keys a split's merge
+// costs more than it saves). Returns the number of key splits (>= 1).
+int64_t attention_kv_splits(int64_t num_tokens, int num_kv_heads, int64_t kv_len);
+
 // Running softmax state of one (query, head) row: acc is unnormalized, output = acc / l.
 struct RowState {
   float m = -std::numeric_limits<float>::infinity();
   float l = 0.0f;
+};
+
+// o[hd] = acc / l (zeros when no key was visible; NaN propagates).
+void attention_write_row(const RowState& st, const float* acc, int hd, float* o);
+
+// The rows of one attention call when its keys are split: each split's (state, acc) per
+// (token, head), merged in split order at the end. With one split, rows go straight out.
+class SplitRows {
+ public:
+  SplitRows(int64_t splits, int64_t num_tokens, int num_heads, int head_dim);
+  // Row (token t, head h) of split `split`; `out` is the call's [num_tokens, num_heads, hd].
+  void store(int64_t split, int64_t t, int h, const RowState& st, const float* acc, float* out);
+  // out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M = max_s m_s (nothing when unsplit).
+  void merge(float* out) const;
+
+ private:
+  int64_t splits_, num_tokens_;
+  int num_heads_, hd_;
+  std::vector<RowState> state_;  // [splits][num_tokens][num_heads]
+  std::vector<float> acc_;       // [splits][num_tokens][num_heads][hd]
 };
 
 }  // namespace snap::kernels

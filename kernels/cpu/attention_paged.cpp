@@ -23,9 +23,8 @@ namespace snap::kernels {
 
 namespace {
 
-constexpr int64_t k_query_tile = 16;
+constexpr int64_t k_query_tile = k_attention_query_tile;
 constexpr int64_t k_key_chunk = 64;        // 64 keys × 64 dims × 4 B = 16 KiB of K, same of V: L1-resident
-constexpr int64_t k_min_split_keys = 256;  // below this a split's merge costs more than it saves
 
 int32_t key_position(const PagedKv& kv, const PagedKvHead& h, int64_t j) {
   return kv.pos_base[h.block_table[j / kv.block_size] * kv.pos_block_stride + j % kv.block_size];
@@ -159,12 +158,6 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
   }
 }
 
-void write_row(const RowState& st, const float* acc, int hd, float* o) {
-  const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
-  for (int i = 0; i < hd; ++i) o[i] = acc[i] * inv;
-  if (std::isnan(st.l)) std::fill(o, o + hd, st.l);
-}
-
 }  // namespace
 
 void attention_paged_ref(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKv& kv,
@@ -218,17 +211,9 @@ void attention_paged_cpu(const float* q, const int32_t* q_positions, int64_t num
   for (int g = 0; g < p.num_kv_heads; ++g) max_len = std::max(max_len, kv.heads[g].length);
   const int64_t num_tiles = (num_tokens + k_query_tile - 1) / k_query_tile;
   const int64_t base_items = num_tiles * p.num_kv_heads;
-  const int threads = omp_get_max_threads();
-  // Aim for ≥ 4 items per thread so causal imbalance evens out; split KV only when short of that.
-  int64_t splits = 1;
-  if (base_items < 4 * threads) {
-    splits = std::min<int64_t>((4 * threads + base_items - 1) / base_items, max_len / k_min_split_keys);
-    splits = std::max<int64_t>(splits, 1);
-  }
+  const int64_t splits = attention_kv_splits(num_tokens, p.num_kv_heads, max_len);
   const int64_t rows_per_tile = k_query_tile * group;
-  // Partial results only when split: [splits][num_tokens][num_heads] × (m, l, acc[hd]).
-  std::vector<RowState> part_state(splits > 1 ? static_cast<size_t>(splits * num_tokens * p.num_heads) : 0);
-  std::vector<float> part_acc(splits > 1 ? static_cast<size_t>(splits * num_tokens * p.num_heads * hd) : 0);
+  SplitRows rows(splits, num_tokens, p.num_heads, hd);
 
 #pragma omp parallel if (base_items * splits > 1 && num_tokens * max_len * p.num_heads >= 4096)
   {
@@ -252,41 +237,11 @@ void attention_paged_cpu(const float* q, const int32_t* q_positions, int64_t num
       for (int64_t r = 0; r < (t1 - t0) * group; ++r) {
         const int64_t t = t0 + r / group;
         const int h = g * group + static_cast<int>(r % group);
-        const float* a = sc.acc.data() + r * hd;
-        if (splits == 1) {
-          write_row(sc.state[r], a, hd, out + (t * p.num_heads + h) * hd);
-        } else {
-          const int64_t idx = (split * num_tokens + t) * p.num_heads + h;
-          part_state[idx] = sc.state[r];
-          std::copy(a, a + hd, part_acc.data() + idx * hd);
-        }
+        rows.store(split, t, h, sc.state[r], sc.acc.data() + r * hd, out);
       }
     }
   }
-  if (splits == 1) return;
-    // Merge: out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M = max_s m_s; splits in order.
-#pragma omp parallel for collapse(2) if (num_tokens * p.num_heads >= 64)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    for (int h = 0; h < p.num_heads; ++h) {
-      float* o = out + (t * p.num_heads + h) * hd;
-      float big_m = -std::numeric_limits<float>::infinity();
-      for (int64_t sp = 0; sp < splits; ++sp)
-        big_m = std::max(big_m, part_state[(sp * num_tokens + t) * p.num_heads + h].m);
-      std::fill(o, o + hd, 0.0f);
-      RowState merged;
-      merged.l = 0.0f;
-      for (int64_t sp = 0; sp < splits; ++sp) {
-        const int64_t idx = (sp * num_tokens + t) * p.num_heads + h;
-        const RowState& st = part_state[idx];
-        if (st.l == 0.0f) continue;  // no visible key in this split
-        const float f = std::exp(st.m - big_m);
-        merged.l += st.l * f;
-        const float* a = part_acc.data() + idx * hd;
-        for (int i = 0; i < hd; ++i) o[i] += a[i] * f;
-      }
-      write_row(merged, o, hd, o);
-    }
-  }
+  rows.merge(out);
 }
 
 }  // namespace snap::kernels

@@ -12,23 +12,10 @@
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "comm/world.h"
+#include "tests/free_port.h"
 
 namespace snap::comm {
 namespace {
-
-// A port nobody listens on right now (bound to 0, read back, closed).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // ---------------------------------------------------------------------------- World
 
@@ -251,7 +238,7 @@ TEST(SumBlocksInRankOrder, RoundsOnceAtTheEnd) {
 // ----------------------------------------------------------------- TCP rendezvous
 
 TEST(TcpRendezvous, ThreeRanksReceiveTheLeadersBlob) {
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   std::vector<uint8_t> id(128);
   for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<uint8_t>(i * 37 + 11);
   std::vector<Result<std::vector<uint8_t>>> got(3, Result<std::vector<uint8_t>>(internal_error("not run")));
@@ -272,7 +259,7 @@ TEST(TcpRendezvous, ThreeRanksReceiveTheLeadersBlob) {
 }
 
 TEST(TcpRendezvous, LeaderTimesOutWhenARankNeverShows) {
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   std::vector<uint8_t> id(128, 7);
   Result<std::vector<uint8_t>> leader(internal_error("not run"));
   Result<std::vector<uint8_t>> worker(internal_error("not run"));
@@ -292,7 +279,7 @@ TEST(TcpRendezvous, LeaderTimesOutWhenARankNeverShows) {
 }
 
 TEST(TcpRendezvous, WorkerTimesOutWithoutALeader) {
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   Result<std::vector<uint8_t>> worker = tcp_rendezvous("127.0.0.1", port, 2, 3, {}, std::chrono::seconds(1));
   ASSERT_FALSE(worker.ok());
   EXPECT_NE(worker.status().message().find("timed out after 1 s: rank 2 could not connect (Connection refused)"),
@@ -301,7 +288,7 @@ TEST(TcpRendezvous, WorkerTimesOutWithoutALeader) {
 }
 
 TEST(TcpRendezvous, MismatchedWorldSizeFailsOnBothSides) {
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   Result<std::vector<uint8_t>> leader(internal_error("not run"));
   Result<std::vector<uint8_t>> worker(internal_error("not run"));
   std::vector<uint8_t> id(16, 1);

@@ -15,23 +15,12 @@
 #include <vector>
 
 #include "comm/bootstrap.h"
+#include "tests/free_port.h"
 
 namespace snap::comm {
 namespace {
 
 int g_num_devices = 0;
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 float input_value(int rank, int64_t i) {
   const uint64_t h = (static_cast<uint64_t>(rank) * 2654435761u + i * 40503u) % 1000003u;
@@ -72,7 +61,7 @@ TEST(NcclCommunicator, GroupOfOneKeepsTheData) {
 TEST(NcclCommunicator, AllReduceMatchesHostRankOrder) {
   const int p = std::min(g_num_devices, 4);
   if (p < 2) GTEST_SKIP() << "needs 2+ GPUs";
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   for (int64_t count : {7, 100000}) {
     std::vector<std::vector<uint16_t>> outs(p);
     std::vector<Status> statuses(p);

@@ -25,6 +25,7 @@
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "tests/comm/collective_reference.h"
+#include "tests/free_port.h"
 
 namespace snap::comm {
 namespace {
@@ -40,20 +41,6 @@ using namespace reference;  // inputs and the rank-order reference (collective_r
 
 
 // ------------------------------------------------------------ forking ranks
-
-// A port nobody listens on right now (bound to 0, read back, closed).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 struct RankOutcome {
   int exit_code = -1;   // -1 when killed by a signal
@@ -322,7 +309,7 @@ int collectives_child(int rank, int p, int port) {
 TEST(TcpCollectives, MatchTheRankOrderReferenceBitForBit) {
   for (int p : {2, 3, 4}) {
     SCOPED_TRACE("P = " + std::to_string(p));
-    const int port = free_port();
+    const int port = snap::testing::free_port();
     const std::vector<RankOutcome> out = run_ranks(p, [&](int rank) { return collectives_child(rank, p, port); });
     for (int r = 0; r < p; ++r) {
       EXPECT_FALSE(out[r].hung) << "rank " << r << " hung\n" << out[r].output;
@@ -393,7 +380,7 @@ TEST(TcpFailure, KilledRankFailsEveryOtherRank) {
   for (int victim : {1, 0, 3}) {
     SCOPED_TRACE("victim " + std::to_string(victim));
     const int p = 4;
-    const int port = free_port();
+    const int port = snap::testing::free_port();
     const auto out = run_ranks(p, [&](int rank) { return fault_child(rank, p, port, victim, Fault::kill); });
     EXPECT_EQ(out[victim].signal, SIGKILL) << out[victim].output;
     expect_survivors_fail(out, victim,
@@ -403,7 +390,7 @@ TEST(TcpFailure, KilledRankFailsEveryOtherRank) {
 
 TEST(TcpFailure, RankExitingMidLoopFailsEveryOtherRank) {
   const int p = 3, victim = 2;
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   const auto out = run_ranks(p, [&](int rank) { return fault_child(rank, p, port, victim, Fault::exit); });
   EXPECT_EQ(out[victim].exit_code, 3) << out[victim].output;
   expect_survivors_fail(out, victim, "comm/tcp: rank 2 closed the connection during all_reduce_sum");
@@ -413,7 +400,7 @@ TEST(TcpFailure, AbortJobPrintsItsMessageAndFailsEveryOtherRank) {
   for (int victim : {1, 0}) {
     SCOPED_TRACE("victim " + std::to_string(victim));
     const int p = 3;
-    const int port = free_port();
+    const int port = snap::testing::free_port();
     const auto out = run_ranks(p, [&](int rank) { return fault_child(rank, p, port, victim, Fault::abort); });
     EXPECT_EQ(out[victim].exit_code, 5) << out[victim].output;
     const std::string why = "worker failed on purpose in round " + std::to_string(k_fault_round);
@@ -436,7 +423,7 @@ int setup_child(int rank, int size, int port, std::chrono::milliseconds timeout)
 }
 
 TEST(TcpSetup, WrongWorldSizeIsAOneLineError) {
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   const auto start = Clock::now();
   const auto out = run_ranks(3, [&](int rank) {
     return setup_child(rank, rank == 2 ? 4 : 3, port, std::chrono::seconds(5));
@@ -456,7 +443,7 @@ TEST(TcpSetup, WrongWorldSizeIsAOneLineError) {
 }
 
 TEST(TcpSetup, MissingRankTimesOutNamingIt) {
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   // Ranks 0 and 1 of a world of 3; rank 2 never starts.
   const auto out = run_ranks(2, [&](int rank) { return setup_child(rank, 3, port, std::chrono::milliseconds(1500)); });
   EXPECT_EQ(out[0].exit_code, 10) << out[0].output;

@@ -26,6 +26,7 @@
 
 #include "coordinator/engine/prompt.h"
 #include "coordinator/tokenizer/tokenizer.h"
+#include "tests/e2e/http_client.h"
 #include "tests/e2e/server_process.h"
 
 namespace snap {
@@ -61,56 +62,11 @@ class ServerProcess : public snap::testing::ServerProcess {
   }
 };
 
-// --- a small HTTP client -----------------------------------------------------------
+// --- a small HTTP client (tests/e2e/http_client.h) ----------------------------------
 
-struct Reply {
-  int status = 0;
-  std::string body;
-  std::string retry_after;
-  std::string content_type;
-  std::string error;  // transport failure
-  json j() const { return json::parse(body, nullptr, false); }
-};
-
-Reply call(int port, http::verb method, const std::string& target, const std::string& body = "",
-           const std::string& api_key = "", int64_t declared_length = -1) {
-  Reply r;
-  net::io_context ioc;
-  beast::tcp_stream stream(ioc);
-  beast::error_code ec;
-  stream.expires_after(std::chrono::seconds(120));
-  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)), ec);
-  if (ec) {
-    r.error = "connect: " + ec.message();
-    return r;
-  }
-  http::request<http::string_body> req{method, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  req.set(http::field::content_type, "application/json");
-  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
-  req.body() = body;
-  req.prepare_payload();
-  if (declared_length >= 0) req.content_length(declared_length);
-  http::write(stream, req, ec);  // a server refusing the body may stop reading it: still read the answer
-  beast::flat_buffer buf;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(64 << 20);
-  http::read(stream, buf, parser, ec);
-  if (ec) {
-    r.error = "read: " + ec.message();
-    return r;
-  }
-  const auto& res = parser.get();
-  r.status = res.result_int();
-  r.body = res.body();
-  if (auto it = res.find(http::field::retry_after); it != res.end()) r.retry_after = std::string(it->value());
-  if (auto it = res.find(http::field::content_type); it != res.end()) r.content_type = std::string(it->value());
-  return r;
-}
-
-Reply post(int port, const std::string& target, const json& body, const std::string& key = "") {
-  return call(port, http::verb::post, target, body.dump(), key);
-}
+using snap::testing::call;
+using snap::testing::post;
+using snap::testing::Reply;
 
 // The "data:" payloads of an SSE body, in order.
 std::vector<std::string> sse_payloads(const std::string& body) {

@@ -23,6 +23,8 @@
 #include <string>
 #include <thread>
 
+#include "tests/free_port.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -177,28 +179,11 @@ TEST_F(TpCli, KilledRankEndsTheJob) {
   EXPECT_EQ(log.find("generated tokens 4000"), std::string::npos) << log;
 }
 
-// A TCP port that was free a moment ago.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 TEST_F(TpCli, TcpGroupWithoutMpiMatchesOneProcess) {
   const std::string args = generate_args(24) + " --kv-policy snapkv --kv-budget 16 --kv-window 4";
   const CmdResult one = run(k_bin + args);
   ASSERT_EQ(one.exit_code, 0) << one.err;
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   ASSERT_GT(port, 0);
   // Ranks 1 and 2 in the background, rank 0 in the foreground; all three must exit 0.
   std::string cmd = "(";

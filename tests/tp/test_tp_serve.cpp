@@ -23,7 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include "tests/e2e/http_client.h"
 #include "tests/e2e/server_process.h"
+#include "tests/free_port.h"
 
 namespace {
 
@@ -52,33 +54,8 @@ snap::testing::ServerProcess start_server(std::vector<std::string> launcher, con
   return snap::testing::ServerProcess(std::move(args));
 }
 
-struct Reply {
-  int status = 0;
-  std::string body;
-};
-
-Reply call(int port, http::verb method, const std::string& target, const std::string& body = "") {
-  Reply r;
-  net::io_context ioc;
-  beast::tcp_stream stream(ioc);
-  beast::error_code ec;
-  stream.expires_after(std::chrono::seconds(300));
-  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)), ec);
-  if (ec) return r;
-  http::request<http::string_body> req{method, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  req.set(http::field::content_type, "application/json");
-  req.body() = body;
-  req.prepare_payload();
-  http::write(stream, req, ec);
-  beast::flat_buffer buf;
-  http::response<http::string_body> res;
-  http::read(stream, buf, res, ec);
-  if (ec) return r;
-  r.status = res.result_int();
-  r.body = res.body();
-  return r;
-}
+using snap::testing::call;
+using snap::testing::Reply;
 
 // Four requests at once: texts (or "HTTP <status>: body" on failure), in request order.
 std::vector<std::string> complete_all(int port) {
@@ -173,13 +150,6 @@ TEST(TpServe, SameCompletionsAsOneProcessMetricsAndCleanStop) {
   EXPECT_EQ(log.find("error"), std::string::npos) << log;
 }
 
-// A TCP port that was free a moment ago.
-int free_port() {
-  net::io_context ioc;
-  tcp::acceptor acceptor(ioc, tcp::endpoint(net::ip::make_address("127.0.0.1"), 0));
-  return acceptor.local_endpoint().port();
-}
-
 // Without MPI (as a Kubernetes LeaderWorkerSet runs it): ranks 1 and 2 started with
 // --rank/--world-size/--leader join rank 0 over TCP; same answers; SIGTERM to rank 0 drains
 // it and its shutdown plan ends the workers, which exit 0.
@@ -187,7 +157,7 @@ TEST(TpServe, TcpGroupWithoutMpi) {
   if (!fs::exists(model_path())) GTEST_FAIL() << model_path() << " missing (run scripts/setup.sh)";
   const std::vector<std::string>& expected = expected_completions();
   ASSERT_EQ(expected.size(), 4u);
-  const int port = free_port();
+  const int port = snap::testing::free_port();
   const std::string leader = "127.0.0.1:" + std::to_string(port);
   const std::string dir = (fs::temp_directory_path() / ("snap_tp_tcp_" + std::to_string(::getpid()))).string();
   fs::create_directories(dir);

@@ -41,6 +41,21 @@ void KvCompressor::gather_keys(const PagedKvCache& cache, int layer, int64_t n) 
   }
 }
 
+LayerQk KvCompressor::gather_qk(const PagedKvCache& cache, int layer, const float* q, int64_t num_queries,
+                                int64_t n) {
+  gather_keys(cache, layer, n);
+  LayerQk qk;
+  qk.q = q;
+  qk.num_queries = num_queries;
+  qk.k = keys_.data();
+  qk.kv_head_stride = n * shape_.head_dim;
+  qk.num_tokens = n;
+  qk.num_heads = shape_.num_heads;
+  qk.num_kv_heads = shape_.num_kv_heads;
+  qk.head_dim = shape_.head_dim;
+  return qk;
+}
+
 Status KvCompressor::observe(int layer, const float* q, const int32_t* positions, int64_t n,
                              const PagedKvCache& cache) {
   if (!active() || done_[layer]) return {};
@@ -66,17 +81,7 @@ Status KvCompressor::observe(int layer, const float* q, const int32_t* positions
       if (m == 0) return {};
       const int64_t end = positions[m - 1] + 1;
       const double t0 = now_seconds();
-      gather_keys(cache, layer, end);
-      LayerQk qk;
-      qk.q = q;
-      qk.num_queries = m;
-      qk.k = keys_.data();
-      qk.kv_head_stride = end * shape_.head_dim;
-      qk.num_tokens = end;
-      qk.num_heads = shape_.num_heads;
-      qk.num_kv_heads = shape_.num_kv_heads;
-      qk.head_dim = shape_.head_dim;
-      Status s = h2o_[layer]->add(qk, positions[0]);
+      Status s = h2o_[layer]->add(gather_qk(cache, layer, q, m, end), positions[0]);
       selection_seconds_ += now_seconds() - t0;
       return s;
     }
@@ -121,17 +126,7 @@ Status KvCompressor::compress_layer(int layer, PagedKvCache& cache) {
     sel = h2o_[layer]->select(p);
     h2o_[layer].reset();  // scores no longer needed
   } else {
-    gather_keys(cache, layer, n);
-    const int64_t w = policy_.window;
-    LayerQk qk;
-    qk.q = window_q_[layer].data();
-    qk.num_queries = w;
-    qk.k = keys_.data();
-    qk.kv_head_stride = n * shape_.head_dim;
-    qk.num_tokens = n;
-    qk.num_heads = shape_.num_heads;
-    qk.num_kv_heads = shape_.num_kv_heads;
-    qk.head_dim = shape_.head_dim;
+    const LayerQk qk = gather_qk(cache, layer, window_q_[layer].data(), policy_.window, n);
     SnapKvParams p;
     p.budget = budget;
     p.window = policy_.window;

@@ -52,6 +52,9 @@ class KvCompressor {
  private:
   // Keys of positions [0, n) of one layer, [num_kv_heads, n, head_dim] contiguous.
   void gather_keys(const PagedKvCache& cache, int layer, int64_t n);
+  // gather_keys, then the scoring view of queries q [num_queries, num_heads, head_dim]
+  // against those keys (valid until the next gather).
+  LayerQk gather_qk(const PagedKvCache& cache, int layer, const float* q, int64_t num_queries, int64_t n);
 
   KvPolicy policy_;
   CompressorShape shape_;

@@ -173,10 +173,10 @@ Status LlamaForward::head(const float* x, int64_t rows, float* logits, bool roww
   if (s.vocab_size == chunk) {
     matmul(head_part_.data());
   } else {
-    std::vector<float> mine(static_cast<size_t>(rows * s.vocab_size));
-    if (s.vocab_size > 0) matmul(mine.data());
+    head_mine_.resize(static_cast<size_t>(rows * s.vocab_size));
+    if (s.vocab_size > 0) matmul(head_mine_.data());
     for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(&mine[r * s.vocab_size], s.vocab_size, &head_part_[r * chunk]);
+      std::copy_n(&head_mine_[r * s.vocab_size], s.vocab_size, &head_part_[r * chunk]);
       std::fill(&head_part_[r * chunk + s.vocab_size], &head_part_[(r + 1) * chunk], 0.0f);
     }
   }
@@ -262,36 +262,6 @@ Status LlamaForward::forward_batch(const std::vector<BatchItem>& items) {
   SNAP_RETURN_IF_ERROR(head(rows.data(), static_cast<int64_t>(outs.size()), logits.data(), true));
   if (!is_logits_rank()) return {};
   for (size_t i = 0; i < outs.size(); ++i) std::copy_n(&logits[i * c.vocab_size], c.vocab_size, outs[i]);
-  return {};
-}
-
-Status LlamaForward::prefill(const int32_t* tokens, int64_t n, PagedKvCache& cache, float* last_logits,
-                             int64_t chunk, KvCompressor* compressor, const LogitsSink& on_logits) {
-  CHECK_GT(chunk, 0);
-  const int64_t vocab = model_.config.vocab_size;
-  std::vector<float> rows;
-  for (int64_t start = 0; start < n;) {
-    int64_t len = std::min(chunk, n - start);
-    // A chunk never crosses the compression point: compress exactly at compress_at.
-    const bool compressing = compressor && compressor->active();
-    const int64_t pos = cache.next_position();
-    if (compressing && pos < compressor->compress_at()) len = std::min(len, compressor->compress_at() - pos);
-    float* out = last_logits;
-    if (on_logits) {
-      rows.resize(static_cast<size_t>(len * vocab));
-      out = rows.data();
-    }
-    SNAP_RETURN_IF_ERROR(forward(tokens + start, len, cache, out, on_logits != nullptr,
-                                 compressing && pos < compressor->compress_at() ? compressor : nullptr));
-    if (on_logits) {
-      for (int64_t t = 0; t < len; ++t) on_logits(start + t, rows.data() + t * vocab);
-      std::copy_n(rows.data() + (len - 1) * vocab, vocab, last_logits);
-    }
-    if (compressing && cache.next_position() == compressor->compress_at()) {
-      for (int l = 0; l < model_.config.num_layers; ++l) SNAP_RETURN_IF_ERROR(compressor->compress_layer(l, cache));
-    }
-    start += len;
-  }
   return {};
 }
 

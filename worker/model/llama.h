@@ -1,13 +1,13 @@
 // The Llama-family forward pass (llama, mistral, qwen2) on CPU over a paged per-head KV
-// cache. Prefill runs the prompt in chunks (bounded scratch memory) — or, layer-wise, the
-// whole prompt through one layer at a time so each layer can be compressed before the
-// next one fills — and decode runs one token at a time. K/V are cached after RoPE; every
+// cache. Callers run a prompt as chunks through forward()/forward_batch() (bounded scratch
+// memory) — or, layer-wise, the whole prompt through one layer at a time so each layer can
+// be compressed before the next one fills — and decode one token at a time. K/V are cached after RoPE; every
 // new token goes to position cache.next_position().
 //
 // Tensor parallelism: when the model is one rank's shard (LoadedModel::shard), this rank
 // attends with its own query heads over its own KV heads, runs its slice of the MLP, and
 // the partial outputs of o_proj and down_proj are summed over the ranks in
-// row_parallel() — the only place activations cross ranks. KV, attention scores and KV
+// row_parallel(), the model's one all-reduce. KV, attention scores and KV
 // selections stay on their rank. Each rank multiplies its vocabulary rows of the LM head
 // and the logits are gathered to tp rank 0 (head()). Every rank must be asked for the same
 // logits: on ranks other than 0 a non-null logits pointer only means "wanted" and is
@@ -15,7 +15,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -64,13 +63,6 @@ class LlamaForward {
   // drop those sequences.
   Status forward_batch(const std::vector<BatchItem>& items);
 
-  using LogitsSink = std::function<void(int64_t position, const float* logits)>;
-  // Prefills tokens in chunks of at most `chunk`, then — when compressor is active and the
-  // cache reaches compressor->compress_at() — compresses every layer. last_logits gets the
-  // last token's logits; on_logits (optional) every position's.
-  Status prefill(const int32_t* tokens, int64_t num_tokens, PagedKvCache& cache, float* last_logits, int64_t chunk,
-                 KvCompressor* compressor = nullptr, const LogitsSink& on_logits = nullptr);
-
   // Layer-wise prefill: the whole prompt through layer 0 (in chunks), compress layer 0,
   // then layer 1, ... Peak KV memory is one layer's full KV plus the compressed rest.
   // Hidden states of all tokens are kept between layers ([num_tokens, hidden_size] f32).
@@ -111,7 +103,8 @@ class LlamaForward {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   kernels::AttentionParams attn_params_;
   kernels::WeightView head_w_;  // this rank's LM head rows [shard.vocab_size, hidden_size]
-  std::vector<float> head_part_, head_all_;  // [rows, vocab_chunk], [tp, rows, vocab_chunk]
+  // [rows, vocab_size of this shard], [rows, vocab_chunk], [tp, rows, vocab_chunk]
+  std::vector<float> head_mine_, head_part_, head_all_;
   // Scratch, sized for the largest chunk seen: [num_tokens, ...]
   int64_t scratch_tokens_ = 0;
   int64_t prefill_rows_ = 0;  // rows of the current step that are a prompt chunk
