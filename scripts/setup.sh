@@ -32,6 +32,11 @@ if ! python3 -c "import numpy, gguf, safetensors" 2>/dev/null; then
   echo "setup: pip install numpy gguf safetensors" >&2
   python3 -m pip install -q --disable-pip-version-check numpy gguf safetensors 2>&1 | grep -v "WARNING: Running pip as" || true
 fi
+# deploy/ checks: Kubernetes JSON schemas (strict), our LeaderWorkerSet schema, YAML.
+if ! python3 -c "import kubernetes_validate, jsonschema, referencing, yaml" 2>/dev/null; then
+  echo "setup: pip install kubernetes-validate jsonschema referencing pyyaml" >&2
+  python3 -m pip install -q --disable-pip-version-check kubernetes-validate jsonschema referencing pyyaml 2>&1 | grep -v "WARNING: Running pip as" || true
+fi
 
 # --- default model -------------------------------------------------------------
 model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -145,6 +145,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void do_read() {
     if (closed_) return;
     parser_.emplace();
+    route_ = "other";
     parser_->body_limit(static_cast<uint64_t>(state_->cfg.max_body_bytes));
     parser_->header_limit(k_header_limit);
     stream_.expires_after(seconds(state_->cfg.read_timeout_seconds));
@@ -183,6 +184,9 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string path(req.target());
     if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
     const http::verb method = req.method();
+    for (const char* known : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
+      if (path == known) route_ = known;
+    }
 
     if (path.rfind("/v1/", 0) == 0 && !state_->cfg.api_key.empty() && !authorized(req)) {
       return send_error({ApiErrorKind::unauthorized, "missing or invalid API key (send Authorization: Bearer KEY)", ""});
@@ -255,6 +259,7 @@ class Session : public std::enable_shared_from_this<Session> {
       head += chunked ? "Transfer-Encoding: chunked\r\n" : "";
       head += keep_alive_ ? (version_ >= 11 ? "" : "Connection: keep-alive\r\n") : "Connection: close\r\n";
       head += "\r\n";
+      count_response(200);
       enqueue(std::move(head));
       if (meta_.route == ApiRoute::chat_completions) send_sse(stream_chunk(meta_, "", true, ""));
     }
@@ -317,9 +322,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void send_body(int status, const char* content_type, std::string body, const char* extra_name = nullptr,
                  const char* extra_value = nullptr) {
+    count_response(status);
     enqueue(serialize_response(version_, status, content_type, std::move(body), keep_alive_, extra_name, extra_value));
     response_done_ = true;
     if (!writing_) do_write();
+  }
+
+  void count_response(int status) {
+    if (state_->metrics) state_->metrics->add_http_response(route_, status);
   }
 
   void send_error(const ApiError& err, const char* extra_name = nullptr, const char* extra_value = nullptr) {
@@ -404,6 +414,7 @@ class Session : public std::enable_shared_from_this<Session> {
   unsigned version_ = 11;
   bool keep_alive_ = true;
   const char* last_allow_ = "GET";
+  const char* route_ = "other";  // the metrics label of the request being answered
   ApiResponseMeta meta_;
   uint64_t engine_id_ = 0;
   bool in_flight_ = false;

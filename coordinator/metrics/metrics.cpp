@@ -48,6 +48,8 @@ const Histogram::BucketBoundaries k_step_buckets = {
 
 const char* const k_finished_reasons[] = {"stop", "length", "abort", "timeout", "error"};
 const char* const k_comm_ops[] = {"all_reduce", "broadcast", "all_gather"};
+const char* const k_policies[] = {"full", "snapkv", "streaming", "h2o", "pyramidkv", "adakv"};
+const char* const k_reject_reasons[] = {"queue_full"};
 
 }  // namespace
 
@@ -68,6 +70,10 @@ struct ServerMetrics::Impl {
   Family<Counter>* comm_bytes = nullptr;
   Family<Counter>* comm_seconds = nullptr;
   Family<Counter>* busy_seconds = nullptr;
+  Family<Counter>* http_requests = nullptr;
+  Family<Counter>* request_rejected = nullptr;
+  Family<Gauge>* rank_last_report = nullptr;
+  Family<Histogram>* inter_token_latency = nullptr;
   Family<Histogram>* time_to_first_token = nullptr;
   Family<Histogram>* time_per_output_token = nullptr;
   Family<Histogram>* e2e_request_latency = nullptr;
@@ -125,11 +131,21 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
                              "rank's broadcast time includes waiting for the next step), by rank and op");
   m.busy_seconds = m.counter("snapserve_busy_seconds_total", "Seconds a rank spent running step plans, by rank");
 
+  m.http_requests = m.counter("snapserve_http_requests_total",
+                              "HTTP responses by route (a served path or \"other\") and status code");
+  m.request_rejected = m.counter("snapserve_request_rejected_total",
+                                 "Requests refused before running, by reason (queue_full: 429 past --max-waiting)");
+  m.rank_last_report = m.gauge("snapserve_rank_last_report_timestamp_seconds",
+                               "Unix time of the last report rank 0 received from each rank (about once a second "
+                               "while the group is alive; rank 0 included)");
+
   m.time_to_first_token = m.histogram("snapserve_time_to_first_token_seconds",
                                       "Time from request arrival to the first token, in seconds");
   m.time_per_output_token = m.histogram(
       "snapserve_time_per_output_token_seconds",
-      "Time between consecutive output tokens of a request, in seconds");
+      "Per request: decode time over generated tokens minus one (the first token excluded), in seconds");
+  m.inter_token_latency = m.histogram("snapserve_inter_token_latency_seconds",
+                                      "Time between two consecutive output tokens of a request, in seconds");
   m.e2e_request_latency = m.histogram("snapserve_e2e_request_latency_seconds",
                                       "Time from request arrival to its last token, in seconds");
   m.request_queue_time = m.histogram("snapserve_request_queue_time_seconds",
@@ -138,7 +154,8 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
                                        "Time from admission to the end of prefill, in seconds");
   m.kv_compression_ratio =
       m.histogram("snapserve_kv_compression_ratio",
-                  "Per request: full-equivalent KV bytes over resident KV bytes (1 = uncompressed)");
+                  "Per compressed request: full-equivalent KV bytes over resident KV bytes (1 = uncompressed), "
+                  "by KV policy");
   m.snapkv_selection = m.histogram("snapserve_snapkv_selection_seconds",
                                    "Time spent selecting SnapKV positions per sequence, in seconds");
   m.step_latency = m.histogram("snapserve_step_latency_seconds",
@@ -162,7 +179,9 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
   m.e2e_request_latency->Add({}, k_request_latency_buckets);
   m.request_queue_time->Add({}, k_request_latency_buckets);
   m.request_prefill_time->Add({}, k_request_latency_buckets);
-  m.kv_compression_ratio->Add({}, k_ratio_buckets);
+  for (const char* p : k_policies) m.kv_compression_ratio->Add({{"policy", p}}, k_ratio_buckets);
+  m.inter_token_latency->Add({}, k_tpot_buckets);
+  for (const char* r : k_reject_reasons) m.request_rejected->Add({{"reason", r}});
   m.snapkv_selection->Add({}, k_selection_buckets);
   Impl::step_series(m.step_latency, "prefill", 0);
   Impl::step_series(m.step_latency, "decode", 0);
@@ -215,6 +234,15 @@ void ServerMetrics::add_comm_seconds(int rank, const std::string& op, double s) 
 void ServerMetrics::add_busy_seconds(int rank, double s) {
   impl_->busy_seconds->Add({{"rank", std::to_string(rank)}}).Increment(s);
 }
+void ServerMetrics::add_http_response(const std::string& route, int status) {
+  impl_->http_requests->Add({{"route", route}, {"code", std::to_string(status)}}).Increment();
+}
+void ServerMetrics::add_request_rejected(const std::string& reason) {
+  impl_->request_rejected->Add({{"reason", reason}}).Increment();
+}
+void ServerMetrics::set_rank_last_report_time(int rank, double unix_seconds) {
+  impl_->rank_last_report->Add({{"rank", std::to_string(rank)}}).Set(unix_seconds);
+}
 
 // --- histograms --------------------------------------------------------------------
 
@@ -233,8 +261,11 @@ void ServerMetrics::observe_request_queue_time(double s) {
 void ServerMetrics::observe_request_prefill_time(double s) {
   impl_->request_prefill_time->Add({}, k_request_latency_buckets).Observe(s);
 }
-void ServerMetrics::observe_kv_compression_ratio(double full_equivalent_over_resident) {
-  impl_->kv_compression_ratio->Add({}, k_ratio_buckets).Observe(full_equivalent_over_resident);
+void ServerMetrics::observe_inter_token_latency(double s) {
+  impl_->inter_token_latency->Add({}, k_tpot_buckets).Observe(s);
+}
+void ServerMetrics::observe_kv_compression_ratio(const std::string& policy, double full_equivalent_over_resident) {
+  impl_->kv_compression_ratio->Add({{"policy", policy}}, k_ratio_buckets).Observe(full_equivalent_over_resident);
 }
 void ServerMetrics::observe_snapkv_selection(double s) {
   impl_->snapkv_selection->Add({}, k_selection_buckets).Observe(s);

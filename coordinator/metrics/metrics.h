@@ -34,13 +34,25 @@ class ServerMetrics {
   // running step plans: imbalance and communication cost, per rank.
   void add_comm_seconds(int rank, const std::string& op, double s);
   void add_busy_seconds(int rank, double s);
+  // Every HTTP response: route is a known path ("/v1/completions", ...) or "other"; code
+  // the status ("200", "429"). Request and error rates for dashboards.
+  void add_http_response(const std::string& route, int status);
+  // Requests refused before running: reason "queue_full" (429 from --max-waiting).
+  void add_request_rejected(const std::string& reason);
+  // Unix time at which rank 0 last received a rank's report (rank 0's own included): a
+  // rank whose value stops advancing is silent (hung, or the group is stuck).
+  void set_rank_last_report_time(int rank, double unix_seconds);
   // --- histograms (seconds unless named otherwise)
   void observe_time_to_first_token(double s);
+  // Per request: decode time / (generated tokens - 1), as `vllm bench serve`'s TPOT.
   void observe_time_per_output_token(double s);
+  // Each gap between two consecutive tokens of a request.
+  void observe_inter_token_latency(double s);
   void observe_e2e_request_latency(double s);
   void observe_request_queue_time(double s);
   void observe_request_prefill_time(double s);
-  void observe_kv_compression_ratio(double full_equivalent_over_resident);
+  // policy: full | snapkv | streaming | h2o | pyramidkv | adakv
+  void observe_kv_compression_ratio(const std::string& policy, double full_equivalent_over_resident);
   void observe_snapkv_selection(double s);
   void observe_step_latency(const std::string& phase, int rank, double s);  // phase: prefill | decode
 

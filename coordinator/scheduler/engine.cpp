@@ -138,6 +138,7 @@ class EngineImpl final : public Engine {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return resource_exhausted("server is shutting down");
     if (static_cast<int64_t>(incoming_.size() + waiting_count_) >= cfg_.max_waiting) {
+      if (metrics_) metrics_->add_request_rejected("queue_full");
       return resource_exhausted("too many requests waiting (" + std::to_string(cfg_.max_waiting) + "); retry later");
     }
     auto seq = std::make_unique<Sequence>();
@@ -457,7 +458,7 @@ class EngineImpl final : public Engine {
       s.first_token = now;
       if (metrics_) metrics_->observe_time_to_first_token(now - s.arrival);
     } else if (metrics_) {
-      metrics_->observe_time_per_output_token(now - s.last_token);
+      metrics_->observe_inter_token_latency(now - s.last_token);
     }
     s.last_token = now;
     ++s.generated;
@@ -554,8 +555,10 @@ class EngineImpl final : public Engine {
       metrics_->add_generation_tokens(s.generated);
       metrics_->add_request_success(reason);
       metrics_->observe_e2e_request_latency(now - s.arrival);
+      if (s.generated > 1) metrics_->observe_time_per_output_token((s.last_token - s.first_token) / (s.generated - 1));
       if (ev.kv_resident_bytes > 0 && s.compressed) {
-        metrics_->observe_kv_compression_ratio(static_cast<double>(ev.kv_full_equivalent_bytes) / ev.kv_resident_bytes);
+        metrics_->observe_kv_compression_ratio(kv_policy_name(s.req.kv_policy.kind),
+                                               static_cast<double>(ev.kv_full_equivalent_bytes) / ev.kv_resident_bytes);
       }
     }
     s.sink(ev);
@@ -585,6 +588,9 @@ class EngineImpl final : public Engine {
     metrics_->set_kv_cache_resident_bytes(0, pool_->resident_bytes());
     metrics_->set_kv_cache_full_equivalent_bytes(0, pool_->full_equivalent_bytes());
     metrics_->set_process_resident_memory_bytes(0, current_rss_bytes());
+    const double unix_now = static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                    std::chrono::system_clock::now().time_since_epoch())
+                                                    .count()) / 1e3;
     reported_.resize(std::max(reported_.size(), reports.size()));
     for (size_t r = 0; r < reports.size(); ++r) {
       const RankReport& rep = reports[r];
@@ -592,6 +598,7 @@ class EngineImpl final : public Engine {
       metrics_->set_kv_cache_resident_bytes(rank, rep.kv_resident_bytes);
       metrics_->set_kv_cache_full_equivalent_bytes(rank, rep.kv_full_equivalent_bytes);
       metrics_->set_process_resident_memory_bytes(rank, rep.rss_bytes);
+      metrics_->set_rank_last_report_time(rank, unix_now);
       RankReport& last = reported_[r];  // counters: add what is new since the last report
       metrics_->add_comm_bytes(rank, "all_reduce", rep.all_reduce_bytes - last.all_reduce_bytes);
       metrics_->add_comm_bytes(rank, "broadcast", rep.broadcast_bytes - last.broadcast_bytes);

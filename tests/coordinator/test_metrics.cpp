@@ -50,12 +50,14 @@ const char* const k_gauges[] = {"snapserve_num_requests_running", "snapserve_num
 const char* const k_counters[] = {"snapserve_prompt_tokens_total",
                                   "snapserve_generation_tokens_total",
                                   "snapserve_request_success_total", "snapserve_comm_bytes_total",
-                                  "snapserve_comm_seconds_total", "snapserve_busy_seconds_total"};
+                                  "snapserve_comm_seconds_total", "snapserve_busy_seconds_total",
+                                  "snapserve_request_rejected_total"};
 const char* const k_histograms[] = {
     "snapserve_time_to_first_token_seconds",  "snapserve_time_per_output_token_seconds",
     "snapserve_e2e_request_latency_seconds",  "snapserve_request_queue_time_seconds",
     "snapserve_request_prefill_time_seconds", "snapserve_kv_compression_ratio",
-    "snapserve_snapkv_selection_seconds",     "snapserve_step_latency_seconds"};
+    "snapserve_snapkv_selection_seconds",     "snapserve_step_latency_seconds",
+    "snapserve_inter_token_latency_seconds"};
 
 bool contains(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
@@ -116,6 +118,11 @@ TEST(Metrics, RecordedValuesLandInTheirSeries) {
   m.add_comm_seconds(2, "all_gather", 0.25);
   m.add_comm_seconds(2, "all_gather", 0.5);
   m.add_busy_seconds(1, 1.5);
+  m.add_http_response("/v1/completions", 200);
+  m.add_http_response("/v1/completions", 200);
+  m.add_http_response("/v1/chat/completions", 429);
+  m.add_request_rejected("queue_full");
+  m.set_rank_last_report_time(1, 1.7e9);
 
   const auto s = parse_samples(m.serialize());
   EXPECT_EQ(sample(s, "snapserve_num_requests_running"), 3.0);
@@ -133,6 +140,10 @@ TEST(Metrics, RecordedValuesLandInTheirSeries) {
   EXPECT_EQ(sample(s, "snapserve_comm_bytes_total{op=\"all_reduce\",rank=\"1\"}"), 9216.0);
   EXPECT_EQ(sample(s, "snapserve_comm_seconds_total{op=\"all_gather\",rank=\"2\"}"), 0.75);
   EXPECT_EQ(sample(s, "snapserve_busy_seconds_total{rank=\"1\"}"), 1.5);
+  EXPECT_EQ(sample(s, "snapserve_http_requests_total{code=\"200\",route=\"/v1/completions\"}"), 2.0);
+  EXPECT_EQ(sample(s, "snapserve_http_requests_total{code=\"429\",route=\"/v1/chat/completions\"}"), 1.0);
+  EXPECT_EQ(sample(s, "snapserve_request_rejected_total{reason=\"queue_full\"}"), 1.0);
+  EXPECT_EQ(sample(s, "snapserve_rank_last_report_timestamp_seconds{rank=\"1\"}"), 1.7e9);
   EXPECT_EQ(sample(s, "snapserve_busy_seconds_total{rank=\"0\"}"), 0.0);
 }
 
@@ -144,7 +155,8 @@ TEST(Metrics, HistogramObservationsFillCumulativeBuckets) {
   m.observe_e2e_request_latency(1.2);
   m.observe_request_queue_time(0.1);
   m.observe_request_prefill_time(0.4);
-  m.observe_kv_compression_ratio(4.0);
+  m.observe_kv_compression_ratio("snapkv", 4.0);
+  m.observe_inter_token_latency(0.03);
   m.observe_snapkv_selection(0.003);
   m.observe_step_latency("decode", 1, 0.02);
 
@@ -166,9 +178,12 @@ TEST(Metrics, HistogramObservationsFillCumulativeBuckets) {
   EXPECT_EQ(sample(s, "snapserve_request_queue_time_seconds_count"), 1.0);
   EXPECT_EQ(sample(s, "snapserve_request_prefill_time_seconds_bucket{le=\"0.3\"}"), 0.0);
   EXPECT_EQ(sample(s, "snapserve_request_prefill_time_seconds_bucket{le=\"0.5\"}"), 1.0);
-  EXPECT_EQ(sample(s, "snapserve_kv_compression_ratio_bucket{le=\"3\"}"), 0.0);
-  EXPECT_EQ(sample(s, "snapserve_kv_compression_ratio_bucket{le=\"4\"}"), 1.0);
-  EXPECT_EQ(sample(s, "snapserve_kv_compression_ratio_bucket{le=\"64\"}"), 1.0);
+  EXPECT_EQ(sample(s, "snapserve_kv_compression_ratio_bucket{policy=\"snapkv\",le=\"3\"}"), 0.0);
+  EXPECT_EQ(sample(s, "snapserve_kv_compression_ratio_bucket{policy=\"snapkv\",le=\"4\"}"), 1.0);
+  EXPECT_EQ(sample(s, "snapserve_kv_compression_ratio_bucket{policy=\"snapkv\",le=\"64\"}"), 1.0);
+  EXPECT_EQ(sample(s, "snapserve_kv_compression_ratio_count{policy=\"full\"}"), 0.0);
+  EXPECT_EQ(sample(s, "snapserve_inter_token_latency_seconds_bucket{le=\"0.025\"}"), 0.0);
+  EXPECT_EQ(sample(s, "snapserve_inter_token_latency_seconds_bucket{le=\"0.05\"}"), 1.0);
   EXPECT_EQ(sample(s, "snapserve_snapkv_selection_seconds_count"), 1.0);
   EXPECT_EQ(sample(s, "snapserve_step_latency_seconds_count{phase=\"decode\",rank=\"1\"}"), 1.0);
   EXPECT_EQ(
