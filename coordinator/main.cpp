@@ -1,5 +1,6 @@
-// The `snapserve` binary: subcommands `generate` (one prompt → stdout, timing → stderr)
-// and `inspect` (a model's config and tensors). Every bad flag or file ends with a
+// The `snapserve` binary: subcommands `generate` (one prompt → stdout, timing → stderr),
+// `serve` (the HTTP API), `batch` (a JSONL corpus offline), `bench` and `inspect` (a
+// model's config and tensors). Every bad flag or file ends with a
 // one-line error on stderr and exit code 1 (2 for a usage error), never a crash.
 #include <omp.h>
 
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "comm/bootstrap.h"
+#include "coordinator/batch/batch_cli.h"
 #include "common/sys.h"
 #include "coordinator/engine/generate.h"
 #include "coordinator/engine/logits_dump.h"
@@ -429,12 +431,14 @@ int main(int argc, char** argv) {
   add_serve_subcommand(app, serve_args);
   BenchServeArgs bench_args;
   add_bench_subcommand(app, bench_args);
+  BatchArgs batch_args;
+  const BatchCommands batch = add_batch_subcommand(app, batch_args);
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "snapserve: error: unknown subcommand '%s' (expected: generate, serve, bench, inspect; see --help)\n",
+      std::fprintf(stderr, "snapserve: error: unknown subcommand '%s' (expected: generate, serve, batch, bench, inspect; see --help)\n",
                    argv[1]);
       return 2;
     }
@@ -455,5 +459,7 @@ int main(int argc, char** argv) {
   if (*ins) return run_inspect(inspect_model, inspect_tensors);
   if (app.got_subcommand("serve")) return run_serve(serve_args);
   if (app.got_subcommand("bench")) return run_bench_serve(bench_args);
+  if (*batch.merge) return run_batch_merge(batch_args);
+  if (*batch.batch) return run_batch(batch_args);
   return 0;
 }

@@ -78,7 +78,9 @@ Result<ShardSpec> shard_from_environment() {
   SNAP_ASSIGN_OR_RETURN(int64_t task, parse_int(id, "SLURM_ARRAY_TASK_ID"));
   SNAP_ASSIGN_OR_RETURN(int64_t n, parse_int(count, "SLURM_ARRAY_TASK_COUNT"));
   int64_t lo = 0;
-  if (min) SNAP_ASSIGN_OR_RETURN(lo, parse_int(min, "SLURM_ARRAY_TASK_MIN"));
+  if (min) {
+    SNAP_ASSIGN_OR_RETURN(lo, parse_int(min, "SLURM_ARRAY_TASK_MIN"));
+  }
   const int64_t index = task - lo;
   if (n < 1 || index < 0 || index >= n) {
     return invalid_argument("SLURM_ARRAY_TASK_ID=" + std::string(id) + " (min " + std::to_string(lo) + ") is not one of " +

@@ -27,12 +27,13 @@ int serve_fail(const std::string& message) {
   return 1;
 }
 
-// A tensor-parallel rank other than 0: its shard, then plans from rank 0 until it stops.
-int run_serve_worker(const ServeArgs& a, comm::Communicator& comm) {
+}  // namespace
+
+int run_tp_worker(const std::string& model_path, comm::Communicator& comm) {
   LoadOptions opts;
   opts.tp_rank = comm.group_rank();
   opts.tp_size = comm.group_size();
-  auto model = load_model(a.model, opts);
+  auto model = load_model(model_path, opts);
   Status loaded = agree_on_load(&comm, model.ok() ? Status() : model.status());
   if (!loaded.ok()) return serve_fail(loaded.message());
   LlamaForward forward(*model, &comm);
@@ -41,8 +42,6 @@ int run_serve_worker(const ServeArgs& a, comm::Communicator& comm) {
   if (!st.ok()) return serve_fail("rank " + std::to_string(comm.world().rank()) + ": " + st.message());
   return 0;
 }
-
-}  // namespace
 
 void add_tp_options(CLI::App* cmd, TpFlags& f, const std::string& subcommand) {
   cmd->add_option("--threads", f.threads, "Compute threads per rank (default: the cores divided by the ranks)")
@@ -113,7 +112,7 @@ int run_serve(const ServeArgs& a) {
   const comm::World* world = &launch->world();
   std::unique_ptr<comm::Communicator> comm = std::move(launch->comm);
   const int threads = launch->threads;
-  if (!world->is_leader()) return run_serve_worker(a, *comm);
+  if (!world->is_leader()) return run_tp_worker(a.model, *comm);
 
   EngineConfig cfg;
   cfg.comm = comm.get();

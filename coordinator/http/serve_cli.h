@@ -37,6 +37,10 @@ struct ServeArgs {
 // --threads, --tp, --rank, --world-size and --leader on a tensor-parallel subcommand.
 void add_tp_options(CLI::App* cmd, TpFlags& flags, const std::string& subcommand);
 
+// A tensor-parallel rank other than 0 (of `serve` or `batch`): loads its shard of
+// `model_path`, then runs the plans rank 0 sends until rank 0 stops. Exit code.
+int run_tp_worker(const std::string& model_path, comm::Communicator& comm);
+
 void add_serve_subcommand(CLI::App& app, ServeArgs& args);
 int run_serve(const ServeArgs& args);
 
