@@ -207,7 +207,7 @@ exec 9>&-
 # --overcommit: up to ntasks > CPUs on the 2-CPU node. In the background with our stdin, so a
 # signal to this script is handled at once (not after srun) and the teardown still runs.
 # shellcheck disable=SC2086
-srun --mpi=pmix --overcommit --time="${SLURM_LOCAL_TIME:-10}" -n "$ntasks" ${SLURM_LOCAL_SRUN_ARGS:-} "$@" <&0 &
+OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1} srun --mpi=pmix --overcommit --time="${SLURM_LOCAL_TIME:-10}" -n "$ntasks" ${SLURM_LOCAL_SRUN_ARGS:-} "$@" <&0 &
 srun_pid=$!
 wait "$srun_pid"
 rc=$?

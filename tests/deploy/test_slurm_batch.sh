@@ -13,6 +13,8 @@
 #    then SIGKILL after KillWait; the task ends CANCELLED). Either poisons the merge's
 #    afterok (DependencyNeverSatisfied); deploy/slurm/requeue_batch.sh requeues both tasks
 #    and repoints the merge.
+# 5. batch_tp.sbatch runs the corpus again as one job of 3 MPI ranks (srun --mpi=pmix,
+#    snapserve batch --tp 3): its records equal the reference's.
 # 4. Checks: the merge job completes; the merged file has one record per input line, in order,
 #    custom_ids matching; line 7 has an error record naming line 7; every shard file has each
 #    of its lines exactly once, whole, and the killed shards kept what they had written
@@ -285,5 +287,34 @@ print(f"merged: {len(merged)} records checked against the reference, {len(errors
 sys.exit(1 if errors else 0)
 EOF
 
+# --- 5. batch_tp.sbatch: the same corpus tensor-parallel, srun --mpi=pmix -n 3 --tp 3 ----------
+# (3 ranks on the node's 2 CPUs: --overcommit, under which batch_tp.sbatch makes Open MPI yield;
+# SmolLM2's 9 heads split 3 ways.)
+tp_rc=0
+(cd "$work" && SNAPSERVE_BIN=$bin SNAP_MODEL=$model BATCH_INPUT=corpus.jsonl BATCH_OUTPUT=tp.jsonl \
+   BATCH_THREADS=1 BATCH_ARGS=$batch_args \
+   timeout 300 sbatch --wait --parsable --ntasks=3 --overcommit --output="$work/logs/tp-%j.out" \
+   "$deploy/batch_tp.sbatch" >"$work/tp.jobid") || tp_rc=$?
+[ "$tp_rc" -eq 0 ] || fail "batch_tp.sbatch ended with $tp_rc ($(cat "$work/tp.jobid" 2>/dev/null))"
+grep -q "ranks" "$work"/logs/tp-*.out || fail "batch_tp.sbatch's log does not name its ranks"
+python3 - "$work" <<'EOF2' || fail "the tensor-parallel records differ from the reference"
+import json, sys
+work = sys.argv[1]
+def load(p):
+    out = {}
+    for raw in open(p):
+        r = json.loads(raw)
+        if r["line"] in out:
+            sys.exit(f"{p}: line {r['line']} twice")
+        out[r["line"]] = (r["custom_id"], r["error"] is None,
+                          (r["response"]["body"] or {}).get("choices"))
+    return out
+tp, ref = load(f"{work}/tp.jsonl"), load(f"{work}/reference.jsonl")
+bad = [k for k in ref if tp.get(k) != ref[k]]
+print(f"batch_tp: {len(tp)} records, {len(bad)} differ from one process {bad[:5]}")
+sys.exit(1 if bad or len(tp) != len(ref) else 0)
+EOF2
+
 echo "test_slurm_batch: PASS: array $array_job (3 shards; task 1 SIGKILLed at $killed1 lines," \
-     "task 2 cancelled at $killed2 lines; both requeued and resumed), merge $merge_job"
+     "task 2 cancelled at $killed2 lines; both requeued and resumed), merge $merge_job; batch_tp" \
+     "(3 ranks) equal to one process"

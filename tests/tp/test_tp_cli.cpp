@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -113,6 +114,48 @@ TEST_F(TpCli, SameTextAsOneProcessAndExactBytes) {
   // The vocab-parallel LM head: one row of 49152 / 3 logits gathered per sampled token.
   EXPECT_EQ(find_int(tp.err, R"(per decoded token: .* all_gather (\d+) bytes)"), 49152 / 3 * 4) << tp.err;
   EXPECT_EQ(find_int(tp.err, R"(all_gather (\d+) bytes\n)"), generated * 49152 / 3 * 4) << tp.err;
+}
+
+// `snapserve batch --tp 3` under mpirun: rank 0 reads and writes, every rank computes; the
+// records (sampled lines included, with their custom_id seeds; one with SnapKV) equal one
+// process's, and a rerun finds nothing left to do.
+TEST_F(TpCli, BatchRecordsEqualOneProcess) {
+  const std::string in = dir_ + "/corpus.jsonl";
+  {
+    std::ofstream f(in);
+    for (int k = 1; k <= 6; ++k) {
+      std::string body = k % 2 ? R"({"messages": [{"role": "user", "content": "Name a color and say why you like it."}])"
+                               : R"({"prompt": "The lighthouse keeper opened the bottle and read")";
+      body += R"(, "max_tokens": 12, "ignore_eos": true, "temperature": )" + std::string(k <= 3 ? "0" : "0.8");
+      if (k == 2) body += R"(, "kv_compression": {"policy": "snapkv", "budget": 8, "window": 4})";
+      body += "}";
+      f << R"({"custom_id": "c)" << k << R"(", "url": ")" << (k % 2 ? "/v1/chat/completions" : "/v1/completions")
+        << R"(", "body": )" << body << "}\n";
+    }
+  }
+  const std::string args = " batch --model " + model_path() + " --input " + in + " --threads 1 --max-num-seqs 2";
+  const CmdResult one = run(k_bin + args + " --output " + dir_ + "/one.jsonl");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const CmdResult tp = run(k_mpirun + " -np 3 " + k_bin + args + " --output " + dir_ + "/tp.jsonl --tp 3");
+  ASSERT_EQ(tp.exit_code, 0) << tp.err;
+  // Records come in completion order; compare each line's choices.
+  auto choices_by_line = [](const std::string& path) {
+    std::map<int64_t, std::string> m;
+    std::ifstream f(path);
+    std::string text;
+    const std::regex line_re(R"("line":(\d+))"), choices_re(R"("choices":(\[.*?\]),"created")");
+    while (std::getline(f, text)) {
+      std::smatch a, b;
+      if (std::regex_search(text, a, line_re) && std::regex_search(text, b, choices_re)) m[std::stoll(a[1])] = b[1];
+    }
+    return m;
+  };
+  const auto want = choices_by_line(dir_ + "/one.jsonl");
+  ASSERT_EQ(want.size(), 6u) << slurp(dir_ + "/one.jsonl");
+  EXPECT_EQ(choices_by_line(dir_ + "/tp.jsonl"), want);
+  const CmdResult again = run(k_mpirun + " -np 3 " + k_bin + args + " --output " + dir_ + "/tp.jsonl --tp 3");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("0 records written this run"), std::string::npos) << again.err;
 }
 
 TEST_F(TpCli, TpMustMatchTheLauncher) {
