@@ -4,6 +4,7 @@
 // nlohmann exceptions are caught here and never leave this file.
 #include "coordinator/http/openai.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -140,6 +141,15 @@ MaybeError parse_kv_compression(const json& body, KvPolicy* policy) {
   const json* kv = field(body, "kv_compression");
   if (!kv) return {};
   if (!kv->is_object()) return bad("kv_compression", "kv_compression must be an object, got " + std::string(kv->type_name()));
+  // Our own extension: a misspelled key would silently run another policy than asked.
+  static const char* const k_keys[] = {"policy", "budget", "window", "kernel", "sinks", "pooling", "gqa", "layerwise"};
+  for (const auto& item : kv->items()) {
+    if (std::find(std::begin(k_keys), std::end(k_keys), item.key()) == std::end(k_keys)) {
+      return bad("kv_compression." + item.key(),
+                 "kv_compression has no field '" + item.key() +
+                     "' (fields: policy, budget, window, kernel, sinks, pooling, gqa, layerwise)");
+    }
+  }
   std::string name;
   SNAP_API_TRY(read_string(*kv, "policy", "kv_compression.policy", &name));
   if (name.empty()) return bad("kv_compression.policy", "kv_compression.policy is required (full, snapkv, streaming, h2o, pyramidkv, adakv)");

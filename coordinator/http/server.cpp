@@ -277,13 +277,17 @@ class Session : public std::enable_shared_from_this<Session> {
       else if (!ev.text.empty()) send_sse(stream_chunk(meta_, ev.text, false, ""));
       return;
     }
+    // The finished event carries the text held back for a possible stop string (and the
+    // decoder's last bytes): it belongs to the completion.
     if (!streaming_) {
       if (ev.finish_reason == "error") return send_error(api_error_from_status(ev.error));
+      text_ += ev.text;
       return send_body(200, "application/json", completion_response(meta_, text_, ev));
     }
     if (ev.finish_reason == "error") {
       send_sse(api_error_body(api_error_from_status(ev.error)));
     } else {
+      if (!ev.text.empty()) send_sse(stream_chunk(meta_, ev.text, false, ""));
       send_sse(stream_chunk(meta_, "", false, ev.finish_reason));
       if (include_usage_) send_sse(stream_usage_chunk(meta_, ev));
     }

@@ -469,12 +469,7 @@ class EngineImpl final : public Engine {
     if (!eos) {
       s.text += s.decoder->push(id);
       // Stop strings: cut at the first match; hold back a tail that may start one.
-      size_t cut = std::string::npos;
-      for (const std::string& stop : s.req.stop) {
-        if (stop.empty()) continue;
-        const size_t at = s.text.find(stop);
-        if (at != std::string::npos) cut = std::min(cut, at);
-      }
+      const size_t cut = first_stop(s.text, s.req.stop);
       if (cut != std::string::npos) {
         ev.text = s.text.substr(0, cut);
         s.text.clear();
@@ -506,6 +501,17 @@ class EngineImpl final : public Engine {
     }
   }
 
+  // Where the earliest stop string starts in `text`; npos when none does.
+  static size_t first_stop(const std::string& text, const std::vector<std::string>& stops) {
+    size_t cut = std::string::npos;
+    for (const std::string& stop : stops) {
+      if (stop.empty()) continue;
+      const size_t at = text.find(stop);
+      if (at != std::string::npos) cut = std::min(cut, at);
+    }
+    return cut;
+  }
+
   // Keeps a held-back tail from splitting a UTF-8 character (the decoder's text is whole
   // characters; a stop-string prefix may cut inside one only if the stop string does).
   static size_t utf8_safe_hold(const std::string& text, size_t hold) {
@@ -532,7 +538,17 @@ class EngineImpl final : public Engine {
     ev.kind = EngineEvent::Kind::finished;
     ev.finish_reason = reason;
     ev.error = s.error;
-    if (reason != "error" && !s.stopped_by_string && s.decoder) ev.text = s.text + s.decoder->flush();
+    // The held-back tail (a prefix of some stop string that never completed) and the
+    // decoder's last bytes are part of the completion; a stop string they complete still cuts.
+    if (reason != "error" && !s.stopped_by_string && s.decoder) {
+      ev.text = s.text + s.decoder->flush();
+      const size_t cut = first_stop(ev.text, s.req.stop);
+      if (cut != std::string::npos) {
+        ev.text.resize(cut);
+        ev.finish_reason = "stop";
+      }
+      s.text.clear();
+    }
     ev.prompt_tokens = s.prompt_len();
     ev.completion_tokens = s.generated;
     if (s.open) {

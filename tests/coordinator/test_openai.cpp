@@ -109,6 +109,8 @@ TEST_F(OpenAi, BadRequestsGetStatusAndParam) {
        400, "kv_compression.kernel"},
       {"unknown pooling", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"snapkv\", \"pooling\": \"median\"}}",
        400, "kv_compression.pooling"},
+      {"misspelled kv key", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"snapkv\", \"budgt\": 64}}", 400,
+       "kv_compression.budgt"},
       {"negative budget", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"policy\": \"h2o\", \"budget\": -4}}", 400,
        "kv_compression.budget"},
       {"missing messages", H, "{\"max_tokens\": 4}", 400, "messages"},

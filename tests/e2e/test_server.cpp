@@ -268,6 +268,9 @@ TEST_F(Server, CompletionStreamedEqualsNotStreamed) {
     EXPECT_EQ(completion_tokens, 12);
   }
   EXPECT_GT(w["kv"]["resident_bytes"].get<int64_t>(), 0);
+  // Uncompressed: resident and full-equivalent on the same basis (whole blocks), ratio 1.
+  EXPECT_EQ(w["kv"]["resident_bytes"], w["kv"]["full_equivalent_bytes"]);
+  EXPECT_EQ(w["kv"]["compression_ratio"], 1.0);
 
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
@@ -306,6 +309,104 @@ TEST_F(Server, ChatStreamedEqualsNotStreamed) {
   EXPECT_EQ(s.text, text);
   EXPECT_EQ(s.finish_reason, w["choices"][0]["finish_reason"]);
   EXPECT_EQ(s.usage, w["usage"]);
+}
+
+// Start of the UTF-8 character `n` characters before the end of `s`.
+size_t chars_from_end(const std::string& s, int n) {
+  size_t at = s.size();
+  while (n > 0 && at > 0) {
+    --at;
+    if ((static_cast<unsigned char>(s[at]) & 0xC0) != 0x80) --n;
+  }
+  return at;
+}
+
+// Stop strings lose no text (issue 14 #1): a completion that ends by max_tokens, a chat that
+// ends by EOS and a Spanish completion with multi-byte characters, each with a stop string
+// that never matches, ones that match only partially at the end (held back, then owed to
+// the client when generation ends), and ones that hit; streamed and not.
+TEST_F(Server, StopStringsLoseNoText) {
+  struct Ref {
+    std::string name, route;
+    json body;
+    std::string want_finish;  // of the run without stop strings
+  };
+  const std::vector<Ref> refs = {
+      {"length", "/v1/completions", {{"prompt", "Count: 1, 2, 3,"}, {"max_tokens", 8}}, "length"},
+      {"eos", "/v1/chat/completions",
+       {{"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}}, {"max_tokens", 64}}, "stop"},
+      {"utf8", "/v1/completions",
+       {{"prompt", "Translate to Spanish: The boy is very small. In Spanish:"}, {"max_tokens", 16}}, "length"},
+  };
+  const bool chat_route[] = {false, true, false};
+  auto run = [&](const Ref& r, bool chat, const json& stop, bool stream) {
+    json body = r.body;
+    body["temperature"] = 0;
+    if (!stop.is_null()) body["stop"] = stop;
+    if (stream) body["stream"] = true;
+    const Reply reply = post(port_, r.route, body);
+    Streamed out;
+    if (stream) return collect_stream(reply, chat);
+    if (reply.status != 200) {
+      out.problem = "status " + std::to_string(reply.status) + " " + reply.body;
+      return out;
+    }
+    const json j = reply.j();
+    const json& c = j["choices"][0];
+    out.text = chat ? c["message"]["content"].get<std::string>() : c["text"].get<std::string>();
+    out.finish_reason = c["finish_reason"];
+    return out;
+  };
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const Ref& r = refs[i];
+    const bool chat = chat_route[i];
+    const Streamed ref = run(r, chat, nullptr, false);
+    ASSERT_TRUE(ref.problem.empty()) << r.name << ": " << ref.problem;
+    ASSERT_EQ(ref.finish_reason, r.want_finish) << r.name << " (the case needs it): " << ref.text;
+    const std::string& t = ref.text;
+    ASSERT_GE(t.size(), 6u) << r.name << ": " << t;
+
+    struct Case {
+      std::string what;
+      json stop;
+      std::string text, finish;
+    };
+    std::vector<Case> cases;
+    cases.push_back({"never matches", json::array({"@@@"}), t, ref.finish_reason});
+    for (int k : {1, 3}) {  // the last k characters start a stop string that never completes
+      cases.push_back({"partial " + std::to_string(k), json::array({t.substr(chars_from_end(t, k)) + "@@"}), t,
+                       ref.finish_reason});
+    }
+    // Three whole characters from the middle.
+    size_t mid = t.size() / 2, end = mid;
+    while (mid > 0 && (static_cast<unsigned char>(t[mid]) & 0xC0) == 0x80) --mid;
+    end = mid;
+    for (int n = 0; n < 3 && end < t.size(); ++n) {
+      ++end;
+      while (end < t.size() && (static_cast<unsigned char>(t[end]) & 0xC0) == 0x80) ++end;
+    }
+    const std::string piece = t.substr(mid, end - mid);
+    cases.push_back({"hit", json::array({"@@@", piece}), t.substr(0, t.find(piece)), "stop"});
+    if (r.name == "utf8") {
+      const size_t accent = t.find("\xC3");  // á, é, í, ó, ú, ñ
+      ASSERT_NE(accent, std::string::npos) << "the Spanish completion has no accented letter: " << t;
+      // Held back across the accented letter: the tail from it on, plus a character more.
+      cases.push_back({"partial from the accent", json::array({t.substr(accent) + "@"}), t, ref.finish_reason});
+      cases.push_back({"hit on the accent", json::array({t.substr(accent, 2)}), t.substr(0, accent), "stop"});
+    }
+    for (const Case& c : cases) {
+      for (bool stream : {false, true}) {
+        const Streamed got = run(r, chat, c.stop, stream);
+        const std::string label = r.name + ", " + c.what + ", stop " + c.stop.dump() + (stream ? ", streamed" : "");
+        ASSERT_TRUE(got.problem.empty()) << label << ": " << got.problem;
+        EXPECT_EQ(got.text, c.text) << label;
+        EXPECT_EQ(got.finish_reason, c.finish) << label;
+        if (stream) {
+          EXPECT_TRUE(got.done) << label;
+        }
+      }
+    }
+  }
 }
 
 TEST_F(Server, SixteenConcurrentPoliciesEqualRunsAlone) {

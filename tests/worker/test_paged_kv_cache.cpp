@@ -270,19 +270,27 @@ TEST(PagedKvCache, AccountingIsExact) {
   EXPECT_EQ(a.stored_bytes(), a_tokens * token_bytes);
   EXPECT_EQ(a.num_blocks(), a_blocks);
   EXPECT_EQ(a.resident_bytes(), a_blocks * pool->block_bytes());
-  EXPECT_EQ(a.full_equivalent_bytes(), 2 * 3 * 100 * token_bytes);
+  // Full-equivalent: the blocks an uncompressed cache would hold, 7 per head for 100 tokens.
+  EXPECT_EQ(a.full_equivalent_bytes(), 2 * 3 * 7 * pool->block_bytes());
   const int64_t b_blocks = 6 * 3;
   EXPECT_EQ(b.stored_bytes(), 6 * 33 * token_bytes);
   EXPECT_EQ(b.resident_bytes(), b_blocks * pool->block_bytes());
-  EXPECT_EQ(b.full_equivalent_bytes(), 2 * 3 * 33 * token_bytes);
+  EXPECT_EQ(b.full_equivalent_bytes(), 2 * 3 * 3 * pool->block_bytes());
+  EXPECT_EQ(b.full_equivalent_bytes(), b.resident_bytes()) << "uncompressed: the same basis, ratio exactly 1";
   EXPECT_EQ(pool->resident_bytes(), (a_blocks + b_blocks) * pool->block_bytes());
   EXPECT_EQ(pool->stored_bytes(), a.stored_bytes() + b.stored_bytes());
   EXPECT_EQ(pool->full_equivalent_bytes(), a.full_equivalent_bytes() + b.full_equivalent_bytes());
-  // A decode step on a: one token in every head; full-equivalent grows by one position.
+  // Decode steps on a: one token in every head each; full-equivalent grows by a block per
+  // head when position 112 opens the 8th block.
+  for (int p = 100; p < 112; ++p)
+    for (int l = 0; l < 2; ++l)
+      for (int g = 0; g < 3; ++g) ASSERT_TRUE(append_range(a, l, g, p, 1).ok());
+  EXPECT_EQ(a.full_equivalent_bytes(), 2 * 3 * 7 * pool->block_bytes());
   for (int l = 0; l < 2; ++l)
-    for (int g = 0; g < 3; ++g) ASSERT_TRUE(append_range(a, l, g, 100, 1).ok());
-  EXPECT_EQ(a.full_equivalent_bytes(), 2 * 3 * 101 * token_bytes);
-  EXPECT_EQ(a.stored_bytes(), (a_tokens + 6) * token_bytes);
+    for (int g = 0; g < 3; ++g) ASSERT_TRUE(append_range(a, l, g, 112, 1).ok());
+  EXPECT_EQ(a.full_equivalent_bytes(), 2 * 3 * 8 * pool->block_bytes());
+  EXPECT_EQ(pool->full_equivalent_bytes(), a.full_equivalent_bytes() + b.full_equivalent_bytes());
+  EXPECT_EQ(a.stored_bytes(), (a_tokens + 6 * 13) * token_bytes);
   b.free_all();
   EXPECT_EQ(pool->stored_bytes(), a.stored_bytes());
   EXPECT_EQ(pool->full_equivalent_bytes(), a.full_equivalent_bytes());

@@ -106,7 +106,7 @@ void PagedKvCache::write_rows(HeadKv& h, const int32_t* positions, const float* 
 
 void PagedKvCache::set_next_position(int32_t next) {
   if (next <= next_position_) return;
-  const int64_t delta = int64_t{shape_.num_layers} * shape_.num_kv_heads * (next - next_position_) * token_bytes();
+  const int64_t delta = full_equivalent_bytes_at(next) - full_equivalent_bytes_at(next_position_);
   next_position_ = next;
   pool_.add_accounting(0, delta);
 }

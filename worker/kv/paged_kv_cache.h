@@ -59,16 +59,17 @@ class PagedKvCache {
   kernels::PagedKv layer_view(int layer);
 
   // --- accounting ----------------------------------------------------------------------
-  // resident: blocks held × pool.block_bytes() (what this sequence really occupies);
+  // resident: blocks held × pool.block_bytes() (what this sequence really occupies: K, V
+  // and positions, whole blocks);
   // stored: K/V bytes of the tokens held, Σ lengths × 2 × head_dim × 4;
-  // full_equivalent: K/V bytes of the uncompressed cache, num_layers × num_kv_heads ×
-  // next_position × 2 × head_dim × 4. The pool sums stored and full_equivalent over sequences.
+  // full_equivalent: what the uncompressed cache of the same sequence would occupy in this
+  // pool, on the same basis as resident: num_layers × num_kv_heads × ceil(next_position /
+  // block_size) blocks × block_bytes. So resident / full_equivalent is exactly 1 for `full`
+  // and the memory a policy saves for the others. The pool sums stored and full_equivalent.
   int64_t num_blocks() const { return num_blocks_; }
   int64_t resident_bytes() const { return num_blocks_ * pool_.block_bytes(); }
   int64_t stored_bytes() const { return stored_tokens_ * token_bytes(); }
-  int64_t full_equivalent_bytes() const {
-    return int64_t{shape_.num_layers} * shape_.num_kv_heads * next_position_ * token_bytes();
-  }
+  int64_t full_equivalent_bytes() const { return full_equivalent_bytes_at(next_position_); }
 
  private:
   struct HeadKv {
@@ -77,6 +78,10 @@ class PagedKvCache {
   };
   HeadKv& head(int layer, int kv_head);
   const HeadKv& head(int layer, int kv_head) const;
+  int64_t full_equivalent_bytes_at(int64_t next_position) const {
+    const int64_t blocks = (next_position + pool_.block_size() - 1) / pool_.block_size();
+    return int64_t{shape_.num_layers} * shape_.num_kv_heads * blocks * pool_.block_bytes();
+  }
   int64_t token_bytes() const { return 2LL * shape_.head_dim * dtype_size(pool_.kv_dtype()); }
   // Allocates blocks so that h can hold `new_length` tokens, appending them to h.blocks and
   // counting them in `added`; resource_exhausted when the pool runs dry (roll back with shrink).
