@@ -78,7 +78,7 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   s->add_option("--max-num-seqs", a.max_num_seqs, "Sequences running at once (default 16)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  s->add_option("--max-waiting", a.max_waiting, "Queued requests before 429 (default 64)")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  s->add_option("--max-waiting", a.max_waiting, "Requests that may wait for a sequence slot (or KV room) before more get 429; requests a free slot takes at once never count (default 64; 0: never queue)")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   s->add_option("--max-model-len", a.max_model_len, "Context length: prompt + max_tokens (default 0 = the model's)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   s->add_option("--prefill-chunk", a.prefill_chunk, "Prompt tokens per sequence per step (default 256)")

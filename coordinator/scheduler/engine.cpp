@@ -137,7 +137,12 @@ class EngineImpl final : public Engine {
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return resource_exhausted("server is shutting down");
-    if (static_cast<int64_t>(incoming_.size() + waiting_count_) >= cfg_.max_waiting) {
+    // Waiting means not running: a request that a free sequence slot will take at once
+    // never counts against max_waiting, so an idle engine takes max_num_seqs + max_waiting
+    // requests at once and refuses the next.
+    const int64_t queued = static_cast<int64_t>(incoming_.size()) + waiting_count_;
+    const int64_t free_slots = std::max<int64_t>(0, cfg_.max_num_seqs - static_cast<int64_t>(running_.size()));
+    if (queued + 1 > free_slots + cfg_.max_waiting) {
       if (metrics_) metrics_->add_request_rejected("queue_full");
       return resource_exhausted("too many requests waiting (" + std::to_string(cfg_.max_waiting) + "); retry later");
     }

@@ -32,7 +32,7 @@ struct EngineConfig {
   int64_t kv_cache_bytes = 512LL << 20;  // block pool size
   int kv_block_size = 16;
   int64_t max_num_seqs = 16;      // sequences running at once
-  int64_t max_waiting = 64;       // queue bound; beyond it submit() is refused
+  int64_t max_waiting = 64;       // requests queued beyond the free sequence slots; more are refused
   int64_t prefill_chunk = 256;    // prompt tokens per sequence per step
   int64_t max_prompt_tokens = 0;  // 0: the model's context
   int64_t max_tokens_limit = 0;   // upper bound on a request's max_tokens; 0: the model's context

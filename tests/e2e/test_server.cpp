@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -581,8 +582,8 @@ TEST(ServerLimits, ApiKeyAndQueueOverflow) {
   EXPECT_EQ(call(port, http::verb::get, "/health").status, 200);  // probes need no key
   EXPECT_EQ(post(port, "/v1/completions", body, "s3cret").status, 200);
 
-  // One running, one waiting: of six long requests at once, some must be refused.
-  const json long_body = {{"prompt", "Tell me a story."}, {"max_tokens", 48}, {"temperature", 0}, {"ignore_eos", true}};
+  // One running, one waiting: of six long requests at once, exactly four are refused.
+  const json long_body = {{"prompt", "Tell me a story."}, {"max_tokens", 160}, {"temperature", 0}, {"ignore_eos", true}};
   std::vector<Reply> replies(6);
   std::vector<std::thread> clients;
   for (size_t i = 0; i < replies.size(); ++i) {
@@ -598,10 +599,58 @@ TEST(ServerLimits, ApiKeyAndQueueOverflow) {
       EXPECT_TRUE(r.j()["error"]["message"].is_string());
     }
   }
-  EXPECT_GE(ok, 1);
-  EXPECT_GE(refused, 1);
-  EXPECT_EQ(ok + refused, 6);
+  EXPECT_EQ(ok, 2);
+  EXPECT_EQ(refused, 4);
   EXPECT_EQ(call(port, http::verb::get, "/health").status, 200);
+}
+
+// N simultaneous requests to an idle server: how many 200s and 429s (issue 14 #9). A request a
+// free sequence slot takes at once never counts as waiting: max_num_seqs + max_waiting run or
+// wait, the rest are refused, and the refusals are counted by reason.
+std::pair<int, int> burst(int port, int n, const json& body) {
+  std::vector<Reply> replies(n);
+  std::vector<std::thread> clients;
+  std::atomic<int> ready{0};
+  for (int i = 0; i < n; ++i) {
+    clients.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < n) std::this_thread::yield();
+      replies[i] = post(port, "/v1/completions", body);
+    });
+  }
+  for (auto& t : clients) t.join();
+  int ok = 0, refused = 0;
+  for (const Reply& r : replies) {
+    ok += r.status == 200;
+    refused += r.status == 429;
+  }
+  return {ok, refused};
+}
+
+TEST(ServerLimits, BurstAdmissionCountsExactly) {
+  ASSERT_TRUE(fs::exists(model_path())) << "default model missing at " << model_path();
+  const json body = {{"prompt", "Tell me a story."}, {"max_tokens", 64}, {"temperature", 0}, {"ignore_eos", true}};
+  {
+    ServerProcess server({"--max-num-seqs", "4", "--max-waiting", "2"});
+    ASSERT_GT(server.port(), 0) << server.log();
+    for (const auto& [n, want_ok] : std::vector<std::pair<int, int>>{{4, 4}, {6, 6}, {7, 6}, {9, 6}}) {
+      ASSERT_TRUE(wait_until_idle(server.port(), 60));
+      const auto [ok, refused] = burst(server.port(), n, body);
+      EXPECT_EQ(ok, want_ok) << n << " at once, --max-num-seqs 4 --max-waiting 2";
+      EXPECT_EQ(refused, n - want_ok) << n << " at once";
+    }
+    EXPECT_EQ(metric(server.port(), "snapserve_request_rejected_total{reason=\"queue_full\"}"), 1 + 3);
+  }
+  {
+    ServerProcess server({"--max-num-seqs", "3", "--max-waiting", "0"});
+    ASSERT_GT(server.port(), 0) << server.log();
+    for (const auto& [n, want_ok] : std::vector<std::pair<int, int>>{{3, 3}, {5, 3}}) {
+      ASSERT_TRUE(wait_until_idle(server.port(), 60));
+      const auto [ok, refused] = burst(server.port(), n, body);
+      EXPECT_EQ(ok, want_ok) << n << " at once, --max-num-seqs 3 --max-waiting 0";
+      EXPECT_EQ(refused, n - want_ok) << n << " at once";
+    }
+  }
 }
 
 TEST(ServerLimits, SigtermStopsWithinTheDeadline) {
