@@ -266,6 +266,7 @@ struct Pending {
   ApiResponseMeta meta;
   std::optional<BatchTruncation> truncated;
   std::string text;
+  std::vector<ApiLogprob> logprobs;  // when the line asked for them
 };
 
 struct EventQueue {
@@ -523,7 +524,7 @@ int run_batch(const BatchArgs& a) {
     c.kv_resident_bytes += ev.kv_resident_bytes;
     if (p.truncated) ++c.truncated;
     write_record(p.in,
-                 batch_output_record(p.in, 200, p.meta.id, completion_response(p.meta, p.text, ev), "", "",
+                 batch_output_record(p.in, 200, p.meta.id, completion_response(p.meta, p.text, ev, p.logprobs), "", "",
                                      p.truncated ? &*p.truncated : nullptr),
                  false);
   };
@@ -533,6 +534,9 @@ int run_batch(const BatchArgs& a) {
       if (it == pending.end()) continue;
       if (ev.kind == EngineEvent::Kind::token) {
         it->second.text += ev.text;
+        if (it->second.meta.logprobs >= 0 && !ev.stop_token) {
+          it->second.logprobs.push_back(api_logprob(engine->tokenizer(), ev));
+        }
         continue;
       }
       finish(it->second, ev);

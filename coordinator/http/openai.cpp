@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -206,8 +207,95 @@ MaybeError parse_stop(const json& body, std::vector<std::string>* stop) {
   return {};
 }
 
+// {"token id": bias in [-100, 100], ...} (OpenAI's shape: keys are token ids as strings).
+MaybeError parse_logit_bias(const json& body, const ApiContext& ctx, std::vector<std::pair<int32_t, float>>* out) {
+  const json* b = field(body, "logit_bias");
+  if (!b) return {};
+  if (!b->is_object()) return bad("logit_bias", "logit_bias must be an object {\"token id\": bias}, got " + std::string(b->type_name()));
+  if (b->size() > 1024) return bad("logit_bias", "logit_bias takes at most 1024 tokens, got " + std::to_string(b->size()));
+  const int64_t vocab = ctx.tokenizer ? ctx.tokenizer->vocab_size() : std::numeric_limits<int32_t>::max();
+  for (const auto& item : b->items()) {
+    const std::string& key = item.key();
+    char* end = nullptr;
+    const long long id = key.empty() ? -1 : std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || id < 0 || id >= vocab) {
+      return bad("logit_bias", "logit_bias key '" + key + "' is not a token id in [0, " + std::to_string(vocab) + ")");
+    }
+    if (!item.value().is_number()) return bad("logit_bias", "logit_bias['" + key + "'] must be a number");
+    const double v = item.value().get<double>();
+    if (!(v >= -100.0 && v <= 100.0)) return bad("logit_bias", "logit_bias['" + key + "'] must be in [-100, 100], got " + dump(item.value()));
+    out->emplace_back(static_cast<int32_t>(id), static_cast<float>(v));
+  }
+  return {};
+}
+
+MaybeError parse_stop_token_ids(const json& body, const ApiContext& ctx, std::vector<int32_t>* out) {
+  const json* v = field(body, "stop_token_ids");
+  if (!v) return {};
+  if (!v->is_array()) return bad("stop_token_ids", "stop_token_ids must be a list of token ids, got " + std::string(v->type_name()));
+  if (v->size() > 256) return bad("stop_token_ids", "stop_token_ids takes at most 256 ids");
+  const int64_t vocab = ctx.tokenizer ? ctx.tokenizer->vocab_size() : std::numeric_limits<int32_t>::max();
+  for (const json& t : *v) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
+      return bad("stop_token_ids", "stop_token_ids entries must be token ids in [0, " + std::to_string(vocab) + "), got " + dump(t));
+    }
+    out->push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return {};
+}
+
+// The fields each route honours. Anything else is refused by name rather than ignored: a
+// client that sends `tools` or `response_format` must not get a 200 that silently did not
+// do what it asked. `user` is accepted and has no effect (OpenAI's abuse-monitoring id).
+MaybeError check_fields(ApiRoute route, const json& body) {
+  static const char* const k_common[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                                         "n", "stream", "stream_options", "ignore_eos", "kv_compression", "logprobs",
+                                         "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                                         "min_tokens", "stop_token_ids", "user"};
+  static const char* const k_completions[] = {"prompt", "echo", "best_of", "suffix"};
+  static const char* const k_chat[] = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+                                       "tool_choice", "functions", "function_call", "parallel_tool_calls"};
+  auto listed = [](const auto& list, const std::string& k) {
+    return std::find_if(std::begin(list), std::end(list), [&](const char* x) { return k == x; }) != std::end(list);
+  };
+  const bool chat = route == ApiRoute::chat_completions;
+  for (const auto& item : body.items()) {
+    const std::string& k = item.key();
+    if (!listed(k_common, k) && !(chat ? listed(k_chat, k) : listed(k_completions, k))) {
+      return bad(k, "'" + k + "' is not supported by snapserve's " + (chat ? "/v1/chat/completions" : "/v1/completions") +
+                        " (see the README for the fields it honours)");
+    }
+  }
+  // Known OpenAI fields we do not implement: refused unless they ask for nothing.
+  const json* v = nullptr;
+  if (!chat && (v = field(body, "best_of")) && !(v->is_number_integer() && v->get<int64_t>() == 1)) {
+    return bad("best_of", "best_of is not supported (only 1)");
+  }
+  if (!chat && (v = field(body, "suffix")) && !(v->is_string() && v->get<std::string>().empty())) {
+    return bad("suffix", "suffix (insertion) is not supported");
+  }
+  if (chat) {
+    for (const char* k : {"tools", "functions"}) {
+      if ((v = field(body, k)) && !(v->is_array() && v->empty())) return bad(k, std::string(k) + " (tool calling) is not supported");
+    }
+    for (const char* k : {"tool_choice", "function_call"}) {
+      if ((v = field(body, k)) && !(v->is_string() && v->get<std::string>() == "none")) {
+        return bad(k, std::string(k) + " is not supported (tool calling); only \"none\"");
+      }
+    }
+    if ((v = field(body, "parallel_tool_calls")) && !(v->is_boolean())) {
+      return bad("parallel_tool_calls", "parallel_tool_calls must be a boolean");
+    }
+    if ((v = field(body, "response_format")) &&
+        !(v->is_object() && v->contains("type") && (*v)["type"].is_string() && (*v)["type"].get<std::string>() == "text")) {
+      return bad("response_format", "response_format: only {\"type\": \"text\"} is supported (no JSON mode or schemas)");
+    }
+  }
+  return {};
+}
+
 // Fields shared by both routes: sampling, stop, n, stream, ignore_eos, kv_compression.
-MaybeError parse_common(const json& body, ApiRequest* req) {
+MaybeError parse_common(const json& body, const ApiContext& ctx, ApiRequest* req) {
   EngineRequest& e = req->engine;
   double d = 1.0;  // OpenAI's default temperature
   SNAP_API_TRY(read_number(body, "temperature", "temperature", 0.0, false, 2.0, &d));
@@ -232,13 +320,42 @@ MaybeError parse_common(const json& body, ApiRequest* req) {
   int64_t n = 1;
   SNAP_API_TRY(read_int(body, "n", "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &n));
   if (n != 1) return bad("n", "n must be 1 (one choice per request is supported), got " + std::to_string(n));
-  const json* logprobs = field(body, "logprobs");
-  if (logprobs && !(logprobs->is_boolean() && !logprobs->get<bool>())) {
-    return bad("logprobs", "logprobs are not supported yet");
+  // logprobs: completions take an int (alternatives per token; false/null = none), chat a
+  // bool with top_logprobs.
+  if (req->route == ApiRoute::completions) {
+    const json* lp = field(body, "logprobs");
+    if (lp && lp->is_boolean()) {
+      if (lp->get<bool>()) return bad("logprobs", "logprobs must be an integer in [0, 20] for /v1/completions, got true");
+    } else {
+      int64_t k = -1;
+      SNAP_API_TRY(read_int(body, "logprobs", "logprobs", 0, 20, &k));
+      req->engine.logprobs = static_cast<int>(k);
+    }
+  } else {
+    bool want = false;
+    SNAP_API_TRY(read_bool(body, "logprobs", "logprobs", &want));
+    int64_t top = -1;
+    SNAP_API_TRY(read_int(body, "top_logprobs", "top_logprobs", 0, 20, &top));
+    if (top >= 0 && !want) return bad("top_logprobs", "top_logprobs needs \"logprobs\": true");
+    if (want) req->engine.logprobs = static_cast<int>(std::max<int64_t>(0, top));
   }
   bool echo = false;
   SNAP_API_TRY(read_bool(body, "echo", "echo", &echo));
-  if (echo) return bad("echo", "echo is not supported");
+  if (echo) return bad("echo", "echo is not supported (prompt logprobs are not computed)");
+  d = 0.0;
+  SNAP_API_TRY(read_number(body, "presence_penalty", "presence_penalty", -2.0, false, 2.0, &d));
+  e.presence_penalty = static_cast<float>(d);
+  d = 0.0;
+  SNAP_API_TRY(read_number(body, "frequency_penalty", "frequency_penalty", -2.0, false, 2.0, &d));
+  e.frequency_penalty = static_cast<float>(d);
+  d = 1.0;
+  SNAP_API_TRY(read_number(body, "repetition_penalty", "repetition_penalty", 0.0, true, 10.0, &d));
+  e.repetition_penalty = static_cast<float>(d);
+  int64_t min_tokens = 0;
+  SNAP_API_TRY(read_int(body, "min_tokens", "min_tokens", 0, std::numeric_limits<int32_t>::max(), &min_tokens));
+  e.min_tokens = min_tokens;
+  SNAP_API_TRY(parse_logit_bias(body, ctx, &e.logit_bias));
+  SNAP_API_TRY(parse_stop_token_ids(body, ctx, &e.stop_token_ids));
   SNAP_API_TRY(parse_stop(body, &e.stop));
   SNAP_API_TRY(read_bool(body, "stream", "stream", &req->stream));
   const json* so = field(body, "stream_options");
@@ -316,13 +433,14 @@ MaybeError parse_messages(const json& body, const ApiContext& ctx, std::vector<i
 
 MaybeError parse_body(ApiRoute route, const json& body, const ApiContext& ctx, ApiRequest* req) {
   if (!body.is_object()) return bad("", "request body must be a JSON object, got " + std::string(body.type_name()));
+  SNAP_API_TRY(check_fields(route, body));
   std::string model;
   SNAP_API_TRY(read_string(body, "model", "model", &model));
   if (field(body, "model") && model != ctx.model_name) {
     return ApiError{ApiErrorKind::model_not_found, "The model `" + model + "` does not exist (serving `" + ctx.model_name + "`)",
                     "model"};
   }
-  SNAP_API_TRY(parse_common(body, req));
+  SNAP_API_TRY(parse_common(body, ctx, req));
 
   const int64_t context = ctx.context_length > 0 ? ctx.context_length : std::numeric_limits<int64_t>::max();
   const int64_t max_prompt = ctx.max_prompt_tokens > 0 ? ctx.max_prompt_tokens : context;
@@ -385,6 +503,51 @@ json kv_json(const ApiResponseMeta& meta, const EngineEvent& f) {
 
 json envelope(const ApiResponseMeta& meta, const char* object) {
   return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+// A token's bytes as a JSON string: itself when valid UTF-8, else OpenAI's "bytes:\xNN..." form.
+std::string token_string(const std::string& bytes) {
+  if (utf8_is_valid(bytes)) return bytes;
+  std::string s = "bytes:";
+  char buf[8];
+  for (unsigned char c : bytes) {
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    s += buf;
+  }
+  return s;
+}
+
+json byte_list(const std::string& bytes) {
+  json a = json::array();
+  for (unsigned char c : bytes) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+// The "logprobs" of a choice: null unless asked for.
+json logprobs_json(const ApiResponseMeta& meta, const std::vector<ApiLogprob>& entries) {
+  if (meta.logprobs < 0) return nullptr;
+  if (meta.route == ApiRoute::chat_completions) {
+    json content = json::array();
+    for (const ApiLogprob& e : entries) {
+      json top = json::array();
+      for (const auto& [tok, lp] : e.top) top.push_back({{"token", token_string(tok)}, {"logprob", lp}, {"bytes", byte_list(tok)}});
+      content.push_back({{"token", token_string(e.token)}, {"logprob", e.logprob}, {"bytes", byte_list(e.token)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  int64_t offset = 0;
+  for (const ApiLogprob& e : entries) {
+    tokens.push_back(token_string(e.token));
+    token_logprobs.push_back(e.logprob);
+    json top = json::object();
+    for (const auto& [tok, lp] : e.top) top[token_string(tok)] = lp;
+    top[token_string(e.token)] = e.logprob;  // the sampled token is always listed
+    top_logprobs.push_back(top);
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(e.token.size());
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
 }
 
 json finish_json(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }
@@ -490,12 +653,14 @@ ApiResponseMeta api_response_meta(const ApiRequest& request, const std::string& 
   m.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   m.model = model_name;
   m.policy = request.engine.kv_policy.kind;
+  m.logprobs = request.engine.logprobs;
   return m;
 }
 
-std::string completion_response(const ApiResponseMeta& meta, const std::string& text, const EngineEvent& finished) {
+std::string completion_response(const ApiResponseMeta& meta, const std::string& text, const EngineEvent& finished,
+                                const std::vector<ApiLogprob>& logprobs) {
   const bool chat = meta.route == ApiRoute::chat_completions;
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_json(finished.finish_reason)}};
+  json choice = {{"index", 0}, {"logprobs", logprobs_json(meta, logprobs)}, {"finish_reason", finish_json(finished.finish_reason)}};
   if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
   else choice["text"] = text;
   json j = envelope(meta, chat ? "chat.completion" : "text_completion");
@@ -506,9 +671,11 @@ std::string completion_response(const ApiResponseMeta& meta, const std::string& 
 }
 
 std::string stream_chunk(const ApiResponseMeta& meta, const std::string& text, bool with_role,
-                         const std::string& finish_reason) {
+                         const std::string& finish_reason, const std::vector<ApiLogprob>& logprobs) {
   const bool chat = meta.route == ApiRoute::chat_completions;
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish_reason)}};
+  json choice = {{"index", 0},
+                 {"logprobs", logprobs.empty() ? json(nullptr) : logprobs_json(meta, logprobs)},
+                 {"finish_reason", finish_json(finish_reason)}};
   if (chat) {
     json delta = json::object();
     if (with_role) delta["role"] = "assistant";
@@ -528,6 +695,14 @@ std::string stream_usage_chunk(const ApiResponseMeta& meta, const EngineEvent& f
   j["usage"] = usage_json(finished);
   j["kv"] = kv_json(meta, finished);
   return dump(j);
+}
+
+ApiLogprob api_logprob(const Tokenizer& tokenizer, const EngineEvent& token) {
+  ApiLogprob e;
+  e.token = tokenizer.token_bytes(token.token_id);
+  e.logprob = token.logprob;
+  for (const auto& [id, lp] : token.top_logprobs) e.top.emplace_back(tokenizer.token_bytes(id), lp);
+  return e;
 }
 
 std::string sse_event(const std::string& payload) { return "data: " + payload + "\n\n"; }

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "coordinator/scheduler/engine.h"
@@ -76,7 +78,8 @@ struct ApiParse {
   ApiRequest request;
 };
 
-// Parses and validates one body (unknown fields ignored, null treated as absent).
+// Parses and validates one body (null treated as absent). A field the route does not honour
+// (unknown, or an OpenAI feature snapserve lacks such as tools) is a 400 naming it.
 ApiParse parse_api_request(ApiRoute route, std::string_view body, const ApiContext& ctx);
 
 // True when bytes are well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
@@ -91,16 +94,30 @@ struct ApiResponseMeta {
   int64_t created = 0;
   std::string model;
   KvPolicyKind policy = KvPolicyKind::full;
+  int logprobs = -1;  // the request's EngineRequest::logprobs: -1 = no logprobs in the response
 };
+
+// One output token's log-probabilities, ready for the response.
+struct ApiLogprob {
+  std::string token;  // the token's bytes
+  float logprob = 0.0f;
+  std::vector<std::pair<std::string, float>> top;  // most likely first
+};
+// From a token event (EngineRequest::logprobs >= 0).
+ApiLogprob api_logprob(const Tokenizer& tokenizer, const EngineEvent& token);
 
 ApiResponseMeta api_response_meta(const ApiRequest& request, const std::string& model_name);
 
-// The whole non-streaming response; `finished` is the engine's final event.
-std::string completion_response(const ApiResponseMeta& meta, const std::string& text, const EngineEvent& finished);
-// One SSE chunk object (no "data: " framing): a text delta; chat's first chunk carries
-// the assistant role; a chunk with finish_reason set closes the choice.
+// The whole non-streaming response; `finished` is the engine's final event; `logprobs` the
+// output tokens' entries when meta.logprobs >= 0 (chat: {"content": [...]}; completions:
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"}).
+std::string completion_response(const ApiResponseMeta& meta, const std::string& text, const EngineEvent& finished,
+                                const std::vector<ApiLogprob>& logprobs = {});
+// One SSE chunk object (no "data: " framing): a text delta (with its tokens' logprobs when
+// asked); chat's first chunk carries the assistant role; a chunk with finish_reason set
+// closes the choice.
 std::string stream_chunk(const ApiResponseMeta& meta, const std::string& text, bool with_role,
-                         const std::string& finish_reason);
+                         const std::string& finish_reason, const std::vector<ApiLogprob>& logprobs = {});
 // The usage chunk (choices: []) sent before [DONE] when stream_options.include_usage.
 std::string stream_usage_chunk(const ApiResponseMeta& meta, const EngineEvent& finished);
 // "data: PAYLOAD\n\n"

@@ -238,6 +238,7 @@ class Session : public std::enable_shared_from_this<Session> {
     streaming_ = parsed.request.stream;
     include_usage_ = parsed.request.include_usage;
     text_.clear();
+    logprobs_.clear();
     // Runs on the engine thread: post and return.
     EventSink sink = [self = shared_from_this()](const EngineEvent& ev) {
       net::post(self->stream_.get_executor(), [self, ev] { self->on_event(ev); });
@@ -273,8 +274,15 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (closed_) return;
     if (ev.kind == EngineEvent::Kind::token) {
-      if (!streaming_) text_ += ev.text;
-      else if (!ev.text.empty()) send_sse(stream_chunk(meta_, ev.text, false, ""));
+      // Logprobs of output tokens only (not of the EOS / stop token that ended the output).
+      std::vector<ApiLogprob> lp;
+      if (meta_.logprobs >= 0 && !ev.stop_token) lp.push_back(api_logprob(*state_->api.tokenizer, ev));
+      if (!streaming_) {
+        text_ += ev.text;
+        logprobs_.insert(logprobs_.end(), lp.begin(), lp.end());
+      } else if (!ev.text.empty() || !lp.empty()) {
+        send_sse(stream_chunk(meta_, ev.text, false, "", lp));
+      }
       return;
     }
     // The finished event carries the text held back for a possible stop string (and the
@@ -282,7 +290,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!streaming_) {
       if (ev.finish_reason == "error") return send_error(api_error_from_status(ev.error));
       text_ += ev.text;
-      return send_body(200, "application/json", completion_response(meta_, text_, ev));
+      return send_body(200, "application/json", completion_response(meta_, text_, ev, logprobs_));
     }
     if (ev.finish_reason == "error") {
       send_sse(api_error_body(api_error_from_status(ev.error)));
@@ -426,6 +434,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool chunked_ = false;
   bool include_usage_ = false;
   std::string text_;
+  std::vector<ApiLogprob> logprobs_;
   std::deque<std::string> outbox_;
   bool writing_ = false;
   bool response_done_ = false;

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "common/sys.h"
+#include "coordinator/scheduler/logits_processing.h"
 #include "worker/kv/block_pool.h"
 #include "worker/kv/compressor.h"
 #include "worker/kv/paged_kv_cache.h"
@@ -41,6 +42,8 @@ struct Sequence {
   std::unique_ptr<StreamDecoder> decoder;
   kernels::Rng rng{0};
   std::vector<float> logits;
+  std::vector<float> processed;  // logits after penalties/bias/masks (when the request has any)
+  TokenHistory history;          // for the penalties
   int64_t prefilled = 0;     // prompt tokens already in the cache
   int64_t generated = 0;
   int32_t next_token = -1;   // sampled, to be fed at the next decode step
@@ -126,6 +129,22 @@ class EngineImpl final : public Engine {
     if (req.max_tokens < 1 || req.max_tokens > max_tokens_limit_) {
       return invalid_argument("max_tokens must be in [1, " + std::to_string(max_tokens_limit_) + "], got " +
                               std::to_string(req.max_tokens));
+    }
+    if (req.min_tokens < 0 || req.min_tokens > req.max_tokens) {
+      return invalid_argument("min_tokens must be in [0, max_tokens = " + std::to_string(req.max_tokens) + "], got " +
+                              std::to_string(req.min_tokens));
+    }
+    if (!(req.repetition_penalty > 0.0f)) return invalid_argument("repetition_penalty must be greater than 0");
+    if (req.logprobs > 20) return invalid_argument("logprobs: at most 20 alternatives, got " + std::to_string(req.logprobs));
+    for (int32_t id : req.stop_token_ids) {
+      if (id < 0 || id >= model_->config.vocab_size) {
+        return invalid_argument("stop_token_ids: " + std::to_string(id) + " is outside the vocabulary");
+      }
+    }
+    for (const auto& [id, bias] : req.logit_bias) {
+      if (id < 0 || id >= model_->config.vocab_size) {
+        return invalid_argument("logit_bias: token " + std::to_string(id) + " is outside the vocabulary");
+      }
     }
     SNAP_RETURN_IF_ERROR(req.kv_policy.validate());
     if (req.kv_policy.context_tokens > n) return invalid_argument("kv context_tokens is longer than the prompt");
@@ -336,6 +355,12 @@ class EngineImpl final : public Engine {
       s.decoder = std::make_unique<StreamDecoder>(*tokenizer_, true);
       s.rng = kernels::Rng(s.req.sampling.seed);
       s.logits.resize(model_->config.vocab_size);
+      if (s.req.repetition_penalty != 1.0f) {
+        s.history.prompt_unique = s.req.prompt_ids;
+        std::sort(s.history.prompt_unique.begin(), s.history.prompt_unique.end());
+        s.history.prompt_unique.erase(std::unique(s.history.prompt_unique.begin(), s.history.prompt_unique.end()),
+                                      s.history.prompt_unique.end());
+      }
       if (metrics_) metrics_->observe_request_queue_time(s.admitted - s.arrival);
       running_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
@@ -457,7 +482,15 @@ class EngineImpl final : public Engine {
   // Samples the next token from s.logits and streams it; marks the sequence done when a
   // stop condition holds.
   void sample_and_emit(Sequence& s) {
-    const int32_t id = kernels::sample_cpu(s.logits.data(), model_->config.vocab_size, s.req.sampling, s.rng);
+    const int64_t vocab = model_->config.vocab_size;
+    const float* dist = s.logits.data();
+    if (logits_processing_active(s.req)) {
+      s.processed.assign(s.logits.begin(), s.logits.end());
+      apply_logits_processing(s.processed.data(), vocab, s.req, s.history, s.generated, eos_);
+      dist = s.processed.data();
+    }
+    const int32_t id = kernels::sample_cpu(dist, vocab, s.req.sampling, s.rng);
+    ++s.history.output_counts[id];
     const double now = now_seconds();
     if (s.generated == 0) {
       s.first_token = now;
@@ -467,10 +500,17 @@ class EngineImpl final : public Engine {
     }
     s.last_token = now;
     ++s.generated;
-    const bool eos = !s.req.ignore_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end();
+    const bool eos = (!s.req.ignore_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end()) ||
+                     std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), id) != s.req.stop_token_ids.end();
     EngineEvent ev;
     ev.kind = EngineEvent::Kind::token;
     ev.token_id = id;
+    ev.stop_token = eos;
+    if (s.req.logprobs >= 0) {
+      TokenLogprobs lp = token_logprobs(s.logits.data(), vocab, id, s.req.logprobs);
+      ev.logprob = lp.logprob;
+      ev.top_logprobs = std::move(lp.top);
+    }
     if (!eos) {
       s.text += s.decoder->push(id);
       // Stop strings: cut at the first match; hold back a tail that may start one.

@@ -49,6 +49,15 @@ struct EngineRequest {
   bool ignore_eos = false;
   KvPolicy kv_policy;             // full by default
   double timeout_seconds = 0;     // 0: none; past it the request finishes with "timeout"
+  // Logits processing before sampling (logits_processing.h): penalties, logit_bias, and
+  // min_tokens masking of EOS and stop_token_ids.
+  float presence_penalty = 0.0f;    // OpenAI: minus this once a token has appeared in the output
+  float frequency_penalty = 0.0f;   // OpenAI: minus this per appearance in the output
+  float repetition_penalty = 1.0f;  // HF/vLLM: tokens of prompt or output, logit / p if > 0 else * p
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit
+  int64_t min_tokens = 0;           // EOS and stop_token_ids cannot be sampled before this many tokens
+  std::vector<int32_t> stop_token_ids;  // sampling one ends the output (finish "stop"); not part of it
+  int logprobs = -1;  // -1: none; k >= 0: each output token's log-probability and the k most likely
 };
 
 struct EngineEvent {
@@ -56,6 +65,13 @@ struct EngineEvent {
   Kind kind = Kind::token;
   std::string text;        // newly decoded text (always whole UTF-8 characters); may be empty
   int32_t token_id = -1;   // kind == token
+  // kind == token: EOS or a stop_token_id that ended the output (not part of the completion).
+  bool stop_token = false;
+  // kind == token with EngineRequest::logprobs >= 0: log-softmax of the model's raw logits
+  // (before penalties, logit_bias, temperature and filters, like vLLM's default) at token_id,
+  // and the `logprobs` most likely tokens, most likely first (lower id first on ties).
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
   // kind == finished:
   std::string finish_reason;  // "stop", "length", "abort" (cancelled), "timeout", "error"
   Status error;               // set when finish_reason == "error"

@@ -97,7 +97,30 @@ TEST_F(OpenAi, BadRequestsGetStatusAndParam) {
       {"stream string", C, "{\"prompt\": \"hi\", \"stream\": \"yes\"}", 400, "stream"},
       {"include_usage string", C, "{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}", 400,
        "stream_options.include_usage"},
-      {"logprobs", C, "{\"prompt\": \"hi\", \"logprobs\": 3}", 400, "logprobs"},
+      {"logprobs over 20", C, "{\"prompt\": \"hi\", \"logprobs\": 21}", 400, "logprobs"},
+      {"logprobs true on completions", C, "{\"prompt\": \"hi\", \"logprobs\": true}", 400, "logprobs"},
+      {"echo", C, "{\"prompt\": \"hi\", \"echo\": true}", 400, "echo"},
+      {"best_of 2", C, "{\"prompt\": \"hi\", \"best_of\": 2}", 400, "best_of"},
+      {"suffix", C, "{\"prompt\": \"hi\", \"suffix\": \"end\"}", 400, "suffix"},
+      {"unknown field", C, "{\"prompt\": \"hi\", \"unknown_field\": {\"x\": 1}}", 400, "unknown_field"},
+      {"chat field on completions", C, "{\"prompt\": \"hi\", \"top_logprobs\": 2}", 400, "top_logprobs"},
+      {"presence_penalty too high", C, "{\"prompt\": \"hi\", \"presence_penalty\": 2.5}", 400, "presence_penalty"},
+      {"frequency_penalty string", C, "{\"prompt\": \"hi\", \"frequency_penalty\": \"x\"}", 400, "frequency_penalty"},
+      {"repetition_penalty zero", C, "{\"prompt\": \"hi\", \"repetition_penalty\": 0}", 400, "repetition_penalty"},
+      {"logit_bias list", C, "{\"prompt\": \"hi\", \"logit_bias\": [1]}", 400, "logit_bias"},
+      {"logit_bias key", C, "{\"prompt\": \"hi\", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias"},
+      {"logit_bias id past vocab", C, "{\"prompt\": \"hi\", \"logit_bias\": {\"49152\": 1}}", 400, "logit_bias"},
+      {"logit_bias value", C, "{\"prompt\": \"hi\", \"logit_bias\": {\"12\": 101}}", 400, "logit_bias"},
+      {"min_tokens negative", C, "{\"prompt\": \"hi\", \"min_tokens\": -1}", 400, "min_tokens"},
+      {"stop_token_ids string", C, "{\"prompt\": \"hi\", \"stop_token_ids\": \"2\"}", 400, "stop_token_ids"},
+      {"stop_token_ids past vocab", C, "{\"prompt\": \"hi\", \"stop_token_ids\": [2, 99999]}", 400, "stop_token_ids"},
+      {"tools", H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\"}]}", 400, "tools"},
+      {"tool_choice auto", H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tool_choice\": \"auto\"}", 400, "tool_choice"},
+      {"functions", H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"functions\": [{}]}", 400, "functions"},
+      {"json mode", H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": {\"type\": \"json_object\"}}", 400, "response_format"},
+      {"top_logprobs without logprobs", H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", 400, "top_logprobs"},
+      {"chat logprobs int", H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": 3}", 400, "logprobs"},
+      {"completions field on chat", H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"echo\": false}", 400, "echo"},
       {"unknown model", C, "{\"model\": \"gpt-4\", \"prompt\": \"hi\"}", 404, "model"},
       {"kv_compression string", C, "{\"prompt\": \"hi\", \"kv_compression\": \"snapkv\"}", 400, "kv_compression"},
       {"kv missing policy", C, "{\"prompt\": \"hi\", \"kv_compression\": {\"budget\": 64}}", 400, "kv_compression.policy"},
@@ -144,7 +167,7 @@ TEST_F(OpenAi, BudgetBelowWindowMessageNamesBoth) {
 }
 
 TEST_F(OpenAi, CompletionDefaults) {
-  const ApiParse p = completions("{\"prompt\": \"The capital of France is\", \"unknown_field\": {\"x\": 1}}");
+  const ApiParse p = completions("{\"prompt\": \"The capital of France is\", \"user\": \"u-1\"}");
   ASSERT_FALSE(p.error.has_value()) << p.error->message;
   const EngineRequest& e = p.request.engine;
   EXPECT_EQ(e.prompt_ids, prompt_ids_for_text(*tokenizer_, "The capital of France is"));
@@ -186,6 +209,65 @@ TEST_F(OpenAi, CompletionEveryField) {
   EXPECT_EQ(e.kv_policy.pooling, KvPooling::avg);
   EXPECT_EQ(e.kv_policy.aggregation, GqaAggregation::max);
   EXPECT_TRUE(e.kv_policy.layerwise);
+}
+
+TEST_F(OpenAi, SamplingExtrasAndLogprobs) {
+  const ApiParse c = completions(R"({"prompt": "hi", "logprobs": 3, "presence_penalty": 0.5, "frequency_penalty": -1,
+      "repetition_penalty": 1.2, "logit_bias": {"12": -100, "7": 2.5}, "min_tokens": 4, "max_tokens": 8,
+      "stop_token_ids": [2, 30], "best_of": 1, "suffix": null, "echo": false})");
+  ASSERT_FALSE(c.error.has_value()) << c.error->message;
+  const EngineRequest& e = c.request.engine;
+  EXPECT_EQ(e.logprobs, 3);
+  EXPECT_FLOAT_EQ(e.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(e.frequency_penalty, -1.0f);
+  EXPECT_FLOAT_EQ(e.repetition_penalty, 1.2f);
+  EXPECT_EQ(e.logit_bias, (std::vector<std::pair<int32_t, float>>{{12, -100.0f}, {7, 2.5f}}));
+  EXPECT_EQ(e.min_tokens, 4);
+  EXPECT_EQ(e.stop_token_ids, (std::vector<int32_t>{2, 30}));
+  EXPECT_EQ(completions(R"({"prompt": "hi"})").request.engine.logprobs, -1);
+  EXPECT_EQ(completions(R"({"prompt": "hi", "logprobs": 0})").request.engine.logprobs, 0);
+  EXPECT_EQ(completions(R"({"prompt": "hi", "logprobs": false})").request.engine.logprobs, -1);
+
+  const std::string msg = R"("messages": [{"role": "user", "content": "hi"}])";
+  auto chat_lp = [&](const std::string& extra) { return chat("{" + msg + extra + "}"); };
+  EXPECT_EQ(chat_lp(R"(, "logprobs": true, "top_logprobs": 5)").request.engine.logprobs, 5);
+  EXPECT_EQ(chat_lp(R"(, "logprobs": true)").request.engine.logprobs, 0);
+  EXPECT_EQ(chat_lp(R"(, "logprobs": false)").request.engine.logprobs, -1);
+  // Accepted because they ask for nothing we lack.
+  for (const char* extra : {R"(, "tools": [])", R"(, "tool_choice": "none")", R"(, "response_format": {"type": "text"})",
+                            R"(, "parallel_tool_calls": false)", R"(, "user": "u")"}) {
+    const ApiParse p = chat_lp(extra);
+    EXPECT_FALSE(p.error.has_value()) << extra << ": " << p.error->message;
+  }
+}
+
+TEST_F(OpenAi, LogprobsInResponsesAndChunks) {
+  ApiResponseMeta meta;
+  meta.id = "cmpl-1";
+  meta.model = "smol";
+  meta.logprobs = 1;
+  EngineEvent f;
+  f.kind = EngineEvent::Kind::finished;
+  f.finish_reason = "length";
+  const std::vector<ApiLogprob> lps = {{" Paris", -0.25f, {{" Paris", -0.25f}}}, {"\xe2\x82", -1.5f, {{".", -0.5f}}}};
+  const json c = json::parse(completion_response(meta, " Paris\xe2\x82", f, lps));
+  const json& l = c["choices"][0]["logprobs"];
+  EXPECT_EQ(l["tokens"], (json{" Paris", "bytes:\\xe2\\x82"})) << "a partial UTF-8 token in OpenAI's bytes: form";
+  EXPECT_EQ(l["token_logprobs"], (json{-0.25, -1.5}));
+  EXPECT_EQ(l["top_logprobs"][1], (json{{".", -0.5}, {"bytes:\\xe2\\x82", -1.5}})) << "the sampled token is listed";
+  EXPECT_EQ(l["text_offset"], (json{0, 6}));
+
+  meta.route = ApiRoute::chat_completions;
+  const json h = json::parse(completion_response(meta, "x", f, lps));
+  const json& content = h["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], " Paris");
+  EXPECT_EQ(content[1]["bytes"], (json{0xe2, 0x82}));
+  EXPECT_EQ(content[1]["top_logprobs"][0]["token"], ".");
+  const json chunk = json::parse(stream_chunk(meta, "x", false, "", {lps[0]}));
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0]["logprob"], -0.25);
+  meta.logprobs = -1;
+  EXPECT_TRUE(json::parse(completion_response(meta, "x", f))["choices"][0]["logprobs"].is_null());
 }
 
 TEST_F(OpenAi, PromptAsTokenIds) {

@@ -14,6 +14,10 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <numeric>
+#include <cstring>
+#include <cmath>
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -408,6 +412,130 @@ TEST_F(Server, StopStringsLoseNoText) {
       }
     }
   }
+}
+
+// Reads the last row of a `generate --dump-logits` file (tools/read_logits.py's format).
+std::vector<float> last_dumped_logits(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[32];
+  if (!in.read(head, 32) || std::string(head, 8) != "SNAPLGT1") return {};
+  int64_t n = 0, vocab = 0;
+  std::memcpy(&n, head + 16, 8);
+  std::memcpy(&vocab, head + 24, 8);
+  std::vector<float> row(static_cast<size_t>(vocab));
+  in.seekg(32 + 4 * n + 4 * (n - 1) * vocab);
+  if (!in.read(reinterpret_cast<char*>(row.data()), 4 * vocab)) return {};
+  return row;
+}
+
+// logprobs are the model's distribution: the first token's log-probability and top 5 equal
+// a log-softmax of the logits `generate --dump-logits` writes for the same prompt; streamed
+// chat logprobs equal non-streamed ones; the EOS/stop token is not listed.
+TEST_F(Server, LogprobsAreTheModelsDistribution) {
+  const std::string prompt = "The capital of France is";
+  const std::string dump = (fs::temp_directory_path() / ("snap_lp_" + std::to_string(::getpid()))).string();
+  const std::string cmd = std::string(SNAP_BINARY_DIR) + "/snapserve generate --model " + model_path() + " --prompt '" +
+                          prompt + "' --max-tokens 1 --threads 2 --dump-logits " + dump + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::vector<float> row = last_dumped_logits(dump);
+  fs::remove(dump);
+  ASSERT_FALSE(row.empty());
+  double mx = row[0];
+  for (float v : row) mx = std::max<double>(mx, v);
+  double z = 0;
+  for (float v : row) z += std::exp(v - mx);
+  std::vector<int32_t> order(row.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 5, order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+
+  const Reply r = post(port_, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 5}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json lp = r.j()["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 1u) << lp.dump();
+  EXPECT_EQ(lp["tokens"][0], tokenizer_->token_bytes(order[0]));
+  EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), row[order[0]] - mx - std::log(z), 1e-3);
+  const json& top = lp["top_logprobs"][0];
+  EXPECT_EQ(top.size(), 5u) << top.dump();
+  for (int i = 0; i < 5; ++i) {
+    const std::string tok = tokenizer_->token_bytes(order[i]);
+    ASSERT_TRUE(top.contains(tok)) << "top 5 lacks '" << tok << "': " << top.dump();
+    EXPECT_NEAR(top[tok].get<double>(), row[order[i]] - mx - std::log(z), 1e-3) << tok;
+  }
+
+  // Chat: streamed logprobs concatenate to the non-streamed list; the EOS is not in it.
+  json body = {{"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
+               {"max_tokens", 64}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}};
+  const Reply whole = post(port_, "/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json w = whole.j();
+  ASSERT_EQ(w["choices"][0]["finish_reason"], "stop");
+  const json content = w["choices"][0]["logprobs"]["content"];
+  EXPECT_EQ(static_cast<int64_t>(content.size()), w["usage"]["completion_tokens"].get<int64_t>() - 1)
+      << "every output token but the EOS";
+  std::string joined;
+  for (const json& c : content) {
+    joined += c["token"].get<std::string>();
+    EXPECT_EQ(c["top_logprobs"].size(), 2u);
+    EXPECT_LE(c["logprob"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(joined, w["choices"][0]["message"]["content"]);
+  body["stream"] = true;
+  const Reply streamed = post(port_, "/v1/chat/completions", body);
+  json from_stream = json::array();
+  for (const std::string& payload : sse_payloads(streamed.body)) {
+    if (payload == "[DONE]") break;
+    const json c = json::parse(payload);
+    if (!c["choices"].empty() && !c["choices"][0]["logprobs"].is_null()) {
+      for (const json& e : c["choices"][0]["logprobs"]["content"]) from_stream.push_back(e);
+    }
+  }
+  EXPECT_EQ(from_stream, content);
+}
+
+// vLLM's sampling extras do what they say on the real model (their arithmetic is pinned in
+// test_logits_processing): logit_bias forces or forbids a token, min_tokens holds off EOS,
+// stop_token_ids end the output without the token, repetition_penalty changes the text.
+TEST_F(Server, SamplingExtrasChangeTheOutput) {
+  const json count = {{"prompt", "Count: 1, 2, 3,"}, {"max_tokens", 8}, {"temperature", 0}};
+  const Reply ref = post(port_, "/v1/completions", count);
+  ASSERT_EQ(ref.status, 200);
+  const std::string ref_text = ref.j()["choices"][0]["text"];
+  ASSERT_EQ(ref_text, " 4, 5, 6") << "the cases below assume this continuation";
+
+  const std::vector<int32_t> bang = tokenizer_->encode("!", false), comma = tokenizer_->encode(",", false);
+  ASSERT_EQ(bang.size(), 1u);
+  ASSERT_EQ(comma.size(), 1u);
+  json b = count;
+  b["logit_bias"] = {{std::to_string(bang[0]), 100}};
+  EXPECT_EQ(post(port_, "/v1/completions", b).j()["choices"][0]["text"], "!!!!!!!!");
+  b["logit_bias"] = {{std::to_string(comma[0]), -100}};
+  const std::string no_comma = post(port_, "/v1/completions", b).j()["choices"][0]["text"];
+  EXPECT_EQ(no_comma.find(','), std::string::npos) << no_comma;
+
+  b = count;
+  b["stop_token_ids"] = {comma[0]};
+  b["logprobs"] = 0;
+  const json stopped = post(port_, "/v1/completions", b).j();
+  EXPECT_EQ(stopped["choices"][0]["text"], " 4");
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(stopped["choices"][0]["logprobs"]["tokens"], (json{" ", "4"})) << "the stop token is not listed";
+  EXPECT_EQ(stopped["usage"]["completion_tokens"], 3);
+
+  b = count;
+  b["repetition_penalty"] = 3.0;
+  EXPECT_NE(post(port_, "/v1/completions", b).j()["choices"][0]["text"], ref_text);
+
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
+                     {"max_tokens", 64}, {"temperature", 0}};
+  const json free_run = post(port_, "/v1/chat/completions", chat).j();
+  ASSERT_EQ(free_run["choices"][0]["finish_reason"], "stop");
+  const int64_t natural = free_run["usage"]["completion_tokens"];
+  json held = chat;
+  held["min_tokens"] = natural + 10;
+  const json longer = post(port_, "/v1/chat/completions", held).j();
+  EXPECT_GE(longer["usage"]["completion_tokens"].get<int64_t>(), natural + 10) << longer.dump();
+  held["min_tokens"] = 100;  // more than max_tokens
+  EXPECT_EQ(post(port_, "/v1/chat/completions", held).status, 400);
 }
 
 TEST_F(Server, SixteenConcurrentPoliciesEqualRunsAlone) {
