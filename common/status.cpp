@@ -11,6 +11,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::k_data_loss: return "data_loss";
     case StatusCode::k_unimplemented: return "unimplemented";
     case StatusCode::k_resource_exhausted: return "resource_exhausted";
+    case StatusCode::k_unavailable: return "unavailable";
     case StatusCode::k_internal: return "internal";
   }
   return "unknown";

@@ -18,6 +18,7 @@ enum class StatusCode {
   k_data_loss,         // corrupt or truncated file
   k_unimplemented,     // unsupported architecture, dtype, quant type
   k_resource_exhausted,
+  k_unavailable,       // shutting down, not ready: retry elsewhere or later
   k_internal,
 };
 
@@ -45,6 +46,7 @@ inline Status not_found(std::string m) { return {StatusCode::k_not_found, std::m
 inline Status data_loss(std::string m) { return {StatusCode::k_data_loss, std::move(m)}; }
 inline Status unimplemented(std::string m) { return {StatusCode::k_unimplemented, std::move(m)}; }
 inline Status resource_exhausted(std::string m) { return {StatusCode::k_resource_exhausted, std::move(m)}; }
+inline Status unavailable(std::string m) { return {StatusCode::k_unavailable, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::k_internal, std::move(m)}; }
 
 template <typename T>

@@ -552,6 +552,19 @@ json logprobs_json(const ApiResponseMeta& meta, const std::vector<ApiLogprob>& e
 
 json finish_json(const std::string& reason) { return reason.empty() ? json(nullptr) : json(reason); }
 
+// The closing fields of a choice, as vLLM writes them: finish_reason is "stop", "length" or
+// "abort" (a cancelled request, and one past its time limit, which also says
+// "abort_reason": "timeout"); stop_reason is the stop string or stop token id that ended
+// it, null for EOS and everything else.
+void add_finish(json& choice, const EngineEvent& f) {
+  const bool timeout = f.finish_reason == "timeout";
+  choice["finish_reason"] = timeout ? json("abort") : finish_json(f.finish_reason);
+  choice["stop_reason"] = !f.stop_string.empty() ? json(f.stop_string)
+                          : f.stop_token_id >= 0 ? json(f.stop_token_id)
+                                                 : json(nullptr);
+  if (timeout) choice["abort_reason"] = "timeout";
+}
+
 }  // namespace
 
 // --- errors --------------------------------------------------------------------
@@ -576,6 +589,7 @@ ApiError api_error_from_status(const Status& status, std::string param) {
   ApiErrorKind kind = ApiErrorKind::internal;
   if (status.code() == StatusCode::k_invalid_argument) kind = ApiErrorKind::bad_request;
   if (status.code() == StatusCode::k_resource_exhausted) kind = ApiErrorKind::too_many_requests;
+  if (status.code() == StatusCode::k_unavailable) kind = ApiErrorKind::unavailable;
   if (status.code() == StatusCode::k_not_found) kind = ApiErrorKind::model_not_found;
   return ApiError{kind, status.message(), std::move(param)};
 }
@@ -660,7 +674,8 @@ ApiResponseMeta api_response_meta(const ApiRequest& request, const std::string& 
 std::string completion_response(const ApiResponseMeta& meta, const std::string& text, const EngineEvent& finished,
                                 const std::vector<ApiLogprob>& logprobs) {
   const bool chat = meta.route == ApiRoute::chat_completions;
-  json choice = {{"index", 0}, {"logprobs", logprobs_json(meta, logprobs)}, {"finish_reason", finish_json(finished.finish_reason)}};
+  json choice = {{"index", 0}, {"logprobs", logprobs_json(meta, logprobs)}};
+  add_finish(choice, finished);
   if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
   else choice["text"] = text;
   json j = envelope(meta, chat ? "chat.completion" : "text_completion");
@@ -689,6 +704,12 @@ std::string stream_chunk(const ApiResponseMeta& meta, const std::string& text, b
   return dump(j);
 }
 
+std::string stream_finish_chunk(const ApiResponseMeta& meta, const EngineEvent& finished) {
+  json j = json::parse(stream_chunk(meta, "", false, finished.finish_reason));
+  add_finish(j["choices"][0], finished);
+  return dump(j);
+}
+
 std::string stream_usage_chunk(const ApiResponseMeta& meta, const EngineEvent& finished) {
   json j = envelope(meta, meta.route == ApiRoute::chat_completions ? "chat.completion.chunk" : "text_completion");
   j["choices"] = json::array();
@@ -707,9 +728,12 @@ ApiLogprob api_logprob(const Tokenizer& tokenizer, const EngineEvent& token) {
 
 std::string sse_event(const std::string& payload) { return "data: " + payload + "\n\n"; }
 
+std::string model_response(const std::string& model_name, int64_t created) {
+  return dump(json{{"id", model_name}, {"object", "model"}, {"created", created}, {"owned_by", "snapserve"}});
+}
+
 std::string models_response(const std::string& model_name, int64_t created) {
-  json m = {{"id", model_name}, {"object", "model"}, {"created", created}, {"owned_by", "snapserve"}};
-  return dump(json{{"object", "list"}, {"data", json::array({m})}});
+  return dump(json{{"object", "list"}, {"data", json::array({json::parse(model_response(model_name, created))})}});
 }
 
 }  // namespace snap

@@ -118,11 +118,16 @@ std::string completion_response(const ApiResponseMeta& meta, const std::string& 
 // closes the choice.
 std::string stream_chunk(const ApiResponseMeta& meta, const std::string& text, bool with_role,
                          const std::string& finish_reason, const std::vector<ApiLogprob>& logprobs = {});
+// The chunk that closes the choice: finish_reason ("abort" for a timeout, with
+// "abort_reason": "timeout") and stop_reason (the stop string or stop token id, else null).
+std::string stream_finish_chunk(const ApiResponseMeta& meta, const EngineEvent& finished);
 // The usage chunk (choices: []) sent before [DONE] when stream_options.include_usage.
 std::string stream_usage_chunk(const ApiResponseMeta& meta, const EngineEvent& finished);
 // "data: PAYLOAD\n\n"
 std::string sse_event(const std::string& payload);
 // GET /v1/models
 std::string models_response(const std::string& model_name, int64_t created);
+// GET /v1/models/{id}: the one model object
+std::string model_response(const std::string& model_name, int64_t created);
 
 }  // namespace snap

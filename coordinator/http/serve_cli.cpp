@@ -91,6 +91,10 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
       ->check(CLI::Range(0.0, 1e9));
   s->add_option("--read-timeout", a.read_timeout, "Seconds to receive one request's headers and body (default 10)")
       ->check(CLI::Range(0.1, 1e6));
+  s->add_option("--allowed-origins", a.allowed_origins,
+                "CORS: origins whose browser pages may call the API, comma-separated, e.g. "
+                "https://app.example.com (\"*\": any; default: none, no CORS headers)")
+      ->delimiter(',');
   s->add_option("--shutdown-timeout", a.shutdown_timeout,
                 "Seconds running requests get to finish after SIGTERM before they are cancelled (default 10)")
       ->check(CLI::Range(0.0, 1e6));
@@ -150,6 +154,7 @@ int run_serve(const ServeArgs& a) {
   hc.read_timeout_seconds = a.read_timeout;
   hc.request_timeout_seconds = a.request_timeout;
   hc.context_length = a.max_model_len;
+  hc.allowed_origins = a.allowed_origins;
   auto server = HttpServer::start(hc, engine->get(), metrics.get());
   if (!server.ok()) {
     (*engine)->shutdown(0);

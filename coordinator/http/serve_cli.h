@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "coordinator/engine/tp_launch.h"
 
@@ -32,6 +33,7 @@ struct ServeArgs {
   double request_timeout = 600;
   double read_timeout = 10;
   double shutdown_timeout = 10;
+  std::vector<std::string> allowed_origins;  // CORS; empty: off
 };
 
 // --threads, --tp, --rank, --world-size and --leader on a tensor-parallel subcommand.

@@ -8,11 +8,13 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <deque>
@@ -56,18 +58,40 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+// A whole response; `head_only` (HEAD) keeps the Content-Length of `body` but sends no body.
 std::string serialize_response(unsigned version, int status, const char* content_type, std::string body,
-                               bool keep_alive, const char* extra_name = nullptr, const char* extra_value = nullptr) {
+                               bool keep_alive, const Headers& extra, bool head_only) {
   http::response<http::string_body> res{static_cast<http::status>(status), version};
   res.set(http::field::server, "snapserve");
-  res.set(http::field::content_type, content_type);
-  if (extra_name) res.set(extra_name, extra_value);
+  if (status != 204) res.set(http::field::content_type, content_type);
+  for (const auto& [name, value] : extra) res.set(name, value);
   res.keep_alive(keep_alive);
-  res.body() = std::move(body);
-  res.prepare_payload();
+  if (head_only) {
+    res.content_length(body.size());
+  } else {
+    res.body() = std::move(body);
+    res.prepare_payload();
+  }
   std::ostringstream os;
   os << res;
   return os.str();
+}
+
+// "/v1/models/ID" with %XX escapes decoded (a model id may contain '/').
+std::string percent_decode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
 }
 
 std::string hex_size(size_t n) {
@@ -183,9 +207,39 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive() && !state_->stopping.load();
     std::string path(req.target());
     if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
-    const http::verb method = req.method();
+    http::verb method = req.method();
     for (const char* known : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
       if (path == known) route_ = known;
+    }
+    const bool model_path = path.rfind("/v1/models/", 0) == 0 && path.size() > 11;
+    if (model_path) route_ = "/v1/models";
+    extra_headers_.clear();
+    head_only_ = false;
+    // CORS: an allowed Origin gets Access-Control-Allow-Origin on every answer.
+    const auto origin = req.find(http::field::origin);
+    const bool cors = origin != req.end() && origin_allowed(std::string(origin->value()));
+    if (cors) {
+      const bool any = std::find(state_->cfg.allowed_origins.begin(), state_->cfg.allowed_origins.end(), "*") !=
+                       state_->cfg.allowed_origins.end();
+      extra_headers_.emplace_back("Access-Control-Allow-Origin", any ? "*" : std::string(origin->value()));
+      if (!any) extra_headers_.emplace_back("Vary", "Origin");
+    }
+    const bool get_route = path == "/health" || path == "/metrics" || path == "/v1/models" || model_path;
+    const bool post_route = path == "/v1/completions" || path == "/v1/chat/completions";
+    if (method == http::verb::options) {  // preflight: no API key (browsers send none)
+      if (!get_route && !post_route) return send_error({ApiErrorKind::route_not_found, "no route for " + path, ""});
+      const char* allow = get_route ? "GET, HEAD, OPTIONS" : "POST, OPTIONS";
+      extra_headers_.emplace_back("Allow", allow);
+      if (cors) {
+        extra_headers_.emplace_back("Access-Control-Allow-Methods", allow);
+        extra_headers_.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        extra_headers_.emplace_back("Access-Control-Max-Age", "600");
+      }
+      return send_body(204, "text/plain", "");
+    }
+    if (method == http::verb::head && get_route) {  // a GET without the body
+      head_only_ = true;
+      method = http::verb::get;
     }
 
     if (path.rfind("/v1/", 0) == 0 && !state_->cfg.api_key.empty() && !authorized(req)) {
@@ -213,6 +267,15 @@ class Session : public std::enable_shared_from_this<Session> {
       if (method != http::verb::get) return wrong_method("GET");
       return send_body(200, "application/json", models_response(state_->api.model_name, state_->started));
     }
+    if (model_path) {
+      if (method != http::verb::get) return wrong_method("GET");
+      const std::string id = percent_decode(path.substr(11));
+      if (id != state_->api.model_name) {
+        return send_error({ApiErrorKind::model_not_found,
+                           "The model `" + id + "` does not exist (serving `" + state_->api.model_name + "`)", ""});
+      }
+      return send_body(200, "application/json", model_response(state_->api.model_name, state_->started));
+    }
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
       if (method != http::verb::post) return wrong_method("POST");
       if (state_->stopping.load()) return send_error({ApiErrorKind::unavailable, "the server is shutting down", ""});
@@ -220,6 +283,13 @@ class Session : public std::enable_shared_from_this<Session> {
       return submit(route, req.body());
     }
     send_error({ApiErrorKind::route_not_found, "no route for " + path, ""});
+  }
+
+  bool origin_allowed(const std::string& origin) const {
+    for (const std::string& o : state_->cfg.allowed_origins) {
+      if (o == "*" || o == origin) return true;
+    }
+    return false;
   }
 
   bool authorized(const http::request<http::string_body>& req) const {
@@ -258,6 +328,7 @@ class Session : public std::enable_shared_from_this<Session> {
       std::string head = "HTTP/1." + std::to_string(version_ % 10) + " 200 OK\r\nServer: snapserve\r\n"
                          "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
       head += chunked ? "Transfer-Encoding: chunked\r\n" : "";
+      for (const auto& [name, value] : extra_headers_) head += name + ": " + value + "\r\n";
       head += keep_alive_ ? (version_ >= 11 ? "" : "Connection: keep-alive\r\n") : "Connection: close\r\n";
       head += "\r\n";
       count_response(200);
@@ -296,7 +367,7 @@ class Session : public std::enable_shared_from_this<Session> {
       send_sse(api_error_body(api_error_from_status(ev.error)));
     } else {
       if (!ev.text.empty()) send_sse(stream_chunk(meta_, ev.text, false, ""));
-      send_sse(stream_chunk(meta_, "", false, ev.finish_reason));
+      send_sse(stream_finish_chunk(meta_, ev));
       if (include_usage_) send_sse(stream_usage_chunk(meta_, ev));
     }
     send_sse("[DONE]");
@@ -335,7 +406,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void send_body(int status, const char* content_type, std::string body, const char* extra_name = nullptr,
                  const char* extra_value = nullptr) {
     count_response(status);
-    enqueue(serialize_response(version_, status, content_type, std::move(body), keep_alive_, extra_name, extra_value));
+    Headers headers = extra_headers_;
+    if (extra_name) headers.emplace_back(extra_name, extra_value);
+    enqueue(serialize_response(version_, status, content_type, std::move(body), keep_alive_, headers, head_only_));
     response_done_ = true;
     if (!writing_) do_write();
   }
@@ -435,6 +508,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool include_usage_ = false;
   std::string text_;
   std::vector<ApiLogprob> logprobs_;
+  Headers extra_headers_;  // CORS and Allow headers of the current answer
+  bool head_only_ = false;  // HEAD: headers only
   std::deque<std::string> outbox_;
   bool writing_ = false;
   bool response_done_ = false;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "coordinator/metrics/metrics.h"
@@ -28,6 +29,8 @@ struct HttpServerConfig {
   int64_t context_length = 0;         // prompt + max_tokens bound; 0: the model's context
   int64_t max_prompt_tokens = 0;      // 0: context_length - 1
   int64_t max_tokens_limit = 0;       // 0: context_length
+  // CORS: origins whose browsers may call the API ("*": any). Empty: no CORS headers.
+  std::vector<std::string> allowed_origins;
 };
 
 class HttpServer {

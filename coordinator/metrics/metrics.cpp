@@ -12,6 +12,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,7 @@ const Histogram::BucketBoundaries k_step_buckets = {
 const char* const k_finished_reasons[] = {"stop", "length", "abort", "timeout", "error"};
 const char* const k_comm_ops[] = {"all_reduce", "broadcast", "all_gather"};
 const char* const k_policies[] = {"full", "snapkv", "streaming", "h2o", "pyramidkv", "adakv"};
-const char* const k_reject_reasons[] = {"queue_full"};
+const char* const k_reject_reasons[] = {"queue_full", "shutting_down"};
 
 }  // namespace
 
@@ -83,14 +84,17 @@ struct ServerMetrics::Impl {
   Family<Histogram>* snapkv_selection = nullptr;
   Family<Histogram>* step_latency = nullptr;
 
+  // Every family carries model_name as a constant label, as vLLM's metrics do (its
+  // dashboards filter on it).
+  std::map<std::string, std::string> constant;
   Family<Gauge>* gauge(const std::string& name, const std::string& help) {
-    return &prometheus::BuildGauge().Name(name).Help(help).Register(*registry);
+    return &prometheus::BuildGauge().Name(name).Help(help).Labels(constant).Register(*registry);
   }
   Family<Counter>* counter(const std::string& name, const std::string& help) {
-    return &prometheus::BuildCounter().Name(name).Help(help).Register(*registry);
+    return &prometheus::BuildCounter().Name(name).Help(help).Labels(constant).Register(*registry);
   }
   Family<Histogram>* histogram(const std::string& name, const std::string& help) {
-    return &prometheus::BuildHistogram().Name(name).Help(help).Register(*registry);
+    return &prometheus::BuildHistogram().Name(name).Help(help).Labels(constant).Register(*registry);
   }
 
   // Per-family boundaries, used whenever a labelled histogram series is first created.
@@ -101,6 +105,7 @@ struct ServerMetrics::Impl {
 
 ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
+  m.constant = {{"model_name", model_name}};
   const std::string model = " (model " + model_name + ")";
 
   m.num_requests_running =

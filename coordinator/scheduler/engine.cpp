@@ -54,6 +54,8 @@ struct Sequence {
   double prefill_seconds = 0;
   std::string done_reason;       // set when the sequence must finish this step
   bool stopped_by_string = false;
+  std::string stop_string;   // the stop string that ended it
+  int32_t stop_token_id = -1;  // the stop_token_ids entry that ended it
   Status error;
 
   int64_t prompt_len() const { return static_cast<int64_t>(req.prompt_ids.size()); }
@@ -155,7 +157,10 @@ class EngineImpl final : public Engine {
                               " (shorten it, raise --kv-cache-mib, or use a compressing kv policy with layerwise)");
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return resource_exhausted("server is shutting down");
+    if (stopping_) {
+      if (metrics_) metrics_->add_request_rejected("shutting_down");
+      return unavailable("server is shutting down");
+    }
     // Waiting means not running: a request that a free sequence slot will take at once
     // never counts against max_waiting, so an idle engine takes max_num_seqs + max_waiting
     // requests at once and refuses the next.
@@ -514,7 +519,7 @@ class EngineImpl final : public Engine {
     if (!eos) {
       s.text += s.decoder->push(id);
       // Stop strings: cut at the first match; hold back a tail that may start one.
-      const size_t cut = first_stop(s.text, s.req.stop);
+      const size_t cut = first_stop(s.text, s.req.stop, &s.stop_string);
       if (cut != std::string::npos) {
         ev.text = s.text.substr(0, cut);
         s.text.clear();
@@ -539,6 +544,9 @@ class EngineImpl final : public Engine {
     s.sink(ev);
     if (eos) {
       s.done_reason = "stop";
+      if (std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), id) != s.req.stop_token_ids.end()) {
+        s.stop_token_id = id;
+      }
     } else if (s.generated >= s.req.max_tokens || s.prompt_len() + s.generated >= context_) {
       s.done_reason = "length";
     } else {
@@ -547,12 +555,16 @@ class EngineImpl final : public Engine {
   }
 
   // Where the earliest stop string starts in `text`; npos when none does.
-  static size_t first_stop(const std::string& text, const std::vector<std::string>& stops) {
+  // `matched` (when given) gets the stop string found there (the first listed on a tie).
+  static size_t first_stop(const std::string& text, const std::vector<std::string>& stops, std::string* matched) {
     size_t cut = std::string::npos;
     for (const std::string& stop : stops) {
       if (stop.empty()) continue;
       const size_t at = text.find(stop);
-      if (at != std::string::npos) cut = std::min(cut, at);
+      if (at != std::string::npos && (cut == std::string::npos || at < cut)) {
+        cut = at;
+        if (matched) *matched = stop;
+      }
     }
     return cut;
   }
@@ -587,7 +599,7 @@ class EngineImpl final : public Engine {
     // decoder's last bytes are part of the completion; a stop string they complete still cuts.
     if (reason != "error" && !s.stopped_by_string && s.decoder) {
       ev.text = s.text + s.decoder->flush();
-      const size_t cut = first_stop(ev.text, s.req.stop);
+      const size_t cut = first_stop(ev.text, s.req.stop, &s.stop_string);
       if (cut != std::string::npos) {
         ev.text.resize(cut);
         ev.finish_reason = "stop";
@@ -596,6 +608,10 @@ class EngineImpl final : public Engine {
     }
     ev.prompt_tokens = s.prompt_len();
     ev.completion_tokens = s.generated;
+    if (ev.finish_reason == "stop") {
+      ev.stop_string = s.stop_string;
+      ev.stop_token_id = s.stop_token_id;
+    }
     if (s.open) {
       if (const Worker::Sequence* ws = worker_->sequence(s.id)) {
         ev.kv_resident_bytes = ws->cache->resident_bytes();

@@ -74,6 +74,8 @@ struct EngineEvent {
   std::vector<std::pair<int32_t, float>> top_logprobs;
   // kind == finished:
   std::string finish_reason;  // "stop", "length", "abort" (cancelled), "timeout", "error"
+  std::string stop_string;      // "stop" by a stop string: which one
+  int32_t stop_token_id = -1;   // "stop" by one of stop_token_ids: which one (-1: EOS or none)
   Status error;               // set when finish_reason == "error"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;

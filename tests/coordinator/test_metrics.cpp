@@ -16,24 +16,14 @@
 #include <thread>
 
 #include "coordinator/metrics/metrics.h"
+#include "tests/prom_text.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-// "name{labels} value" lines → map from "name{labels}" to value; comments skipped.
-std::map<std::string, double> parse_samples(const std::string& text) {
-  std::map<std::string, double> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t sp = line.rfind(' ');
-    if (sp == std::string::npos) continue;
-    out[line.substr(0, sp)] = std::strtod(line.c_str() + sp + 1, nullptr);
-  }
-  return out;
-}
+// "name{labels} value" lines → map from "name{labels}" (model_name left out) to value.
+std::map<std::string, double> parse_samples(const std::string& text) { return snap::testing::prom_samples(text); }
 
 // The value of one series; fails the test (and returns NaN) when it is absent.
 double sample(const std::map<std::string, double>& samples, const std::string& key) {
@@ -64,7 +54,8 @@ bool contains(const std::string& text, const std::string& what) {
 }
 
 TEST(Metrics, FreshRegistryShowsEveryFamilyWithZeros) {
-  snap::ServerMetrics m("SmolLM2-135M-Instruct");
+  const std::string k_model = "SmolLM2-135M-Instruct";
+  snap::ServerMetrics m(k_model);
   const std::string text = m.serialize();
   for (const char* g : k_gauges) {
     EXPECT_TRUE(contains(text, std::string("# TYPE ") + g + " gauge\n")) << g;
@@ -87,6 +78,17 @@ TEST(Metrics, FreshRegistryShowsEveryFamilyWithZeros) {
   }
   EXPECT_EQ(sample(s, "snapserve_time_to_first_token_seconds_count"), 0.0);
   EXPECT_EQ(sample(s, "snapserve_step_latency_seconds_count{phase=\"decode\",rank=\"0\"}"), 0.0);
+  EXPECT_EQ(sample(s, "snapserve_request_rejected_total{reason=\"shutting_down\"}"), 0.0);
+  // Every series carries the served model's name, as vLLM's do.
+  std::istringstream lines(text);
+  std::string line;
+  int series = 0;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    ++series;
+    EXPECT_NE(line.find("model_name=\"" + k_model + "\""), std::string::npos) << line;
+  }
+  EXPECT_GT(series, 50);
 }
 
 TEST(Metrics, CounterNamesCarryExactlyOneTotalSuffix) {

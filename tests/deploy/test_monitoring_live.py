@@ -168,7 +168,8 @@ def drive_load(base):
 
 
 def metric_value(text, name):
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    """The value of an unlabelled series; the constant model_name label is allowed."""
+    m = re.search(rf'^{re.escape(name)}(?:\{{model_name="[^"]*"\}})? (\S+)$', text, re.M)
     return float(m.group(1)) if m else None
 
 

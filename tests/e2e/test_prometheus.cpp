@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/prom_text.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -143,12 +145,7 @@ std::string url_encode(const std::string& s) {
 }
 
 // Parses "name value" samples out of exposition text (label-less series only).
-double exposed_value(const std::string& text, const std::string& name) {
-  std::smatch m;
-  const std::regex re("(^|\n)" + name + " ([^\n]+)");
-  if (!std::regex_search(text, m, re)) return std::nan("");
-  return std::strtod(m[2].str().c_str(), nullptr);
-}
+double exposed_value(const std::string& text, const std::string& name) { return snap::testing::prom_value(text, name); }
 
 // --- the test ------------------------------------------------------------------
 
@@ -221,7 +218,7 @@ TEST_F(Prometheus, ScrapesTheServerDuringALoad) {
   ASSERT_EQ(fresh.status, 200) << fresh.body;
   const auto [fresh_rc, fresh_report] = promtool_check(fresh.body);
   EXPECT_EQ(fresh_rc, 0) << "promtool check metrics on a fresh server:\n" << fresh_report;
-  EXPECT_NE(fresh.body.find("snapserve_kv_cache_resident_bytes{rank=\"0\"}"), std::string::npos);
+  EXPECT_FALSE(std::isnan(exposed_value(fresh.body, "snapserve_kv_cache_resident_bytes{rank=\"0\"}"))) << fresh.body;
 
   // A real Prometheus scraping every second.
   const int prom_port = free_port();

@@ -33,6 +33,7 @@
 #include "coordinator/tokenizer/tokenizer.h"
 #include "tests/e2e/http_client.h"
 #include "tests/e2e/server_process.h"
+#include "tests/prom_text.h"
 
 namespace snap {
 namespace {
@@ -130,12 +131,7 @@ Streamed collect_stream(const Reply& r, bool chat) {
 double metric(int port, const std::string& key) {
   const Reply r = call(port, http::verb::get, "/metrics");
   if (r.status != 200) return std::nan("");
-  size_t pos = 0;
-  while ((pos = r.body.find(key + " ", pos)) != std::string::npos) {
-    if (pos == 0 || r.body[pos - 1] == '\n') return std::stod(r.body.substr(pos + key.size() + 1));
-    pos += key.size();
-  }
-  return std::nan("");
+  return snap::testing::prom_value(r.body, key);
 }
 
 // Polls until running requests and KV usage are both zero, or the time is up.
@@ -520,6 +516,22 @@ TEST_F(Server, SamplingExtrasChangeTheOutput) {
   EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(stopped["choices"][0]["logprobs"]["tokens"], (json{" ", "4"})) << "the stop token is not listed";
   EXPECT_EQ(stopped["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(stopped["choices"][0]["stop_reason"], comma[0]) << "vLLM's stop_reason: the stop token id";
+  b = count;
+  b["stop"] = {"@@", ", 5"};
+  const json by_string = post(port_, "/v1/completions", b).j();
+  EXPECT_EQ(by_string["choices"][0]["text"], " 4");
+  EXPECT_EQ(by_string["choices"][0]["stop_reason"], ", 5") << "the stop string that matched";
+  b["stream"] = true;
+  bool saw_reason = false;
+  for (const std::string& payload : sse_payloads(post(port_, "/v1/completions", b).body)) {
+    if (payload == "[DONE]") break;
+    const json c = json::parse(payload);
+    if (!c["choices"].empty() && c["choices"][0]["finish_reason"] == "stop") {
+      saw_reason = c["choices"][0]["stop_reason"] == ", 5";
+    }
+  }
+  EXPECT_TRUE(saw_reason) << "the closing chunk carries stop_reason";
 
   b = count;
   b["repetition_penalty"] = 3.0;
@@ -529,6 +541,7 @@ TEST_F(Server, SamplingExtrasChangeTheOutput) {
                      {"max_tokens", 64}, {"temperature", 0}};
   const json free_run = post(port_, "/v1/chat/completions", chat).j();
   ASSERT_EQ(free_run["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(free_run["choices"][0]["stop_reason"].is_null()) << "EOS has no stop_reason";
   const int64_t natural = free_run["usage"]["completion_tokens"];
   json held = chat;
   held["min_tokens"] = natural + 10;
@@ -753,6 +766,86 @@ std::pair<int, int> burst(int port, int n, const json& body) {
     refused += r.status == 429;
   }
   return {ok, refused};
+}
+
+// One raw HTTP/1.1 exchange (Connection: close): the whole answer, headers and body.
+std::string raw_exchange(int port, const std::string& request) {
+  RawConn conn(port);
+  if (!conn.ok() || !conn.send_all(request)) return "";
+  std::string got;
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < until && conn.read_some(&got, 100)) {
+  }
+  return got;
+}
+
+// GET /v1/models/{id}, HEAD on the GET routes, OPTIONS, and CORS with --allowed-origins
+// (issue 14 #6); the preflight needs no API key, a foreign origin gets no CORS header.
+TEST(ServerLimits, ModelByIdHeadOptionsAndCors) {
+  ASSERT_TRUE(fs::exists(model_path())) << "default model missing at " << model_path();
+  ServerProcess server({"--allowed-origins", "https://app.example.com,https://b.example.org", "--api-key", "k"});
+  const int port = server.port();
+  ASSERT_GT(port, 0) << server.log();
+  const std::string name = server.model_name();
+
+  const Reply one = call(port, http::verb::get, "/v1/models/" + name, "", "k");
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(one.j()["id"], name);
+  EXPECT_EQ(one.j()["object"], "model");
+  const Reply none = call(port, http::verb::get, "/v1/models/gpt-4o", "", "k");
+  EXPECT_EQ(none.status, 404);
+  EXPECT_EQ(none.j()["error"]["code"], "model_not_found");
+
+  // HEAD: GET's status and Content-Length, no body.
+  const std::string head = raw_exchange(port, "HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  EXPECT_NE(head.find("Content-Length: 15"), std::string::npos) << head;  // {"status":"ok"}
+  EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "") << "HEAD sent a body";
+
+  // Preflight from an allowed origin, without the API key.
+  const std::string pre = raw_exchange(port,
+      "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example.com\r\n"
+      "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\n"
+      "Connection: close\r\n\r\n");
+  EXPECT_EQ(pre.rfind("HTTP/1.1 204", 0), 0u) << pre;
+  EXPECT_NE(pre.find("Access-Control-Allow-Origin: https://app.example.com"), std::string::npos) << pre;
+  EXPECT_NE(pre.find("Access-Control-Allow-Methods: POST, OPTIONS"), std::string::npos) << pre;
+  EXPECT_NE(pre.find("Access-Control-Allow-Headers: Authorization, Content-Type"), std::string::npos) << pre;
+  // The request itself carries the header; another origin's does not.
+  const std::string body = R"({"prompt": "Hi", "max_tokens": 2, "temperature": 0})";
+  auto post_from = [&](const std::string& origin) {
+    return raw_exchange(port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: " + origin +
+                                  "\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: " +
+                                  std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+  };
+  const std::string allowed = post_from("https://b.example.org");
+  EXPECT_EQ(allowed.rfind("HTTP/1.1 200", 0), 0u) << allowed;
+  EXPECT_NE(allowed.find("Access-Control-Allow-Origin: https://b.example.org"), std::string::npos) << allowed;
+  const std::string foreign = post_from("https://evil.example.net");
+  EXPECT_EQ(foreign.rfind("HTTP/1.1 200", 0), 0u) << foreign;
+  EXPECT_EQ(foreign.find("Access-Control-Allow-Origin"), std::string::npos) << foreign;
+  const std::string post_head = raw_exchange(port, "HEAD /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(post_head.rfind("HTTP/1.1 405", 0), 0u) << post_head;
+}
+
+// A request past --request-timeout ends with vLLM's "abort" and says why; streamed too.
+TEST(ServerLimits, TimeoutIsVisibleAsSuch) {
+  ASSERT_TRUE(fs::exists(model_path())) << "default model missing at " << model_path();
+  ServerProcess server({"--request-timeout", "1"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  json body = {{"prompt", "Tell me a long story."}, {"max_tokens", 900}, {"temperature", 0}, {"ignore_eos", true}};
+  const Reply r = post(server.port(), "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json c = r.j()["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "abort");
+  EXPECT_EQ(c["abort_reason"], "timeout");
+  EXPECT_LT(r.j()["usage"]["completion_tokens"].get<int64_t>(), 900);
+  body["stream"] = true;
+  const Streamed s = collect_stream(post(server.port(), "/v1/completions", body), false);
+  ASSERT_TRUE(s.problem.empty()) << s.problem;
+  EXPECT_EQ(s.finish_reason, "abort");
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(metric(server.port(), "snapserve_request_success_total{finished_reason=\"timeout\"}"), 2);
 }
 
 TEST(ServerLimits, BurstAdmissionCountsExactly) {

@@ -13,6 +13,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/prom_text.h"
 #include "tests/e2e/http_client.h"
 #include "tests/e2e/server_process.h"
 #include "tests/free_port.h"
@@ -95,9 +97,8 @@ std::vector<std::string> complete_all(int port) {
 }
 
 double metric(const std::string& text, const std::string& series) {
-  const size_t at = text.find(series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 1));
+  const double v = snap::testing::prom_value(text, series);
+  return std::isnan(v) ? -1 : v;
 }
 
 // The one-process server's answers, computed once for the tests below.
