@@ -439,6 +439,7 @@ class EngineImpl final : public Engine {
       return;
     }
     if (metrics_) metrics_->observe_step_latency(has_prefill ? "prefill" : "decode", 0, dt);
+    peak_step_sequences_ = std::max<int64_t>(peak_step_sequences_, static_cast<int64_t>(seqs.size()));
     for (size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = *seqs[i];
       if (s.prefilling()) {
@@ -657,6 +658,8 @@ class EngineImpl final : public Engine {
     stats_.waiting = static_cast<int64_t>(waiting_.size() + incoming_.size());
     stats_.kv_blocks_used = pool_->num_used();
     stats_.kv_blocks_total = pool_->num_blocks();
+    stats_.peak_step_sequences = peak_step_sequences_;
+    stats_.peak_kv_blocks_used = pool_->peak_used();
     if (!metrics_) return;
     metrics_->set_num_requests_running(stats_.running);
     metrics_->set_num_requests_waiting(stats_.waiting);
@@ -710,6 +713,7 @@ class EngineImpl final : public Engine {
   std::vector<uint64_t> cancels_;
   int64_t waiting_count_ = 0;
   int64_t reserved_blocks_ = 0;
+  int64_t peak_step_sequences_ = 0;  // engine thread only; copied into stats_ under mu_
   uint64_t next_id_ = 1;
   bool stopping_ = false;
   double stop_deadline_ = 0;

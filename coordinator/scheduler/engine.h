@@ -92,6 +92,10 @@ struct EngineStats {
   int64_t waiting = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
+  // Since start: the most sequences one step's forward carried (decode tokens of running
+  // sequences plus a prompt chunk), and the most KV blocks ever in use at once (this rank).
+  int64_t peak_step_sequences = 0;
+  int64_t peak_kv_blocks_used = 0;
 };
 
 class Engine {

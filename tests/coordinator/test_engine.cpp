@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/engine/prompt.h"
@@ -25,13 +26,18 @@ struct Collector {
   std::string text;
   bool done = false;
   EngineEvent final_event;
+  std::chrono::steady_clock::time_point first_token_at, finished_at;
 
   EventSink sink() {
     return [this](const EngineEvent& ev) {
       std::lock_guard<std::mutex> lock(mu);
       text += ev.text;
-      if (ev.kind == EngineEvent::Kind::token) tokens.push_back(ev.token_id);
+      if (ev.kind == EngineEvent::Kind::token) {
+        if (tokens.empty()) first_token_at = std::chrono::steady_clock::now();
+        tokens.push_back(ev.token_id);
+      }
       if (ev.kind == EngineEvent::Kind::finished) {
+        finished_at = std::chrono::steady_clock::now();
         done = true;
         final_event = ev;
         cv.notify_all();
@@ -112,6 +118,8 @@ TEST_F(EngineTest, BatchedRequestsGiveTheSameTokensAsAlone) {
     }
   }
   EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+  // They really shared steps: some forward carried several sequences at once.
+  EXPECT_GE(engine_->stats().peak_step_sequences, 2);
 }
 
 TEST_F(EngineTest, CancelAndCompletionReturnEveryBlock) {
@@ -166,6 +174,72 @@ TEST_F(EngineTest, InvalidRequestsAreRefusedWithAMessage) {
   s = engine_->submit(r, c.sink());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("window"), std::string::npos);
+}
+
+// Admission by exact KV reservations on a pool of 2900 blocks (30 layers x 3 KV heads = 90
+// heads, 16 tokens a block): an oversize request is refused with its numbers; two full
+// requests of 2520 blocks each run one after the other; two SnapKV requests reserve their
+// prefill peak (2250) but only 450 after compression, so the second starts while the first
+// still decodes; nothing ever fails for want of a block.
+TEST(EngineAdmission, ReservationsQueueAndCompressionFreesRoom) {
+  EngineConfig cfg = config();
+  const int64_t block_bytes = 2 * 16 * 64 * 4 + 16 * 4;
+  cfg.kv_cache_bytes = 2900 * block_bytes;
+  cfg.max_num_seqs = 4;
+  auto e = Engine::create(cfg, nullptr);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  Engine& engine = *e.value();
+  ASSERT_EQ(engine.model_config().num_layers * engine.model_config().num_kv_heads, 90);
+  for (int i = 0; i < 100 && engine.stats().kv_blocks_total == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(engine.stats().kv_blocks_total, 2900);
+  std::vector<int32_t> ids = prompt(engine, 9);
+  ASSERT_GE(ids.size(), 400u);
+  ids.resize(400);
+  auto request = [&](KvPolicyKind kind, int64_t max_tokens) {
+    EngineRequest r;
+    r.prompt_ids = ids;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.kv_policy.kind = kind;
+    if (kind == KvPolicyKind::snapkv) {
+      r.kv_policy.budget = 32;
+      r.kv_policy.window = 8;
+    }
+    return r;
+  };
+
+  Collector unused;
+  auto oversize = engine.submit(request(KvPolicyKind::full, 2000), unused.sink());  // 90 x 150 blocks
+  ASSERT_FALSE(oversize.ok());
+  EXPECT_EQ(oversize.status().code(), StatusCode::k_invalid_argument);
+  EXPECT_NE(oversize.status().message().find("needs 13500 KV blocks at its peak but the pool has 2900"), std::string::npos)
+      << oversize.status().message();
+
+  Collector a, b;  // full: 90 x ceil(440 / 16) = 2520 blocks each
+  ASSERT_TRUE(engine.submit(request(KvPolicyKind::full, 40), a.sink()).ok());
+  ASSERT_TRUE(engine.submit(request(KvPolicyKind::full, 40), b.sink()).ok());
+  ASSERT_TRUE(a.wait());
+  ASSERT_TRUE(b.wait());
+  EXPECT_EQ(a.final_event.finish_reason, "length") << a.final_event.error.to_string();
+  EXPECT_EQ(b.final_event.finish_reason, "length") << b.final_event.error.to_string();
+  EXPECT_GE(b.first_token_at, a.finished_at) << "the second full request ran while the first held its blocks";
+
+  Collector c, d;  // snapkv: prefill peak 90 x 25 = 2250, then 90 x ceil(72 / 16) = 450
+  ASSERT_TRUE(engine.submit(request(KvPolicyKind::snapkv, 40), c.sink()).ok());
+  ASSERT_TRUE(engine.submit(request(KvPolicyKind::snapkv, 40), d.sink()).ok());
+  ASSERT_TRUE(c.wait());
+  ASSERT_TRUE(d.wait());
+  EXPECT_EQ(c.final_event.finish_reason, "length") << c.final_event.error.to_string();
+  EXPECT_EQ(d.final_event.finish_reason, "length") << d.final_event.error.to_string();
+  EXPECT_LT(d.first_token_at, c.finished_at) << "compression did not free room for the second request";
+  EXPECT_LT(c.final_event.kv_resident_bytes, c.final_event.kv_full_equivalent_bytes);
+
+  for (int i = 0; i < 100 && engine.stats().kv_blocks_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  // A full request filled its reservation (90 x 28 blocks); nothing went past the pool.
+  EXPECT_GE(engine.stats().peak_kv_blocks_used, 2520);
+  EXPECT_LE(engine.stats().peak_kv_blocks_used, 2900);
+  engine.shutdown(1.0);
 }
 
 TEST(EngineQueue, FullQueueRefusesAndTimeoutFinishes) {
