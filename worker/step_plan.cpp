@@ -9,7 +9,7 @@
 namespace snap {
 namespace {
 
-constexpr uint8_t k_plan_version = 1;
+constexpr uint8_t k_plan_version = 2;
 
 class Writer {
  public:
@@ -107,6 +107,11 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& plan) {
     put_policy(w, o.policy);
     w.put<int64_t>(o.compress_at);
   }
+  w.put<uint64_t>(plan.forks.size());
+  for (const SequenceFork& f : plan.forks) {
+    w.put<uint64_t>(f.src);
+    w.put<uint64_t>(f.dst);
+  }
   w.put<uint64_t>(plan.items.size());
   for (const StepItem& it : plan.items) {
     w.put<uint64_t>(it.seq);
@@ -147,6 +152,11 @@ Result<StepPlan> decode_step_plan(std::span<const uint8_t> bytes) {
   plan.open.resize(n);
   for (SequenceOpen& o : plan.open) {
     if (!r.get(&o.seq) || !get_policy(r, &o.policy) || !r.get(&o.compress_at)) return bad("bad sequence open");
+  }
+  if (!r.get_count(&n, 16)) return bad("bad fork count");
+  plan.forks.resize(n);
+  for (SequenceFork& f : plan.forks) {
+    if (!r.get(&f.src) || !r.get(&f.dst)) return bad("bad sequence fork");
   }
   if (!r.get_count(&n, 22)) return bad("bad item count");
   plan.items.resize(n);

@@ -38,6 +38,13 @@ struct SelectionDump {
   int64_t prompt_tokens = 0;
 };
 
+// A copy of an open sequence's KV cache (prompt prefilled, compressed) into a new sequence:
+// the choices of an n > 1 request share one prefill and diverge from there.
+struct SequenceFork {
+  uint64_t src = 0;
+  uint64_t dst = 0;
+};
+
 struct StepPlan {
   bool shutdown = false;  // the worker loops return; nothing else in the plan runs
   // > 0: (re)create the KV block pool with this many bytes per rank before anything else
@@ -46,6 +53,7 @@ struct StepPlan {
   int32_t block_size = 16;
   int64_t chunk = 512;  // prefill chunk of a layer-wise item
   std::vector<SequenceOpen> open;
+  std::vector<SequenceFork> forks;  // after the opens, before the forward
   std::vector<StepItem> items;  // one forward over all of them (none: no forward)
   std::vector<SelectionDump> dumps;
   std::vector<uint64_t> close;  // freed after the rest

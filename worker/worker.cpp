@@ -48,6 +48,18 @@ Status Worker::run_plan(const StepPlan& plan, std::span<float* const> logits) {
     s.compressor = std::make_unique<KvCompressor>(o.policy, forward_.compressor_shape(), o.compress_at);
     seqs_.emplace(o.seq, std::move(s));
   }
+  for (const SequenceFork& f : plan.forks) {
+    auto src = seqs_.find(f.src);
+    if (src == seqs_.end()) return invalid_argument("step plan forks sequence " + std::to_string(f.src) + ", which is not open");
+    if (seqs_.count(f.dst)) return invalid_argument("step plan forks into sequence " + std::to_string(f.dst) + ", already open");
+    Sequence s;
+    s.cache = std::make_unique<PagedKvCache>(*pool_, forward_.kv_shape());
+    SNAP_RETURN_IF_ERROR(s.cache->copy_from(*src->second.cache));
+    // Past its compression point already: the copy's compressor never observes or compresses.
+    s.compressor = std::make_unique<KvCompressor>(src->second.compressor->policy(), forward_.compressor_shape(),
+                                                  src->second.compressor->compress_at());
+    seqs_.emplace(f.dst, std::move(s));
+  }
   if (!plan.items.empty()) SNAP_RETURN_IF_ERROR(run_items(plan, logits));
   for (const SelectionDump& d : plan.dumps) SNAP_RETURN_IF_ERROR(write_selection(d));
   for (uint64_t seq : plan.close) seqs_.erase(seq);

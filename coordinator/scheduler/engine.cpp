@@ -35,6 +35,8 @@ namespace {
 
 struct Sequence {
   uint64_t id = 0;
+  uint64_t group = 0;  // the request: the id of its choice 0 (cancel() takes it)
+  int choice = 0;      // 0: the sequence that prefills; 1..n-1: forked from it
   EngineRequest req;
   EventSink sink;
   bool open = false;         // opened on the workers (its KV exists there)
@@ -59,6 +61,7 @@ struct Sequence {
   Status error;
 
   int64_t prompt_len() const { return static_cast<int64_t>(req.prompt_ids.size()); }
+  bool child() const { return choice > 0; }
   bool prefilling() const { return prefilled < prompt_len(); }
 };
 
@@ -132,6 +135,11 @@ class EngineImpl final : public Engine {
       return invalid_argument("max_tokens must be in [1, " + std::to_string(max_tokens_limit_) + "], got " +
                               std::to_string(req.max_tokens));
     }
+    if (req.n < 1 || req.n > 64) return invalid_argument("n must be in [1, 64], got " + std::to_string(req.n));
+    if (req.n > cfg_.max_num_seqs) {
+      return invalid_argument("n = " + std::to_string(req.n) + " choices exceed --max-num-seqs " +
+                              std::to_string(cfg_.max_num_seqs));
+    }
     if (req.min_tokens < 0 || req.min_tokens > req.max_tokens) {
       return invalid_argument("min_tokens must be in [0, max_tokens = " + std::to_string(req.max_tokens) + "], got " +
                               std::to_string(req.min_tokens));
@@ -172,6 +180,7 @@ class EngineImpl final : public Engine {
     }
     auto seq = std::make_unique<Sequence>();
     seq->id = next_id_++;
+    seq->group = seq->id;
     seq->req = std::move(req);
     seq->sink = std::move(sink);
     seq->arrival = now_seconds();
@@ -237,11 +246,12 @@ class EngineImpl final : public Engine {
     const int64_t kv_heads = model_->shard.num_kv_heads;  // this rank's
     const int64_t heads = int64_t{c.num_layers} * kv_heads;
     const int64_t full = heads * ceil_div(n + req.max_tokens, bs);
-    if (req.kv_policy.kind == KvPolicyKind::full) return full;
+    // n choices: one prefill, then n copies of the (compressed) cache, each growing alone.
+    if (req.kv_policy.kind == KvPolicyKind::full) return req.n * full;
     const int64_t prefill_peak = req.kv_policy.layerwise
                                      ? kv_heads * ceil_div(n, bs) + heads * ceil_div(req.kv_policy.budget * 2, bs)
                                      : heads * ceil_div(n, bs);
-    return std::max(prefill_peak, after_compression_blocks(req, nullptr));
+    return std::max(prefill_peak, req.n * after_compression_blocks(req, nullptr));
   }
 
   int64_t after_compression_blocks(const EngineRequest& req, const KvCompressor* comp) const {
@@ -320,11 +330,12 @@ class EngineImpl final : public Engine {
         return;
       }
     }
-    for (auto it = running_.begin(); it != running_.end(); ++it) {
-      if ((*it)->id == id) {
+    for (auto it = running_.begin(); it != running_.end();) {  // every choice of the request
+      if ((*it)->group == id) {
         finish(**it, "abort");
-        running_.erase(it);
-        return;
+        it = running_.erase(it);
+      } else {
+        ++it;
       }
     }
   }
@@ -351,6 +362,8 @@ class EngineImpl final : public Engine {
     std::lock_guard<std::mutex> lock(mu_);
     while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
       Sequence& s = *waiting_.front();
+      // Its n choices all need a slot (n <= max_num_seqs, checked at submit).
+      if (static_cast<int64_t>(running_.size()) + s.req.n > cfg_.max_num_seqs) break;
       const int64_t need = peak_blocks(s.req);
       if (reserved_blocks_ + need > pool_->num_blocks()) break;  // FIFO: wait for room
       s.reserved_blocks = need;
@@ -465,7 +478,7 @@ class EngineImpl final : public Engine {
     const Worker::Sequence* ws = worker_->sequence(s.id);
     if (ws && ws->compressor->active() && !s.compressed && ws->compressor->layer_done(0)) {
       s.compressed = true;
-      const int64_t after = after_compression_blocks(s.req, ws->compressor.get());
+      const int64_t after = s.req.n * after_compression_blocks(s.req, ws->compressor.get());
       std::lock_guard<std::mutex> lock(mu_);
       if (after < s.reserved_blocks) {
         reserved_blocks_ -= s.reserved_blocks - after;
@@ -476,8 +489,61 @@ class EngineImpl final : public Engine {
     if (!s.prefilling()) {
       if (s.prefill_seconds == 0) s.prefill_seconds = now_seconds() - t0;
       if (metrics_) metrics_->observe_request_prefill_time(s.prefill_seconds);
+      std::vector<std::unique_ptr<Sequence>> choices;
+      if (s.req.n > 1) {
+        Status forked = fork_choices(s, &choices);
+        if (!forked.ok()) return fail(s, forked);
+      }
       sample_and_emit(s);
+      for (auto& c : choices) sample_and_emit(*c);
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& c : choices) running_.push_back(std::move(c));
     }
+  }
+
+  // Copies s's prefilled (and compressed) KV into n - 1 new sequences on every rank and
+  // splits its reservation among them: each choice holds its own copy, 1/n of the total.
+  Status fork_choices(Sequence& s, std::vector<std::unique_ptr<Sequence>>* out) {
+    StepPlan plan;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int c = 1; c < s.req.n; ++c) {
+        auto k = std::make_unique<Sequence>();
+        k->id = next_id_++;
+        k->group = s.id;
+        k->choice = c;
+        k->req = s.req;
+        k->req.sampling.seed = s.req.sampling.seed + static_cast<uint64_t>(c);
+        k->sink = s.sink;
+        k->compress_at = s.compress_at;
+        k->decoder = std::make_unique<StreamDecoder>(*tokenizer_, true);
+        k->rng = kernels::Rng(k->req.sampling.seed);
+        k->logits = s.logits;
+        k->history.prompt_unique = s.history.prompt_unique;
+        k->prefilled = s.prefilled;
+        k->compressed = s.compressed;
+        k->arrival = s.arrival;
+        k->admitted = s.admitted;
+        k->prefill_seconds = s.prefill_seconds;
+        plan.forks.push_back({s.id, k->id});
+        out->push_back(std::move(k));
+      }
+    }
+    if (Status st = driver_->run(plan); !st.ok()) {
+      StepPlan undo;  // the copies made before the failure
+      for (const SequenceFork& f : plan.forks) undo.close.push_back(f.dst);
+      (void)driver_->run(undo);
+      out->clear();
+      return st;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t share = s.reserved_blocks / s.req.n;
+    for (auto& k : *out) {
+      k->open = true;
+      k->reserved_blocks = share;
+      s.reserved_blocks -= share;
+    }
+    return Status::ok_status();
   }
 
   void fail(Sequence& s, const Status& st) {
@@ -500,7 +566,7 @@ class EngineImpl final : public Engine {
     const double now = now_seconds();
     if (s.generated == 0) {
       s.first_token = now;
-      if (metrics_) metrics_->observe_time_to_first_token(now - s.arrival);
+      if (metrics_ && !s.child()) metrics_->observe_time_to_first_token(now - s.arrival);
     } else if (metrics_) {
       metrics_->observe_inter_token_latency(now - s.last_token);
     }
@@ -510,6 +576,7 @@ class EngineImpl final : public Engine {
                      std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), id) != s.req.stop_token_ids.end();
     EngineEvent ev;
     ev.kind = EngineEvent::Kind::token;
+    ev.index = s.choice;
     ev.token_id = id;
     ev.stop_token = eos;
     if (s.req.logprobs >= 0) {
@@ -594,6 +661,7 @@ class EngineImpl final : public Engine {
   void finish(Sequence& s, const std::string& reason) {
     EngineEvent ev;
     ev.kind = EngineEvent::Kind::finished;
+    ev.index = s.choice;
     ev.finish_reason = reason;
     ev.error = s.error;
     // The held-back tail (a prefix of some stop string that never completed) and the
@@ -629,10 +697,12 @@ class EngineImpl final : public Engine {
     s.reserved_blocks = 0;
     if (metrics_) {
       const double now = now_seconds();
-      metrics_->add_prompt_tokens(s.prefilled);
       metrics_->add_generation_tokens(s.generated);
-      metrics_->add_request_success(reason);
-      metrics_->observe_e2e_request_latency(now - s.arrival);
+      if (!s.child()) {  // per request, not per choice
+        metrics_->add_prompt_tokens(s.prefilled);
+        metrics_->add_request_success(reason);
+        metrics_->observe_e2e_request_latency(now - s.arrival);
+      }
       if (s.generated > 1) metrics_->observe_time_per_output_token((s.last_token - s.first_token) / (s.generated - 1));
       if (ev.kv_resident_bytes > 0 && s.compressed) {
         metrics_->observe_kv_compression_ratio(kv_policy_name(s.req.kv_policy.kind),

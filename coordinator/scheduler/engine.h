@@ -58,11 +58,17 @@ struct EngineRequest {
   int64_t min_tokens = 0;           // EOS and stop_token_ids cannot be sampled before this many tokens
   std::vector<int32_t> stop_token_ids;  // sampling one ends the output (finish "stop"); not part of it
   int logprobs = -1;  // -1: none; k >= 0: each output token's log-probability and the k most likely
+  // Choices of this prompt: the prompt is prefilled (and compressed) once, then its KV cache
+  // is copied into n - 1 more sequences that sample on their own (choice c uses seed + c).
+  // Events carry the choice in EngineEvent::index; each choice ends with its own finished
+  // event. n counts against max_num_seqs and the KV reservation covers all n copies.
+  int n = 1;
 };
 
 struct EngineEvent {
   enum class Kind : uint8_t { token, finished };
   Kind kind = Kind::token;
+  int index = 0;           // the choice (0 .. EngineRequest::n - 1)
   std::string text;        // newly decoded text (always whole UTF-8 characters); may be empty
   int32_t token_id = -1;   // kind == token
   // kind == token: EOS or a stop_token_id that ended the output (not part of the completion).

@@ -122,6 +122,80 @@ TEST_F(EngineTest, BatchedRequestsGiveTheSameTokensAsAlone) {
   EXPECT_GE(engine_->stats().peak_step_sequences, 2);
 }
 
+// n choices share one prefill and compression: choice c of a request with seed S samples
+// exactly what a request of its own with seed S + c does (so the forked KV equals a fresh
+// prefill's, bit for bit), under SnapKV and full; cancelling the request ends every choice.
+TEST_F(EngineTest, ChoicesForkTheCompressedCache) {
+  for (KvPolicyKind kind : {KvPolicyKind::snapkv, KvPolicyKind::full}) {
+    EngineRequest r = request(4, kind, 12);
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = 1234;
+    r.n = 3;
+    struct Multi {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::vector<std::vector<int32_t>> tokens = std::vector<std::vector<int32_t>>(3);
+      std::vector<EngineEvent> finals = std::vector<EngineEvent>(3);
+      int done = 0;
+    } m;
+    ASSERT_TRUE(engine_->submit(r, [&m](const EngineEvent& ev) {
+                  std::lock_guard<std::mutex> lock(m.mu);
+                  if (ev.kind == EngineEvent::Kind::token) m.tokens[ev.index].push_back(ev.token_id);
+                  else {
+                    m.finals[ev.index] = ev;
+                    ++m.done;
+                    m.cv.notify_all();
+                  }
+                }).ok());
+    {
+      std::unique_lock<std::mutex> lock(m.mu);
+      ASSERT_TRUE(m.cv.wait_for(lock, std::chrono::seconds(120), [&] { return m.done == 3; }));
+    }
+    for (int c = 0; c < 3; ++c) {
+      EngineRequest alone = request(4, kind, 12);
+      alone.sampling.temperature = 0.9f;
+      alone.sampling.seed = 1234 + c;
+      Collector one;
+      ASSERT_TRUE(engine_->submit(alone, one.sink()).ok());
+      ASSERT_TRUE(one.wait());
+      EXPECT_EQ(m.finals[c].finish_reason, "length") << kv_policy_name(kind) << " choice " << c;
+      EXPECT_EQ(m.finals[c].index, c);
+      EXPECT_EQ(m.tokens[c], one.tokens) << kv_policy_name(kind) << " choice " << c;
+      EXPECT_EQ(m.finals[c].kv_resident_bytes, one.final_event.kv_resident_bytes) << "each choice holds a whole copy";
+    }
+    EXPECT_NE(m.tokens[0], m.tokens[1]) << "choices sampled alike (seeds not per choice?)";
+  }
+  for (int i = 0; i < 100 && engine_->stats().kv_blocks_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+
+  // Cancel the request mid-decode: all three choices end "abort", every block returns.
+  EngineRequest r = request(2, KvPolicyKind::snapkv, 400);
+  r.n = 3;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> reasons;
+  int tokens = 0;
+  auto id = engine_->submit(r, [&](const EngineEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (ev.kind == EngineEvent::Kind::token) ++tokens;
+    else reasons.push_back(ev.finish_reason);
+    cv.notify_all();
+  });
+  ASSERT_TRUE(id.ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return tokens >= 9; }));
+  }
+  engine_->cancel(id.value());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return reasons.size() == 3; }));
+  }
+  EXPECT_EQ(reasons, (std::vector<std::string>{"abort", "abort", "abort"}));
+  for (int i = 0; i < 100 && engine_->stats().kv_blocks_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+}
+
 TEST_F(EngineTest, CancelAndCompletionReturnEveryBlock) {
   Collector c;
   auto id = engine_->submit(request(3, KvPolicyKind::full, 200), c.sink());

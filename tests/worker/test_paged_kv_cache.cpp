@@ -252,6 +252,51 @@ TEST(PagedKvCache, FreeAllAndDestructionReturnEveryBlock) {
   EXPECT_EQ(pool->full_equivalent_bytes(), 0);
 }
 
+// A fork: the copy holds the same entries and positions in blocks of its own, then the two
+// diverge; accounting doubles; a pool too small for the copy leaves it empty.
+TEST(PagedKvCache, CopyFromForksACompactedCache) {
+  auto pool = make_pool(16, 40);  // a takes 15 blocks after compaction: room for one copy, not two
+  PagedKvCache a(*pool, {2, 3, k_hd});
+  for (int l = 0; l < 2; ++l)
+    for (int g = 0; g < 3; ++g) ASSERT_TRUE(append_range(a, l, g, 0, 40).ok());
+  ASSERT_TRUE(a.compact(0, 1, range(30, 10)).ok());
+  std::vector<int32_t> odd;
+  for (int32_t j = 1; j < 40; j += 2) odd.push_back(j);
+  ASSERT_TRUE(a.compact(1, 2, odd).ok());
+  PagedKvCache b(*pool, {2, 3, k_hd});
+  const int64_t used = pool->num_used();
+  ASSERT_EQ(used, 15);
+  ASSERT_TRUE(b.copy_from(a).ok());
+  EXPECT_EQ(pool->num_used(), 2 * used);
+  EXPECT_EQ(b.next_position(), a.next_position());
+  EXPECT_EQ(b.num_blocks(), a.num_blocks());
+  EXPECT_EQ(b.stored_bytes(), a.stored_bytes());
+  EXPECT_EQ(b.full_equivalent_bytes(), a.full_equivalent_bytes());
+  EXPECT_EQ(pool->stored_bytes(), 2 * a.stored_bytes());
+  EXPECT_TRUE(holds(b, 0, 1, range(30, 10)));
+  EXPECT_TRUE(holds(b, 1, 2, odd));
+  EXPECT_TRUE(holds(b, 1, 0, range(0, 40)));
+  for (int l = 0; l < 2; ++l)
+    for (int g = 0; g < 3; ++g) EXPECT_NE(b.block_table(l, g), a.block_table(l, g)) << "blocks are copied, not shared";
+  // They diverge: appending to the copy leaves the source as it was.
+  for (int l = 0; l < 2; ++l)
+    for (int g = 0; g < 3; ++g) ASSERT_TRUE(append_range(b, l, g, 40, 1).ok());
+  EXPECT_EQ(b.next_position(), 41);
+  EXPECT_EQ(a.next_position(), 40);
+  EXPECT_TRUE(holds(a, 0, 1, range(30, 10)));
+  // No room for a third copy: nothing kept, every block back.
+  PagedKvCache c(*pool, {2, 3, k_hd});
+  const int64_t before = pool->num_free();
+  const Status st = c.copy_from(a);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::k_resource_exhausted);
+  EXPECT_EQ(pool->num_free(), before);
+  EXPECT_EQ(c.next_position(), 0);
+  PagedKvCache d(*pool, {2, 3, k_hd});
+  ASSERT_TRUE(append_range(d, 0, 0, 0, 1).ok());
+  EXPECT_EQ(d.copy_from(a).code(), StatusCode::k_invalid_argument) << "only into an empty cache";
+}
+
 TEST(PagedKvCache, AccountingIsExact) {
   const int bs = 16;
   auto pool = make_pool(bs, 400);

@@ -27,6 +27,8 @@ StepPlan sample_plan() {
   policy.layerwise = true;
   p.open.push_back({7, policy, 40});
   p.open.push_back({9, KvPolicy{}, 11});
+  p.forks.push_back({7, 12});
+  p.forks.push_back({7, 13});
   p.items.push_back({7, 0, {1, 2, 3, 4}, true, false, LogitsWanted::none});
   p.items.push_back({9, 55, {42}, false, false, LogitsWanted::last});
   p.items.push_back({11, 3, {5, 6}, true, true, LogitsWanted::all});
@@ -61,6 +63,9 @@ TEST(StepPlan, RoundTripKeepsEveryField) {
   EXPECT_EQ(a.context_tokens, b.context_tokens);
   EXPECT_EQ(a.layerwise, b.layerwise);
   EXPECT_EQ(d->open[1].policy.kind, KvPolicyKind::full);
+  ASSERT_EQ(d->forks.size(), 2u);
+  EXPECT_EQ(d->forks[1].src, 7u);
+  EXPECT_EQ(d->forks[1].dst, 13u);
   ASSERT_EQ(d->items.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(d->items[i].seq, p.items[i].seq);

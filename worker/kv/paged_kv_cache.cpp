@@ -189,6 +189,36 @@ void PagedKvCache::free_all() {
   next_position_ = 0;
 }
 
+Status PagedKvCache::copy_from(const PagedKvCache& src) {
+  CHECK(&src.pool_ == &pool_) << "paged_kv_cache: copy_from another pool";
+  CHECK(src.shape_.num_layers == shape_.num_layers && src.shape_.num_kv_heads == shape_.num_kv_heads &&
+        src.shape_.head_dim == shape_.head_dim)
+      << "paged_kv_cache: copy_from another shape";
+  if (next_position_ != 0 || num_blocks_ != 0) return invalid_argument("paged_kv_cache: copy_from into a non-empty cache");
+  for (size_t i = 0; i < heads_.size(); ++i) {
+    int64_t added = 0;
+    if (Status st = grow(heads_[i], src.heads_[i].length, added); !st.ok()) {
+      free_all();
+      return st;
+    }
+  }
+  const int64_t kv_floats = int64_t{pool_.block_size()} * shape_.head_dim;
+  for (size_t i = 0; i < heads_.size(); ++i) {
+    const HeadKv& from = src.heads_[i];
+    HeadKv& to = heads_[i];
+    for (size_t b = 0; b < to.blocks.size(); ++b) {
+      std::memcpy(pool_.k(to.blocks[b]), pool_.k(from.blocks[b]), kv_floats * sizeof(float));
+      std::memcpy(pool_.v(to.blocks[b]), pool_.v(from.blocks[b]), kv_floats * sizeof(float));
+      std::memcpy(pool_.positions(to.blocks[b]), pool_.positions(from.blocks[b]), pool_.block_size() * sizeof(int32_t));
+    }
+    to.length = from.length;
+  }
+  stored_tokens_ = src.stored_tokens_;
+  pool_.add_accounting(stored_tokens_ * token_bytes(), 0);
+  set_next_position(src.next_position_);
+  return Status::ok_status();
+}
+
 // --- reads -----------------------------------------------------------------------------
 
 const float* PagedKvCache::k_row(int layer, int kv_head, int64_t j) const {

@@ -42,6 +42,11 @@ class PagedKvCache {
   Status compact(int layer, int kv_head, const std::vector<int32_t>& keep_indices);
   // Returns every block to the pool; the sequence restarts at position 0.
   void free_all();
+  // Makes this (empty) cache a copy of `src` (same pool and shape): every head's entries,
+  // positions and next_position, in blocks of its own (a fork: n choices of one prompt
+  // share its prefill and compression, then diverge). Copies whole blocks. On
+  // resource_exhausted nothing is kept.
+  Status copy_from(const PagedKvCache& src);
 
   // --- reads -------------------------------------------------------------------------
   // 1 + the largest position ever appended (0 when empty): where the next token goes.
