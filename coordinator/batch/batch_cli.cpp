@@ -261,23 +261,33 @@ json progress_record(const BatchArgs& a, const ShardSpec& shard, const InputScan
 
 // --- running ------------------------------------------------------------------------------
 
+// A line in the engine: one engine request per prompt, n choices each.
 struct Pending {
   BatchInput in;
   ApiResponseMeta meta;
   std::optional<BatchTruncation> truncated;
-  std::string text;
-  std::vector<ApiLogprob> logprobs;  // when the line asked for them
+  int n = 1;
+  std::vector<ApiChoice> choices;  // prompt * n + choice
+  int unfinished = 0;
+  bool aborted = false;            // stopped by shutdown: no record, the line runs again
+  std::optional<Status> error;
+};
+
+struct QueuedEvent {
+  uint64_t key = 0;  // the line's Pending
+  int prompt = 0;
+  EngineEvent ev;
 };
 
 struct EventQueue {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::pair<uint64_t, EngineEvent>> events;
+  std::deque<QueuedEvent> events;
   std::atomic<int> signal{0};
-  void push(uint64_t key, const EngineEvent& ev) {
+  void push(uint64_t key, int prompt, const EngineEvent& ev) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      events.emplace_back(key, ev);
+      events.push_back({key, prompt, ev});
     }
     cv.notify_one();
   }
@@ -510,36 +520,43 @@ int run_batch(const BatchArgs& a) {
                                      t ? &*t : nullptr),
                  true);
   };
-  // One finished engine event: its record (nothing for "abort": the line runs again).
-  auto finish = [&](Pending& p, const EngineEvent& ev) {
-    p.text += ev.text;
-    if (ev.finish_reason == "abort") return;
-    c.prompt_tokens += ev.prompt_tokens;
-    c.completion_tokens += ev.completion_tokens;
-    if (ev.finish_reason == "error") {
-      ApiError e = api_error_from_status(ev.error);
-      return write_error(p.in, e, p.truncated);
+  // A line whose every choice finished: its record (none when a choice was aborted by a
+  // shutdown: the line runs again next time).
+  auto finish = [&](Pending& p) {
+    if (p.aborted) return;
+    for (size_t i = 0; i < p.choices.size(); ++i) {
+      const EngineEvent& ev = p.choices[i].finished;
+      if (p.n <= 1 || i % static_cast<size_t>(p.n) == 0) c.prompt_tokens += ev.prompt_tokens;
+      c.completion_tokens += ev.completion_tokens;
+      c.kv_full_bytes += ev.kv_full_equivalent_bytes;
+      c.kv_resident_bytes += ev.kv_resident_bytes;
     }
-    c.kv_full_bytes += ev.kv_full_equivalent_bytes;
-    c.kv_resident_bytes += ev.kv_resident_bytes;
+    if (p.error) return write_error(p.in, api_error_from_status(*p.error), p.truncated);
     if (p.truncated) ++c.truncated;
     write_record(p.in,
-                 batch_output_record(p.in, 200, p.meta.id, completion_response(p.meta, p.text, ev, p.logprobs), "", "",
+                 batch_output_record(p.in, 200, p.meta.id, completion_response(p.meta, p.choices, p.n), "", "",
                                      p.truncated ? &*p.truncated : nullptr),
                  false);
   };
-  auto drain = [&](std::deque<std::pair<uint64_t, EngineEvent>>& batch) {
-    for (auto& [key, ev] : batch) {
-      auto it = pending.find(key);
+  auto drain = [&](std::deque<QueuedEvent>& batch) {
+    for (QueuedEvent& qe : batch) {
+      auto it = pending.find(qe.key);
       if (it == pending.end()) continue;
+      Pending& p = it->second;
+      const EngineEvent& ev = qe.ev;
+      const size_t i = static_cast<size_t>(qe.prompt * p.n + ev.index);
+      if (i >= p.choices.size()) continue;
+      ApiChoice& ch = p.choices[i];
+      ch.text += ev.text;
       if (ev.kind == EngineEvent::Kind::token) {
-        it->second.text += ev.text;
-        if (it->second.meta.logprobs >= 0 && !ev.stop_token) {
-          it->second.logprobs.push_back(api_logprob(engine->tokenizer(), ev));
-        }
+        if (p.meta.logprobs >= 0 && !ev.stop_token) ch.logprobs.push_back(api_logprob(engine->tokenizer(), ev));
         continue;
       }
-      finish(it->second, ev);
+      ch.finished = ev;
+      if (ev.finish_reason == "abort") p.aborted = true;
+      if (ev.finish_reason == "error" && !p.error) p.error = ev.error;
+      if (--p.unfinished > 0) continue;
+      finish(p);
       pending.erase(it);
     }
     batch.clear();
@@ -552,7 +569,7 @@ int run_batch(const BatchArgs& a) {
   auto last_progress = Clock::now();
   int64_t last_tokens = 0;
   auto last_tokens_at = start;
-  std::deque<std::pair<uint64_t, EngineEvent>> got;
+  std::deque<QueuedEvent> got;
 
   while (failure.ok() && q.signal.load() == 0 && (!input_done || !pending.empty())) {
     // Hand the engine lines until `cap` run or wait.
@@ -579,11 +596,25 @@ int run_batch(const BatchArgs& a) {
       p.meta = api_response_meta(prep.request, engine->model_name());
       p.truncated = prep.truncated;
       p.in = std::move(bi);
-      auto id = engine->submit(std::move(prep.request.engine), [&q, key](const EngineEvent& ev) { q.push(key, ev); });
-      if (!id.ok()) {
-        BatchInput failed = std::move(p.in);
-        pending.erase(key);
-        write_error(failed, api_error_from_status(id.status()), std::nullopt);
+      p.n = prep.request.engine.n;
+      p.choices.assign(static_cast<size_t>(prep.request.num_choices()), ApiChoice{});
+      const int prompts = prep.request.num_prompts();
+      Status refused;
+      for (int pr = 0; pr < prompts && refused.ok(); ++pr) {
+        EngineRequest r = prep.request.engine;
+        if (pr > 0) r.prompt_ids = prep.request.more_prompts[pr - 1];
+        auto id = engine->submit(std::move(r), [&q, key, pr](const EngineEvent& ev) { q.push(key, pr, ev); });
+        if (id.ok()) p.unfinished += p.n;
+        else refused = id.status();
+      }
+      if (!refused.ok()) {
+        // Prompts already submitted still run and finish; the line gets the error record then.
+        p.error = refused;
+        if (p.unfinished == 0) {
+          BatchInput failed = std::move(p.in);
+          pending.erase(key);
+          write_error(failed, api_error_from_status(refused), std::nullopt);
+        }
       }
     }
     {

@@ -318,8 +318,8 @@ MaybeError parse_common(const json& body, const ApiContext& ctx, ApiRequest* req
     e.sampling.seed = std::random_device{}() * uint64_t{0x9E3779B97F4A7C15} + std::random_device{}();
   }
   int64_t n = 1;
-  SNAP_API_TRY(read_int(body, "n", "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &n));
-  if (n != 1) return bad("n", "n must be 1 (one choice per request is supported), got " + std::to_string(n));
+  SNAP_API_TRY(read_int(body, "n", "n", 1, 64, &n));
+  e.n = static_cast<int>(n);
   // logprobs: completions take an int (alternatives per token; false/null = none), chat a
   // bool with top_logprobs.
   if (req->route == ApiRoute::completions) {
@@ -368,28 +368,40 @@ MaybeError parse_common(const json& body, const ApiContext& ctx, ApiRequest* req
   return {};
 }
 
-MaybeError parse_completion_prompt(const json& body, const ApiContext& ctx, std::vector<int32_t>* ids) {
-  const json* p = field(body, "prompt");
-  if (!p) return bad("prompt", "prompt is required");
-  if (p->is_string()) {
-    *ids = prompt_ids_for_text(*ctx.tokenizer, p->get<std::string>());
+// One prompt: a string or a list of token ids.
+MaybeError parse_one_prompt(const json& p, const ApiContext& ctx, std::vector<int32_t>* ids) {
+  if (p.is_string()) {
+    *ids = prompt_ids_for_text(*ctx.tokenizer, p.get<std::string>());
     return {};
   }
-  const char* shape = "prompt must be a string, a list of one string, or a list of token ids";
-  if (!p->is_array() || p->empty()) return bad("prompt", shape);
-  if ((*p)[0].is_string()) {
-    if (p->size() != 1) return bad("prompt", "batched prompts are not supported: send one prompt per request");
-    *ids = prompt_ids_for_text(*ctx.tokenizer, (*p)[0].get<std::string>());
-    return {};
-  }
+  const char* shape = "prompt must be a string, a list of token ids, or a list of those";
+  if (!p.is_array() || p.empty()) return bad("prompt", shape);
   const int64_t vocab = ctx.tokenizer->vocab_size();
-  for (const json& t : *p) {
+  for (const json& t : p) {
     if (!t.is_number_integer()) return bad("prompt", shape);
     const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(vocab) ? vocab : t.get<int64_t>();
     if (id < 0 || id >= vocab) {
       return bad("prompt", "prompt token id " + dump(t) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
     ids->push_back(static_cast<int32_t>(id));
+  }
+  return {};
+}
+
+// "prompt": one prompt, or a list of them (strings or token-id lists), each its own choices.
+MaybeError parse_completion_prompts(const json& body, const ApiContext& ctx, std::vector<std::vector<int32_t>>* out) {
+  const json* p = field(body, "prompt");
+  if (!p) return bad("prompt", "prompt is required");
+  const bool batched = p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array());
+  if (!batched) {
+    out->emplace_back();
+    return parse_one_prompt(*p, ctx, &out->back());
+  }
+  if (p->size() > 64) return bad("prompt", "at most 64 prompts per request, got " + std::to_string(p->size()));
+  for (const json& one : *p) {
+    if (!one.is_string() && !one.is_array()) return bad("prompt", "a list of prompts holds strings or token-id lists");
+    out->emplace_back();
+    SNAP_API_TRY(parse_one_prompt(one, ctx, &out->back()));
   }
   return {};
 }
@@ -454,23 +466,33 @@ MaybeError parse_body(ApiRoute route, const json& body, const ApiContext& ctx, A
   }
 
   CHECK(ctx.tokenizer != nullptr) << "ApiContext without a tokenizer";
-  std::vector<int32_t> ids;
+  std::vector<std::vector<int32_t>> prompts;
   const char* prompt_param = route == ApiRoute::completions ? "prompt" : "messages";
-  SNAP_API_TRY(route == ApiRoute::completions ? parse_completion_prompt(body, ctx, &ids) : parse_messages(body, ctx, &ids));
-  const int64_t n = static_cast<int64_t>(ids.size());
-  if (n == 0) return bad(prompt_param, std::string(prompt_param) + " must not be empty");
-  if (n > max_prompt) {
-    return bad(prompt_param, std::string(prompt_param) + " has " + std::to_string(n) + " tokens, more than the limit of " +
-                                 std::to_string(max_prompt));
+  if (route == ApiRoute::completions) {
+    SNAP_API_TRY(parse_completion_prompts(body, ctx, &prompts));
+  } else {
+    prompts.emplace_back();
+    SNAP_API_TRY(parse_messages(body, ctx, &prompts.back()));
   }
-  if (max_tokens < 0) {  // completions: 16 like OpenAI; chat: the rest of the context
-    max_tokens = route == ApiRoute::completions ? 16 : std::min(max_tokens_limit, context - n);
-    max_tokens = std::max<int64_t>(1, std::min(max_tokens, max_tokens_limit));
+  const bool several = prompts.size() > 1;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(prompts[i].size());
+    const std::string what = several ? "prompt[" + std::to_string(i) + "]" : std::string(prompt_param);
+    if (n == 0) return bad(prompt_param, what + " must not be empty");
+    if (n > max_prompt) {
+      return bad(prompt_param, what + " has " + std::to_string(n) + " tokens, more than the limit of " + std::to_string(max_prompt));
+    }
+    if (i == 0 && max_tokens < 0) {  // completions: 16 like OpenAI; chat: the rest of the context
+      max_tokens = route == ApiRoute::completions ? 16 : std::min(max_tokens_limit, context - n);
+      max_tokens = std::max<int64_t>(1, std::min(max_tokens, max_tokens_limit));
+    }
+    if (n + max_tokens > context) {
+      return bad(tokens_key, what + " (" + std::to_string(n) + " tokens) plus " + tokens_key + " (" +
+                                 std::to_string(max_tokens) + ") exceeds the context length of " + std::to_string(context));
+    }
   }
-  if (n + max_tokens > context) {
-    return bad(tokens_key, std::string(prompt_param) + " (" + std::to_string(n) + " tokens) plus " + tokens_key + " (" +
-                               std::to_string(max_tokens) + ") exceeds the context length of " + std::to_string(context));
-  }
+  std::vector<int32_t> ids = std::move(prompts[0]);
+  req->more_prompts.assign(std::make_move_iterator(prompts.begin() + 1), std::make_move_iterator(prompts.end()));
   req->engine.prompt_ids = std::move(ids);
   req->engine.max_tokens = max_tokens;
   req->engine.timeout_seconds = ctx.timeout_seconds;
@@ -486,20 +508,34 @@ std::string random_hex(int n) {
   return s;
 }
 
-json usage_json(const EngineEvent& f) {
-  return {{"prompt_tokens", f.prompt_tokens},
-          {"completion_tokens", f.completion_tokens},
-          {"total_tokens", f.prompt_tokens + f.completion_tokens}};
+// Each prompt counted once (its choice 0 carries it), every choice's completion.
+json usage_json(const std::vector<ApiChoice>& choices, int n) {
+  int64_t prompt = 0, completion = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (n <= 1 || i % static_cast<size_t>(n) == 0) prompt += choices[i].finished.prompt_tokens;
+    completion += choices[i].finished.completion_tokens;
+  }
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
-json kv_json(const ApiResponseMeta& meta, const EngineEvent& f) {
+json usage_json(const EngineEvent& f) { return usage_json(std::vector<ApiChoice>{{"", f, {}}}, 1); }
+
+// Every choice's cache at its end, summed.
+json kv_json(const ApiResponseMeta& meta, const std::vector<ApiChoice>& choices) {
+  int64_t resident = 0, full = 0;
+  for (const ApiChoice& c : choices) {
+    resident += c.finished.kv_resident_bytes;
+    full += c.finished.kv_full_equivalent_bytes;
+  }
   json ratio = nullptr;
-  if (f.kv_resident_bytes > 0) ratio = static_cast<double>(f.kv_full_equivalent_bytes) / f.kv_resident_bytes;
+  if (resident > 0) ratio = static_cast<double>(full) / resident;
   return {{"policy", kv_policy_name(meta.policy)},
-          {"resident_bytes", f.kv_resident_bytes},
-          {"full_equivalent_bytes", f.kv_full_equivalent_bytes},
+          {"resident_bytes", resident},
+          {"full_equivalent_bytes", full},
           {"compression_ratio", ratio}};
 }
+
+json kv_json(const ApiResponseMeta& meta, const EngineEvent& f) { return kv_json(meta, std::vector<ApiChoice>{{"", f, {}}}); }
 
 json envelope(const ApiResponseMeta& meta, const char* object) {
   return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
@@ -671,24 +707,33 @@ ApiResponseMeta api_response_meta(const ApiRequest& request, const std::string& 
   return m;
 }
 
-std::string completion_response(const ApiResponseMeta& meta, const std::string& text, const EngineEvent& finished,
-                                const std::vector<ApiLogprob>& logprobs) {
+std::string completion_response(const ApiResponseMeta& meta, const std::vector<ApiChoice>& choices, int n) {
   const bool chat = meta.route == ApiRoute::chat_completions;
-  json choice = {{"index", 0}, {"logprobs", logprobs_json(meta, logprobs)}};
-  add_finish(choice, finished);
-  if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else choice["text"] = text;
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ApiChoice& c = choices[i];
+    json choice = {{"index", static_cast<int64_t>(i)}, {"logprobs", logprobs_json(meta, c.logprobs)}};
+    add_finish(choice, c.finished);
+    if (chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else choice["text"] = c.text;
+    list.push_back(std::move(choice));
+  }
   json j = envelope(meta, chat ? "chat.completion" : "text_completion");
-  j["choices"] = json::array({choice});
-  j["usage"] = usage_json(finished);
-  j["kv"] = kv_json(meta, finished);
+  j["choices"] = std::move(list);
+  j["usage"] = usage_json(choices, n);
+  j["kv"] = kv_json(meta, choices);
   return dump(j);
 }
 
+std::string completion_response(const ApiResponseMeta& meta, const std::string& text, const EngineEvent& finished,
+                                const std::vector<ApiLogprob>& logprobs) {
+  return completion_response(meta, std::vector<ApiChoice>{{text, finished, logprobs}}, 1);
+}
+
 std::string stream_chunk(const ApiResponseMeta& meta, const std::string& text, bool with_role,
-                         const std::string& finish_reason, const std::vector<ApiLogprob>& logprobs) {
+                         const std::string& finish_reason, const std::vector<ApiLogprob>& logprobs, int index) {
   const bool chat = meta.route == ApiRoute::chat_completions;
-  json choice = {{"index", 0},
+  json choice = {{"index", index},
                  {"logprobs", logprobs.empty() ? json(nullptr) : logprobs_json(meta, logprobs)},
                  {"finish_reason", finish_json(finish_reason)}};
   if (chat) {
@@ -704,9 +749,17 @@ std::string stream_chunk(const ApiResponseMeta& meta, const std::string& text, b
   return dump(j);
 }
 
-std::string stream_finish_chunk(const ApiResponseMeta& meta, const EngineEvent& finished) {
-  json j = json::parse(stream_chunk(meta, "", false, finished.finish_reason));
+std::string stream_finish_chunk(const ApiResponseMeta& meta, const EngineEvent& finished, int index) {
+  json j = json::parse(stream_chunk(meta, "", false, finished.finish_reason, {}, index));
   add_finish(j["choices"][0], finished);
+  return dump(j);
+}
+
+std::string stream_usage_chunk(const ApiResponseMeta& meta, const std::vector<ApiChoice>& choices, int n) {
+  json j = envelope(meta, meta.route == ApiRoute::chat_completions ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array();
+  j["usage"] = usage_json(choices, n);
+  j["kv"] = kv_json(meta, choices);
   return dump(j);
 }
 

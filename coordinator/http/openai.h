@@ -68,9 +68,14 @@ struct ApiContext {
 
 struct ApiRequest {
   ApiRoute route = ApiRoute::completions;
-  EngineRequest engine;
+  EngineRequest engine;  // the first prompt; engine.n choices of each prompt
+  // /v1/completions with a list of prompts: the second and later ones (same parameters).
+  // Choice index of prompt p's choice c: p * engine.n + c (OpenAI's order).
+  std::vector<std::vector<int32_t>> more_prompts;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  int num_prompts() const { return 1 + static_cast<int>(more_prompts.size()); }
+  int num_choices() const { return num_prompts() * engine.n; }
 };
 
 struct ApiParse {
@@ -108,6 +113,15 @@ ApiLogprob api_logprob(const Tokenizer& tokenizer, const EngineEvent& token);
 
 ApiResponseMeta api_response_meta(const ApiRequest& request, const std::string& model_name);
 
+// One finished choice of a response.
+struct ApiChoice {
+  std::string text;
+  EngineEvent finished;
+  std::vector<ApiLogprob> logprobs;
+};
+// The whole response of several choices (in index order; n choices per prompt): usage
+// counts each prompt once and every choice's completion; kv sums every choice's cache.
+std::string completion_response(const ApiResponseMeta& meta, const std::vector<ApiChoice>& choices, int n);
 // The whole non-streaming response; `finished` is the engine's final event; `logprobs` the
 // output tokens' entries when meta.logprobs >= 0 (chat: {"content": [...]}; completions:
 // {"tokens", "token_logprobs", "top_logprobs", "text_offset"}).
@@ -117,12 +131,14 @@ std::string completion_response(const ApiResponseMeta& meta, const std::string& 
 // asked); chat's first chunk carries the assistant role; a chunk with finish_reason set
 // closes the choice.
 std::string stream_chunk(const ApiResponseMeta& meta, const std::string& text, bool with_role,
-                         const std::string& finish_reason, const std::vector<ApiLogprob>& logprobs = {});
+                         const std::string& finish_reason, const std::vector<ApiLogprob>& logprobs = {},
+                         int index = 0);
 // The chunk that closes the choice: finish_reason ("abort" for a timeout, with
 // "abort_reason": "timeout") and stop_reason (the stop string or stop token id, else null).
-std::string stream_finish_chunk(const ApiResponseMeta& meta, const EngineEvent& finished);
+std::string stream_finish_chunk(const ApiResponseMeta& meta, const EngineEvent& finished, int index = 0);
 // The usage chunk (choices: []) sent before [DONE] when stream_options.include_usage.
 std::string stream_usage_chunk(const ApiResponseMeta& meta, const EngineEvent& finished);
+std::string stream_usage_chunk(const ApiResponseMeta& meta, const std::vector<ApiChoice>& choices, int n);
 // "data: PAYLOAD\n\n"
 std::string sse_event(const std::string& payload);
 // GET /v1/models

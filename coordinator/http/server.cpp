@@ -307,19 +307,33 @@ class Session : public std::enable_shared_from_this<Session> {
     meta_ = api_response_meta(parsed.request, state_->api.model_name);
     streaming_ = parsed.request.stream;
     include_usage_ = parsed.request.include_usage;
-    text_.clear();
-    logprobs_.clear();
-    // Runs on the engine thread: post and return.
-    EventSink sink = [self = shared_from_this()](const EngineEvent& ev) {
-      net::post(self->stream_.get_executor(), [self, ev] { self->on_event(ev); });
-    };
-    auto id = state_->engine->submit(std::move(parsed.request.engine), std::move(sink));
-    if (!id.ok()) {
-      const ApiError err = api_error_from_status(id.status());
-      if (err.kind == ApiErrorKind::too_many_requests) return send_error(err, "Retry-After", "1");
-      return send_error(err);
+    ++generation_;  // events of an earlier request on this connection are ignored
+    n_ = parsed.request.engine.n;
+    choices_.assign(static_cast<size_t>(parsed.request.num_choices()), ApiChoice{});
+    pending_ = parsed.request.num_choices();
+    first_error_.reset();
+    engine_ids_.clear();
+    // One engine request per prompt (each with its n choices); choice index p * n + c.
+    std::vector<std::vector<int32_t>> more = std::move(parsed.request.more_prompts);
+    const int prompts = 1 + static_cast<int>(more.size());
+    for (int p = 0; p < prompts; ++p) {
+      EngineRequest r = p + 1 < prompts ? parsed.request.engine : std::move(parsed.request.engine);
+      if (p > 0) r.prompt_ids = std::move(more[p - 1]);
+      // Runs on the engine thread: post and return.
+      EventSink sink = [self = shared_from_this(), gen = generation_, p](const EngineEvent& ev) {
+        net::post(self->stream_.get_executor(), [self, gen, p, ev] { self->on_event(gen, p, ev); });
+      };
+      auto id = state_->engine->submit(std::move(r), std::move(sink));
+      if (!id.ok()) {
+        for (uint64_t done : engine_ids_) state_->engine->cancel(done);  // their events are now stale
+        ++generation_;
+        engine_ids_.clear();
+        const ApiError err = api_error_from_status(id.status());
+        if (err.kind == ApiErrorKind::too_many_requests) return send_error(err, "Retry-After", "1");
+        return send_error(err);
+      }
+      engine_ids_.push_back(id.value());
     }
-    engine_id_ = id.value();
     in_flight_ = true;
     if (streaming_) {
       const bool chunked = version_ >= 11;
@@ -333,43 +347,57 @@ class Session : public std::enable_shared_from_this<Session> {
       head += "\r\n";
       count_response(200);
       enqueue(std::move(head));
-      if (meta_.route == ApiRoute::chat_completions) send_sse(stream_chunk(meta_, "", true, ""));
+      if (meta_.route == ApiRoute::chat_completions) {
+        for (size_t i = 0; i < choices_.size(); ++i) send_sse(stream_chunk(meta_, "", true, "", {}, static_cast<int>(i)));
+      }
     }
     arm_peer_check();
   }
 
-  void on_event(const EngineEvent& ev) {
-    if (ev.kind == EngineEvent::Kind::finished) {
+  void on_event(uint64_t gen, int prompt, const EngineEvent& ev) {
+    if (gen != generation_) return;
+    const size_t i = static_cast<size_t>(prompt * n_ + ev.index);
+    if (i >= choices_.size()) return;
+    const bool finished = ev.kind == EngineEvent::Kind::finished;
+    if (finished && --pending_ == 0) {
       in_flight_ = false;
       peer_timer_.cancel();
     }
     if (closed_) return;
-    if (ev.kind == EngineEvent::Kind::token) {
+    ApiChoice& c = choices_[i];
+    if (!finished) {
       // Logprobs of output tokens only (not of the EOS / stop token that ended the output).
       std::vector<ApiLogprob> lp;
       if (meta_.logprobs >= 0 && !ev.stop_token) lp.push_back(api_logprob(*state_->api.tokenizer, ev));
       if (!streaming_) {
-        text_ += ev.text;
-        logprobs_.insert(logprobs_.end(), lp.begin(), lp.end());
+        c.text += ev.text;
+        c.logprobs.insert(c.logprobs.end(), lp.begin(), lp.end());
       } else if (!ev.text.empty() || !lp.empty()) {
-        send_sse(stream_chunk(meta_, ev.text, false, "", lp));
+        send_sse(stream_chunk(meta_, ev.text, false, "", lp, static_cast<int>(i)));
       }
       return;
     }
     // The finished event carries the text held back for a possible stop string (and the
     // decoder's last bytes): it belongs to the completion.
+    c.finished = ev;
+    if (ev.finish_reason == "error" && !first_error_) {
+      first_error_ = ev.error;
+      for (uint64_t id : engine_ids_) state_->engine->cancel(id);  // the response is an error now
+    }
     if (!streaming_) {
-      if (ev.finish_reason == "error") return send_error(api_error_from_status(ev.error));
-      text_ += ev.text;
-      return send_body(200, "application/json", completion_response(meta_, text_, ev, logprobs_));
+      c.text += ev.text;
+      if (pending_ > 0) return;
+      if (first_error_) return send_error(api_error_from_status(*first_error_));
+      return send_body(200, "application/json", completion_response(meta_, choices_, n_));
     }
     if (ev.finish_reason == "error") {
       send_sse(api_error_body(api_error_from_status(ev.error)));
     } else {
-      if (!ev.text.empty()) send_sse(stream_chunk(meta_, ev.text, false, ""));
-      send_sse(stream_finish_chunk(meta_, ev));
-      if (include_usage_) send_sse(stream_usage_chunk(meta_, ev));
+      if (!ev.text.empty()) send_sse(stream_chunk(meta_, ev.text, false, "", {}, static_cast<int>(i)));
+      send_sse(stream_finish_chunk(meta_, ev, static_cast<int>(i)));
     }
+    if (pending_ > 0) return;
+    if (include_usage_ && !first_error_) send_sse(stream_usage_chunk(meta_, choices_, n_));
     send_sse("[DONE]");
     if (chunked_) enqueue("0\r\n\r\n");
     response_done_ = true;
@@ -392,7 +420,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void client_gone() {
     if (closed_) return;
-    if (in_flight_) state_->engine->cancel(engine_id_);
+    if (in_flight_) {
+      for (uint64_t id : engine_ids_) state_->engine->cancel(id);
+    }
     close();
   }
 
@@ -501,13 +531,16 @@ class Session : public std::enable_shared_from_this<Session> {
   const char* last_allow_ = "GET";
   const char* route_ = "other";  // the metrics label of the request being answered
   ApiResponseMeta meta_;
-  uint64_t engine_id_ = 0;
+  std::vector<uint64_t> engine_ids_;  // one per prompt of the request
+  uint64_t generation_ = 0;           // requests answered on this connection
+  int n_ = 1;                         // choices per prompt
+  std::vector<ApiChoice> choices_;    // prompt * n + choice
+  int pending_ = 0;                   // choices not finished yet
+  std::optional<Status> first_error_;
   bool in_flight_ = false;
   bool streaming_ = false;
   bool chunked_ = false;
   bool include_usage_ = false;
-  std::string text_;
-  std::vector<ApiLogprob> logprobs_;
   Headers extra_headers_;  // CORS and Allow headers of the current answer
   bool head_only_ = false;  // HEAD: headers only
   std::deque<std::string> outbox_;

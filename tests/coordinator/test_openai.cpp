@@ -74,7 +74,7 @@ TEST_F(OpenAi, BadRequestsGetStatusAndParam) {
       {"missing prompt", C, "{\"max_tokens\": 4}", 400, "prompt"},
       {"prompt wrong type", C, "{\"prompt\": 5}", 400, "prompt"},
       {"prompt empty list", C, "{\"prompt\": []}", 400, "prompt"},
-      {"batched prompts", C, "{\"prompt\": [\"a\", \"b\"]}", 400, "prompt"},
+      {"65 prompts", C, "{\"prompt\": [" + [] { std::string s; for (int i = 0; i < 65; ++i) s += i ? ",\"a\"" : "\"a\""; return s; }() + "]}", 400, "prompt"},
       {"token id outside vocab", C, "{\"prompt\": [1, 99999999]}", 400, "prompt"},
       {"negative token id", C, "{\"prompt\": [1, -3]}", 400, "prompt"},
       {"prompt over the limit", C, "{\"prompt\": " + token_list(2100) + "}", 400, "prompt"},
@@ -91,7 +91,10 @@ TEST_F(OpenAi, BadRequestsGetStatusAndParam) {
       {"top_k below -1", C, "{\"prompt\": \"hi\", \"top_k\": -2}", 400, "top_k"},
       {"min_p above 1", C, "{\"prompt\": \"hi\", \"min_p\": 1.5}", 400, "min_p"},
       {"seed string", C, "{\"prompt\": \"hi\", \"seed\": \"x\"}", 400, "seed"},
-      {"n = 2", C, "{\"prompt\": \"hi\", \"n\": 2}", 400, "n"},
+      {"n = 0", C, "{\"prompt\": \"hi\", \"n\": 0}", 400, "n"},
+      {"n = 65", C, "{\"prompt\": \"hi\", \"n\": 65}", 400, "n"},
+      {"prompt list with a number", C, "{\"prompt\": [\"a\", 5]}", 400, "prompt"},
+      {"prompt list with an empty one", C, "{\"prompt\": [\"a\", []]}", 400, "prompt"},
       {"stop number", C, "{\"prompt\": \"hi\", \"stop\": 5}", 400, "stop"},
       {"five stops", C, "{\"prompt\": \"hi\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop"},
       {"stream string", C, "{\"prompt\": \"hi\", \"stream\": \"yes\"}", 400, "stream"},
@@ -268,6 +271,44 @@ TEST_F(OpenAi, LogprobsInResponsesAndChunks) {
   EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0]["logprob"], -0.25);
   meta.logprobs = -1;
   EXPECT_TRUE(json::parse(completion_response(meta, "x", f))["choices"][0]["logprobs"].is_null());
+}
+
+TEST_F(OpenAi, ChoicesAndPromptLists) {
+  const ApiParse p = completions(R"({"prompt": ["Once upon a time", [504, 3458], "The end"], "n": 3})");
+  ASSERT_FALSE(p.error.has_value()) << p.error->message;
+  EXPECT_EQ(p.request.engine.n, 3);
+  EXPECT_EQ(p.request.engine.prompt_ids, prompt_ids_for_text(*tokenizer_, "Once upon a time"));
+  ASSERT_EQ(p.request.more_prompts.size(), 2u);
+  EXPECT_EQ(p.request.more_prompts[0], (std::vector<int32_t>{504, 3458}));
+  EXPECT_EQ(p.request.more_prompts[1], prompt_ids_for_text(*tokenizer_, "The end"));
+  EXPECT_EQ(p.request.num_choices(), 9);
+  // A list of one string is one prompt; a too-long prompt in a list is named by its index.
+  EXPECT_TRUE(completions(R"({"prompt": ["Hello"]})").request.more_prompts.empty());
+  const ApiParse long_one = completions("{\"prompt\": [\"ok\", " + token_list(2100) + "]}");
+  ASSERT_TRUE(long_one.error.has_value());
+  EXPECT_NE(long_one.error->message.find("prompt[1] has 2100 tokens"), std::string::npos) << long_one.error->message;
+  EXPECT_EQ(chat(R"({"messages": [{"role": "user", "content": "hi"}], "n": 4})").request.engine.n, 4);
+
+  ApiResponseMeta meta;
+  meta.id = "cmpl-2";
+  std::vector<ApiChoice> choices(4);
+  for (int i = 0; i < 4; ++i) {
+    choices[i].text = "t" + std::to_string(i);
+    choices[i].finished.finish_reason = "length";
+    choices[i].finished.prompt_tokens = i < 2 ? 5 : 7;  // two prompts, n = 2
+    choices[i].finished.completion_tokens = 3;
+    choices[i].finished.kv_resident_bytes = 100;
+    choices[i].finished.kv_full_equivalent_bytes = 400;
+  }
+  const json j = json::parse(completion_response(meta, choices, 2));
+  ASSERT_EQ(j["choices"].size(), 4u);
+  EXPECT_EQ(j["choices"][3]["index"], 3);
+  EXPECT_EQ(j["choices"][3]["text"], "t3");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 12) << "each prompt once";
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["kv"]["resident_bytes"], 400);
+  EXPECT_EQ(j["kv"]["compression_ratio"], 4.0);
+  EXPECT_EQ(json::parse(stream_chunk(meta, "x", false, "", {}, 3))["choices"][0]["index"], 3);
 }
 
 TEST_F(OpenAi, PromptAsTokenIds) {

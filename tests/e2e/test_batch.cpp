@@ -375,6 +375,27 @@ TEST_F(Batch, KvPolicyFlagAppliesToLinesWithoutOne) {
   EXPECT_GT(recs[2]["response"]["body"]["kv"]["compression_ratio"].get<double>(), 2.0);
 }
 
+// A line may ask for n choices of a list of prompts, as over HTTP: one record holds them all.
+TEST_F(Batch, ChoicesAndPromptListsInOneRecord) {
+  const std::string in = path("multi.jsonl");
+  std::ofstream(in) << json{{"custom_id", "m"}, {"url", "/v1/completions"},
+                            {"body", {{"prompt", {"Once upon a time", "The sky is"}}, {"n", 2}, {"max_tokens", 5},
+                                      {"temperature", 0.7}, {"logprobs", 1}}}}.dump()
+                    << "\n";
+  const std::string out = path("multi.out");
+  BatchRun r = run("--input " + in + " --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto recs = records(out);
+  ASSERT_EQ(recs.size(), 1u);
+  const json& body = recs[1]["response"]["body"];
+  ASSERT_EQ(body["choices"].size(), 4u) << body.dump();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(body["choices"][i]["index"], i);
+    EXPECT_EQ(body["choices"][i]["logprobs"]["tokens"].size(), 5u);
+  }
+  EXPECT_EQ(body["usage"]["completion_tokens"], 20);
+}
+
 TEST_F(Batch, BadFlagsEndWithOneLine) {
   const std::string in = corpus(2);
   struct Case {

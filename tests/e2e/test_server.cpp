@@ -488,6 +488,63 @@ TEST_F(Server, LogprobsAreTheModelsDistribution) {
   EXPECT_EQ(from_stream, content);
 }
 
+// n choices and prompt lists (issue 14 #4): choice c of a request with seed S is exactly the
+// text of a request of its own with seed S + c (one prefill, forked KV), a list of prompts
+// gives prompt p's choice c at index p * n + c, streaming gives the same texts per index.
+TEST_F(Server, ChoicesAndPromptListsMatchSingleRequests) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The capital of France is"};
+  json body = {{"prompt", prompts}, {"n", 3}, {"max_tokens", 8}, {"temperature", 0.9}, {"seed", 41},
+               {"kv_compression", {{"policy", "snapkv"}, {"budget", 16}, {"window", 4}}}};
+  const Reply r = post(port_, "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.j();
+  ASSERT_EQ(j["choices"].size(), 6u);
+  int64_t prompt_tokens = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (int c = 0; c < 3; ++c) {
+      json one = body;
+      one["prompt"] = prompts[p];
+      one["n"] = 1;
+      one["seed"] = 41 + c;
+      const Reply alone = post(port_, "/v1/completions", one);
+      ASSERT_EQ(alone.status, 200) << alone.body;
+      const json& got = j["choices"][p * 3 + c];
+      EXPECT_EQ(got["index"], static_cast<int>(p * 3 + c));
+      EXPECT_EQ(got["text"], alone.j()["choices"][0]["text"]) << "prompt " << p << " choice " << c;
+      if (c == 0) prompt_tokens += alone.j()["usage"]["prompt_tokens"].get<int64_t>();
+    }
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens) << "each prompt counted once";
+  EXPECT_EQ(j["usage"]["completion_tokens"], 6 * 8);
+
+  body["stream"] = true;
+  const Reply streamed = post(port_, "/v1/completions", body);
+  std::vector<std::string> texts(6);
+  std::vector<std::string> reasons(6);
+  for (const std::string& payload : sse_payloads(streamed.body)) {
+    if (payload == "[DONE]") break;
+    const json c = json::parse(payload);
+    for (const json& ch : c["choices"]) {
+      texts[ch["index"].get<int>()] += ch["text"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) reasons[ch["index"].get<int>()] = ch["finish_reason"];
+    }
+  }
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(texts[i], j["choices"][i]["text"]) << "streamed choice " << i;
+    EXPECT_EQ(reasons[i], "length") << i;
+  }
+  // Chat with n: three choices, the first one's role chunk each.
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "Name a fruit."}}}}, {"n", 3}, {"max_tokens", 6},
+                     {"temperature", 1.0}, {"seed", 3}};
+  const Reply h = post(port_, "/v1/chat/completions", chat);
+  ASSERT_EQ(h.status, 200) << h.body;
+  ASSERT_EQ(h.j()["choices"].size(), 3u);
+  EXPECT_EQ(h.j()["choices"][2]["message"]["role"], "assistant");
+  json too_many = chat;
+  too_many["n"] = 64;  // more than this server's --max-num-seqs (16)
+  EXPECT_EQ(post(port_, "/v1/chat/completions", too_many).status, 400);
+}
+
 // vLLM's sampling extras do what they say on the real model (their arithmetic is pinned in
 // test_logits_processing): logit_bias forces or forbids a token, min_tokens holds off EOS,
 // stop_token_ids end the output without the token, repetition_penalty changes the text.
