@@ -271,6 +271,7 @@ struct Pending {
   int unfinished = 0;
   bool aborted = false;            // stopped by shutdown: no record, the line runs again
   std::optional<Status> error;
+  std::vector<std::vector<int32_t>> echo_prompts;  // echo with logprobs: each prompt's ids
 };
 
 struct QueuedEvent {
@@ -533,6 +534,15 @@ int run_batch(const BatchArgs& a) {
     }
     if (p.error) return write_error(p.in, api_error_from_status(*p.error), p.truncated);
     if (p.truncated) ++c.truncated;
+    if (!p.echo_prompts.empty()) {  // the echoed prompt's logprobs first, as over HTTP
+      for (size_t k = 0; k < p.choices.size(); ++k) {
+        const size_t pr = k / static_cast<size_t>(p.n);
+        std::vector<ApiLogprob> all = api_prompt_logprobs(engine->tokenizer(), p.echo_prompts[pr],
+                                                          p.choices[pr * static_cast<size_t>(p.n)].finished.prompt_logprobs);
+        all.insert(all.end(), p.choices[k].logprobs.begin(), p.choices[k].logprobs.end());
+        p.choices[k].logprobs = std::move(all);
+      }
+    }
     write_record(p.in,
                  batch_output_record(p.in, 200, p.meta.id, completion_response(p.meta, p.choices, p.n), "", "",
                                      p.truncated ? &*p.truncated : nullptr),
@@ -598,6 +608,13 @@ int run_batch(const BatchArgs& a) {
       p.in = std::move(bi);
       p.n = prep.request.engine.n;
       p.choices.assign(static_cast<size_t>(prep.request.num_choices()), ApiChoice{});
+      if (prep.request.echo) {
+        for (size_t k = 0; k < p.choices.size(); ++k) p.choices[k].text = prep.request.prompt_texts[k / static_cast<size_t>(p.n)];
+        if (p.meta.logprobs >= 0) {
+          p.echo_prompts.push_back(prep.request.engine.prompt_ids);
+          for (const auto& more : prep.request.more_prompts) p.echo_prompts.push_back(more);
+        }
+      }
       const int prompts = prep.request.num_prompts();
       Status refused;
       for (int pr = 0; pr < prompts && refused.ok(); ++pr) {

@@ -339,9 +339,6 @@ MaybeError parse_common(const json& body, const ApiContext& ctx, ApiRequest* req
     if (top >= 0 && !want) return bad("top_logprobs", "top_logprobs needs \"logprobs\": true");
     if (want) req->engine.logprobs = static_cast<int>(std::max<int64_t>(0, top));
   }
-  bool echo = false;
-  SNAP_API_TRY(read_bool(body, "echo", "echo", &echo));
-  if (echo) return bad("echo", "echo is not supported (prompt logprobs are not computed)");
   d = 0.0;
   SNAP_API_TRY(read_number(body, "presence_penalty", "presence_penalty", -2.0, false, 2.0, &d));
   e.presence_penalty = static_cast<float>(d);
@@ -363,6 +360,11 @@ MaybeError parse_common(const json& body, const ApiContext& ctx, ApiRequest* req
     if (!so->is_object()) return bad("stream_options", "stream_options must be an object, got " + std::string(so->type_name()));
     SNAP_API_TRY(read_bool(*so, "include_usage", "stream_options.include_usage", &req->include_usage));
   }
+  SNAP_API_TRY(read_bool(body, "echo", "echo", &req->echo));
+  if (req->echo && req->stream && req->engine.logprobs >= 0) {
+    return bad("echo", "echo with logprobs is not supported when streaming (ask without \"stream\")");
+  }
+  if (req->echo) req->engine.prompt_logprobs = req->engine.logprobs;
   SNAP_API_TRY(read_bool(body, "ignore_eos", "ignore_eos", &e.ignore_eos));
   SNAP_API_TRY(parse_kv_compression(body, &e.kv_policy));
   return {};
@@ -389,19 +391,27 @@ MaybeError parse_one_prompt(const json& p, const ApiContext& ctx, std::vector<in
 }
 
 // "prompt": one prompt, or a list of them (strings or token-id lists), each its own choices.
-MaybeError parse_completion_prompts(const json& body, const ApiContext& ctx, std::vector<std::vector<int32_t>>* out) {
+// texts: each prompt as text (the string, or the ids decoded) for echo.
+MaybeError parse_completion_prompts(const json& body, const ApiContext& ctx, std::vector<std::vector<int32_t>>* out,
+                                    std::vector<std::string>* texts) {
   const json* p = field(body, "prompt");
   if (!p) return bad("prompt", "prompt is required");
   const bool batched = p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array());
+  auto one_text = [&](const json& one, const std::vector<int32_t>& ids) {
+    texts->push_back(one.is_string() ? one.get<std::string>() : ctx.tokenizer->decode(ids, false));
+  };
   if (!batched) {
     out->emplace_back();
-    return parse_one_prompt(*p, ctx, &out->back());
+    SNAP_API_TRY(parse_one_prompt(*p, ctx, &out->back()));
+    one_text(*p, out->back());
+    return {};
   }
   if (p->size() > 64) return bad("prompt", "at most 64 prompts per request, got " + std::to_string(p->size()));
   for (const json& one : *p) {
     if (!one.is_string() && !one.is_array()) return bad("prompt", "a list of prompts holds strings or token-id lists");
     out->emplace_back();
     SNAP_API_TRY(parse_one_prompt(one, ctx, &out->back()));
+    one_text(one, out->back());
   }
   return {};
 }
@@ -459,7 +469,8 @@ MaybeError parse_body(ApiRoute route, const json& body, const ApiContext& ctx, A
   const int64_t max_tokens_limit = ctx.max_tokens_limit > 0 ? ctx.max_tokens_limit : context;
   const char* tokens_key = "max_tokens";
   int64_t max_tokens = -1;
-  SNAP_API_TRY(read_int(body, "max_tokens", "max_tokens", 1, max_tokens_limit, &max_tokens));
+  // echo may score the prompt alone (max_tokens 0), as log-likelihood harnesses ask.
+  SNAP_API_TRY(read_int(body, "max_tokens", "max_tokens", req->echo ? 0 : 1, max_tokens_limit, &max_tokens));
   if (route == ApiRoute::chat_completions && max_tokens < 0) {
     tokens_key = "max_completion_tokens";
     SNAP_API_TRY(read_int(body, tokens_key, tokens_key, 1, max_tokens_limit, &max_tokens));
@@ -469,7 +480,7 @@ MaybeError parse_body(ApiRoute route, const json& body, const ApiContext& ctx, A
   std::vector<std::vector<int32_t>> prompts;
   const char* prompt_param = route == ApiRoute::completions ? "prompt" : "messages";
   if (route == ApiRoute::completions) {
-    SNAP_API_TRY(parse_completion_prompts(body, ctx, &prompts));
+    SNAP_API_TRY(parse_completion_prompts(body, ctx, &prompts, &req->prompt_texts));
   } else {
     prompts.emplace_back();
     SNAP_API_TRY(parse_messages(body, ctx, &prompts.back()));
@@ -575,11 +586,16 @@ json logprobs_json(const ApiResponseMeta& meta, const std::vector<ApiLogprob>& e
   int64_t offset = 0;
   for (const ApiLogprob& e : entries) {
     tokens.push_back(token_string(e.token));
-    token_logprobs.push_back(e.logprob);
-    json top = json::object();
-    for (const auto& [tok, lp] : e.top) top[token_string(tok)] = lp;
-    top[token_string(e.token)] = e.logprob;  // the sampled token is always listed
-    top_logprobs.push_back(top);
+    if (e.null_logprob) {  // an echoed first prompt token
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+    } else {
+      token_logprobs.push_back(e.logprob);
+      json top = json::object();
+      for (const auto& [tok, lp] : e.top) top[token_string(tok)] = lp;
+      top[token_string(e.token)] = e.logprob;  // the sampled (or echoed) token is always listed
+      top_logprobs.push_back(top);
+    }
     offsets.push_back(offset);
     offset += static_cast<int64_t>(e.token.size());
   }
@@ -769,6 +785,24 @@ std::string stream_usage_chunk(const ApiResponseMeta& meta, const EngineEvent& f
   j["usage"] = usage_json(finished);
   j["kv"] = kv_json(meta, finished);
   return dump(j);
+}
+
+std::vector<ApiLogprob> api_prompt_logprobs(const Tokenizer& tokenizer, const std::vector<int32_t>& prompt_ids,
+                                            const std::vector<PromptLogprob>& scored) {
+  std::vector<ApiLogprob> out;
+  if (prompt_ids.empty()) return out;
+  ApiLogprob first;
+  first.token = tokenizer.token_bytes(prompt_ids[0]);
+  first.null_logprob = true;
+  out.push_back(std::move(first));
+  for (const PromptLogprob& p : scored) {
+    ApiLogprob e;
+    e.token = tokenizer.token_bytes(p.token_id);
+    e.logprob = p.logprob;
+    for (const auto& [id, lp] : p.top) e.top.emplace_back(tokenizer.token_bytes(id), lp);
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 ApiLogprob api_logprob(const Tokenizer& tokenizer, const EngineEvent& token) {

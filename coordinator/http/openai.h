@@ -74,6 +74,10 @@ struct ApiRequest {
   std::vector<std::vector<int32_t>> more_prompts;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // echo (completions): each choice's text starts with its prompt; with logprobs, the
+  // prompt's tokens are listed first (the first with a null logprob).
+  bool echo = false;
+  std::vector<std::string> prompt_texts;  // with echo: each prompt as text
   int num_prompts() const { return 1 + static_cast<int>(more_prompts.size()); }
   int num_choices() const { return num_prompts() * engine.n; }
 };
@@ -105,11 +109,15 @@ struct ApiResponseMeta {
 // One output token's log-probabilities, ready for the response.
 struct ApiLogprob {
   std::string token;  // the token's bytes
+  bool null_logprob = false;  // an echoed first prompt token: nothing to score it against
   float logprob = 0.0f;
   std::vector<std::pair<std::string, float>> top;  // most likely first
 };
 // From a token event (EngineRequest::logprobs >= 0).
 ApiLogprob api_logprob(const Tokenizer& tokenizer, const EngineEvent& token);
+// An echoed prompt's entries: its first token (null logprob), then the scored ones.
+std::vector<ApiLogprob> api_prompt_logprobs(const Tokenizer& tokenizer, const std::vector<int32_t>& prompt_ids,
+                                            const std::vector<PromptLogprob>& scored);
 
 ApiResponseMeta api_response_meta(const ApiRequest& request, const std::string& model_name);
 

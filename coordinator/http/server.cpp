@@ -313,6 +313,16 @@ class Session : public std::enable_shared_from_this<Session> {
     pending_ = parsed.request.num_choices();
     first_error_.reset();
     engine_ids_.clear();
+    // echo: every choice starts with its prompt; with logprobs the prompt's tokens come first.
+    echo_ = parsed.request.echo;
+    echo_prompts_.clear();
+    if (echo_) {
+      for (size_t i = 0; i < choices_.size(); ++i) choices_[i].text = parsed.request.prompt_texts[i / static_cast<size_t>(n_)];
+      if (meta_.logprobs >= 0) {
+        echo_prompts_.push_back(parsed.request.engine.prompt_ids);
+        for (const auto& more : parsed.request.more_prompts) echo_prompts_.push_back(more);
+      }
+    }
     // One engine request per prompt (each with its n choices); choice index p * n + c.
     std::vector<std::vector<int32_t>> more = std::move(parsed.request.more_prompts);
     const int prompts = 1 + static_cast<int>(more.size());
@@ -349,6 +359,9 @@ class Session : public std::enable_shared_from_this<Session> {
       enqueue(std::move(head));
       if (meta_.route == ApiRoute::chat_completions) {
         for (size_t i = 0; i < choices_.size(); ++i) send_sse(stream_chunk(meta_, "", true, "", {}, static_cast<int>(i)));
+      }
+      if (echo_) {
+        for (size_t i = 0; i < choices_.size(); ++i) send_sse(stream_chunk(meta_, choices_[i].text, false, "", {}, static_cast<int>(i)));
       }
     }
     arm_peer_check();
@@ -388,6 +401,15 @@ class Session : public std::enable_shared_from_this<Session> {
       c.text += ev.text;
       if (pending_ > 0) return;
       if (first_error_) return send_error(api_error_from_status(*first_error_));
+      if (!echo_prompts_.empty()) {  // the echoed prompt's logprobs (from each prompt's choice 0) first
+        for (size_t k = 0; k < choices_.size(); ++k) {
+          const size_t p = k / static_cast<size_t>(n_);
+          std::vector<ApiLogprob> all = api_prompt_logprobs(*state_->api.tokenizer, echo_prompts_[p],
+                                                            choices_[p * static_cast<size_t>(n_)].finished.prompt_logprobs);
+          all.insert(all.end(), choices_[k].logprobs.begin(), choices_[k].logprobs.end());
+          choices_[k].logprobs = std::move(all);
+        }
+      }
       return send_body(200, "application/json", completion_response(meta_, choices_, n_));
     }
     if (ev.finish_reason == "error") {
@@ -537,6 +559,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<ApiChoice> choices_;    // prompt * n + choice
   int pending_ = 0;                   // choices not finished yet
   std::optional<Status> first_error_;
+  bool echo_ = false;
+  std::vector<std::vector<int32_t>> echo_prompts_;  // echo with logprobs: each prompt's ids
   bool in_flight_ = false;
   bool streaming_ = false;
   bool chunked_ = false;

@@ -45,6 +45,8 @@ struct Sequence {
   kernels::Rng rng{0};
   std::vector<float> logits;
   std::vector<float> processed;  // logits after penalties/bias/masks (when the request has any)
+  std::vector<float> chunk_logits;             // every position's logits of a prompt chunk (prompt_logprobs)
+  std::vector<PromptLogprob> prompt_logprobs;  // prompt tokens scored so far
   TokenHistory history;          // for the penalties
   int64_t prefilled = 0;     // prompt tokens already in the cache
   int64_t generated = 0;
@@ -131,10 +133,16 @@ class EngineImpl final : public Engine {
         return invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary");
       }
     }
-    if (req.max_tokens < 1 || req.max_tokens > max_tokens_limit_) {
-      return invalid_argument("max_tokens must be in [1, " + std::to_string(max_tokens_limit_) + "], got " +
-                              std::to_string(req.max_tokens));
+    const int64_t min_tokens_allowed = req.prompt_logprobs >= 0 ? 0 : 1;
+    if (req.max_tokens < min_tokens_allowed || req.max_tokens > max_tokens_limit_) {
+      return invalid_argument("max_tokens must be in [" + std::to_string(min_tokens_allowed) + ", " +
+                              std::to_string(max_tokens_limit_) + "], got " + std::to_string(req.max_tokens));
     }
+    if (req.prompt_logprobs > 20) return invalid_argument("prompt logprobs: at most 20 alternatives");
+    if (req.prompt_logprobs >= 0 && req.kv_policy.layerwise) {
+      return invalid_argument("prompt logprobs (echo) need every position's logits; layer-wise prefill gives only the last");
+    }
+    if (req.max_tokens == 0 && req.n > 1) return invalid_argument("n > 1 needs max_tokens >= 1");
     if (req.n < 1 || req.n > 64) return invalid_argument("n must be in [1, 64], got " + std::to_string(req.n));
     if (req.n > cfg_.max_num_seqs) {
       return invalid_argument("n = " + std::to_string(req.n) + " choices exceed --max-num-seqs " +
@@ -402,6 +410,7 @@ class EngineImpl final : public Engine {
     std::vector<int64_t> lens;
     std::vector<float*> outs;
     bool has_prefill = false;
+    bool solo = false;  // a prompt chunk that wants every position's logits runs alone
     for (auto& s : running_) {
       if (s->prefilled == 0 && s->req.kv_policy.layerwise && s->req.kv_policy.kind != KvPolicyKind::full &&
           s->req.kv_policy.context_tokens == 0 && s->compress_at > 0) {
@@ -422,17 +431,21 @@ class EngineImpl final : public Engine {
           len = std::min(len, s->compress_at - s->prefilled);  // a chunk never crosses the compression point
         }
         const bool last = s->prefilled + len == s->prompt_len();
+        const bool scored = s->req.prompt_logprobs >= 0;  // every position's logits: a step of its own
         StepItem item{s->id, static_cast<int32_t>(s->prefilled), {}, true, false,
-                      last ? LogitsWanted::last : LogitsWanted::none};
+                      scored ? LogitsWanted::all : last ? LogitsWanted::last : LogitsWanted::none};
         item.tokens.assign(s->req.prompt_ids.begin() + s->prefilled, s->req.prompt_ids.begin() + s->prefilled + len);
         plan.items.push_back(std::move(item));
         seqs.push_back(s.get());
         lens.push_back(len);
-        outs.push_back(last ? s->logits.data() : nullptr);
+        if (scored) s->chunk_logits.resize(static_cast<size_t>(len * model_->config.vocab_size));
+        outs.push_back(scored ? s->chunk_logits.data() : last ? s->logits.data() : nullptr);
         has_prefill = true;
+        solo = scored;
         break;  // one prompt chunk per step keeps the running streams' latency bounded
       }
       for (auto& s : running_) {
+        if (solo) break;
         if (s->prefilling()) continue;
         const int32_t pos = static_cast<int32_t>(s->prompt_len() + s->generated - 1);
         plan.items.push_back({s->id, pos, {s->next_token}, false, false, LogitsWanted::last});
@@ -456,6 +469,7 @@ class EngineImpl final : public Engine {
     for (size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = *seqs[i];
       if (s.prefilling()) {
+        if (st.ok() && s.req.prompt_logprobs >= 0) score_prompt_chunk(s, s.prefilled, lens[i]);
         s.prefilled += lens[i];
         s.prefill_seconds += dt;
         after_prefill_chunk(s, st, t0);
@@ -470,6 +484,23 @@ class EngineImpl final : public Engine {
 
   // The worker compressed the sequence when its prompt reached compress_at: shrink the
   // reservation to the compressed size.
+  // Row j of a chunk starting at `start` predicts prompt token start + j + 1; the chunk's
+  // last row of the whole prompt is the next-token distribution.
+  void score_prompt_chunk(Sequence& s, int64_t start, int64_t len) {
+    const int64_t vocab = model_->config.vocab_size;
+    for (int64_t j = 0; j < len; ++j) {
+      const float* row = s.chunk_logits.data() + j * vocab;
+      const int64_t next = start + j + 1;
+      if (next < s.prompt_len()) {
+        const int32_t tok = s.req.prompt_ids[static_cast<size_t>(next)];
+        TokenLogprobs lp = token_logprobs(row, vocab, tok, s.req.prompt_logprobs);
+        s.prompt_logprobs.push_back({tok, lp.logprob, std::move(lp.top)});
+      } else {
+        std::copy(row, row + vocab, s.logits.begin());
+      }
+    }
+  }
+
   void after_prefill_chunk(Sequence& s, const Status& st, double t0) {
     if (!st.ok()) {
       fail(s, st);
@@ -489,6 +520,10 @@ class EngineImpl final : public Engine {
     if (!s.prefilling()) {
       if (s.prefill_seconds == 0) s.prefill_seconds = now_seconds() - t0;
       if (metrics_) metrics_->observe_request_prefill_time(s.prefill_seconds);
+      if (s.req.max_tokens == 0) {  // scoring only (echo): nothing to generate
+        s.done_reason = "length";
+        return;
+      }
       std::vector<std::unique_ptr<Sequence>> choices;
       if (s.req.n > 1) {
         Status forked = fork_choices(s, &choices);
@@ -677,6 +712,7 @@ class EngineImpl final : public Engine {
     }
     ev.prompt_tokens = s.prompt_len();
     ev.completion_tokens = s.generated;
+    if (!s.child()) ev.prompt_logprobs = std::move(s.prompt_logprobs);
     if (ev.finish_reason == "stop") {
       ev.stop_string = s.stop_string;
       ev.stop_token_id = s.stop_token_id;

@@ -63,6 +63,18 @@ struct EngineRequest {
   // Events carry the choice in EngineEvent::index; each choice ends with its own finished
   // event. n counts against max_num_seqs and the KV reservation covers all n copies.
   int n = 1;
+  // >= 0: the log-probability of every prompt token after the first given the ones before it,
+  // with this many alternatives (OpenAI's echo with logprobs, what log-likelihood harnesses
+  // use). Each prompt chunk then runs in a step of its own with every position's logits.
+  // With it, max_tokens may be 0 (score the prompt, generate nothing).
+  int prompt_logprobs = -1;
+};
+
+// One prompt token's log-probability given the tokens before it.
+struct PromptLogprob {
+  int32_t token_id = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 struct EngineEvent {
@@ -85,6 +97,9 @@ struct EngineEvent {
   Status error;               // set when finish_reason == "error"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // kind == finished of choice 0, with EngineRequest::prompt_logprobs >= 0: prompt tokens
+  // 1 .. N-1 (the first has no context to be scored in).
+  std::vector<PromptLogprob> prompt_logprobs;
   int64_t kv_resident_bytes = 0;         // at the end of the request
   int64_t kv_full_equivalent_bytes = 0;  // what the uncompressed cache would have held
 };

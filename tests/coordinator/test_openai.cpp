@@ -80,7 +80,6 @@ TEST_F(OpenAi, BadRequestsGetStatusAndParam) {
       {"prompt over the limit", C, "{\"prompt\": " + token_list(2100) + "}", 400, "prompt"},
       {"prompt + max_tokens over context", C, "{\"prompt\": " + token_list(2000) + ", \"max_tokens\": 100}", 400, "max_tokens"},
       {"negative max_tokens", C, "{\"prompt\": \"hi\", \"max_tokens\": -1}", 400, "max_tokens"},
-      {"zero max_tokens", C, "{\"prompt\": \"hi\", \"max_tokens\": 0}", 400, "max_tokens"},
       {"huge max_tokens", C, "{\"prompt\": \"hi\", \"max_tokens\": 1000000}", 400, "max_tokens"},
       {"max_tokens past int64", C, "{\"prompt\": \"hi\", \"max_tokens\": 99999999999999999999}", 400, "max_tokens"},
       {"max_tokens float", C, "{\"prompt\": \"hi\", \"max_tokens\": 1.5}", 400, "max_tokens"},
@@ -102,7 +101,8 @@ TEST_F(OpenAi, BadRequestsGetStatusAndParam) {
        "stream_options.include_usage"},
       {"logprobs over 20", C, "{\"prompt\": \"hi\", \"logprobs\": 21}", 400, "logprobs"},
       {"logprobs true on completions", C, "{\"prompt\": \"hi\", \"logprobs\": true}", 400, "logprobs"},
-      {"echo", C, "{\"prompt\": \"hi\", \"echo\": true}", 400, "echo"},
+      {"echo + logprobs streamed", C, "{\"prompt\": \"hi\", \"echo\": true, \"logprobs\": 1, \"stream\": true}", 400, "echo"},
+      {"max_tokens 0 without echo", C, "{\"prompt\": \"hi\", \"max_tokens\": 0}", 400, "max_tokens"},
       {"best_of 2", C, "{\"prompt\": \"hi\", \"best_of\": 2}", 400, "best_of"},
       {"suffix", C, "{\"prompt\": \"hi\", \"suffix\": \"end\"}", 400, "suffix"},
       {"unknown field", C, "{\"prompt\": \"hi\", \"unknown_field\": {\"x\": 1}}", 400, "unknown_field"},
@@ -252,7 +252,7 @@ TEST_F(OpenAi, LogprobsInResponsesAndChunks) {
   EngineEvent f;
   f.kind = EngineEvent::Kind::finished;
   f.finish_reason = "length";
-  const std::vector<ApiLogprob> lps = {{" Paris", -0.25f, {{" Paris", -0.25f}}}, {"\xe2\x82", -1.5f, {{".", -0.5f}}}};
+  const std::vector<ApiLogprob> lps = {{" Paris", false, -0.25f, {{" Paris", -0.25f}}}, {"\xe2\x82", false, -1.5f, {{".", -0.5f}}}};
   const json c = json::parse(completion_response(meta, " Paris\xe2\x82", f, lps));
   const json& l = c["choices"][0]["logprobs"];
   EXPECT_EQ(l["tokens"], (json{" Paris", "bytes:\\xe2\\x82"})) << "a partial UTF-8 token in OpenAI's bytes: form";

@@ -545,6 +545,62 @@ TEST_F(Server, ChoicesAndPromptListsMatchSingleRequests) {
   EXPECT_EQ(post(port_, "/v1/chat/completions", too_many).status, 400);
 }
 
+// echo with logprobs scores the prompt (what log-likelihood harnesses ask): every prompt
+// token's log-probability equals a log-softmax of the logits `generate --dump-logits` writes
+// at the position before it; the first token's is null; max_tokens 0 generates nothing.
+TEST_F(Server, EchoScoresThePromptLikeTheDumpedLogits) {
+  const std::string prompt = "The quick brown fox jumps over the lazy dog";
+  const std::string dump = (fs::temp_directory_path() / ("snap_echo_" + std::to_string(::getpid()))).string();
+  const std::string cmd = std::string(SNAP_BINARY_DIR) + "/snapserve generate --model " + model_path() + " --prompt '" +
+                          prompt + "' --max-tokens 1 --threads 2 --dump-logits " + dump + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(dump, std::ios::binary);
+  char head[32];
+  ASSERT_TRUE(in.read(head, 32));
+  int64_t n = 0, vocab = 0;
+  std::memcpy(&n, head + 16, 8);
+  std::memcpy(&vocab, head + 24, 8);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::vector<float> rows(static_cast<size_t>(n * vocab));
+  ASSERT_TRUE(in.read(reinterpret_cast<char*>(ids.data()), 4 * n));
+  ASSERT_TRUE(in.read(reinterpret_cast<char*>(rows.data()), 4 * n * vocab));
+  fs::remove(dump);
+
+  const Reply r = post(port_, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json c = r.j()["choices"][0];
+  EXPECT_EQ(c["text"], prompt);
+  EXPECT_EQ(r.j()["usage"]["completion_tokens"], 0);
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(static_cast<int64_t>(lp["tokens"].size()), n) << lp.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (int64_t j = 1; j < n; ++j) {
+    const float* row = rows.data() + (j - 1) * vocab;
+    double mx = row[0], z = 0;
+    for (int64_t t = 0; t < vocab; ++t) mx = std::max<double>(mx, row[t]);
+    for (int64_t t = 0; t < vocab; ++t) z += std::exp(row[t] - mx);
+    EXPECT_EQ(lp["tokens"][j], tokenizer_->token_bytes(ids[j]));
+    EXPECT_NEAR(lp["token_logprobs"][j].get<double>(), row[ids[j]] - mx - std::log(z), 1e-3) << "prompt token " << j;
+  }
+  // With generation: the prompt, then the completion, and their logprobs in that order.
+  const Reply g = post(port_, "/v1/completions",
+                       {{"prompt", prompt}, {"max_tokens", 3}, {"echo", true}, {"logprobs", 0}, {"temperature", 0}});
+  ASSERT_EQ(g.status, 200) << g.body;
+  const json gc = g.j()["choices"][0];
+  EXPECT_EQ(gc["text"].get<std::string>().rfind(prompt, 0), 0u) << gc["text"];
+  EXPECT_EQ(static_cast<int64_t>(gc["logprobs"]["tokens"].size()), n + 3);
+  // Streaming with echo sends the prompt first; echo + logprobs + stream is refused by name.
+  const Streamed st = collect_stream(post(port_, "/v1/completions",
+                                          {{"prompt", prompt}, {"max_tokens", 3}, {"echo", true}, {"temperature", 0}, {"stream", true}}),
+                                     false);
+  ASSERT_TRUE(st.problem.empty()) << st.problem;
+  EXPECT_EQ(st.text, gc["text"]);
+  const Reply refused = post(port_, "/v1/completions", {{"prompt", prompt}, {"echo", true}, {"logprobs", 1}, {"stream", true}});
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_EQ(refused.j()["error"]["param"], "echo");
+}
+
 // vLLM's sampling extras do what they say on the real model (their arithmetic is pinned in
 // test_logits_processing): logit_bias forces or forbids a token, min_tokens holds off EOS,
 // stop_token_ids end the output without the token, repetition_penalty changes the text.
