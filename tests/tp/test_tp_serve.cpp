@@ -59,7 +59,7 @@ snap::testing::ServerProcess start_server(std::vector<std::string> launcher, con
 using snap::testing::call;
 using snap::testing::Reply;
 
-// Four requests at once: texts (or "HTTP <status>: body" on failure), in request order.
+// Five requests at once: texts (or "HTTP <status>: body" on failure), in request order.
 std::vector<std::string> complete_all(int port) {
   const std::string long_prompt =
       "Notes from the harbour master's log, spring season. The fishing fleet left at dawn on Monday and "
@@ -76,6 +76,10 @@ std::vector<std::string> complete_all(int port) {
        {"kv_compression", {{"policy", "snapkv"}, {"budget", 40}, {"window", 8}, {"layerwise", true}}}},
       {{"prompt", long_prompt}, {"max_tokens", 24}, {"temperature", 0},
        {"kv_compression", {{"policy", "streaming"}, {"budget", 64}}}},
+      // Two choices forked from one compressed prefill on every rank, the prompt echoed and
+      // scored (a prompt chunk with every position's logits, gathered from the vocab-parallel head).
+      {{"prompt", long_prompt}, {"max_tokens", 12}, {"temperature", 0}, {"n", 2}, {"echo", true}, {"logprobs", 0},
+       {"kv_compression", {{"policy", "snapkv"}, {"budget", 48}, {"window", 8}}}},
   };
   std::vector<std::future<Reply>> futures;
   for (const json& b : bodies) {
@@ -90,7 +94,12 @@ std::vector<std::string> complete_all(int port) {
     if (r.status != 200 || j.is_discarded()) {
       texts.push_back("HTTP " + std::to_string(r.status) + ": " + r.body);
     } else {
-      texts.push_back(j["choices"][0]["text"].get<std::string>());
+      std::string t;  // every choice's text, and how many tokens its logprobs list
+      for (const json& c : j["choices"]) {
+        t += c["text"].get<std::string>();
+        if (!c["logprobs"].is_null()) t += " [" + std::to_string(c["logprobs"]["tokens"].size()) + " logprobs]";
+      }
+      texts.push_back(t);
     }
   }
   return texts;
@@ -116,7 +125,7 @@ const std::vector<std::string>& expected_completions() {
 TEST(TpServe, SameCompletionsAsOneProcessMetricsAndCleanStop) {
   if (!fs::exists(model_path())) GTEST_FAIL() << model_path() << " missing (run scripts/setup.sh)";
   const std::vector<std::string>& expected = expected_completions();
-  ASSERT_EQ(expected.size(), 4u);
+  ASSERT_EQ(expected.size(), 5u);
   for (const std::string& t : expected) ASSERT_EQ(t.rfind("HTTP ", 0), std::string::npos) << t;
 
   snap::testing::ServerProcess tp = start_server({SNAP_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np", "3"}, {"--tp", "3"});
@@ -157,7 +166,7 @@ TEST(TpServe, SameCompletionsAsOneProcessMetricsAndCleanStop) {
 TEST(TpServe, TcpGroupWithoutMpi) {
   if (!fs::exists(model_path())) GTEST_FAIL() << model_path() << " missing (run scripts/setup.sh)";
   const std::vector<std::string>& expected = expected_completions();
-  ASSERT_EQ(expected.size(), 4u);
+  ASSERT_EQ(expected.size(), 5u);
   const int port = snap::testing::free_port();
   const std::string leader = "127.0.0.1:" + std::to_string(port);
   const std::string dir = (fs::temp_directory_path() / ("snap_tp_tcp_" + std::to_string(::getpid()))).string();
