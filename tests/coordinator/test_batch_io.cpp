@@ -52,7 +52,9 @@ TEST(BatchShard, ParseAndOwnership) {
   for (const char* bad : {"3/3", "-1/3", "1", "a/3", "1/0", "1/x", "", "1/3/4"}) {
     auto r = parse_shard(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_NE(r.status().message().find("--shard"), std::string::npos) << r.status().message();
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("--shard"), std::string::npos) << r.status().message();
+    }
   }
   EXPECT_EQ(shard_output_path("out.jsonl", ShardSpec{}), "out.jsonl");
   EXPECT_EQ(shard_output_path("out.jsonl", ShardSpec{2, 4}), "out.jsonl.2-of-4");
