@@ -107,6 +107,8 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
   Impl& m = *impl_;
   m.constant = {{"model_name", model_name}};
   const std::string model = " (model " + model_name + ")";
+  // Rank 0 gathers the other ranks' figures once a second (one all_gather between steps).
+  const std::string k_lag = "; ranks other than 0 are gathered once a second, so their values lag by up to 1 s";
 
   m.num_requests_running =
       m.gauge("snapserve_num_requests_running", "Number of requests in prefill or decode" + model);
@@ -115,12 +117,12 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
   m.kv_cache_usage_ratio = m.gauge("snapserve_kv_cache_usage_ratio",
                                    "Fraction of KV cache pool blocks in use, 0 to 1");
   m.kv_cache_resident_bytes = m.gauge("snapserve_kv_cache_resident_bytes",
-                                      "Bytes of KV cache resident on this rank, after compression");
+                                      "Bytes of KV cache resident on this rank, after compression" + k_lag);
   m.kv_cache_full_equivalent_bytes =
       m.gauge("snapserve_kv_cache_full_equivalent_bytes",
-              "Bytes the KV cache of the running sequences would take on this rank uncompressed");
+              "Bytes the KV cache of the running sequences would take on this rank uncompressed" + k_lag);
   m.process_resident_memory_bytes = m.gauge("snapserve_process_resident_memory_bytes",
-                                            "Resident set size of the rank's process in bytes");
+                                            "Resident set size of the rank's process in bytes" + k_lag);
 
   // prometheus-cpp 1.0.1 exposes a counter under exactly the family name, so the
   // _total suffix belongs in the name (tested in test_metrics.cpp).
@@ -130,11 +132,11 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
   m.request_success = m.counter("snapserve_request_success_total",
                                 "Number of finished requests, by finished_reason");
   m.comm_bytes = m.counter("snapserve_comm_bytes_total",
-                           "Bytes sent by collective operations, by rank and op");
+                           "Bytes sent by collective operations, by rank and op" + k_lag);
   m.comm_seconds = m.counter("snapserve_comm_seconds_total",
                              "Seconds inside collective operations, waiting for other ranks included (a worker "
-                             "rank's broadcast time includes waiting for the next step), by rank and op");
-  m.busy_seconds = m.counter("snapserve_busy_seconds_total", "Seconds a rank spent running step plans, by rank");
+                             "rank's broadcast time includes waiting for the next step), by rank and op" + k_lag);
+  m.busy_seconds = m.counter("snapserve_busy_seconds_total", "Seconds a rank spent running step plans, by rank" + k_lag);
 
   m.http_requests = m.counter("snapserve_http_requests_total",
                               "HTTP responses by route (a served path or \"other\") and status code");
