@@ -4,6 +4,7 @@
 #include "coordinator/tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <queue>
 
 #include "coordinator/tokenizer/tokenizer_impl.h"
@@ -151,8 +152,12 @@ void TokenizerData::finalize() {
         }
         i += n;
       }
-    } else if (byte_fallback && t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
-      out += static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
+    } else if (byte_fallback && t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+               std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      // "<0xAB>": one raw byte. (Anything else shaped like it, e.g. "<0xZZ>" in a corrupt
+      // vocabulary, is ordinary text below; found by fuzz_gguf.)
+      auto hex = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (std::tolower(c) - 'a' + 10); };
+      out += static_cast<char>(hex(t[3]) * 16 + hex(t[4]));
     } else {
       // SentencePiece: "▁" stands for a space.
       for (size_t i = 0; i < t.size();) {

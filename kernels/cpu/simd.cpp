@@ -2,6 +2,8 @@
 // (avx2|scalar) or by simd_level_override() in tests. simd_level_name() reports it.
 #include "kernels/cpu/simd.h"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -12,14 +14,19 @@ namespace snap::kernels {
 
 namespace {
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
 SimdLevel detect() {
   __builtin_cpu_init();
+  const bool f16c = has_f16c();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") && f16c)
     return SimdLevel::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return SimdLevel::avx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) return SimdLevel::avx2;
   return SimdLevel::scalar;
 }
 

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# run_fuzz.sh [--runs N | --seconds S] [TARGET...]: builds the libFuzzer targets of fuzz/
+# (clang, every library instrumented, ASan + UBSan; build dir $SNAP_FUZZ_BUILD, default
+# build-fuzz), runs each (default: all) from a copy of its seed corpus, and prints one line
+# per target: executions, exec/s, edges covered, features, corpus size, crashes. A crash's
+# input is copied to tests/fixtures/fuzz/TARGET/ so that `ctest -L fuzz` replays it from then
+# on (fix the parser, keep the input). Not a test: it runs as long as asked.
+#   bench/run_fuzz.sh --runs 10000000            # the goal: 0 crashes in 10M runs per target
+#   bench/run_fuzz.sh --seconds 60 api_request step_plan
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${SNAP_FUZZ_BUILD:-$root/build-fuzz}
+runs=-1 seconds=0
+targets=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --runs) runs=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) targets+=("$1"); shift ;;
+  esac
+done
+[ "$runs" = -1 ] && [ "$seconds" = 0 ] && runs=1000000
+if [ ${#targets[@]} -eq 0 ]; then
+  read -ra targets < <(sed -n 's/^set(snap_fuzz_names \(.*\))$/\1/p' "$root/fuzz/CMakeLists.txt")
+fi
+command -v clang++ >/dev/null || { echo "run_fuzz: clang++ is needed (apt-get install clang)" >&2; exit 1; }
+
+CC=clang CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSNAP_FUZZ=ON \
+  -DSNAP_ENABLE_CUDA=OFF -DSNAP_BUILD_BENCH=OFF >/dev/null || exit 1
+cmake --build "$build" -j "$(nproc)" --target "${targets[@]/#/fuzz_}" >/dev/null || {
+  echo "run_fuzz: build failed (run: cmake --build $build --target fuzz_...)" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/snap_fuzz.XXXXXX")
+printf '%-18s %12s %9s %7s %7s %7s %8s %s\n' target executions exec/s edges features corpus seconds crashes
+status=0
+for t in "${targets[@]}"; do
+  corpus=$work/$t/corpus artifacts=$work/$t/artifacts/
+  mkdir -p "$corpus" "$artifacts"
+  cp -r "$root/tests/fixtures/fuzz/$t/." "$corpus/" 2>/dev/null
+  case $t in
+    gguf) cp "$root"/tests/fixtures/gguf/tiny.gguf "$root"/tests/fixtures/tokenizer/spm.gguf "$corpus/" ;;
+    tokenizer_json) cp "$root"/tests/fixtures/tokenizer/bytebpe/tokenizer.json "$corpus/bytebpe.json" ;;
+  esac
+  limit=(-runs="$runs")
+  [ "$seconds" != 0 ] && limit=(-max_total_time="$seconds")
+  start=$SECONDS
+  "$build/fuzz/fuzz_$t" "$corpus" "${limit[@]}" -max_len=262144 -timeout=10 -rss_limit_mb=4096 \
+    -artifact_prefix="$artifacts" -print_final_stats=1 >"$work/$t.log" 2>&1
+  rc=$?
+  secs=$((SECONDS - start))
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t.log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/$t.log" | tail -1)
+  stats=$(grep -E '^#[0-9]+' "$work/$t.log" | tail -1)
+  cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$stats")
+  ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$stats")
+  corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$stats")
+  crashes=$(find "$artifacts" -type f | wc -l)
+  if [ "$crashes" -gt 0 ] || [ $rc -ne 0 ]; then
+    status=1
+    mkdir -p "$root/tests/fixtures/fuzz/$t"
+    for f in "$artifacts"*; do [ -f "$f" ] && cp "$f" "$root/tests/fixtures/fuzz/$t/"; done
+    echo "run_fuzz: $t failed (rc $rc); log: $work/$t.log; inputs copied to tests/fixtures/fuzz/$t/" >&2
+    grep -m3 -E "ERROR|SUMMARY" "$work/$t.log" >&2
+  fi
+  printf '%-18s %12s %9s %7s %7s %7s %8s %s\n' "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$secs" "$crashes"
+done
+echo "logs and corpora: $work"
+exit $status
