@@ -1,5 +1,6 @@
-// The HTTP API's request bodies: /v1/completions and /v1/chat/completions (first byte picks
-// the route), every field including kv_compression, logit_bias and prompt lists.
+// The HTTP API's request bodies: /v1/completions and /v1/chat/completions (the first byte
+// picks the route, odd = chat: the text seeds start with "0" or "1"), every field including
+// kv_compression, logit_bias and prompt lists.
 #include "coordinator/http/openai.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "fuzz/fuzz_common.h"
