@@ -72,14 +72,7 @@ struct GenerateArgs {
   TpFlags parallel;  // --tp, --threads, --rank, --world-size, --leader
   int64_t prefill_chunk = 512;
   std::string question;
-  std::string kv_policy = "full";
-  int64_t kv_budget = 1024;
-  int kv_window = 32;
-  int kv_kernel = 7;
-  std::string kv_pooling = "max";
-  std::string kv_gqa = "mean";
-  int kv_sinks = 4;
-  bool kv_layerwise = false;
+  KvFlags kv{"full"};  // --kv-policy and its parameters
   int64_t kv_cache_mib = 0;
   std::string dump_kv_selection;
   std::string weight_dtype = "auto";
@@ -87,14 +80,14 @@ struct GenerateArgs {
 
 Result<KvPolicy> kv_policy_from_args(const GenerateArgs& a) {
   KvPolicy p;
-  SNAP_ASSIGN_OR_RETURN(p.kind, kv_policy_from_name(a.kv_policy));
-  p.budget = a.kv_budget;
-  p.window = a.kv_window;
-  p.kernel = a.kv_kernel;
-  SNAP_ASSIGN_OR_RETURN(p.pooling, kv_pooling_from_name(a.kv_pooling));
-  SNAP_ASSIGN_OR_RETURN(p.aggregation, gqa_aggregation_from_name(a.kv_gqa));
-  p.num_sink = a.kv_sinks;
-  p.layerwise = a.kv_layerwise;
+  SNAP_ASSIGN_OR_RETURN(p.kind, kv_policy_from_name(a.kv.policy));
+  p.budget = a.kv.budget;
+  p.window = a.kv.window;
+  p.kernel = a.kv.kernel;
+  SNAP_ASSIGN_OR_RETURN(p.pooling, kv_pooling_from_name(a.kv.pooling));
+  SNAP_ASSIGN_OR_RETURN(p.aggregation, gqa_aggregation_from_name(a.kv.gqa));
+  p.num_sink = a.kv.sinks;
+  p.layerwise = a.kv.layerwise;
   SNAP_RETURN_IF_ERROR(p.validate());
   return p;
 }
@@ -402,18 +395,9 @@ int main(int argc, char** argv) {
   gen->add_option("--question", g.question,
                   "Question appended after the prompt (the context); with a compressing --kv-policy the context "
                   "alone is compressed before the question is prefilled (question-agnostic)");
-  gen->add_option("--kv-policy", g.kv_policy, "KV cache policy: full (default), snapkv, streaming, h2o, pyramidkv, adakv")
+  gen->add_option("--kv-policy", g.kv.policy, "KV cache policy: full (default), snapkv, streaming, h2o, pyramidkv, adakv")
       ->check(CLI::IsMember({"full", "snapkv", "streaming", "h2o", "pyramidkv", "adakv"}));
-  gen->add_option("--kv-budget", g.kv_budget, "Tokens kept per KV head per layer, window included (default 1024)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  gen->add_option("--kv-window", g.kv_window, "SnapKV observation window W (default 32)")->check(CLI::Range(1, 1 << 20));
-  gen->add_option("--kv-kernel", g.kv_kernel, "SnapKV pooling kernel, odd (default 7)")->check(CLI::Range(1, 1 << 20));
-  gen->add_option("--kv-pooling", g.kv_pooling, "SnapKV pooling: max (default) or avg")->check(CLI::IsMember({"max", "avg"}));
-  gen->add_option("--kv-gqa", g.kv_gqa, "Score aggregation over a GQA group: mean (default) or max")
-      ->check(CLI::IsMember({"mean", "max"}));
-  gen->add_option("--kv-sinks", g.kv_sinks, "streaming: attention-sink tokens kept (default 4)")->check(CLI::Range(0, 1 << 20));
-  gen->add_flag("--kv-layerwise", g.kv_layerwise,
-                "Prefill one layer at a time and compress it at once (peak memory: one layer's full KV)");
+  add_kv_options(gen, g.kv);
   gen->add_option("--kv-cache-mib", g.kv_cache_mib,
                   "KV block pool size in MiB (default: enough for the uncompressed prompt + max tokens)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));

@@ -295,9 +295,10 @@ struct EventQueue {
 };
 
 std::optional<json> default_kv_compression(const BatchArgs& a) {
-  if (a.kv_policy.empty()) return std::nullopt;
-  return json{{"policy", a.kv_policy}, {"budget", a.kv_budget}, {"window", a.kv_window}, {"kernel", a.kv_kernel},
-              {"pooling", a.kv_pooling}, {"gqa", a.kv_gqa},       {"sinks", a.kv_sinks},   {"layerwise", a.kv_layerwise}};
+  const KvFlags& k = a.kv;
+  if (k.policy.empty()) return std::nullopt;
+  return json{{"policy", k.policy}, {"budget", k.budget}, {"window", k.window}, {"kernel", k.kernel},
+              {"pooling", k.pooling}, {"gqa", k.gqa},       {"sinks", k.sinks},   {"layerwise", k.layerwise}};
 }
 
 }  // namespace
@@ -324,19 +325,11 @@ BatchCommands add_batch_subcommand(CLI::App& app, BatchArgs& a) {
                 "(keep the start); chat lines lose them from the longest message. Records say \"truncated\" "
                 "(default: such lines get an error record)")
       ->check(CLI::IsMember({"left", "right"}));
-  b->add_option("--kv-policy", a.kv_policy,
+  b->add_option("--kv-policy", a.kv.policy,
                 "kv_compression for lines that set none: full, snapkv, streaming, h2o, pyramidkv, adakv (default: "
-                "each line's own, full when absent)")
+                "each line's own, full when absent); the --kv-* flags below go with it")
       ->check(CLI::IsMember({"full", "snapkv", "streaming", "h2o", "pyramidkv", "adakv"}));
-  b->add_option("--kv-budget", a.kv_budget, "With --kv-policy: tokens kept per KV head per layer (default 1024)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  b->add_option("--kv-window", a.kv_window, "With --kv-policy: SnapKV observation window (default 32)")->check(CLI::Range(1, 1 << 20));
-  b->add_option("--kv-kernel", a.kv_kernel, "With --kv-policy: SnapKV pooling kernel, odd (default 7)")->check(CLI::Range(1, 1 << 20));
-  b->add_option("--kv-pooling", a.kv_pooling, "With --kv-policy: max (default) or avg")->check(CLI::IsMember({"max", "avg"}));
-  b->add_option("--kv-gqa", a.kv_gqa, "With --kv-policy: GQA score aggregation, mean (default) or max")
-      ->check(CLI::IsMember({"mean", "max"}));
-  b->add_option("--kv-sinks", a.kv_sinks, "With --kv-policy streaming: sink tokens (default 4)")->check(CLI::Range(0, 1 << 20));
-  b->add_flag("--kv-layerwise", a.kv_layerwise, "With --kv-policy: prefill and compress one layer at a time");
+  add_kv_options(b, a.kv);
   add_tp_options(b, a.parallel, "batch");
   b->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));

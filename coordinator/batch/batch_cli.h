@@ -11,6 +11,7 @@
 #include <string>
 
 #include "coordinator/engine/tp_launch.h"
+#include "coordinator/http/serve_cli.h"
 
 namespace snap {
 
@@ -21,15 +22,8 @@ struct BatchArgs {
   std::string shard;     // "I/N"; "" = from SLURM_ARRAY_* or 0/1
   std::string truncate;  // "", "left" or "right"
   TpFlags parallel;
-  // The kv_compression of lines that have none ("" = the lines' own, full when absent).
-  std::string kv_policy;
-  int64_t kv_budget = 1024;
-  int kv_window = 32;
-  int kv_kernel = 7;
-  std::string kv_pooling = "max";
-  std::string kv_gqa = "mean";
-  int kv_sinks = 4;
-  bool kv_layerwise = false;
+  // The kv_compression of lines that have none (policy "" = the lines' own, full when absent).
+  KvFlags kv;
   int64_t kv_cache_mib = 512;
   int64_t max_num_seqs = 16;
   int64_t max_model_len = 0;

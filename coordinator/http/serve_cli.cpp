@@ -64,6 +64,19 @@ void add_tp_options(CLI::App* cmd, TpFlags& f, const std::string& subcommand) {
   size->needs(rank);
 }
 
+void add_kv_options(CLI::App* cmd, KvFlags& f) {
+  cmd->add_option("--kv-budget", f.budget, "Tokens kept per KV head per layer, window included (default 1024)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--kv-window", f.window, "SnapKV observation window W (default 32)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--kv-kernel", f.kernel, "SnapKV pooling kernel, odd (default 7)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--kv-pooling", f.pooling, "SnapKV pooling: max (default) or avg")->check(CLI::IsMember({"max", "avg"}));
+  cmd->add_option("--kv-gqa", f.gqa, "Score aggregation over a GQA group: mean (default) or max")
+      ->check(CLI::IsMember({"mean", "max"}));
+  cmd->add_option("--kv-sinks", f.sinks, "streaming: attention-sink tokens kept (default 4)")->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--kv-layerwise", f.layerwise,
+                "Prefill one layer at a time and compress it at once (peak memory: one layer's full KV)");
+}
+
 void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   if (a.model.empty()) a.model = default_model_path();
   auto* s = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (completions, chat, SSE streaming)");

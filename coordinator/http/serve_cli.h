@@ -39,6 +39,21 @@ struct ServeArgs {
 // --threads, --tp, --rank, --world-size and --leader on a tensor-parallel subcommand.
 void add_tp_options(CLI::App* cmd, TpFlags& flags, const std::string& subcommand);
 
+// The KV policy's parameters as flags (`generate`, `batch`). --kv-policy itself is each
+// subcommand's own (its default differs).
+struct KvFlags {
+  std::string policy;
+  int64_t budget = 1024;
+  int window = 32;
+  int kernel = 7;
+  std::string pooling = "max";
+  std::string gqa = "mean";
+  int sinks = 4;
+  bool layerwise = false;
+};
+// --kv-budget, --kv-window, --kv-kernel, --kv-pooling, --kv-gqa, --kv-sinks, --kv-layerwise.
+void add_kv_options(CLI::App* cmd, KvFlags& flags);
+
 // A tensor-parallel rank other than 0 (of `serve` or `batch`): loads its shard of
 // `model_path`, then runs the plans rank 0 sends until rank 0 stops. Exit code.
 int run_tp_worker(const std::string& model_path, comm::Communicator& comm);
