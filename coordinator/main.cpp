@@ -417,12 +417,18 @@ int main(int argc, char** argv) {
   add_bench_subcommand(app, bench_args);
   BatchArgs batch_args;
   const BatchCommands batch = add_batch_subcommand(app, batch_args);
+  // `eval`: long-context quality tasks (eval/longctx) and versioned scorers (eval/scoring).
+  // Each module registers its nested subcommands on this parent; their callbacks run the
+  // command and set eval_rc.
+  auto* eval = app.add_subcommand("eval", "Long-context quality tasks and versioned scorers");
+  eval->require_subcommand(1);
+  int eval_rc = 0;
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) known |= sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "snapserve: error: unknown subcommand '%s' (expected: generate, serve, batch, bench, inspect; see --help)\n",
+      std::fprintf(stderr, "snapserve: error: unknown subcommand '%s' (expected: generate, serve, batch, eval, bench, inspect; see --help)\n",
                    argv[1]);
       return 2;
     }
@@ -445,5 +451,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("bench")) return run_bench_serve(bench_args);
   if (*batch.merge) return run_batch_merge(batch_args);
   if (*batch.batch) return run_batch(batch_args);
+  if (*eval) return eval_rc;
   return 0;
 }
