@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# device_deps.sh: run HERE (a Debian 12 machine with a package registry), before a GPU session.
+# Downloads the few Debian packages that scripts/device_check.sh needs on the bare GPU machine
+# (no registry there) into .device-deps/ (git-ignored, carried by the device `run` tool):
+#   googletest           GoogleTest sources (built there with its own compiler: no ABI risk)
+#   libopenblas*-openmp  cblas.h + libopenblas.so.0, which the CPU reference kernels link
+#   libgfortran5, libquadmath0  OpenBLAS's runtime dependencies
+# Those come to ~13 MB (the run tool carries at most 64 MiB). Idempotent: a present .deb is kept.
+# Usage: bash scripts/device_deps.sh   (then see scripts/device_check.sh for the run invocation)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=.device-deps
+pkgs=(googletest libopenblas0-openmp libopenblas-openmp-dev libgfortran5 libquadmath0)
+mkdir -p "$dest"
+cd "$dest"
+for p in "${pkgs[@]}"; do
+  if compgen -G "${p}_*.deb" >/dev/null; then
+    echo "device_deps: $p present"
+    continue
+  fi
+  if ! apt-get download "$p" >/dev/null 2>apt.err; then
+    # apt's lists may be missing on a fresh machine: refresh them once and retry.
+    apt-get update -qq >/dev/null 2>&1 || true
+    apt-get download "$p" >/dev/null 2>apt.err || { echo "device_deps: cannot download $p: $(tail -1 apt.err)" >&2; exit 1; }
+  fi
+  echo "device_deps: downloaded $(ls "${p}"_*.deb)"
+done
+rm -f apt.err
+du -sh . | awk '{print "device_deps: " $1 " in .device-deps/"}'
