@@ -1,0 +1,36 @@
+// `snapserve eval report`: reads eval records (JSONL from `eval run`) and writes report.md
+// (accuracy per task, placement, policy and length with Wilson 95% intervals; needle
+// accuracy per depth) and SVG pictures: the needle heatmap (depth x length, one panel per
+// policy), accuracy vs budget (one line per policy family) and accuracy vs length (one
+// line per policy). Records of the same key in several inputs count once (the last wins).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace snap::eval {
+
+struct Interval {
+  double lo = 0, hi = 0;
+};
+// Wilson score interval for k successes in n trials (n = 0: [0, 1]).
+Interval wilson_interval(int64_t k, int64_t n, double z = 1.959963984540054);
+
+struct EvalRecord {
+  std::string key, task, haystack, placement, policy_name, policy_label, policy_family;
+  int64_t length = 0, budget = 0, prompt_tokens = 0;
+  int depth = -1;
+  bool correct = false;
+  double partial = 0;
+};
+
+Result<std::vector<EvalRecord>> load_records(const std::vector<std::string>& paths);
+
+// Writes DIR/report.md and DIR/*.svg; returns the files written (paths relative to DIR).
+Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& records, const std::string& dir,
+                                              const std::string& title);
+
+}  // namespace snap::eval
