@@ -26,6 +26,7 @@
 #include "coordinator/loadgen/bench_serve.h"
 #include "coordinator/tokenizer/chat_template.h"
 #include "coordinator/tokenizer/tokenizer.h"
+#include "eval/scoring/cli/scoring_cli.h"
 #include "eval/longctx/eval_cli.h"
 #include "kernels/kernels.h"
 #include "worker/kv/policy.h"
@@ -206,6 +207,7 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
   GenerateRequest req;
   req.kv_policy = kv_policy_from_args(a).value();  // checked by run_generate
   req.kv_pool_bytes = a.kv_cache_mib * 1024 * 1024;
+  req.kv_dtype = kv_dtype_from_name(a.kv.dtype).value();  // checked by the flag
   // With --question the prompt is context + question, and the context alone is compressed
   // before the question is prefilled (question-agnostic compression).
   auto build = [&](const std::string& body) -> Result<std::vector<int32_t>> {
@@ -424,6 +426,7 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "Long-context quality tasks and versioned scorers");
   eval->require_subcommand(1);
   int eval_rc = 0;
+  snap::scoring::add_scoring_eval_commands(*eval, &eval_rc);
   eval::add_longctx_eval_commands(*eval, &eval_rc);
 
   if (argc > 1 && argv[1][0] != '-') {

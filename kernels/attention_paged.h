@@ -21,9 +21,12 @@ struct PagedKvHead {
 // The KV of one layer. Block b: K at k_base + b*k_block_stride, [block_size, head_dim];
 // V at v_base + b*v_block_stride, [block_size, head_dim]; positions at
 // pos_base + b*pos_block_stride, [block_size]. Strides in elements of their own type.
+// K and V elements are `dtype`: f32, bf16 or f16 (the kernels convert them to f32 in
+// registers and accumulate in f32; the reference converts each element and sums in f64).
 struct PagedKv {
-  const float* k_base = nullptr;
-  const float* v_base = nullptr;
+  DType dtype = DType::f32;
+  const void* k_base = nullptr;  // elements of dtype
+  const void* v_base = nullptr;
   const int32_t* pos_base = nullptr;
   int64_t k_block_stride = 0;
   int64_t v_block_stride = 0;

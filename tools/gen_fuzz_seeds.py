@@ -52,9 +52,10 @@ for i, (route, body) in enumerate(bodies):
     w(f"api_request/body{i}.txt", route + json.dumps(body))
 
 
-# step plans, format v2 (worker/step_plan.cpp), little-endian: header, five empty lists, report
+# step plans, format v3 (worker/step_plan.cpp), little-endian: header (kv_dtype 0 = f32), five
+# empty lists, report
 def plan(shutdown=0, report=0):
-    return struct.pack("<BBqiq", 2, shutdown, 0, 16, 512) + struct.pack("<Q", 0) * 5 + struct.pack("<B", report)
+    return struct.pack("<BBqiBq", 3, shutdown, 0, 16, 0, 512) + struct.pack("<Q", 0) * 5 + struct.pack("<B", report)
 
 
 w("step_plan/empty.bin", plan())

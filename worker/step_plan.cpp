@@ -9,7 +9,7 @@
 namespace snap {
 namespace {
 
-constexpr uint8_t k_plan_version = 2;
+constexpr uint8_t k_plan_version = 3;
 
 class Writer {
  public:
@@ -100,6 +100,7 @@ std::vector<uint8_t> encode_step_plan(const StepPlan& plan) {
   w.put<uint8_t>(plan.shutdown ? 1 : 0);
   w.put<int64_t>(plan.pool_bytes);
   w.put<int32_t>(plan.block_size);
+  w.put<uint8_t>(static_cast<uint8_t>(plan.kv_dtype));
   w.put<int64_t>(plan.chunk);
   w.put<uint64_t>(plan.open.size());
   for (const SequenceOpen& o : plan.open) {
@@ -143,9 +144,16 @@ Result<StepPlan> decode_step_plan(std::span<const uint8_t> bytes) {
     return bad("version " + std::to_string(version) + ", this binary speaks " + std::to_string(k_plan_version) +
                " (are all ranks running the same snapserve?)");
   }
-  if (!r.get(&shutdown) || !r.get(&plan.pool_bytes) || !r.get(&plan.block_size) || !r.get(&plan.chunk)) {
+  uint8_t kv_dtype = 0;
+  if (!r.get(&shutdown) || !r.get(&plan.pool_bytes) || !r.get(&plan.block_size) || !r.get(&kv_dtype) ||
+      !r.get(&plan.chunk)) {
     return bad("truncated header");
   }
+  if (kv_dtype != static_cast<uint8_t>(DType::f32) && kv_dtype != static_cast<uint8_t>(DType::bf16) &&
+      kv_dtype != static_cast<uint8_t>(DType::f16)) {
+    return bad("KV element type " + std::to_string(kv_dtype));
+  }
+  plan.kv_dtype = static_cast<DType>(kv_dtype);
   plan.shutdown = shutdown != 0;
   uint64_t n = 0;
   if (!r.get_count(&n, 16)) return bad("bad open count");

@@ -141,8 +141,10 @@ Result<GenerateResult> generate(StepDriver& driver, const GenerateRequest& req, 
   // compression are reused first.
   StepPlan open;
   open.block_size = req.kv_block_size;
+  open.kv_dtype = req.kv_dtype;
   const int64_t blocks_per_head = (limit + req.kv_block_size - 1) / req.kv_block_size;
-  const int64_t block_bytes_estimate = 2LL * req.kv_block_size * c.head_dim * 4 + req.kv_block_size * 4 + 64;
+  const int64_t block_bytes_estimate =
+      2LL * req.kv_block_size * c.head_dim * dtype_size(req.kv_dtype) + req.kv_block_size * 4 + 64;
   open.pool_bytes = req.kv_pool_bytes > 0
                         ? req.kv_pool_bytes
                         : int64_t{c.num_layers} * local.shard().num_kv_heads * blocks_per_head * block_bytes_estimate;

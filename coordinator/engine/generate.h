@@ -26,6 +26,7 @@ struct GenerateRequest {
   int64_t prefill_chunk = 512;    // tokens per prefill forward (bounds scratch memory)
   KvPolicy kv_policy;             // full by default
   int kv_block_size = 16;         // tokens per KV block
+  DType kv_dtype = k_default_kv_dtype;  // K/V element type: f32, bf16 or f16
   // KV block pool size; 0 sizes it for this request uncompressed (prompt + max_tokens).
   // Too small a pool ends the request with resource_exhausted, never a crash.
   int64_t kv_pool_bytes = 0;

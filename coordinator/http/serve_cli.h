@@ -24,6 +24,7 @@ struct ServeArgs {
   TpFlags parallel;  // --tp, --threads, --rank, --world-size, --leader
   int http_threads = 2;
   int64_t kv_cache_mib = 512;
+  std::string kv_dtype;  // --kv-dtype; empty: k_default_kv_dtype
   int64_t max_num_seqs = 16;
   int64_t max_waiting = 64;
   int64_t max_model_len = 0;
@@ -33,6 +34,7 @@ struct ServeArgs {
   double request_timeout = 600;
   double read_timeout = 10;
   double shutdown_timeout = 10;
+  double step_timeout = 20;  // tensor-parallel watchdog base deadline per step plan
   std::vector<std::string> allowed_origins;  // CORS; empty: off
 };
 
@@ -50,9 +52,13 @@ struct KvFlags {
   std::string gqa = "mean";
   int sinks = 4;
   bool layerwise = false;
+  std::string dtype;  // --kv-dtype: f32, bf16, f16; empty: k_default_kv_dtype
 };
-// --kv-budget, --kv-window, --kv-kernel, --kv-pooling, --kv-gqa, --kv-sinks, --kv-layerwise.
+// --kv-budget, --kv-window, --kv-kernel, --kv-pooling, --kv-gqa, --kv-sinks, --kv-layerwise,
+// --kv-dtype.
 void add_kv_options(CLI::App* cmd, KvFlags& flags);
+// --kv-dtype alone (serve, whose KV policy is per request).
+void add_kv_dtype_option(CLI::App* cmd, std::string& dtype);
 
 // A tensor-parallel rank other than 0 (of `serve` or `batch`): loads its shard of
 // `model_path`, then runs the plans rank 0 sends until rank 0 stops. Exit code.

@@ -20,6 +20,7 @@
 #include "coordinator/metrics/metrics.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "kernels/kernels.h"
+#include "worker/kv/block_pool.h"
 #include "worker/kv/policy.h"
 #include "worker/model/config.h"
 
@@ -31,6 +32,7 @@ struct EngineConfig {
   int threads = 0;                // 0: all cores
   int64_t kv_cache_bytes = 512LL << 20;  // block pool size
   int kv_block_size = 16;
+  DType kv_dtype = k_default_kv_dtype;  // K/V element type: f32, bf16 or f16 (--kv-dtype)
   int64_t max_num_seqs = 16;      // sequences running at once
   int64_t max_waiting = 64;       // requests queued beyond the free sequence slots; more are refused
   int64_t prefill_chunk = 256;    // prompt tokens per sequence per step
@@ -39,6 +41,16 @@ struct EngineConfig {
   // The tensor-parallel group this engine leads (group rank 0), or null for one process.
   // Must outlive the engine. KV sizes (kv_cache_bytes, reservations) are per rank.
   comm::Communicator* comm = nullptr;
+  // Faults of that group (coordinator/scheduler/group_watchdog.h): a step plan past its
+  // deadline (step_timeout_seconds + an allowance for its tokens), a rank on this host that
+  // died, or a communication error fails the group: every open request finishes with an
+  // unavailable error (HTTP 503, an error event on a stream), healthy() turns false,
+  // submit() refuses, and on_group_failure is called once, from any thread (the serving
+  // process then exits non-zero so that its launcher restarts the group).
+  double step_timeout_seconds = 20;
+  std::function<void(const std::string& why)> on_group_failure;
+  // A worker rank got a stop signal (its RankReport asks for a drain): called once.
+  std::function<void()> on_drain_request;
 };
 
 struct EngineRequest {

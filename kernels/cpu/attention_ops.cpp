@@ -1,4 +1,5 @@
-// The attention block primitives (kernels/cpu/attention_ops.h): scalar, AVX2 and AVX-512.
+// The attention block primitives (kernels/cpu/attention_ops.h): scalar, AVX2 and AVX-512,
+// each over f32, bf16 and f16 K/V rows.
 #include "kernels/cpu/attention_ops.h"
 
 #include <omp.h>
@@ -6,16 +7,51 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/check.h"
 #include "kernels/cpu/simd.h"
 
 namespace snap::kernels {
 namespace {
 
+// --- element loaders -------------------------------------------------------------------
+// One loader per KV element type: get (scalar), load8 (AVX2), load16 (AVX-512), each
+// returning f32. bf16 → f32 is a 16-bit shift; f16 → f32 is vcvtph2ps (F16C / AVX-512F).
+struct LoadF32 {
+  using T = float;
+  static float get(const T* p, int64_t i) { return p[i]; }
+  SNAP_TARGET_AVX2 static __m256 load8(const T* p) { return _mm256_loadu_ps(p); }
+  SNAP_TARGET_AVX512 static __m512 load16(const T* p) { return _mm512_loadu_ps(p); }
+};
+struct LoadBf16 {
+  using T = uint16_t;
+  static float get(const T* p, int64_t i) { return bf16_to_f32(p[i]); }
+  SNAP_TARGET_AVX2 static __m256 load8(const T* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  SNAP_TARGET_AVX512 static __m512 load16(const T* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+};
+struct LoadF16 {
+  using T = uint16_t;
+  static float get(const T* p, int64_t i) { return f16_to_f32(p[i]); }
+  SNAP_TARGET_AVX2 static __m256 load8(const T* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  SNAP_TARGET_AVX512 static __m512 load16(const T* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+};
 
-void scores_scalar(const float* q, const float* k, int64_t n, int hd, float* s) {
+// --- scalar ----------------------------------------------------------------------------
+template <class L>
+void scores_scalar(const float* q, const void* kp, int64_t n, int hd, float* s) {
+  const auto* k = static_cast<const typename L::T*>(kp);
   for (int64_t j = 0; j < n; ++j) {
     float d = 0.0f;
-    for (int i = 0; i < hd; ++i) d += q[i] * k[j * hd + i];
+    for (int i = 0; i < hd; ++i) d += q[i] * L::get(k, j * hd + i);
     s[j] = d;
   }
 }
@@ -24,25 +60,30 @@ float exp_sum_scalar(float* s, int64_t n, float m) {
   for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
   return sum;
 }
-void accumulate_scalar(float* acc, const float* p, const float* v, int64_t n, int hd) {
+template <class L>
+void accumulate_scalar(float* acc, const float* p, const void* vp, int64_t n, int hd) {
+  const auto* v = static_cast<const typename L::T*>(vp);
   for (int64_t j = 0; j < n; ++j)
-    for (int i = 0; i < hd; ++i) acc[i] += p[j] * v[j * hd + i];
+    for (int i = 0; i < hd; ++i) acc[i] += p[j] * L::get(v, j * hd + i);
 }
 void scale_scalar(float* acc, int hd, float f) {
   for (int i = 0; i < hd; ++i) acc[i] *= f;
 }
 
+// --- AVX2 ------------------------------------------------------------------------------
 // AVX2 needs hd % 8 == 0, AVX-512 hd % 16 == 0 (every Llama-family head_dim is 64 or 128).
-SNAP_TARGET_AVX2 void scores_avx2(const float* q, const float* k, int64_t n, int hd, float* s) {
+template <class L>
+SNAP_TARGET_AVX2 void scores_avx2(const float* q, const void* kp, int64_t n, int hd, float* s) {
+  const auto* k = static_cast<const typename L::T*>(kp);
   for (int64_t j = 0; j < n; ++j) {
-    const float* kj = k + j * hd;
+    const typename L::T* kj = k + j * hd;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= hd; i += 16) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), L::load8(kj + i), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), L::load8(kj + i + 8), a1);
     }
-    if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+    if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), L::load8(kj + i), a0);
     s[j] = hsum_avx2(_mm256_add_ps(a0, a1));
   }
 }
@@ -60,18 +101,20 @@ SNAP_TARGET_AVX2 float exp_sum_avx2(float* s, int64_t n, float m) {
   return sum;
 }
 // acc stays in registers across the run: 8 dims per register, 4 registers per pass.
-SNAP_TARGET_AVX2 void accumulate_avx2(float* acc, const float* p, const float* v, int64_t n, int hd) {
+template <class L>
+SNAP_TARGET_AVX2 void accumulate_avx2(float* acc, const float* p, const void* vp, int64_t n, int hd) {
+  const auto* v = static_cast<const typename L::T*>(vp);
   int i = 0;
   for (; i + 32 <= hd; i += 32) {
     __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
     __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
     for (int64_t j = 0; j < n; ++j) {
       const __m256 pj = _mm256_set1_ps(p[j]);
-      const float* vj = v + j * hd + i;
-      a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), a0);
-      a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), a3);
+      const typename L::T* vj = v + j * hd + i;
+      a0 = _mm256_fmadd_ps(pj, L::load8(vj), a0);
+      a1 = _mm256_fmadd_ps(pj, L::load8(vj + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, L::load8(vj + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, L::load8(vj + 24), a3);
     }
     _mm256_storeu_ps(acc + i, a0);
     _mm256_storeu_ps(acc + i + 8, a1);
@@ -80,7 +123,7 @@ SNAP_TARGET_AVX2 void accumulate_avx2(float* acc, const float* p, const float* v
   }
   for (; i < hd; i += 8) {
     __m256 a = _mm256_loadu_ps(acc + i);
-    for (int64_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + i), a);
+    for (int64_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), L::load8(v + j * hd + i), a);
     _mm256_storeu_ps(acc + i, a);
   }
 }
@@ -89,29 +132,32 @@ SNAP_TARGET_AVX2 void scale_avx2(float* acc, int hd, float f) {
   for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), fv));
 }
 
-SNAP_TARGET_AVX512 void scores_avx512(const float* q, const float* k, int64_t n, int hd, float* s) {
+// --- AVX-512 ---------------------------------------------------------------------------
+template <class L>
+SNAP_TARGET_AVX512 void scores_avx512(const float* q, const void* kp, int64_t n, int hd, float* s) {
+  const auto* k = static_cast<const typename L::T*>(kp);
   if (hd == 64) {  // the common case: q in 4 registers for the whole run
     const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16);
     const __m512 q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
     for (int64_t j = 0; j < n; ++j) {
-      const float* kj = k + j * 64;
-      __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kj));
-      __m512 b = _mm512_mul_ps(q1, _mm512_loadu_ps(kj + 16));
-      a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kj + 32), a);
-      b = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kj + 48), b);
+      const typename L::T* kj = k + j * 64;
+      __m512 a = _mm512_mul_ps(q0, L::load16(kj));
+      __m512 b = _mm512_mul_ps(q1, L::load16(kj + 16));
+      a = _mm512_fmadd_ps(q2, L::load16(kj + 32), a);
+      b = _mm512_fmadd_ps(q3, L::load16(kj + 48), b);
       s[j] = hsum_avx512(_mm512_add_ps(a, b));
     }
     return;
   }
   for (int64_t j = 0; j < n; ++j) {
-    const float* kj = k + j * hd;
+    const typename L::T* kj = k + j * hd;
     __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= hd; i += 32) {
-      a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kj + i), a);
-      b = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), _mm512_loadu_ps(kj + i + 16), b);
+      a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), L::load16(kj + i), a);
+      b = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), L::load16(kj + i + 16), b);
     }
-    if (i < hd) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kj + i), a);
+    if (i < hd) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), L::load16(kj + i), a);
     s[j] = hsum_avx512(_mm512_add_ps(a, b));
   }
 }
@@ -126,18 +172,20 @@ SNAP_TARGET_AVX512 float exp_sum_avx512(float* s, int64_t n, float m) {
   }
   return hsum_avx512(acc);
 }
-SNAP_TARGET_AVX512 void accumulate_avx512(float* acc, const float* p, const float* v, int64_t n, int hd) {
+template <class L>
+SNAP_TARGET_AVX512 void accumulate_avx512(float* acc, const float* p, const void* vp, int64_t n, int hd) {
+  const auto* v = static_cast<const typename L::T*>(vp);
   int i = 0;
   for (; i + 64 <= hd; i += 64) {
     __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
     __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
     for (int64_t j = 0; j < n; ++j) {
       const __m512 pj = _mm512_set1_ps(p[j]);
-      const float* vj = v + j * hd + i;
-      a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), a0);
-      a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), a1);
-      a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), a2);
-      a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), a3);
+      const typename L::T* vj = v + j * hd + i;
+      a0 = _mm512_fmadd_ps(pj, L::load16(vj), a0);
+      a1 = _mm512_fmadd_ps(pj, L::load16(vj + 16), a1);
+      a2 = _mm512_fmadd_ps(pj, L::load16(vj + 32), a2);
+      a3 = _mm512_fmadd_ps(pj, L::load16(vj + 48), a3);
     }
     _mm512_storeu_ps(acc + i, a0);
     _mm512_storeu_ps(acc + i + 16, a1);
@@ -146,7 +194,7 @@ SNAP_TARGET_AVX512 void accumulate_avx512(float* acc, const float* p, const floa
   }
   for (; i < hd; i += 16) {
     __m512 a = _mm512_loadu_ps(acc + i);
-    for (int64_t j = 0; j < n; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(v + j * hd + i), a);
+    for (int64_t j = 0; j < n; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), L::load16(v + j * hd + i), a);
     _mm512_storeu_ps(acc + i, a);
   }
 }
@@ -155,14 +203,27 @@ SNAP_TARGET_AVX512 void scale_avx512(float* acc, int hd, float f) {
   for (int i = 0; i < hd; i += 16) _mm512_storeu_ps(acc + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), fv));
 }
 
-}  // namespace
-
-BlockOps attention_block_ops(int head_dim) {
+template <class L>
+BlockOps block_ops_for(int head_dim) {
   const SimdLevel level = simd_level();
   if (level == SimdLevel::avx512 && head_dim % 16 == 0)
-    return {scores_avx512, exp_sum_avx512, accumulate_avx512, scale_avx512};
-  if (level != SimdLevel::scalar && head_dim % 8 == 0) return {scores_avx2, exp_sum_avx2, accumulate_avx2, scale_avx2};
-  return {scores_scalar, exp_sum_scalar, accumulate_scalar, scale_scalar};
+    return {scores_avx512<L>, exp_sum_avx512, accumulate_avx512<L>, scale_avx512};
+  if (level != SimdLevel::scalar && head_dim % 8 == 0)
+    return {scores_avx2<L>, exp_sum_avx2, accumulate_avx2<L>, scale_avx2};
+  return {scores_scalar<L>, exp_sum_scalar, accumulate_scalar<L>, scale_scalar};
+}
+
+}  // namespace
+
+BlockOps attention_block_ops(int head_dim, DType kv_dtype) {
+  switch (kv_dtype) {
+    case DType::f32: return block_ops_for<LoadF32>(head_dim);
+    case DType::bf16: return block_ops_for<LoadBf16>(head_dim);
+    case DType::f16: return block_ops_for<LoadF16>(head_dim);
+    default: break;
+  }
+  CHECK(false) << "attention: KV element type " << dtype_name(kv_dtype) << " (f32, bf16 or f16)";
+  return {};
 }
 
 int64_t attention_kv_splits(int64_t num_tokens, int num_kv_heads, int64_t kv_len) {

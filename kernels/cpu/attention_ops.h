@@ -1,5 +1,7 @@
 // Internal to kernels/cpu: the block primitives both attention kernels (contiguous and
-// paged) run their online softmax with, one set per SIMD level, and the per-row state.
+// paged) run their online softmax with, one set per SIMD level and KV element type, and the
+// per-row state. K and V rows are f32, bf16 or f16 (converted to f32 in registers); q, p,
+// acc and every sum are f32.
 //   scores: s[j] = dot(q, k_j), j < n; exp_sum: s[j] = e^(s[j]−m), returns Σ;
 //   accumulate: acc += Σ_j p[j]·v_j; scale: acc *= f.
 #pragma once
@@ -8,18 +10,21 @@
 #include <limits>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace snap::kernels {
 
 struct BlockOps {
-  void (*scores)(const float* q, const float* k, int64_t n, int hd, float* s);
+  void (*scores)(const float* q, const void* k, int64_t n, int hd, float* s);  // k: [n, hd] of kv_dtype
   float (*exp_sum)(float* s, int64_t n, float m);
-  void (*accumulate)(float* acc, const float* p, const float* v, int64_t n, int hd);
+  void (*accumulate)(float* acc, const float* p, const void* v, int64_t n, int hd);  // v: [n, hd] of kv_dtype
   void (*scale)(float* acc, int hd, float f);
 };
 
 // The fastest set for this CPU (kernels/cpu/simd.h) that supports head_dim: AVX2 needs
 // head_dim % 8 == 0, AVX-512 head_dim % 16 == 0 (every Llama-family head_dim is 64 or 128).
-BlockOps attention_block_ops(int head_dim);
+// kv_dtype: f32, bf16 or f16 (CHECK).
+BlockOps attention_block_ops(int head_dim, DType kv_dtype = DType::f32);
 
 // Query rows per work item, shared by both kernels.
 inline constexpr int64_t k_attention_query_tile = 16;

@@ -6,6 +6,7 @@
 // Keys are processed in logical chunks of 64 spanning several 16-token blocks, so the
 // softmax rescale runs as often as in the contiguous kernel; the dot/axpy loops restart only
 // where the next block is not physically adjacent, and the next chunk's blocks are prefetched.
+// K/V elements may be f32, bf16 or f16: the block ops convert them in registers.
 #include "kernels/attention_paged.h"
 
 #include <omp.h>
@@ -25,6 +26,25 @@ namespace {
 
 constexpr int64_t k_query_tile = k_attention_query_tile;
 constexpr int64_t k_key_chunk = 64;        // 64 keys × 64 dims × 4 B = 16 KiB of K, same of V: L1-resident
+
+// Element e of a K or V region of kv.dtype, as f32 (the reference's loads).
+float kv_element(const void* base, DType dtype, int64_t e) {
+  switch (dtype) {
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(base)[e]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(base)[e]);
+    default: return static_cast<const float*>(base)[e];
+  }
+}
+
+// Address of element e of a K or V region.
+const void* kv_address(const void* base, int elem_bytes, int64_t e) {
+  return static_cast<const char*>(base) + e * elem_bytes;
+}
+
+void check_kv_dtype(DType dtype) {
+  CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16)
+      << "attention_paged: KV element type " << dtype_name(dtype) << " (f32, bf16 or f16)";
+}
 
 int32_t key_position(const PagedKv& kv, const PagedKvHead& h, int64_t j) {
   return kv.pos_base[h.block_table[j / kv.block_size] * kv.pos_block_stride + j % kv.block_size];
@@ -80,11 +100,11 @@ void for_each_run(const PagedKv& kv, const PagedKvHead& h, int hd, int64_t a, in
 // blocks scattered by compression and reuse, each 4 KiB block is a new page where the
 // hardware prefetcher restarts cold (SmolLM2 decode at 8K keys over a shuffled free list,
 // 1 thread: 827 µs without, ~590 µs with; contiguous 470 µs).
-void prefetch_keys(const PagedKv& kv, const PagedKvHead& h, int64_t a, int64_t b, int hd) {
+void prefetch_keys(const PagedKv& kv, const PagedKvHead& h, int64_t a, int64_t b, int hd, int eb) {
   for_each_run(kv, h, hd, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t) {
-    const char* k = reinterpret_cast<const char*>(kv.k_base + blk * kv.k_block_stride + slot * hd);
-    const char* v = reinterpret_cast<const char*>(kv.v_base + blk * kv.v_block_stride + slot * hd);
-    const int64_t bytes = count * hd * static_cast<int64_t>(sizeof(float));
+    const char* k = static_cast<const char*>(kv_address(kv.k_base, eb, blk * kv.k_block_stride + slot * hd));
+    const char* v = static_cast<const char*>(kv_address(kv.v_base, eb, blk * kv.v_block_stride + slot * hd));
+    const int64_t bytes = count * hd * eb;
     for (int64_t off = 0; off < bytes; off += 64) {
       _mm_prefetch(k + off, _MM_HINT_T0);
       _mm_prefetch(v + off, _MM_HINT_T0);
@@ -108,6 +128,7 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t num_rows = (t1 - t0) * group;
   const PagedKvHead& head = kv.heads[g];
+  const int eb = dtype_size(kv.dtype);
   int64_t lo_all = ke, hi_all = kb;  // union of the tile's visible ranges within [kb, ke)
   for (int64_t t = t0; t < t1; ++t) {
     KeyRange r = visible_range(kv, head, q_pos[t], p.sliding_window);
@@ -130,7 +151,7 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
   float* s = sc.s.data();
   for (int64_t j0 = lo_all; j0 < hi_all; j0 += k_key_chunk) {
     const int64_t j1 = std::min(hi_all, j0 + k_key_chunk);
-    prefetch_keys(kv, head, j1, std::min(hi_all, j1 + k_key_chunk), hd);
+    prefetch_keys(kv, head, j1, std::min(hi_all, j1 + k_key_chunk), hd, eb);
     for (int64_t r = 0; r < num_rows; ++r) {
       const KeyRange& vis = sc.vis[r / group];
       const int64_t a = std::max(j0, vis.lo), b = std::min(j1, vis.hi);
@@ -140,7 +161,7 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
       float* acc = sc.acc.data() + r * hd;
       RowState& st = sc.state[r];
       for_each_run(kv, head, hd, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
-        ops.scores(qr, kv.k_base + blk * kv.k_block_stride + slot * hd, count, hd, s + off);
+        ops.scores(qr, kv_address(kv.k_base, eb, blk * kv.k_block_stride + slot * hd), count, hd, s + off);
       });
       float m = st.m;
       for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
@@ -152,7 +173,7 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
       }
       st.l += ops.exp_sum(s, n, st.m);
       for_each_run(kv, head, hd, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
-        ops.accumulate(acc, s + off, kv.v_base + blk * kv.v_block_stride + slot * hd, count, hd);
+        ops.accumulate(acc, s + off, kv_address(kv.v_base, eb, blk * kv.v_block_stride + slot * hd), count, hd);
       });
     }
   }
@@ -162,6 +183,7 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
 
 void attention_paged_ref(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKv& kv,
                          const AttentionParams& p, float* out) {
+  check_kv_dtype(kv.dtype);
   const int hd = p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
   std::vector<double> w;
@@ -177,9 +199,9 @@ void attention_paged_ref(const float* q, const int32_t* q_positions, int64_t num
       for (int64_t j = 0; j < head.length; ++j) {
         if (!key_visible(key_position(kv, head, j), q_positions[t], p.sliding_window)) continue;
         const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
-        const float* kj = kv.k_base + blk * kv.k_block_stride + slot * hd;
+        const int64_t kj = blk * kv.k_block_stride + slot * hd;
         double d = 0.0;
-        for (int i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kj[i];
+        for (int i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kv_element(kv.k_base, kv.dtype, kj + i);
         keys.push_back(j);
         w.push_back(d * p.scale);
         m = std::max(m, w.back());
@@ -191,7 +213,7 @@ void attention_paged_ref(const float* q, const int32_t* q_positions, int64_t num
         for (size_t n = 0; n < keys.size(); ++n) {
           const int64_t j = keys[n];
           const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
-          acc += w[n] * kv.v_base[blk * kv.v_block_stride + slot * hd + i];
+          acc += w[n] * kv_element(kv.v_base, kv.dtype, blk * kv.v_block_stride + slot * hd + i);
         }
         o[i] = keys.empty() ? 0.0f : static_cast<float>(acc / sum);
       }
@@ -204,9 +226,10 @@ void attention_paged_cpu(const float* q, const int32_t* q_positions, int64_t num
   CHECK(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0)
       << "attention_paged: heads " << p.num_heads << "/" << p.num_kv_heads;
   CHECK_GT(kv.block_size, 0);
+  check_kv_dtype(kv.dtype);
   const int hd = p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
-  const BlockOps ops = attention_block_ops(hd);
+  const BlockOps ops = attention_block_ops(hd, kv.dtype);
   int64_t max_len = 0;
   for (int g = 0; g < p.num_kv_heads; ++g) max_len = std::max(max_len, kv.heads[g].length);
   const int64_t num_tiles = (num_tokens + k_query_tile - 1) / k_query_tile;

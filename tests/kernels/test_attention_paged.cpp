@@ -3,7 +3,9 @@
 // shuffled across heads and padded strides, or packed with mostly adjacent blocks, and NaN
 // in every slot past a head's length;
 // a compacted cache (heads of different lengths, non-contiguous positions, an empty head)
-// against a naive full softmax computed here; NaN in a visible value is not hidden.
+// against a naive full softmax computed here; NaN in a visible value is not hidden. K/V
+// stored in bf16 and f16: the kernels against the same references over the rounded values
+// (the kernel's conversion is exact, so only the f32 accumulation differs: same tolerance).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <random>
 
 #include "kernels/attention_paged.h"
+#include "kernels/kv_convert.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace snap::kernels {
@@ -22,14 +25,32 @@ namespace {
 constexpr double k_tol = 1e-5;
 constexpr float k_nan = std::numeric_limits<float>::quiet_NaN();
 
+// x rounded to `dtype` and back: the values a cache of that type holds.
+std::vector<float> rounded(const std::vector<float>& x, DType dtype) {
+  std::vector<uint16_t> h(x.size());
+  std::vector<float> out(x.size());
+  if (dtype == DType::f32) return x;
+  kv_convert_ref(x.data(), dtype, h.data(), static_cast<int64_t>(x.size()));
+  kv_to_f32_ref(h.data(), dtype, out.data(), static_cast<int64_t>(x.size()));
+  return out;
+}
+
+std::vector<std::vector<float>> rounded(const std::vector<std::vector<float>>& rows, DType dtype) {
+  std::vector<std::vector<float>> out;
+  for (const auto& r : rows) out.push_back(rounded(r, dtype));
+  return out;
+}
+
 // A hand-built paged store: per head the (key, value, position) entries given, in blocks of
 // block_size; unused slots hold NaN. Scattered: ids shuffled, strides padded. Packed (as the
 // BlockPool lays them out): strides exact, ids mostly consecutive with some pairs swapped, so
 // runs of physically adjacent blocks both merge and break.
 struct PagedStore {
   int block_size = 0, head_dim = 0;
+  DType dtype = DType::f32;
   int64_t k_stride = 0, v_stride = 0, pos_stride = 0;
   std::vector<float> k, v;
+  std::vector<uint16_t> k16, v16;  // bf16/f16 stores: k and v converted (NaN slots stay NaN)
   std::vector<int32_t> pos;
   std::vector<std::vector<int32_t>> tables;
   std::vector<PagedKvHead> heads;
@@ -37,9 +58,10 @@ struct PagedStore {
   // k_rows/v_rows[g]: [len_g, head_dim]; positions[g]: [len_g].
   PagedStore(int bs, int hd, const std::vector<std::vector<float>>& k_rows,
              const std::vector<std::vector<float>>& v_rows, const std::vector<std::vector<int32_t>>& positions,
-             uint32_t seed, bool packed = false)
+             uint32_t seed, bool packed = false, DType kv_dtype = DType::f32)
       : block_size(bs),
         head_dim(hd),
+        dtype(kv_dtype),
         k_stride(int64_t{bs} * hd + (packed ? 0 : 8)),
         v_stride(int64_t{bs} * hd + (packed ? 0 : 24)),
         pos_stride(bs + (packed ? 0 : 3)) {
@@ -71,12 +93,19 @@ struct PagedStore {
     }
     for (size_t g = 0; g < num_kv_heads; ++g)
       heads.push_back({tables[g].data(), static_cast<int64_t>(positions[g].size())});
+    if (dtype != DType::f32) {
+      k16.resize(k.size());
+      v16.resize(v.size());
+      kv_convert_ref(k.data(), dtype, k16.data(), static_cast<int64_t>(k.size()));
+      kv_convert_ref(v.data(), dtype, v16.data(), static_cast<int64_t>(v.size()));
+    }
   }
 
   PagedKv view() const {
     PagedKv kv;
-    kv.k_base = k.data();
-    kv.v_base = v.data();
+    kv.dtype = dtype;
+    kv.k_base = dtype == DType::f32 ? static_cast<const void*>(k.data()) : k16.data();
+    kv.v_base = dtype == DType::f32 ? static_cast<const void*>(v.data()) : v16.data();
     kv.pos_base = pos.data();
     kv.k_block_stride = k_stride;
     kv.v_block_stride = v_stride;
@@ -98,8 +127,9 @@ std::string describe(const Case& c) {
          std::to_string(c.block_size) + " window " + std::to_string(c.window);
 }
 
-// Paged (ref and every SIMD level of cpu) vs attention_ref over contiguous K/V, keys at 0..kv_len−1.
-void run_case(const Case& c, int num_kv_heads = 2) {
+// Paged (ref and every SIMD level of cpu) vs attention_ref over contiguous K/V, keys at
+// 0..kv_len−1; with a 16-bit dtype the reference sees the rounded K/V the store holds.
+void run_case(const Case& c, int num_kv_heads = 2, DType dtype = DType::f32) {
   AttentionParams p;
   p.num_kv_heads = num_kv_heads;
   p.num_heads = num_kv_heads * c.ratio;
@@ -108,8 +138,8 @@ void run_case(const Case& c, int num_kv_heads = 2) {
   p.sliding_window = c.window;
   const int64_t hd = c.head_dim, stride = c.kv_len * hd;
   const std::vector<float> q = test::random_floats(c.num_tokens * p.num_heads * hd, 1, -2.0f, 2.0f);
-  const std::vector<float> k = test::random_floats(num_kv_heads * stride, 2, -2.0f, 2.0f);
-  const std::vector<float> v = test::random_floats(num_kv_heads * stride, 3);
+  const std::vector<float> k = rounded(test::random_floats(num_kv_heads * stride, 2, -2.0f, 2.0f), dtype);
+  const std::vector<float> v = rounded(test::random_floats(num_kv_heads * stride, 3), dtype);
   std::vector<int32_t> q_pos(static_cast<size_t>(c.num_tokens));
   const int64_t first = std::max<int64_t>(0, c.kv_len - c.num_tokens);
   for (int64_t t = 0; t < c.num_tokens; ++t) q_pos[t] = static_cast<int32_t>(first + t);
@@ -125,8 +155,8 @@ void run_case(const Case& c, int num_kv_heads = 2) {
   std::vector<float> want(q.size());
   attention_ref(q.data(), q_pos.data(), c.num_tokens, k.data(), v.data(), stride, c.kv_len, p, want.data());
   for (bool packed : {false, true}) {
-    const PagedStore store(c.block_size, c.head_dim, k_rows, v_rows, positions, 4, packed);
-    const std::string layout = packed ? " packed" : " scattered";
+    const PagedStore store(c.block_size, c.head_dim, k_rows, v_rows, positions, 4, packed, dtype);
+    const std::string layout = std::string(packed ? " packed " : " scattered ") + dtype_name(dtype);
     std::vector<float> got(q.size(), -7.0f);
     attention_paged_ref(q.data(), q_pos.data(), c.num_tokens, store.view(), p, got.data());
     EXPECT_TRUE(test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-6))
@@ -169,6 +199,27 @@ TEST(AttentionPaged, LongDecodeSplitsAcrossThreads) {
 }
 
 TEST(AttentionPaged, OddHeadDimUsesScalarPathCorrectly) { run_case({5, 40, 2, 36, 16, 0}); }
+
+// 16-bit K/V: every SIMD level converts in registers; a conversion slip (wrong lane order,
+// a bf16 shift by 8, f16 read as bf16) moves outputs by far more than 1e-5.
+TEST(AttentionPaged, Bf16AndF16KvMatchReferenceOverShapeTable) {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (int64_t num_tokens : {1, 5, 37}) {
+      for (int64_t kv_len : {1, 17, 300}) {
+        for (int ratio : {1, 3}) {
+          for (int head_dim : {64, 128}) {
+            for (int block_size : {1, 16}) run_case({num_tokens, kv_len, ratio, head_dim, block_size, 0}, 2, dtype);
+          }
+        }
+      }
+    }
+    run_case({5, 300, 3, 64, 16, 100}, 2, dtype);  // sliding window
+    run_case({1, 4000, 3, 64, 16, 0}, 3, dtype);   // SmolLM2 decode, KV split across threads
+    run_case({200, 200, 3, 64, 16, 0}, 3, dtype);  // SmolLM2 prefill chunk
+    run_case({5, 40, 2, 36, 16, 0}, 2, dtype);     // odd head_dim: scalar path
+    run_case({3, 50, 2, 24, 16, 0}, 2, dtype);     // head_dim 24: AVX2's 8-wide tail, not AVX-512
+  }
+}
 
 // Naive reference for arbitrary per-head entries: explicit scores, −inf mask, full softmax.
 std::vector<float> naive_attention(const std::vector<float>& q, const std::vector<int32_t>& q_pos,
@@ -224,25 +275,28 @@ TEST(AttentionPaged, CompactedHeadsWithDifferentLengthsMatchNaive) {
     v_rows.push_back(test::random_floats(n, 40 + g));
   }
   AttentionParams p{num_kv_heads * ratio, num_kv_heads, hd, 0.125f, 0};
-  for (const std::vector<int32_t>& q_pos :
-       {std::vector<int32_t>{seq_len}, std::vector<int32_t>{1195, 1196, 1197, 1198, 1199}}) {
-    for (int window : {0, 50}) {
-      p.sliding_window = window;
-      const std::vector<float> q = test::random_floats(static_cast<int64_t>(q_pos.size()) * p.num_heads * hd, 50);
-      const std::vector<float> want = naive_attention(q, q_pos, k_rows, v_rows, positions, p);
-      for (int block_size : {1, 16, 32}) {
-        const PagedStore store(block_size, hd, k_rows, v_rows, positions, 5, block_size == 16);
-        const std::string what = "tokens " + std::to_string(q_pos.size()) + " window " + std::to_string(window) +
-                                 " block " + std::to_string(block_size);
-        std::vector<float> got(q.size(), -7.0f);
-        attention_paged_ref(q.data(), q_pos.data(), static_cast<int64_t>(q_pos.size()), store.view(), p, got.data());
-        EXPECT_TRUE(test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-6)) << "ref " << what;
-        for (SimdLevel level : test::supported_levels()) {
-          test::LevelGuard guard(level);
-          std::fill(got.begin(), got.end(), -7.0f);
-          attention_paged_cpu(q.data(), q_pos.data(), static_cast<int64_t>(q_pos.size()), store.view(), p, got.data());
-          EXPECT_TRUE(test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), k_tol))
-              << "cpu " << test::level_name(level) << " " << what;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    const std::vector<std::vector<float>> kd = rounded(k_rows, dtype), vd = rounded(v_rows, dtype);
+    for (const std::vector<int32_t>& q_pos :
+         {std::vector<int32_t>{seq_len}, std::vector<int32_t>{1195, 1196, 1197, 1198, 1199}}) {
+      for (int window : {0, 50}) {
+        p.sliding_window = window;
+        const std::vector<float> q = test::random_floats(static_cast<int64_t>(q_pos.size()) * p.num_heads * hd, 50);
+        const std::vector<float> want = naive_attention(q, q_pos, kd, vd, positions, p);
+        for (int block_size : {1, 16, 32}) {
+          const PagedStore store(block_size, hd, kd, vd, positions, 5, block_size == 16, dtype);
+          const std::string what = "tokens " + std::to_string(q_pos.size()) + " window " + std::to_string(window) +
+                                   " block " + std::to_string(block_size) + " " + dtype_name(dtype);
+          std::vector<float> got(q.size(), -7.0f);
+          attention_paged_ref(q.data(), q_pos.data(), static_cast<int64_t>(q_pos.size()), store.view(), p, got.data());
+          EXPECT_TRUE(test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-6)) << "ref " << what;
+          for (SimdLevel level : test::supported_levels()) {
+            test::LevelGuard guard(level);
+            std::fill(got.begin(), got.end(), -7.0f);
+            attention_paged_cpu(q.data(), q_pos.data(), static_cast<int64_t>(q_pos.size()), store.view(), p, got.data());
+            EXPECT_TRUE(test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), k_tol))
+                << "cpu " << test::level_name(level) << " " << what;
+          }
         }
       }
     }
@@ -256,17 +310,19 @@ TEST(AttentionPaged, NanInVisibleValueIsNotHidden) {
   std::iota(positions[0].begin(), positions[0].end(), 0);
   std::vector<std::vector<float>> k_rows{test::random_floats(len * hd, 60)}, v_rows{test::random_floats(len * hd, 61)};
   v_rows[0][300 * hd + 5] = k_nan;
-  const PagedStore store(16, hd, k_rows, v_rows, positions, 6);
   AttentionParams p{3, 1, hd, 0.125f, 0};
   const std::vector<float> q = test::random_floats(2 * 3 * hd, 62);
   const std::vector<int32_t> q_pos{200, 599};  // the first query does not see key 300
-  for (SimdLevel level : test::supported_levels()) {
-    test::LevelGuard guard(level);
-    std::vector<float> got(q.size(), 0.0f);
-    attention_paged_cpu(q.data(), q_pos.data(), 2, store.view(), p, got.data());
-    for (int h = 0; h < 3; ++h) {
-      EXPECT_FALSE(std::isnan(got[h * hd + 5])) << test::level_name(level) << " head " << h << " query 0";
-      EXPECT_TRUE(std::isnan(got[(3 + h) * hd + 5])) << test::level_name(level) << " head " << h << " query 1";
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    const PagedStore store(16, hd, k_rows, v_rows, positions, 6, false, dtype);
+    for (SimdLevel level : test::supported_levels()) {
+      test::LevelGuard guard(level);
+      std::vector<float> got(q.size(), 0.0f);
+      attention_paged_cpu(q.data(), q_pos.data(), 2, store.view(), p, got.data());
+      for (int h = 0; h < 3; ++h) {
+        EXPECT_FALSE(std::isnan(got[h * hd + 5])) << test::level_name(level) << " " << dtype_name(dtype) << " head " << h << " query 0";
+        EXPECT_TRUE(std::isnan(got[(3 + h) * hd + 5])) << test::level_name(level) << " " << dtype_name(dtype) << " head " << h << " query 1";
+      }
     }
   }
 }

@@ -1,4 +1,4 @@
-// BlockPool: config validation, block size and count from the byte budget, distinct and
+// BlockPool: config validation, block size and count from the byte budget (f32, bf16, f16), distinct and
 // non-overlapping blocks in page-aligned regions, LIFO reuse after fragmentation without growth, the peak, the
 // exhaustion Status and its message, free-all, double free caught, concurrent alloc/free.
 #include <gtest/gtest.h>
@@ -24,20 +24,32 @@ TEST(BlockPool, RejectsBadConfig) {
   EXPECT_EQ(BlockPool::create({0, 64, DType::f32, 1 << 20}).status().code(), StatusCode::k_invalid_argument);
   EXPECT_EQ(BlockPool::create({16, 0, DType::f32, 1 << 20}).status().code(), StatusCode::k_invalid_argument);
   EXPECT_EQ(BlockPool::create({16, 64, DType::f32, 100}).status().code(), StatusCode::k_invalid_argument);
-  EXPECT_EQ(BlockPool::create({16, 64, DType::bf16, 1 << 20}).status().code(), StatusCode::k_unimplemented);
+  EXPECT_EQ(BlockPool::create({16, 64, DType::q8_0, 1 << 20}).status().code(), StatusCode::k_invalid_argument);
+  EXPECT_EQ(BlockPool::create({16, 64, DType::q4_0, 1 << 20}).status().code(), StatusCode::k_invalid_argument);
+  EXPECT_EQ(kv_dtype_from_name("bf16").value(), DType::bf16);
+  EXPECT_EQ(kv_dtype_from_name("f16").value(), DType::f16);
+  EXPECT_EQ(kv_dtype_from_name("f32").value(), DType::f32);
+  EXPECT_EQ(kv_dtype_from_name("").value(), k_default_kv_dtype);
+  const auto bad = kv_dtype_from_name("q8_0");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "KV dtype 'q8_0': expected f32, bf16 or f16");
 }
 
 TEST(BlockPool, SizesBlocksFromTheByteBudget) {
-  for (int block_size : {1, 16, 32}) {
-    for (int head_dim : {36, 64, 128}) {
-      const int64_t capacity = 1000000;
-      auto pool = BlockPool::create({block_size, head_dim, DType::f32, capacity});
-      ASSERT_TRUE(pool.ok()) << pool.status().to_string();
-      const int64_t bb = 2LL * block_size * head_dim * 4 + int64_t{block_size} * 4;  // K + V + positions
-      EXPECT_EQ((*pool)->block_bytes(), bb);
-      EXPECT_EQ((*pool)->num_blocks(), capacity / bb);
-      EXPECT_EQ((*pool)->num_free(), (*pool)->num_blocks());
-      EXPECT_EQ((*pool)->num_used(), 0);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (int block_size : {1, 16, 32}) {
+      for (int head_dim : {36, 64, 128}) {
+        const int64_t capacity = 1000000;
+        auto pool = BlockPool::create({block_size, head_dim, dtype, capacity});
+        ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+        const int64_t elem = dtype == DType::f32 ? 4 : 2;
+        const int64_t bb = 2LL * block_size * head_dim * elem + int64_t{block_size} * 4;  // K + V + positions
+        EXPECT_EQ((*pool)->elem_bytes(), elem);
+        EXPECT_EQ((*pool)->block_bytes(), bb);
+        EXPECT_EQ((*pool)->num_blocks(), capacity / bb);
+        EXPECT_EQ((*pool)->num_free(), (*pool)->num_blocks());
+        EXPECT_EQ((*pool)->num_used(), 0);
+      }
     }
   }
 }
@@ -58,15 +70,17 @@ TEST(BlockPool, BlocksAreDistinctAlignedAndDoNotOverlap) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(pool->pos_base()) % 4096, 0u);
   for (int32_t id : ids) {
     for (int i = 0; i < bs * hd; ++i) {
-      pool->k(id)[i] = static_cast<float>(id * 100000 + i);
-      pool->v(id)[i] = static_cast<float>(-id * 100000 - i);
+      reinterpret_cast<float*>(pool->k(id))[i] = static_cast<float>(id * 100000 + i);
+      reinterpret_cast<float*>(pool->v(id))[i] = static_cast<float>(-id * 100000 - i);
     }
     for (int s = 0; s < bs; ++s) pool->positions(id)[s] = id * 1000 + s;
   }
   for (int32_t id : ids) {
     for (int i = 0; i < bs * hd; ++i) {
-      ASSERT_EQ(pool->k(id)[i], static_cast<float>(id * 100000 + i)) << "block " << id << " k[" << i << "]";
-      ASSERT_EQ(pool->v(id)[i], static_cast<float>(-id * 100000 - i)) << "block " << id << " v[" << i << "]";
+      ASSERT_EQ(reinterpret_cast<float*>(pool->k(id))[i], static_cast<float>(id * 100000 + i))
+          << "block " << id << " k[" << i << "]";
+      ASSERT_EQ(reinterpret_cast<float*>(pool->v(id))[i], static_cast<float>(-id * 100000 - i))
+          << "block " << id << " v[" << i << "]";
     }
     for (int s = 0; s < bs; ++s) ASSERT_EQ(pool->positions(id)[s], id * 1000 + s) << "block " << id;
   }

@@ -3,12 +3,15 @@
 // other / last-only keep sets preserving rows and positions, blocks back in the pool after
 // compact, free_all and destruction, all-or-nothing appends on exhaustion, exact byte
 // accounting per sequence and pool-wide, and attention_paged_cpu over a compacted layer.
+// 16-bit pools (bf16, f16): rows read back as the rounded f32 rows, compaction and
+// copy_from move them bit for bit, bytes counted at 2 per element, attention over them.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <numeric>
 
+#include "kernels/kv_convert.h"
 #include "worker/kv/paged_kv_cache.h"
 
 namespace snap {
@@ -379,6 +382,82 @@ TEST(PagedKvCache, AttentionOverCompactedLayerMatchesNaive) {
         const float out = got[(t * num_heads + h) * k_hd + i];
         ASSERT_FALSE(std::isnan(out));
         ASSERT_NEAR(out, o, 1e-5) << "token " << t << " head " << h << " dim " << i;
+      }
+    }
+  }
+}
+
+TEST(PagedKvCache, SixteenBitPoolsStoreRoundedRowsAndMoveThemExactly) {
+  const int bs = 16, hd = 64, num_kv_heads = 2;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    const int64_t block_bytes = bs * (2LL * hd * 2 + 4);
+    auto pool = BlockPool::create({bs, hd, dtype, block_bytes * 60}).value();
+    ASSERT_EQ(pool->block_bytes(), block_bytes);
+    PagedKvCache c(*pool, {2, num_kv_heads, hd});
+    const int32_t len = 100;
+    // Random rows: distinct even after rounding, so a row moved to the wrong slot shows.
+    std::vector<float> k(len * num_kv_heads * hd), v(k.size());
+    uint32_t x = 12345;
+    for (size_t i = 0; i < k.size(); ++i) {
+      x = x * 1664525u + 1013904223u;
+      k[i] = static_cast<float>(static_cast<int32_t>(x >> 8) - (1 << 23)) / (1 << 21);  // [-4, 4)
+      v[i] = std::sin(0.7f * i) * 3.0f;
+    }
+    const std::vector<int32_t> pos = range(0, len);
+    for (int l = 0; l < 2; ++l) ASSERT_TRUE(c.append_layer(l, pos.data(), k.data(), v.data(), len).ok());
+    auto want_row = [&](const std::vector<float>& src, int g, int32_t p) {
+      std::vector<uint16_t> h(hd);
+      std::vector<float> r(hd);
+      kernels::kv_convert_ref(&src[(p * num_kv_heads + g) * hd], dtype, h.data(), hd);
+      kernels::kv_to_f32_ref(h.data(), dtype, r.data(), hd);
+      return r;
+    };
+    auto check = [&](const PagedKvCache& cache, int l, int g, const std::vector<int32_t>& want) {
+      ASSERT_EQ(cache.length(l, g), static_cast<int64_t>(want.size()));
+      for (size_t j = 0; j < want.size(); ++j) {
+        ASSERT_EQ(cache.position(l, g, j), want[j]);
+        ASSERT_EQ(cache.k_row(l, g, j), want_row(k, g, want[j])) << dtype_name(dtype) << " k entry " << j;
+        ASSERT_EQ(cache.v_row(l, g, j), want_row(v, g, want[j])) << dtype_name(dtype) << " v entry " << j;
+      }
+    };
+    check(c, 1, 1, pos);
+    EXPECT_EQ(c.stored_bytes(), 2 * num_kv_heads * len * 2LL * hd * 2);
+    EXPECT_EQ(c.resident_bytes(), 2 * num_kv_heads * 7 * block_bytes);
+    EXPECT_EQ(c.full_equivalent_bytes(), c.resident_bytes());
+    std::vector<int32_t> keep;
+    for (int32_t j = 1; j < len; j += 3) keep.push_back(j);
+    ASSERT_TRUE(c.compact(0, 1, keep).ok());
+    check(c, 0, 1, keep);
+    check(c, 0, 0, pos);
+    EXPECT_EQ(c.stored_bytes(), (3 * len + static_cast<int64_t>(keep.size())) * 2LL * hd * 2);
+    PagedKvCache d(*pool, {2, num_kv_heads, hd});
+    ASSERT_TRUE(d.copy_from(c).ok());
+    check(d, 0, 1, keep);
+    check(d, 1, 0, pos);
+    EXPECT_EQ(pool->stored_bytes(), 2 * c.stored_bytes());
+
+    // Attention over the compacted 16-bit layer against a naive softmax over the rows read back.
+    const std::vector<int32_t> q_pos{len};
+    const int num_heads = 6;
+    std::vector<float> q(num_heads * hd);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(1.3f * i);
+    kernels::AttentionParams p{num_heads, num_kv_heads, hd, 0.125f, 0};
+    std::vector<float> got(q.size(), -7.0f);
+    kernels::attention_paged_cpu(q.data(), q_pos.data(), 1, d.layer_view(0), p, got.data());
+    for (int h = 0; h < num_heads; ++h) {
+      const int g = h / 3;
+      std::vector<double> w;
+      for (int64_t j = 0; j < d.length(0, g); ++j) {
+        const std::vector<float> kr = d.k_row(0, g, j);
+        double dot = 0;
+        for (int i = 0; i < hd; ++i) dot += double{q[h * hd + i]} * kr[i];
+        w.push_back(std::exp(dot * p.scale));
+      }
+      const double sum = std::accumulate(w.begin(), w.end(), 0.0);
+      for (int i = 0; i < hd; ++i) {
+        double o = 0;
+        for (int64_t j = 0; j < d.length(0, g); ++j) o += w[j] / sum * d.v_row(0, g, j)[i];
+        ASSERT_NEAR(got[h * hd + i], o, 1e-5) << dtype_name(dtype) << " head " << h << " dim " << i;
       }
     }
   }

@@ -12,6 +12,7 @@ StepPlan sample_plan() {
   StepPlan p;
   p.pool_bytes = 123456789;
   p.block_size = 32;
+  p.kv_dtype = DType::bf16;
   p.chunk = 77;
   KvPolicy policy;
   policy.kind = KvPolicyKind::pyramidkv;
@@ -45,6 +46,7 @@ TEST(StepPlan, RoundTripKeepsEveryField) {
   EXPECT_EQ(d->shutdown, false);
   EXPECT_EQ(d->pool_bytes, p.pool_bytes);
   EXPECT_EQ(d->block_size, p.block_size);
+  EXPECT_EQ(d->kv_dtype, DType::bf16);
   EXPECT_EQ(d->chunk, p.chunk);
   ASSERT_EQ(d->open.size(), 2u);
   const KvPolicy& a = d->open[0].policy;
@@ -112,12 +114,21 @@ TEST(StepPlan, BadVersionAndEnumsAreRefused) {
 
   // The first open's policy kind sits right after the header and the open count and seq.
   bytes = encode_step_plan(sample_plan());
-  const size_t kind_at = 1 + 1 + 8 + 4 + 8 + 8 + 8;
+  const size_t kind_at = 1 + 1 + 8 + 4 + 1 + 8 + 8 + 8;
   ASSERT_EQ(bytes[kind_at], static_cast<uint8_t>(KvPolicyKind::pyramidkv));
   bytes[kind_at] = 200;
   d = decode_step_plan(bytes);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("bad sequence open"), std::string::npos) << d.status().message();
+
+  // The KV element type follows the block size; a block format (q8_0) is not a KV type here.
+  bytes = encode_step_plan(sample_plan());
+  const size_t dtype_at = 1 + 1 + 8 + 4;
+  ASSERT_EQ(bytes[dtype_at], static_cast<uint8_t>(DType::bf16));
+  bytes[dtype_at] = static_cast<uint8_t>(DType::q8_0);
+  d = decode_step_plan(bytes);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("KV element type"), std::string::npos) << d.status().message();
 }
 
 TEST(StepPlan, HugeCountsDoNotAllocate) {

@@ -16,14 +16,23 @@ constexpr int64_t k_page = 4096;  // each region starts on a page
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 }  // namespace
 
+Result<DType> kv_dtype_from_name(const std::string& name) {
+  if (name.empty()) return k_default_kv_dtype;
+  if (name == "f32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  if (name == "f16") return DType::f16;
+  return invalid_argument("KV dtype '" + name + "': expected f32, bf16 or f16");
+}
+
 void BlockPool::FreeDeleter::operator()(std::byte* p) const { std::free(p); }
 
 Result<std::unique_ptr<BlockPool>> BlockPool::create(const BlockPoolConfig& cfg) {
   if (cfg.block_size <= 0 || cfg.head_dim <= 0)
     return invalid_argument("block_pool: block_size " + std::to_string(cfg.block_size) + " and head_dim " +
                             std::to_string(cfg.head_dim) + " must be positive");
-  if (cfg.kv_dtype != DType::f32)
-    return unimplemented(std::string("block_pool: kv_dtype ") + dtype_name(cfg.kv_dtype) + " (only f32)");
+  if (cfg.kv_dtype != DType::f32 && cfg.kv_dtype != DType::bf16 && cfg.kv_dtype != DType::f16)
+    return invalid_argument(std::string("block_pool: kv_dtype ") + dtype_name(cfg.kv_dtype) +
+                            " (f32, bf16 or f16)");
   const int64_t kv_region_bytes = int64_t{cfg.block_size} * cfg.head_dim * dtype_size(cfg.kv_dtype);  // per block
   const int64_t pos_region_bytes = int64_t{cfg.block_size} * 4;
   const int64_t block_bytes = 2 * kv_region_bytes + pos_region_bytes;

@@ -1,6 +1,7 @@
 // BlockPool: the fixed-size KV blocks every sequence's paged cache draws from. A block
 // holds `block_size` tokens of ONE layer's ONE KV head: keys [block_size, head_dim],
-// values [block_size, head_dim] and the int32 RoPE position of each slot. The pool is
+// values [block_size, head_dim] in kv_dtype (f32, bf16 or f16) and the int32 RoPE position
+// of each slot. The pool is
 // sized in bytes once at start-up (one allocation, see storage) and never grows; alloc()
 // returns resource_exhausted when it is full. Thread-safe: sequences on different threads
 // share it.
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
@@ -17,17 +19,24 @@
 
 namespace snap {
 
+// The K/V element type when none is asked for (--kv-dtype): see README, "KV cache dtype".
+inline constexpr DType k_default_kv_dtype = DType::f32;
+
+// "f32", "bf16", "f16" → the type; "" → k_default_kv_dtype; anything else invalid_argument
+// naming the accepted values (the --kv-dtype flag).
+Result<DType> kv_dtype_from_name(const std::string& name);
+
 struct BlockPoolConfig {
   int block_size = 16;  // tokens per block
   int head_dim = 0;
-  DType kv_dtype = DType::f32;  // element type of K and V (only f32 implemented; bf16 planned)
+  DType kv_dtype = k_default_kv_dtype;  // element type of K and V: f32, bf16 or f16
   int64_t capacity_bytes = 0;   // the pool holds floor(capacity_bytes / block_bytes) blocks
 };
 
 class BlockPool {
  public:
-  // invalid_argument for non-positive sizes or a capacity below one block; unimplemented for
-  // a kv_dtype other than f32.
+  // invalid_argument for non-positive sizes, a capacity below one block or a kv_dtype other
+  // than f32, bf16 or f16.
   static Result<std::unique_ptr<BlockPool>> create(const BlockPoolConfig& cfg);
 
   BlockPool(const BlockPool&) = delete;
@@ -42,7 +51,9 @@ class BlockPool {
   int block_size() const { return cfg_.block_size; }
   int head_dim() const { return cfg_.head_dim; }
   DType kv_dtype() const { return cfg_.kv_dtype; }
-  // Bytes of one block: K + V + positions (block_size × (2 × head_dim × 4 + 4)).
+  // Bytes of one K or V element (4 for f32, 2 for bf16 and f16).
+  int elem_bytes() const { return dtype_size(cfg_.kv_dtype); }
+  // Bytes of one block: K + V + positions (block_size × (2 × head_dim × elem_bytes + 4)).
   int64_t block_bytes() const { return block_bytes_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t num_free() const;
@@ -56,13 +67,14 @@ class BlockPool {
   // block_size]. Keeping all K together (rather than K and V side by side per block) makes
   // consecutive blocks one stream, and a 16 × 64 f32 K block exactly one page: SmolLM2
   // decode at 8K keys (1 thread) measured ~30% slower with K|V|positions interleaved per block.
-  float* k_base() { return reinterpret_cast<float*>(data_.get()); }
-  float* v_base() { return reinterpret_cast<float*>(data_.get() + v_offset_); }
+  // K and V are raw bytes of kv_dtype elements; k(id)/v(id) point at a block's first element.
+  std::byte* k_base() { return data_.get(); }
+  std::byte* v_base() { return data_.get() + v_offset_; }
   int32_t* pos_base() { return reinterpret_cast<int32_t*>(data_.get() + pos_offset_); }
-  int64_t kv_block_stride() const { return int64_t{cfg_.block_size} * cfg_.head_dim; }  // floats
+  int64_t kv_block_stride() const { return int64_t{cfg_.block_size} * cfg_.head_dim; }  // elements
   int64_t pos_block_stride() const { return cfg_.block_size; }                          // int32s
-  float* k(int32_t id) { return k_base() + id * kv_block_stride(); }
-  float* v(int32_t id) { return v_base() + id * kv_block_stride(); }
+  std::byte* k(int32_t id) { return k_base() + id * kv_block_stride() * elem_bytes(); }
+  std::byte* v(int32_t id) { return v_base() + id * kv_block_stride() * elem_bytes(); }
   int32_t* positions(int32_t id) { return pos_base() + id * pos_block_stride(); }
 
   // --- pool-wide accounting (the paged caches report their deltas) --------------------

@@ -36,7 +36,7 @@ void KvCompressor::gather_keys(const PagedKvCache& cache, int layer, int64_t n) 
   for (int g = 0; g < shape_.num_kv_heads; ++g) {
     CHECK_GE(cache.length(layer, g), n);
     for (int64_t j = 0; j < n; ++j) {
-      std::memcpy(&keys_[(g * n + j) * hd], cache.k_row(layer, g, j), hd * sizeof(float));
+      cache.read_k_row(layer, g, j, &keys_[(g * n + j) * hd]);  // f32, as attention reads it
     }
   }
 }

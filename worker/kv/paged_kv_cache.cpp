@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "kernels/kv_convert.h"
 
 namespace snap {
 
@@ -91,12 +92,16 @@ void PagedKvCache::write_rows(HeadKv& h, const int32_t* positions, const float* 
                               int64_t row_stride) {
   const int64_t bs = pool_.block_size();
   const int64_t hd = shape_.head_dim;
+  const int64_t row_bytes = hd * pool_.elem_bytes();
+  const DType dtype = pool_.kv_dtype();
+  // Converted on write (f32 → bf16/f16 rounds to nearest even): the pool holds what
+  // attention and the compressor will read.
   for (int64_t i = 0; i < n; ++i) {
     const int64_t j = h.length + i;
     const int32_t blk = h.blocks[static_cast<size_t>(j / bs)];
     const int64_t slot = j % bs;
-    std::memcpy(pool_.k(blk) + slot * hd, k + i * row_stride, hd * sizeof(float));
-    std::memcpy(pool_.v(blk) + slot * hd, v + i * row_stride, hd * sizeof(float));
+    kernels::kv_convert_cpu(k + i * row_stride, dtype, pool_.k(blk) + slot * row_bytes, hd);
+    kernels::kv_convert_cpu(v + i * row_stride, dtype, pool_.v(blk) + slot * row_bytes, hd);
     pool_.positions(blk)[slot] = positions[i];
   }
   h.length += n;
@@ -159,15 +164,16 @@ Status PagedKvCache::compact(int layer, int kv_head, const std::vector<int32_t>&
     prev = j;
   }
   const int64_t bs = pool_.block_size();
-  const int64_t hd = shape_.head_dim;
+  const int64_t row_bytes = int64_t{shape_.head_dim} * pool_.elem_bytes();
   // keep_indices[i] >= i, so moving front to back never overwrites an entry still to be read.
+  // Rows move as stored bytes: compaction never re-rounds.
   for (int64_t i = 0; i < static_cast<int64_t>(keep_indices.size()); ++i) {
     const int64_t src = keep_indices[static_cast<size_t>(i)];
     if (src == i) continue;
     const int32_t sb = h.blocks[static_cast<size_t>(src / bs)], db = h.blocks[static_cast<size_t>(i / bs)];
     const int64_t ss = src % bs, ds = i % bs;
-    std::memcpy(pool_.k(db) + ds * hd, pool_.k(sb) + ss * hd, hd * sizeof(float));
-    std::memcpy(pool_.v(db) + ds * hd, pool_.v(sb) + ss * hd, hd * sizeof(float));
+    std::memcpy(pool_.k(db) + ds * row_bytes, pool_.k(sb) + ss * row_bytes, row_bytes);
+    std::memcpy(pool_.v(db) + ds * row_bytes, pool_.v(sb) + ss * row_bytes, row_bytes);
     pool_.positions(db)[ds] = pool_.positions(sb)[ss];
   }
   const int64_t new_length = static_cast<int64_t>(keep_indices.size());
@@ -202,13 +208,13 @@ Status PagedKvCache::copy_from(const PagedKvCache& src) {
       return st;
     }
   }
-  const int64_t kv_floats = int64_t{pool_.block_size()} * shape_.head_dim;
+  const int64_t kv_bytes = pool_.kv_block_stride() * pool_.elem_bytes();
   for (size_t i = 0; i < heads_.size(); ++i) {
     const HeadKv& from = src.heads_[i];
     HeadKv& to = heads_[i];
     for (size_t b = 0; b < to.blocks.size(); ++b) {
-      std::memcpy(pool_.k(to.blocks[b]), pool_.k(from.blocks[b]), kv_floats * sizeof(float));
-      std::memcpy(pool_.v(to.blocks[b]), pool_.v(from.blocks[b]), kv_floats * sizeof(float));
+      std::memcpy(pool_.k(to.blocks[b]), pool_.k(from.blocks[b]), kv_bytes);
+      std::memcpy(pool_.v(to.blocks[b]), pool_.v(from.blocks[b]), kv_bytes);
       std::memcpy(pool_.positions(to.blocks[b]), pool_.positions(from.blocks[b]), pool_.block_size() * sizeof(int32_t));
     }
     to.length = from.length;
@@ -221,16 +227,32 @@ Status PagedKvCache::copy_from(const PagedKvCache& src) {
 
 // --- reads -----------------------------------------------------------------------------
 
-const float* PagedKvCache::k_row(int layer, int kv_head, int64_t j) const {
+const std::byte* PagedKvCache::row_address(bool value, int layer, int kv_head, int64_t j) const {
   const HeadKv& h = head(layer, kv_head);
   CHECK(j >= 0 && j < h.length) << "paged_kv_cache: entry " << j << " of " << h.length;
-  return pool_.k(h.blocks[static_cast<size_t>(j / pool_.block_size())]) + (j % pool_.block_size()) * shape_.head_dim;
+  const int32_t blk = h.blocks[static_cast<size_t>(j / pool_.block_size())];
+  const int64_t row_bytes = int64_t{shape_.head_dim} * pool_.elem_bytes();
+  return (value ? pool_.v(blk) : pool_.k(blk)) + (j % pool_.block_size()) * row_bytes;
 }
 
-const float* PagedKvCache::v_row(int layer, int kv_head, int64_t j) const {
-  const HeadKv& h = head(layer, kv_head);
-  CHECK(j >= 0 && j < h.length) << "paged_kv_cache: entry " << j << " of " << h.length;
-  return pool_.v(h.blocks[static_cast<size_t>(j / pool_.block_size())]) + (j % pool_.block_size()) * shape_.head_dim;
+void PagedKvCache::read_k_row(int layer, int kv_head, int64_t j, float* out) const {
+  kernels::kv_to_f32_cpu(row_address(false, layer, kv_head, j), pool_.kv_dtype(), out, shape_.head_dim);
+}
+
+void PagedKvCache::read_v_row(int layer, int kv_head, int64_t j, float* out) const {
+  kernels::kv_to_f32_cpu(row_address(true, layer, kv_head, j), pool_.kv_dtype(), out, shape_.head_dim);
+}
+
+std::vector<float> PagedKvCache::k_row(int layer, int kv_head, int64_t j) const {
+  std::vector<float> out(static_cast<size_t>(shape_.head_dim));
+  read_k_row(layer, kv_head, j, out.data());
+  return out;
+}
+
+std::vector<float> PagedKvCache::v_row(int layer, int kv_head, int64_t j) const {
+  std::vector<float> out(static_cast<size_t>(shape_.head_dim));
+  read_v_row(layer, kv_head, j, out.data());
+  return out;
 }
 
 int32_t PagedKvCache::position(int layer, int kv_head, int64_t j) const {
@@ -253,6 +275,7 @@ kernels::PagedKv PagedKvCache::layer_view(int layer) {
     v[static_cast<size_t>(g)] = {h.blocks.data(), h.length};
   }
   kernels::PagedKv kv;
+  kv.dtype = pool_.kv_dtype();
   kv.k_base = pool_.k_base();
   kv.v_base = pool_.v_base();
   kv.pos_base = pool_.pos_base();

@@ -53,9 +53,12 @@ class PagedKvCache {
   int32_t next_position() const { return next_position_; }
   int64_t length(int layer, int kv_head) const { return head(layer, kv_head).length; }
   const std::vector<int32_t>& block_table(int layer, int kv_head) const { return head(layer, kv_head).blocks; }
-  // Entry j < length of a head: its key row, value row [head_dim] and position.
-  const float* k_row(int layer, int kv_head, int64_t j) const;
-  const float* v_row(int layer, int kv_head, int64_t j) const;
+  // Entry j < length of a head: its key row, value row [head_dim] as f32 (converted from
+  // the pool's kv_dtype: exactly what attention reads) and its position.
+  void read_k_row(int layer, int kv_head, int64_t j, float* out) const;
+  void read_v_row(int layer, int kv_head, int64_t j, float* out) const;
+  std::vector<float> k_row(int layer, int kv_head, int64_t j) const;
+  std::vector<float> v_row(int layer, int kv_head, int64_t j) const;
   int32_t position(int layer, int kv_head, int64_t j) const;
   // The positions a head holds, in order (explainability dumps).
   std::vector<int32_t> positions(int layer, int kv_head) const;
@@ -66,7 +69,7 @@ class PagedKvCache {
   // --- accounting ----------------------------------------------------------------------
   // resident: blocks held × pool.block_bytes() (what this sequence really occupies: K, V
   // and positions, whole blocks);
-  // stored: K/V bytes of the tokens held, Σ lengths × 2 × head_dim × 4;
+  // stored: K/V bytes of the tokens held, Σ lengths × 2 × head_dim × elem_bytes;
   // full_equivalent: what the uncompressed cache of the same sequence would occupy in this
   // pool, on the same basis as resident: num_layers × num_kv_heads × ceil(next_position /
   // block_size) blocks × block_bytes. So resident / full_equivalent is exactly 1 for `full`
@@ -93,6 +96,7 @@ class PagedKvCache {
   Status grow(HeadKv& h, int64_t new_length, int64_t& added);
   // Returns the last `count` blocks of h to the pool.
   void shrink(HeadKv& h, int64_t count);
+  const std::byte* row_address(bool value, int layer, int kv_head, int64_t j) const;
   void write_rows(HeadKv& h, const int32_t* positions, const float* k, const float* v, int64_t n, int64_t row_stride);
   Status check_positions(const HeadKv& h, const int32_t* positions, int64_t n, int layer, int kv_head) const;
   void set_next_position(int32_t next);
