@@ -1,4 +1,5 @@
-// Process facts and clocks: wall time, peak/current resident memory.
+// Process facts and clocks: wall time, peak/current resident memory, process identity
+// and the state of another process on this host.
 #pragma once
 
 #include <chrono>
@@ -15,5 +16,14 @@ inline double now_seconds() {
 int64_t peak_rss_bytes();
 // Current resident set size in bytes (VmRSS), 0 if unknown.
 int64_t current_rss_bytes();
+
+// This process's id.
+int64_t current_pid();
+// A stable hash of this host's name (FNV-1a, never 0): two processes see the same value
+// only on the same host (or in containers that share a host name).
+int64_t host_id();
+// The state letter of process `pid` on this host from /proc/<pid>/stat ('R' running,
+// 'S' sleeping, 'T' stopped, 'Z' zombie, ...), or 0 when there is no such process.
+char process_state(int64_t pid);
 
 }  // namespace snap

@@ -193,6 +193,9 @@ RankReport Worker::report(const comm::Communicator* comm) const {
     r.all_gather_seconds = st[comm::CommOp::all_gather].seconds;
   }
   r.busy_seconds = busy_seconds_;
+  r.pid = current_pid();
+  r.host_id = host_id();
+  r.drain_requested = drain_requested_.load() ? 1 : 0;
   return r;
 }
 
@@ -231,7 +234,10 @@ Status StepDriver::run(const StepPlan& plan, std::span<float* const> logits, std
   const Status st = local_.run(plan, logits);
   // An internal error means this rank's state no longer matches the plan (the others may
   // be fine): going on would desynchronise the group's collectives, so end the job.
-  if (st.code() == StatusCode::k_internal && has_group(comm_)) comm_->abort_job("step failed: " + st.message());
+  if (st.code() == StatusCode::k_internal && has_group(comm_)) {
+    if (!on_internal_error_) comm_->abort_job("step failed: " + st.message());
+    on_internal_error_(st);
+  }
   if (plan.report) {
     // Always joined, also after an error: the other ranks are waiting in it.
     if (has_group(comm_)) {

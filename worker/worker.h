@@ -5,7 +5,9 @@
 // the same plan on its own heads, so KV, scores and selections never leave their rank.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -33,6 +35,10 @@ struct RankReport {
   double broadcast_seconds = 0;
   double all_gather_seconds = 0;
   double busy_seconds = 0;        // running step plans (Worker::run), cumulative
+  // Identity and requests, for rank 0's watchdog (coordinator/scheduler/group_watchdog.h):
+  int64_t pid = 0;               // this process
+  int64_t host_id = 0;           // hash of the host name: pids are comparable only on one host
+  int64_t drain_requested = 0;   // 1 once this rank got SIGTERM/SIGINT/SIGUSR1: drain the group
 };
 
 class Worker {
@@ -59,6 +65,9 @@ class Worker {
   const BlockPool* pool() const { return pool_.get(); }
   // This rank's figures; comm (may be null) gives the byte counters.
   RankReport report(const comm::Communicator* comm) const;
+  // A stop signal reached this rank (any thread may call it): its next report asks rank 0
+  // to drain the whole group.
+  void request_drain() { drain_requested_ = true; }
 
  private:
   Status run_plan(const StepPlan& plan, std::span<float* const> logits);
@@ -67,6 +76,7 @@ class Worker {
 
   LlamaForward& forward_;
   double busy_seconds_ = 0;
+  std::atomic<bool> drain_requested_{false};
   std::unique_ptr<BlockPool> pool_;
   std::map<uint64_t, Sequence> seqs_;
 };
@@ -76,7 +86,13 @@ class Worker {
 // just runs it.
 class StepDriver {
  public:
+  // An internal error on this rank means its state no longer matches the plan; going on
+  // would desynchronise the group's collectives. `on_internal_error` decides what then
+  // happens (the engine fails the group, tells its clients, and exits); by default the job
+  // is aborted at once (Communicator::abort_job).
+  using InternalErrorHandler = std::function<void(const Status&)>;
   StepDriver(Worker& local, comm::Communicator* comm);
+  void set_internal_error_handler(InternalErrorHandler handler) { on_internal_error_ = std::move(handler); }
   Worker& local() { return local_; }
   comm::Communicator* comm() { return comm_; }
   // reports: when plan.report, every rank's RankReport, indexed by group rank.
@@ -87,6 +103,7 @@ class StepDriver {
  private:
   Worker& local_;
   comm::Communicator* comm_;
+  InternalErrorHandler on_internal_error_;
   bool shut_down_ = false;
 };
 

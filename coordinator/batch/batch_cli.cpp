@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -427,6 +428,13 @@ int run_batch(const BatchArgs& a) {
   cfg.comm = comm.get();
   cfg.model_path = a.model;
   cfg.threads = launch->threads;
+  // A failed tensor-parallel group (a rank hung or died) ends the job at once, non-zero and
+  // before any of its lines is recorded as an error, so a requeue runs them again.
+  cfg.on_group_failure = [](const std::string& why) {
+    std::fprintf(stderr, "snapserve: batch: exiting, the tensor-parallel group failed: %s\n", why.c_str());
+    std::fflush(stderr);
+    std::_Exit(3);
+  };
   cfg.kv_cache_bytes = a.kv_cache_mib << 20;
   cfg.kv_dtype = kv_dtype_from_name(a.kv.dtype).value();  // checked by the flag
   cfg.max_num_seqs = a.max_num_seqs;

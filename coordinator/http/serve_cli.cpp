@@ -1,8 +1,19 @@
 // `snapserve serve`: flag registration and the process lifecycle — signals blocked before
-// any thread starts (so only the sigwait below sees SIGTERM/SIGINT), engine, HTTP server,
-// one "serving" line on stderr (tests read the port from it), graceful stop, exit 0.
+// any thread starts (so only the sigwaits below see them), engine, HTTP server, one
+// "serving" line on stderr (tests read the port from it), graceful stop, exit 0.
+// Stop signals: SIGTERM/SIGINT drain (running requests get --shutdown-timeout); SIGUSR1
+// too, because mpirun forwards it to every rank at once while it turns SIGTERM into a
+// kill (SIGTERM reaches the ranks after odls_base_sigkill_timeout, default 1 s, and SIGKILL
+// as long again after it; so under mpirun a SIGTERM drains for half that time only). A
+// worker rank's stop signal asks rank 0 (through its next RankReport) to drain the group.
+// A failed group (GroupWatchdog) ends the process with exit code 3 once its clients have
+// their error events.
 #include "coordinator/http/serve_cli.h"
 
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -29,6 +40,35 @@ int serve_fail(const std::string& message) {
 
 }  // namespace
 
+namespace {
+
+// Stop signals of the serving processes: blocked in every thread, taken by sigwait.
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) sigaddset(&set, sig);
+  return set;
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: return "a signal";
+  }
+}
+
+// Seconds between mpirun's SIGTERM to the ranks and its SIGKILL.
+double mpirun_kill_grace() {
+  const char* v = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  const double s = v ? std::atof(v) : 0.0;
+  return s > 0 ? s : 1.0;
+}
+
+}  // namespace
+
 int run_tp_worker(const std::string& model_path, comm::Communicator& comm) {
   LoadOptions opts;
   opts.tp_rank = comm.group_rank();
@@ -38,7 +78,25 @@ int run_tp_worker(const std::string& model_path, comm::Communicator& comm) {
   if (!loaded.ok()) return serve_fail(loaded.message());
   LlamaForward forward(*model, &comm);
   Worker worker(forward);
+  // A stop signal to a worker rank drains the whole group: rank 0 reads the request in this
+  // rank's next report (about once a second), drains, and its shutdown plan ends this loop.
+  const sigset_t set = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::atomic<bool> leaving{false};
+  std::thread signals([&] {
+    for (;;) {
+      int sig = 0;
+      sigwait(&set, &sig);
+      if (leaving.load()) return;
+      std::fprintf(stderr, "snapserve: rank %d: %s received, asking rank 0 to drain the group\n", comm.world().rank(),
+                   signal_name(sig));
+      worker.request_drain();
+    }
+  });
   Status st = worker_loop(worker, comm);
+  leaving = true;
+  pthread_kill(signals.native_handle(), SIGUSR2);
+  signals.join();
   if (!st.ok()) return serve_fail("rank " + std::to_string(comm.world().rank()) + ": " + st.message());
   return 0;
 }
@@ -120,16 +178,22 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
                 "https://app.example.com (\"*\": any; default: none, no CORS headers)")
       ->delimiter(',');
   s->add_option("--shutdown-timeout", a.shutdown_timeout,
-                "Seconds running requests get to finish after SIGTERM before they are cancelled (default 10)")
+                "Seconds running requests get to finish after SIGTERM/SIGINT/SIGUSR1 before they are cancelled "
+                "(default 10). Under mpirun send SIGUSR1 to mpirun for a full drain: it forwards SIGUSR1 at "
+                "once but kills the ranks soon after a SIGTERM")
       ->check(CLI::Range(0.0, 1e6));
+  s->add_option("--step-timeout", a.step_timeout,
+                "Tensor parallelism: seconds a step plan may take before the group counts as failed (a rank "
+                "hung, stopped or unreachable), plus an allowance for its tokens of 10x the measured time per "
+                "token; a rank on this host that dies fails it at once. Then every open request gets an error "
+                "(503 / an error event), /health turns 503 and the process exits 3 so that the launcher "
+                "restarts the group (default 20)")
+      ->check(CLI::Range(0.1, 1e6));
 }
 
 int run_serve(const ServeArgs& a) {
   // Every thread started from here on inherits the mask; sigwait below takes the signals.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
+  const sigset_t signals = stop_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a vanished client is a write error, not a dead server
 
@@ -154,6 +218,16 @@ int run_serve(const ServeArgs& a) {
   cfg.prefill_chunk = a.prefill_chunk;
   cfg.max_prompt_tokens = a.max_model_len > 0 ? a.max_model_len - 1 : 0;
   cfg.max_tokens_limit = a.max_model_len;
+  // A failed group wakes the sigwait below (SIGUSR2 with group_failed set); a worker's
+  // drain request is a SIGTERM to ourselves.
+  static std::atomic<bool> group_failed{false};
+  const pthread_t main_thread = pthread_self();
+  cfg.step_timeout_seconds = a.step_timeout;
+  cfg.on_group_failure = [main_thread](const std::string&) {
+    group_failed = true;
+    pthread_kill(main_thread, SIGUSR2);
+  };
+  cfg.on_drain_request = [main_thread] { pthread_kill(main_thread, SIGUSR1); };
   const std::string metrics_name =
       a.served_model_name.empty() ? std::filesystem::path(a.model).filename().string() : a.served_model_name;
   auto metrics = std::make_unique<ServerMetrics>(metrics_name);
@@ -191,10 +265,26 @@ int run_serve(const ServeArgs& a) {
   std::fflush(stderr);
 
   int sig = 0;
-  sigwait(&signals, &sig);
-  std::fprintf(stderr, "snapserve: %s received, stopping (deadline %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-               a.shutdown_timeout);
-  (*server)->stop(a.shutdown_timeout);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGUSR2 || group_failed.load()) break;  // SIGUSR2 is only our own wake-up
+  }
+  if (group_failed.load()) {
+    // The error events are queued on the HTTP threads: give them a moment to reach the
+    // clients, then exit without touching the group (no rank would answer).
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    std::fprintf(stderr, "snapserve: exiting (exit code 3): the tensor-parallel group failed\n");
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  double deadline = a.shutdown_timeout;
+  if (sig == SIGTERM && launch->launch.launcher == comm::Launcher::mpirun && world->size() > 1) {
+    deadline = std::min(deadline, 0.5 * mpirun_kill_grace());
+    std::fprintf(stderr, "snapserve: SIGTERM under mpirun: Open MPI kills the ranks %.1f s after it, so running "
+                 "requests get %.1f s (send SIGUSR1 to mpirun for a full drain)\n", mpirun_kill_grace(), deadline);
+  }
+  std::fprintf(stderr, "snapserve: %s received, stopping (deadline %.1f s)\n", signal_name(sig), deadline);
+  (*server)->stop(deadline);
   server->reset();
   engine->reset();
   std::fprintf(stderr, "snapserve: stopped\n");

@@ -34,6 +34,7 @@ struct ServeArgs {
   double request_timeout = 600;
   double read_timeout = 10;
   double shutdown_timeout = 10;
+  double step_timeout = 20;  // tensor-parallel watchdog base deadline per step plan
   std::vector<std::string> allowed_origins;  // CORS; empty: off
 };
 

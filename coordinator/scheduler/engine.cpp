@@ -9,6 +9,9 @@
 // The model, the pool and every sequence's KV live in a Worker; the engine reaches them
 // only through StepPlans (open, forward, close) run by a StepDriver, so the same loop
 // drives one process or a tensor-parallel group. Reservations count this rank's KV heads.
+// Group faults: every plan runs under a GroupWatchdog deadline; a failed group finishes
+// every open request through its SinkGate from whichever thread saw the failure first,
+// since the scheduler thread may be stuck inside a collective for good.
 #include "coordinator/scheduler/engine.h"
 
 #include <omp.h>
@@ -22,6 +25,7 @@
 #include <thread>
 
 #include "common/sys.h"
+#include "coordinator/scheduler/group_watchdog.h"
 #include "coordinator/scheduler/logits_processing.h"
 #include "worker/kv/block_pool.h"
 #include "worker/kv/compressor.h"
@@ -32,6 +36,47 @@
 
 namespace snap {
 namespace {
+
+// Between a request's sequences and its EventSink: lets through each choice's events up to
+// and including its one finished event, and nothing after. fail() ends every choice not yet
+// finished with an error, from any thread, so the sink still sees exactly one finished
+// event per choice whichever thread (scheduler or watchdog) gets there first.
+class SinkGate {
+ public:
+  SinkGate(EventSink sink, int n) : sink_(std::move(sink)), finished_(static_cast<size_t>(n), false), open_(n) {}
+  // Returns true when this was the last choice's finished event.
+  bool deliver(const EngineEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t i = static_cast<size_t>(ev.index);
+    if (i >= finished_.size() || finished_[i]) return false;
+    if (ev.kind == EngineEvent::Kind::finished) {
+      finished_[i] = true;
+      --open_;
+    }
+    sink_(ev);
+    return open_ == 0;
+  }
+  void fail(const Status& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < finished_.size(); ++i) {
+      if (finished_[i]) continue;
+      EngineEvent ev;
+      ev.kind = EngineEvent::Kind::finished;
+      ev.index = static_cast<int>(i);
+      ev.finish_reason = "error";
+      ev.error = st;
+      finished_[i] = true;
+      sink_(ev);
+    }
+    open_ = 0;
+  }
+
+ private:
+  std::mutex mu_;
+  EventSink sink_;
+  std::vector<bool> finished_;
+  int open_;
+};
 
 struct Sequence {
   uint64_t id = 0;
@@ -87,6 +132,11 @@ class EngineImpl final : public Engine {
     forward_ = std::make_unique<LlamaForward>(*model_, comm);
     worker_ = std::make_unique<Worker>(*forward_);
     driver_ = std::make_unique<StepDriver>(*worker_, comm);  // from here the workers wait for plans
+    if (comm && comm->group_size() > 1) {
+      watchdog_ = std::make_unique<GroupWatchdog>(cfg_.step_timeout_seconds,
+                                                  [this](const std::string& why) { fail_group(why); });
+      driver_->set_internal_error_handler([this](const Status& st) { fail_group("rank 0: step failed: " + st.message()); });
+    }
     auto tok = Tokenizer::load_for_model(cfg_.model_path);
     if (!tok.ok()) {
       shutdown_workers();
@@ -98,9 +148,23 @@ class EngineImpl final : public Engine {
     pool.pool_bytes = cfg_.kv_cache_bytes;
     pool.block_size = cfg_.kv_block_size;
     pool.kv_dtype = cfg_.kv_dtype;
-    if (Status st = driver_->run(pool); !st.ok()) {
+    pool.report = watchdog_ != nullptr;  // every rank's pid and host, for the watchdog
+    std::vector<RankReport> reports;
+    if (Status st = run_plan(pool, {}, &reports); !st.ok()) {
       shutdown_workers();
       return st;
+    }
+    if (watchdog_) {
+      std::vector<GroupPeer> peers;
+      std::string who;
+      for (size_t r = 1; r < reports.size(); ++r) {
+        const bool here = reports[r].host_id == reports[0].host_id;
+        peers.push_back({static_cast<int>(r), reports[r].pid, here});
+        who += ", rank " + std::to_string(r) + " pid " + std::to_string(reports[r].pid) + (here ? " (this host)" : "");
+      }
+      watchdog_->set_peers(std::move(peers));
+      std::fprintf(stderr, "snapserve: tensor-parallel group of %zu: rank 0 pid %lld%s; step timeout %.1f s\n",
+                   reports.size(), static_cast<long long>(current_pid()), who.c_str(), cfg_.step_timeout_seconds);
     }
     pool_ = worker_->pool();
     context_ = c.max_position > 0 ? c.max_position : (int64_t{1} << 30);
@@ -173,6 +237,7 @@ class EngineImpl final : public Engine {
                               std::to_string(pool_->num_blocks()) +
                               " (shorten it, raise --kv-cache-mib, or use a compressing kv policy with layerwise)");
     }
+    if (failed_.load()) return unavailable(failure_message());
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
       if (metrics_) metrics_->add_request_rejected("shutting_down");
@@ -190,10 +255,17 @@ class EngineImpl final : public Engine {
     auto seq = std::make_unique<Sequence>();
     seq->id = next_id_++;
     seq->group = seq->id;
+    auto gate = std::make_shared<SinkGate>(std::move(sink), req.n);
     seq->req = std::move(req);
-    seq->sink = std::move(sink);
     seq->arrival = now_seconds();
     const uint64_t id = seq->id;
+    seq->sink = [this, gate, id](const EngineEvent& ev) {
+      if (gate->deliver(ev)) forget_gate(id);
+    };
+    {
+      std::lock_guard<std::mutex> gates_lock(gates_mu_);
+      gates_[id] = gate;
+    }
     incoming_.push_back(std::move(seq));
     cv_.notify_one();
     return id;
@@ -209,7 +281,7 @@ class EngineImpl final : public Engine {
   const ModelConfig& model_config() const override { return model_->config; }
   const std::string& model_name() const override { return name_; }
   bool healthy() const override {
-    return alive_.load() && now_seconds() - heartbeat_.load() < 30.0;  // a step never stalls 30 s
+    return alive_.load() && !failed_.load() && now_seconds() - heartbeat_.load() < 30.0;  // a step never stalls 30 s
   }
   EngineStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -236,9 +308,65 @@ class EngineImpl final : public Engine {
   }
 
  private:
+  // --- group faults ---------------------------------------------------------------------
+
+  // Every plan goes through here: under the watchdog's deadline when there is a group, and
+  // refused once the group failed (no rank would answer).
+  Status run_plan(const StepPlan& plan, std::span<float* const> logits = {}, std::vector<RankReport>* reports = nullptr) {
+    if (failed_.load()) return unavailable(failure_message());
+    if (!watchdog_) return driver_->run(plan, logits, reports);
+    int64_t tokens = 0;
+    for (const StepItem& it : plan.items) tokens += static_cast<int64_t>(it.tokens.size());
+    watchdog_->arm(tokens);
+    Status st = driver_->run(plan, logits, reports);
+    watchdog_->disarm();
+    // Communication errors (a peer closed its connection, MPI failed) are internal errors:
+    // the group cannot go on. Plan errors (pool exhaustion, a bad request) happen alike on
+    // every rank and leave the group usable.
+    if (st.code() == StatusCode::k_internal) fail_group(st.message());
+    if (failed_.load()) return unavailable(failure_message());
+    return st;
+  }
+
+  std::string failure_message() const {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    return "tensor-parallel group failed: " + failure_;
+  }
+
+  // Idempotent, any thread, never takes mu_ (the scheduler thread may hold it, stuck in a
+  // collective): ends every open request with an error, then tells the owner.
+  void fail_group(const std::string& why) {
+    if (failed_.exchange(true)) return;
+    {
+      std::lock_guard<std::mutex> lock(failure_mu_);
+      failure_ = why;
+    }
+    std::fprintf(stderr, "snapserve: error: tensor-parallel group failed: %s\n", why.c_str());
+    std::fflush(stderr);
+    // The owner first: `batch` exits here, before any line could be recorded as an error
+    // (a requeued job then runs those lines again); `serve` schedules its exit and lets
+    // the error events below reach the clients.
+    if (cfg_.on_group_failure) cfg_.on_group_failure(why);
+    const Status st = unavailable(failure_message());
+    std::vector<std::shared_ptr<SinkGate>> gates;
+    {
+      std::lock_guard<std::mutex> lock(gates_mu_);
+      for (auto& [id, g] : gates_) gates.push_back(g);
+      gates_.clear();
+    }
+    for (auto& g : gates) g->fail(st);
+    cv_.notify_one();
+  }
+
+  void forget_gate(uint64_t id) {
+    std::lock_guard<std::mutex> lock(gates_mu_);
+    gates_.erase(id);
+  }
+
   // Ends the other ranks' worker loops (after the scheduler thread is gone).
   void shutdown_workers() {
-    if (driver_) {
+    watchdog_.reset();  // the workers are about to exit on purpose
+    if (driver_ && !failed_.load()) {
       Status st = driver_->shutdown();
       if (!st.ok()) std::fprintf(stderr, "snapserve: error: stopping the worker ranks: %s\n", st.message().c_str());
     }
@@ -456,7 +584,7 @@ class EngineImpl final : public Engine {
       }
     }
     if (plan.items.empty() && plan.open.empty()) return;
-    const Status st = driver_->run(plan, plan.items.empty() ? std::span<float* const>{} : std::span<float* const>(outs));
+    const Status st = run_plan(plan, plan.items.empty() ? std::span<float* const>{} : std::span<float* const>(outs));
     const double dt = now_seconds() - t0;
     if (plan.items.empty()) {
       if (!st.ok()) {
@@ -565,10 +693,10 @@ class EngineImpl final : public Engine {
         out->push_back(std::move(k));
       }
     }
-    if (Status st = driver_->run(plan); !st.ok()) {
+    if (Status st = run_plan(plan); !st.ok()) {
       StepPlan undo;  // the copies made before the failure
       for (const SequenceFork& f : plan.forks) undo.close.push_back(f.dst);
-      (void)driver_->run(undo);
+      (void)run_plan(undo);
       out->clear();
       return st;
     }
@@ -725,8 +853,8 @@ class EngineImpl final : public Engine {
       }
       StepPlan close;  // blocks back to every rank's pool before the event goes out
       close.close.push_back(s.id);
-      Status st = driver_->run(close);
-      if (!st.ok()) std::fprintf(stderr, "snapserve: error: closing sequence %llu: %s\n",
+      Status st = run_plan(close);
+      if (!st.ok() && !failed_.load()) std::fprintf(stderr, "snapserve: error: closing sequence %llu: %s\n",
                                  static_cast<unsigned long long>(s.id), st.message().c_str());
       s.open = false;
     }
@@ -757,8 +885,15 @@ class EngineImpl final : public Engine {
       last_report_ = now;
       StepPlan ask;
       ask.report = true;
-      Status st = driver_->run(ask, {}, &reports);
-      if (!st.ok()) std::fprintf(stderr, "snapserve: error: rank reports: %s\n", st.message().c_str());
+      Status st = run_plan(ask, {}, &reports);
+      if (!st.ok() && !failed_.load()) std::fprintf(stderr, "snapserve: error: rank reports: %s\n", st.message().c_str());
+      // A worker rank got a stop signal: the whole group drains (once).
+      for (const RankReport& r : reports) {
+        if (r.drain_requested && !drain_requested_) {
+          drain_requested_ = true;
+          if (cfg_.on_drain_request) cfg_.on_drain_request();
+        }
+      }
     }
     std::lock_guard<std::mutex> lock(mu_);
     stats_.running = static_cast<int64_t>(running_.size());
@@ -827,6 +962,15 @@ class EngineImpl final : public Engine {
   EngineStats stats_;
   std::atomic<bool> alive_{false};
   std::atomic<double> heartbeat_{0};
+  bool drain_requested_ = false;  // engine thread only
+
+  // Group faults: gates_ holds every request not yet finished (its SinkGate), by id.
+  std::mutex gates_mu_;
+  std::map<uint64_t, std::shared_ptr<SinkGate>> gates_;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failure_mu_;
+  std::string failure_;
+  std::unique_ptr<GroupWatchdog> watchdog_;  // with a group only; stopped before the rest
   std::thread thread_;
 };
 

@@ -41,6 +41,16 @@ struct EngineConfig {
   // The tensor-parallel group this engine leads (group rank 0), or null for one process.
   // Must outlive the engine. KV sizes (kv_cache_bytes, reservations) are per rank.
   comm::Communicator* comm = nullptr;
+  // Faults of that group (coordinator/scheduler/group_watchdog.h): a step plan past its
+  // deadline (step_timeout_seconds + an allowance for its tokens), a rank on this host that
+  // died, or a communication error fails the group: every open request finishes with an
+  // unavailable error (HTTP 503, an error event on a stream), healthy() turns false,
+  // submit() refuses, and on_group_failure is called once, from any thread (the serving
+  // process then exits non-zero so that its launcher restarts the group).
+  double step_timeout_seconds = 20;
+  std::function<void(const std::string& why)> on_group_failure;
+  // A worker rank got a stop signal (its RankReport asks for a drain): called once.
+  std::function<void()> on_drain_request;
 };
 
 struct EngineRequest {

@@ -78,9 +78,15 @@ class ServerProcess {
 
   // Sends SIGTERM and waits up to `wait_seconds`; the exit code, or -1 when still running.
   int terminate(double wait_seconds) {
-    using Clock = std::chrono::steady_clock;
     if (pid_ <= 0) return -1;
     ::kill(pid_, SIGTERM);
+    return wait(wait_seconds);
+  }
+  // Waits up to `wait_seconds` for the process to end by itself: its exit code (128 +
+  // signal when killed), or -1 when still running.
+  int wait(double wait_seconds) {
+    using Clock = std::chrono::steady_clock;
+    if (pid_ <= 0) return -1;
     const auto until = Clock::now() + std::chrono::duration<double>(wait_seconds);
     while (Clock::now() < until) {
       int status = 0;
@@ -93,6 +99,7 @@ class ServerProcess {
     return -1;
   }
 
+  pid_t pid() const { return pid_; }
   int port() const { return port_; }
   const std::string& model_name() const { return model_name_; }
   std::string log() const { return slurp_file(err_path_); }
