@@ -1,21 +1,87 @@
-// CUDA twins of the CPU ops in kernels/kernels.h: same arguments (device pointers) plus the
-// stream. Each launcher picks the launch shape; the kernels are `<op>_kernel` in <op>.cu.
-// Errors are reported by the CUDA runtime (cudaGetLastError after the launch).
+// CUDA twins of the CPU ops in kernels/kernels.h and kernels/attention_paged.h: same
+// arguments (device pointers) plus the stream. Each launcher picks the launch shape; the
+// kernels are `<op>_kernel` in <op>.cu. Activations are f32 on the device as on the CPU;
+// weights and KV are bf16 (f32 accumulation). Launch errors are reported by the CUDA runtime
+// (cudaGetLastError after the launch); cuBLAS calls return their status.
 #pragma once
 
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/attention_paged.h"
 
 namespace snap::kernels {
 
+// --- norms, rope, activations (f32 activations) --------------------------------------
 // y[t, :] = x[t, :] / sqrt(mean(x[t, :]²) + eps) · weight; y may alias x. One block per token.
 void rms_norm_cuda(const float* x, const float* weight, float* y, int64_t num_tokens, int64_t hidden_size, float eps,
                    cudaStream_t stream);
-// In-place rotate_half RoPE of x[num_tokens, num_heads, head_dim]; inv_freq[head_dim/2] on device.
+// In-place rotate_half RoPE of x[num_tokens, num_heads, head_dim]; inv_freq[head_dim/2] on device
+// (rope_inv_freq(cfg) on the host: none, linear and llama3 differ only there).
 void rope_cuda(float* x, const int32_t* positions, int64_t num_tokens, int num_heads, int head_dim,
                const float* inv_freq, cudaStream_t stream);
 // out[i] = silu(gate[i]) · up[i]; out may alias gate.
 void swiglu_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+// x[i] += y[i] (the residual stream).
+void residual_add_cuda(float* x, const float* y, int64_t n, cudaStream_t stream);
+
+// --- embedding and dtype conversion ----------------------------------------------------
+// out[t, :] = f32(table[ids[t], :]) for table[vocab_size, hidden_size] in bf16. An id outside
+// [0, vocab_size) gives a row of NaN (never a silent wrong row; the host validates ids first).
+void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64_t num_tokens, int64_t hidden_size,
+                           int64_t vocab_size, float* out, cudaStream_t stream);
+// y[i] = bf16(x[i]), round to nearest even (the cuBLAS GEMM's activation input).
+void f32_to_bf16_cuda(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t stream);
+
+// --- matmul: y[num_tokens, rows] = x[num_tokens, cols] · wᵀ (+ bias[rows]) -----------------
+// w is row-major [rows = out_features, cols = in_features] in bf16, as WeightView.
+// Prompt chunks: cuBLAS bf16 x bf16 -> f32 with f32 compute (cublasGemmEx, CUBLAS_COMPUTE_32F).
+// x must already be bf16 (f32_to_bf16_cuda). cuBLAS picks its kernel by shape, so a row's bits
+// may depend on num_tokens: decode rows use matmul_rowwise_cuda instead.
+cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                const float* bias, float* y, int64_t num_tokens, int64_t rows, int64_t cols,
+                                cudaStream_t stream);
+// Decode rows (the twin of matmul_rowwise_cpu): f32 x, bf16 w, f32 accumulation in an order
+// fixed by cols alone, so each row's result is bitwise independent of num_tokens and of what
+// shares the step (batch invariance). Memory-bound: each weight row is read once per 8 tokens.
+void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
+                         int64_t rows, int64_t cols, cudaStream_t stream);
+
+// --- sampling --------------------------------------------------------------------------
+// ids[t] = argmax_v logits[t, v] (greedy; lowest id wins ties, NaN never wins; all -inf/NaN -> 0),
+// as sample_cpu with temperature 0. One block per row; only num_tokens ids go to the host.
+void argmax_cuda(const float* logits, int64_t num_tokens, int64_t vocab_size, int32_t* ids, cudaStream_t stream);
+
+// --- attention over the paged per-KV-head cache --------------------------------------------
+// The device form of PagedKv: the same block layout with bf16 K/V, and `heads` a DEVICE array
+// of PagedKvHead whose block_table pointers are device pointers. max_length is the host's
+// max over heads of heads[g].length (sizes the key splits without reading the device).
+struct PagedKvCuda {
+  const __nv_bfloat16* k_base = nullptr;  // block b: [block_size, head_dim] at k_base + b*k_block_stride
+  const __nv_bfloat16* v_base = nullptr;
+  const int32_t* pos_base = nullptr;  // block b: [block_size] at pos_base + b*pos_block_stride
+  int64_t k_block_stride = 0;
+  int64_t v_block_stride = 0;
+  int64_t pos_block_stride = 0;
+  int block_size = 0;
+  const PagedKvHead* heads = nullptr;  // [num_kv_heads], device memory
+  int64_t max_length = 0;
+};
+// Same semantics as attention_paged_cpu (causal by position, sliding window, GQA, zeros for a
+// query with no visible key): q, out [num_tokens, num_heads, head_dim] f32 on the device.
+// Few query rows (decode): keys split into fixed 512-key parts per head ("flash-decoding"),
+// merged in split order, so long heads use every SM and a row's bits do not depend on the
+// other rows. head_dim must be a multiple of 32, at most 256. `workspace` holds the split
+// partials: at least attention_paged_cuda_workspace_bytes(...) bytes (0 when unsplit).
+// Returns cudaErrorInvalidValue for unsupported shapes or a short workspace, else the launch's
+// cudaGetLastError().
+size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length);
+cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
+                                 const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace snap::kernels

@@ -1,0 +1,120 @@
+// CUDA twins of matmul_cpu / matmul_rowwise_cpu for bf16 weights w[rows, cols] (row-major,
+// out x in), y[num_tokens, rows] = x · wᵀ (+ bias).
+//  - matmul_bf16_cuda: prompt chunks through cuBLAS (bf16 in, f32 out, f32 compute). Row-major
+//    y = x·wᵀ is column-major yᵀ = w_cmᵀ · x_cm, i.e. GemmEx(T, N, m = rows, n = tokens, k = cols).
+//  - matmul_rowwise_cuda: decode rows, batch-invariant by construction. One warp per output
+//    row r and group of ≤ 8 tokens; lane l accumulates columns {l·8 + 256·i .. +8} (vector
+//    path, cols % 8 == 0) or {l + 32·i} (scalar path) in ascending i, then a fixed xor-shuffle
+//    tree. The order depends only on cols (and the path, which depends only on cols and
+//    alignment), never on num_tokens or which tokens share the group.
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace snap::kernels {
+
+namespace {
+constexpr int k_warps = 8;        // output rows per 256-thread block
+constexpr int k_group_tokens = 8;  // tokens sharing one read of a weight row
+
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+}  // namespace
+
+__global__ void bias_add_kernel(float* y, const float* bias, int64_t num_tokens, int64_t rows) {
+  const int64_t n = num_tokens * rows;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += bias[i % rows];
+}
+
+cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                const float* bias, float* y, int64_t num_tokens, int64_t rows, int64_t cols,
+                                cudaStream_t stream) {
+  if (num_tokens <= 0 || rows <= 0) return CUBLAS_STATUS_SUCCESS;
+  cublasStatus_t st = cublasSetStream(handle, stream);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  const float alpha = 1.0f, beta = 0.0f;
+  st = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(num_tokens),
+                    static_cast<int>(cols), &alpha, w, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF,
+                    static_cast<int>(cols), &beta, y, CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F,
+                    CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS || bias == nullptr) return st;
+  const int64_t n = num_tokens * rows;
+  const int64_t blocks = (n + 255) / 256;
+  bias_add_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0, stream>>>(y, bias, num_tokens,
+                                                                                              rows);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// Grid: x = ceil(rows / k_warps), y = ceil(num_tokens / k_group_tokens). kVector: 16-byte
+// loads of 8 bf16 weights and two float4 of x (needs cols % 8 == 0 and aligned bases).
+template <bool kVector>
+__global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
+                                      int64_t num_tokens, int64_t rows, int64_t cols) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * k_warps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * k_group_tokens;
+  const int nt = static_cast<int>(num_tokens - t0 < k_group_tokens ? num_tokens - t0 : k_group_tokens);
+  const __nv_bfloat16* wr = w + r * cols;
+  float acc[k_group_tokens];
+#pragma unroll
+  for (int k = 0; k < k_group_tokens; ++k) acc[k] = 0.0f;
+  if (kVector) {
+    for (int64_t c = static_cast<int64_t>(lane) * 8; c < cols; c += 256) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(wr + c);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      float wf[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        wf[2 * e] = f.x;
+        wf[2 * e + 1] = f.y;
+      }
+#pragma unroll
+      for (int k = 0; k < k_group_tokens; ++k) {
+        if (k < nt) {
+          const float4* xv = reinterpret_cast<const float4*>(x + (t0 + k) * cols + c);
+          const float4 a = xv[0], b = xv[1];
+          float s = acc[k];
+          s = fmaf(wf[0], a.x, s);
+          s = fmaf(wf[1], a.y, s);
+          s = fmaf(wf[2], a.z, s);
+          s = fmaf(wf[3], a.w, s);
+          s = fmaf(wf[4], b.x, s);
+          s = fmaf(wf[5], b.y, s);
+          s = fmaf(wf[6], b.z, s);
+          s = fmaf(wf[7], b.w, s);
+          acc[k] = s;
+        }
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float wf = __bfloat162float(wr[c]);
+#pragma unroll
+      for (int k = 0; k < k_group_tokens; ++k)
+        if (k < nt) acc[k] = fmaf(wf, x[(t0 + k) * cols + c], acc[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < k_group_tokens; ++k) {
+    const float s = warp_sum(acc[k]);  // every lane takes part (full mask), even past nt
+    if (lane == 0 && k < nt) y[(t0 + k) * rows + r] = s + (bias != nullptr ? bias[r] : 0.0f);
+  }
+}
+
+void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
+                         int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (num_tokens <= 0 || rows <= 0) return;
+  const dim3 grid(static_cast<unsigned>((rows + k_warps - 1) / k_warps),
+                  static_cast<unsigned>((num_tokens + k_group_tokens - 1) / k_group_tokens));
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  if (cols % 8 == 0 && aligned)
+    matmul_rowwise_kernel<true><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+  else
+    matmul_rowwise_kernel<false><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+}
+
+}  // namespace snap::kernels
