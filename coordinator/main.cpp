@@ -26,6 +26,7 @@
 #include "coordinator/loadgen/bench_serve.h"
 #include "coordinator/tokenizer/chat_template.h"
 #include "coordinator/tokenizer/tokenizer.h"
+#include "eval/scoring/cli/scoring_cli.h"
 #include "eval/longctx/eval_cli.h"
 #include "kernels/kernels.h"
 #include "worker/kv/policy.h"
@@ -425,6 +426,7 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "Long-context quality tasks and versioned scorers");
   eval->require_subcommand(1);
   int eval_rc = 0;
+  snap::scoring::add_scoring_eval_commands(*eval, &eval_rc);
   eval::add_longctx_eval_commands(*eval, &eval_rc);
 
   if (argc > 1 && argv[1][0] != '-') {
