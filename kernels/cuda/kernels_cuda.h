@@ -84,4 +84,25 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
                                  const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream);
 
+// --- SnapKV selection (one layer, after its prefill) ------------------------------------------
+// The twin of snapkv_scores/snapkv_select in worker/kv/selection.h, without the model types:
+// budget B, window W, pooling kernel k (odd), max or avg pooling, mean or max over the group.
+struct SnapKvCudaParams {
+  int64_t budget = 1024;
+  int window = 32;
+  int kernel = 7;
+  bool max_pooling = true;
+  bool max_aggregation = false;
+};
+// q_window: [W, num_heads, head_dim] f32, the queries of positions N−W..N−1 (after RoPE).
+// kv: heads of at least num_tokens keys, key j at logical index j (a prefill: position j).
+// Writes scores [num_kv_heads][N−W] (pooled, NaN -> −inf) and kept [num_kv_heads][B]: per
+// head the top B−W prefix positions by (score desc, position asc) in ascending order, then
+// N−W..N−1. Needs N > B > W >= 1, k odd, head_dim <= 256; else cudaErrorInvalidValue (and a
+// workspace size of 0). p.scale is not used: 1/sqrt(head_dim) as on the CPU.
+size_t snapkv_select_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp);
+cudaError_t snapkv_select_cuda(const float* q_window, const PagedKvCuda& kv, int64_t num_tokens,
+                               const AttentionParams& p, const SnapKvCudaParams& sp, float* scores, int32_t* kept,
+                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 }  // namespace snap::kernels

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -31,6 +32,7 @@
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "worker/kv/selection.h"
 
 namespace snap::kernels {
 namespace {
@@ -521,6 +523,126 @@ void add_attention(std::vector<OpCase>& t) {
                }});
 }
 
+// --- SnapKV selection vs worker/kv/selection.cpp ----------------------------------------------
+
+struct SnapShape {
+  const char* name;
+  int num_heads, num_kv_heads, head_dim;
+  int64_t num_tokens, budget;
+  int window, kernel;
+  bool max_pooling, max_aggregation;
+};
+
+// Per KV head: |got − want| <= tol · max|want| (scores are small probabilities, so the
+// comparison is relative to the head's own scale, not to 1).
+AssertionResult scores_close(const std::vector<float>& got, const std::vector<std::vector<float>>& want, double tol) {
+  const int64_t prefix = static_cast<int64_t>(want[0].size());
+  for (size_t g = 0; g < want.size(); ++g) {
+    double norm = 0.0;
+    for (float x : want[g]) norm = std::max(norm, std::fabs(static_cast<double>(x)));
+    for (int64_t j = 0; j < prefix; ++j) {
+      const float a = got[g * prefix + j], b = want[g][j];
+      if (std::isnan(a) || !(std::fabs(static_cast<double>(a) - b) <= tol * norm))
+        return AssertionFailure() << "KV head " << g << " position " << j << ": got " << a << " want " << b
+                                  << " (head max " << norm << ", tol " << tol << ")";
+    }
+  }
+  return AssertionSuccess();
+}
+
+void add_snapkv(std::vector<OpCase>& t) {
+  const std::vector<SnapShape> shapes = {
+      {"smollm2_b256", 9, 3, 64, 1000, 256, 32, 7, true, false},
+      {"llama3_b1024", 32, 8, 128, 3000, 1024, 32, 7, true, false},
+      {"avgpool_maxagg", 8, 2, 64, 777, 100, 16, 5, false, true},
+      {"qwen2_group7_k1_avg", 28, 4, 128, 513, 200, 8, 1, false, false},
+      {"d96_w24", 6, 2, 96, 300, 64, 24, 3, true, false},
+      {"gemma_d256", 4, 1, 256, 400, 128, 32, 7, true, false},
+  };
+  for (const SnapShape& s : shapes) {
+    t.push_back({std::string("snapkv_select_") + s.name, [=]() -> AssertionResult {
+                   AttnShape a{"", s.num_heads, s.num_kv_heads, s.head_dim,
+                               std::vector<int64_t>(static_cast<size_t>(s.num_kv_heads), s.num_tokens), 1, true, false, 0};
+                   const PagedFixture f(a, 51);
+                   // The same keys, contiguous per head, for the CPU selection.
+                   const int64_t n = s.num_tokens, hd = s.head_dim;
+                   std::vector<float> kc(static_cast<size_t>(s.num_kv_heads * n * hd));
+                   for (int g = 0; g < s.num_kv_heads; ++g)
+                     for (int64_t j = 0; j < n; ++j)
+                       for (int64_t d = 0; d < hd; ++d)
+                         kc[(g * n + j) * hd + d] = f.kf[(f.tables[g][j / k_block] * k_block + j % k_block) * hd + d];
+                   const auto qw = test::random_floats(s.window * s.num_heads * hd, 53, -2.0f, 2.0f);
+                   LayerQk qk;
+                   qk.q = qw.data();
+                   qk.num_queries = s.window;
+                   qk.k = kc.data();
+                   qk.kv_head_stride = n * hd;
+                   qk.num_tokens = n;
+                   qk.num_heads = s.num_heads;
+                   qk.num_kv_heads = s.num_kv_heads;
+                   qk.head_dim = s.head_dim;
+                   SnapKvParams cp;
+                   cp.budget = s.budget;
+                   cp.window = s.window;
+                   cp.kernel = s.kernel;
+                   cp.pooling = s.max_pooling ? KvPooling::max : KvPooling::avg;
+                   cp.aggregation = s.max_aggregation ? GqaAggregation::max : GqaAggregation::mean;
+                   auto want_scores = snapkv_scores(qk, cp);
+                   auto want_sel = snapkv_select(qk, cp);
+                   if (!want_scores.ok() || !want_sel.ok()) return AssertionFailure() << "CPU selection failed";
+
+                   const DevicePaged d(f, s.head_dim);
+                   AttentionParams p{s.num_heads, s.num_kv_heads, s.head_dim, 0.0f, 0};
+                   SnapKvCudaParams sp{s.budget, s.window, s.kernel, s.max_pooling, s.max_aggregation};
+                   const int64_t prefix = n - s.window;
+                   const size_t ws = snapkv_select_cuda_workspace_bytes(n, p, sp);
+                   if (ws == 0) return AssertionFailure() << "workspace size 0 for a valid shape";
+                   DeviceBuffer<float> dq(qw), dscores(static_cast<size_t>(prefix * s.num_kv_heads));
+                   DeviceBuffer<int32_t> dkept(static_cast<size_t>(s.budget * s.num_kv_heads));
+                   DeviceBuffer<char> dws(ws);
+                   CUDA_TRY(snapkv_select_cuda(dq.ptr, d.view, n, p, sp, dscores.ptr, dkept.ptr, dws.ptr, ws, nullptr));
+                   if (auto r = sync_ok(); !r) return r;
+                   const auto got_scores = dscores.to_host();
+                   if (auto c = scores_close(got_scores, *want_scores, 1e-5); !c) return c;
+                   // Kept positions: equal to the CPU's, except where a position's CPU score is
+                   // within 1e-5 of the head's cut-off (a floating-point near-tie).
+                   const auto got_kept = dkept.to_host();
+                   const int64_t keep = s.budget - s.window;
+                   for (int g = 0; g < s.num_kv_heads; ++g) {
+                     const std::vector<int32_t> got(got_kept.begin() + g * s.budget, got_kept.begin() + (g + 1) * s.budget);
+                     const std::vector<int32_t>& want = want_sel->kept[g];
+                     if (got == want) continue;
+                     if (!std::is_sorted(got.begin(), got.end()) || got.size() != want.size())
+                       return AssertionFailure() << "KV head " << g << ": kept positions not sorted or wrong count";
+                     std::vector<float> sorted = (*want_scores)[g];
+                     std::nth_element(sorted.begin(), sorted.begin() + (keep - 1), sorted.end(), std::greater<float>());
+                     const double cut = sorted[keep - 1];
+                     const double norm = *std::max_element(sorted.begin(), sorted.end());
+                     std::vector<int32_t> diff;
+                     std::set_symmetric_difference(got.begin(), got.end(), want.begin(), want.end(), std::back_inserter(diff));
+                     for (int32_t j : diff)
+                       if (j >= prefix || std::fabs((*want_scores)[g][j] - cut) > 1e-5 * norm)
+                         return AssertionFailure() << "KV head " << g << ": position " << j << " (score "
+                                                   << (j < prefix ? (*want_scores)[g][j] : 0.0f) << ", cut-off " << cut
+                                                   << ") differs from the CPU's selection and is no near-tie";
+                   }
+                   return AssertionSuccess();
+                 }});
+  }
+  t.push_back({"snapkv_select_rejects_bad_params", []() -> AssertionResult {
+                 const AttentionParams p{4, 2, 64, 0.0f, 0};
+                 const PagedKvCuda kv;
+                 for (SnapKvCudaParams sp : {SnapKvCudaParams{32, 32, 7, true, false}, SnapKvCudaParams{100, 16, 4, true, false},
+                                             SnapKvCudaParams{1000, 16, 7, true, false}}) {
+                   if (snapkv_select_cuda_workspace_bytes(500, p, sp) != 0 ||
+                       snapkv_select_cuda(nullptr, kv, 500, p, sp, nullptr, nullptr, nullptr, 0, nullptr) != cudaErrorInvalidValue)
+                     return AssertionFailure() << "budget " << sp.budget << " window " << sp.window << " kernel " << sp.kernel
+                                               << " over 500 tokens must be refused";
+                 }
+                 return AssertionSuccess();
+               }});
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> t;
   add_rms_norm(t);
@@ -530,6 +652,7 @@ std::vector<OpCase> all_cases() {
   add_matmul(t);
   add_argmax(t);
   add_attention(t);
+  add_snapkv(t);
   return t;
 }
 
