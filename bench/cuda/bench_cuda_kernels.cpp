@@ -1,0 +1,264 @@
+// GPU kernel benchmarks at the Llama-3-8B shape (32 layers, hidden 4096, 32 q / 8 KV heads,
+// head_dim 128, MLP 14336, vocab 128256), bf16 weights and KV: the measured device
+// bandwidth, prefill GEMMs (cuBLAS) as a share of the bf16 peak, decode GEMVs and paged
+// attention against the HBM floor, prefill attention throughput, SnapKV selection per layer,
+// and a per-token decode estimate composed from those kernel times (NOT an end-to-end run).
+// Medians of 10 timed runs (CUDA events) after 2 warm-ups; values are constant fills (timing
+// does not depend on them). Run by scripts/device_check.sh; prints one table to stdout.
+//   usage: bench_cuda_kernels [--quick]   (--quick: 8K context only)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace {
+
+using namespace snap::kernels;
+
+constexpr double k_peak_bf16_tflops = 989.0;  // H100/H200 SXM dense bf16 (spec sheet)
+constexpr int k_layers = 32, k_hidden = 4096, k_heads = 32, k_kv_heads = 8, k_head_dim = 128, k_mlp = 14336;
+constexpr int k_vocab = 128256, k_block = 16;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "bench_cuda_kernels: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "bench_cuda_kernels: %s: cuBLAS status %d\n", what, static_cast<int>(s));
+    std::exit(1);
+  }
+}
+
+// Device buffer filled with a constant byte (0x3C: bf16 0.0115, f32 0.0115).
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) {
+    check(cudaMalloc(&p, bytes), "cudaMalloc");
+    check(cudaMemset(p, 0x3C, bytes), "cudaMemset");
+  }
+  ~Dev() { cudaFree(p); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// Median milliseconds of f() over 10 runs after 2 warm-ups.
+double time_ms(const std::function<void()>& f) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 2; ++i) f();
+  check(cudaDeviceSynchronize(), "warm-up");
+  std::vector<double> t;
+  for (int i = 0; i < 10; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  check(cudaGetLastError(), "timed kernel");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return (t[4] + t[5]) / 2;
+}
+
+void row(const std::string& what, double ms, const std::string& rate) {
+  std::printf("  %-58s %10.3f ms  %s\n", what.c_str(), ms, rate.c_str());
+}
+std::string fmt(const char* f, double a, double b = 0) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, f, a, b);
+  return buf;
+}
+
+struct LayerWeights {  // one decoder layer, bf16 [rows, cols]
+  Dev qkv{2ull * (k_heads + 2 * k_kv_heads) * k_head_dim * k_hidden}, o{2ull * k_hidden * k_hidden},
+      gate_up{2ull * 2 * k_mlp * k_hidden}, down{2ull * k_hidden * k_mlp};
+};
+struct Gemm {
+  const char* name;
+  const Dev* w;
+  int64_t rows, cols;
+};
+
+// A paged KV layer of `ctx` keys per KV head, blocks in order, positions 0..ctx−1.
+struct PagedLayer {
+  Dev k, v, pos, tables, heads;
+  PagedKvCuda view;
+  explicit PagedLayer(int64_t ctx)
+      : k(2ull * k_kv_heads * ctx * k_head_dim), v(2ull * k_kv_heads * ctx * k_head_dim),
+        pos(4ull * k_kv_heads * ctx), tables(4ull * k_kv_heads * ctx / k_block), heads(sizeof(PagedKvHead) * k_kv_heads) {
+    const int64_t nb = ctx / k_block;
+    std::vector<int32_t> p(static_cast<size_t>(k_kv_heads * ctx)), t(static_cast<size_t>(k_kv_heads * nb));
+    for (int64_t b = 0; b < k_kv_heads * nb; ++b) {
+      t[b] = static_cast<int32_t>(b);
+      for (int s = 0; s < k_block; ++s) p[b * k_block + s] = static_cast<int32_t>((b % nb) * k_block + s);
+    }
+    check(cudaMemcpy(pos.p, p.data(), p.size() * 4, cudaMemcpyHostToDevice), "positions");
+    check(cudaMemcpy(tables.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice), "tables");
+    std::vector<PagedKvHead> h(k_kv_heads);
+    for (int g = 0; g < k_kv_heads; ++g) h[g] = {tables.as<int32_t>() + g * nb, ctx};
+    check(cudaMemcpy(heads.p, h.data(), sizeof(PagedKvHead) * k_kv_heads, cudaMemcpyHostToDevice), "heads");
+    view.k_base = k.as<__nv_bfloat16>();
+    view.v_base = v.as<__nv_bfloat16>();
+    view.pos_base = pos.as<int32_t>();
+    view.k_block_stride = view.v_block_stride = static_cast<int64_t>(k_block) * k_head_dim;
+    view.pos_block_stride = k_block;
+    view.block_size = k_block;
+    view.heads = heads.as<PagedKvHead>();
+    view.max_length = ctx;
+  }
+};
+
+double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos) {
+  AttentionParams p{k_heads, k_kv_heads, k_head_dim, 0.088388f, 0};
+  Dev q(4ull * num_tokens * k_heads * k_head_dim), out(4ull * num_tokens * k_heads * k_head_dim);
+  std::vector<int32_t> qp(static_cast<size_t>(num_tokens));
+  for (int64_t i = 0; i < num_tokens; ++i) qp[i] = first_pos + static_cast<int32_t>(i);
+  Dev dqp(4ull * num_tokens);
+  check(cudaMemcpy(dqp.p, qp.data(), qp.size() * 4, cudaMemcpyHostToDevice), "q positions");
+  const size_t ws_bytes = attention_paged_cuda_workspace_bytes(num_tokens, p, kv.view.max_length);
+  Dev ws(std::max<size_t>(ws_bytes, 1));
+  return time_ms([&] {
+    check(attention_paged_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(), ws.p, ws_bytes,
+                               nullptr),
+          "attention_paged_cuda");
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("bench_cuda_kernels: no usable GPU; nothing measured\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("bench_cuda_kernels on %s (%d SMs, %.0f GiB), Llama-3-8B shape, bf16\n", prop.name,
+              prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+
+  // --- device bandwidth ---
+  const size_t copy_bytes = 4ull << 30;
+  Dev src(copy_bytes), dst(copy_bytes);
+  const double copy_ms = time_ms([&] { check(cudaMemcpyAsync(dst.p, src.p, copy_bytes, cudaMemcpyDeviceToDevice), "copy"); });
+  const double bw = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;  // read + write
+  std::printf("device bandwidth:\n");
+  row("cudaMemcpy D2D 4 GiB (read + write counted)", copy_ms, fmt("%.0f GB/s", bw));
+
+  LayerWeights lw;
+  Dev lm_head(2ull * k_vocab * k_hidden);
+  const Gemm gemms[] = {{"qkv_proj 6144x4096", &lw.qkv, (k_heads + 2 * k_kv_heads) * k_head_dim, k_hidden},
+                        {"o_proj 4096x4096", &lw.o, k_hidden, k_hidden},
+                        {"gate_up_proj 28672x4096", &lw.gate_up, 2 * k_mlp, k_hidden},
+                        {"down_proj 4096x14336", &lw.down, k_hidden, k_mlp},
+                        {"lm_head 128256x4096", &lm_head, k_vocab, k_hidden}};
+  cublasHandle_t h;
+  check(cublasCreate(&h), "cublasCreate");
+
+  std::printf("prefill GEMMs (cuBLAS bf16 -> f32, share of %.0f TFLOP/s):\n", k_peak_bf16_tflops);
+  for (int64_t tokens : {512, 2048, 8192}) {
+    Dev x(2ull * tokens * k_mlp), y(4ull * tokens * k_vocab / (tokens > 2048 ? 4 : 1));
+    for (const Gemm& g : gemms) {
+      if (g.rows == k_vocab && tokens > 2048) continue;  // the LM head runs on last positions only
+      const double ms = time_ms([&] {
+        check(matmul_bf16_cuda(h, x.as<__nv_bfloat16>(), g.w->as<__nv_bfloat16>(), nullptr, y.as<float>(), tokens, g.rows,
+                               g.cols, nullptr),
+              g.name);
+      });
+      const double tf = 2.0 * tokens * g.rows * g.cols / (ms * 1e-3) / 1e12;
+      row(std::string(g.name) + " x " + std::to_string(tokens) + " tokens", ms,
+          fmt("%.0f TFLOP/s = %.0f%% of peak", tf, 100.0 * tf / k_peak_bf16_tflops));
+    }
+  }
+
+  std::printf("decode GEMVs (matmul_rowwise_cuda, batch-invariant; weight bytes / time vs %.0f GB/s):\n", bw);
+  double layer_gemv_ms = 0, lm_head_ms = 0;
+  for (int64_t tokens : {1, 8}) {
+    Dev x(4ull * tokens * k_mlp), y(4ull * tokens * k_vocab);
+    for (const Gemm& g : gemms) {
+      const double ms = time_ms([&] {
+        matmul_rowwise_cuda(x.as<float>(), g.w->as<__nv_bfloat16>(), nullptr, y.as<float>(), tokens, g.rows, g.cols,
+                            nullptr);
+      });
+      const double gbs = 2.0 * g.rows * g.cols / (ms * 1e-3) / 1e9;
+      row(std::string(g.name) + " x " + std::to_string(tokens) + " rows", ms,
+          fmt("%.0f GB/s = %.2f x the HBM floor", gbs, bw / gbs));
+      if (tokens == 1) (g.rows == k_vocab ? lm_head_ms : layer_gemv_ms) += ms;
+    }
+  }
+
+  std::printf("paged attention, one layer (32 q / 8 KV heads, head_dim 128):\n");
+  std::vector<int64_t> contexts = quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 32768, 131072};
+  std::vector<double> decode_attn_ms;
+  for (int64_t ctx : contexts) {
+    PagedLayer kv(ctx);
+    const double ms = attention_ms(kv, 1, static_cast<int32_t>(ctx));
+    const double bytes = 2.0 * 2 * k_kv_heads * ctx * k_head_dim;  // K + V bf16
+    decode_attn_ms.push_back(ms);
+    row("decode, 1 query, " + std::to_string(ctx) + " keys per head", ms,
+        fmt("%.0f GB/s = %.2f x the HBM floor", bytes / (ms * 1e-3) / 1e9, bw / (bytes / (ms * 1e-3) / 1e9)));
+    const int64_t chunk = std::min<int64_t>(ctx, 2048);
+    const double pms = attention_ms(kv, chunk, static_cast<int32_t>(ctx - chunk));
+    // causal: query i sees ctx − chunk + i + 1 keys; 4 flops per (query, key, dim): QK and PV
+    const double flops = 4.0 * k_heads * k_head_dim * (chunk * (ctx - chunk) + chunk * (chunk + 1) / 2.0);
+    const double tf = flops / (pms * 1e-3) / 1e12;
+    row("prefill, last " + std::to_string(chunk) + " queries over " + std::to_string(ctx) + " keys", pms,
+        fmt("%.1f TFLOP/s = %.1f%% of peak", tf, 100.0 * tf / k_peak_bf16_tflops));
+  }
+  PagedLayer snap_kv(2048);
+  const double snap_attn_ms = attention_ms(snap_kv, 1, 1 << 20);
+
+  std::printf("SnapKV selection, one layer (W 32, kernel 7, budget 2048):\n");
+  for (int64_t ctx : contexts) {
+    if (ctx > 32768) continue;  // the window x all-keys pass is the same work per key beyond
+    PagedLayer kv(ctx);
+    AttentionParams p{k_heads, k_kv_heads, k_head_dim, 0.0f, 0};
+    SnapKvCudaParams sp;
+    sp.budget = 2048;
+    const size_t ws_bytes = snapkv_select_cuda_workspace_bytes(ctx, p, sp);
+    Dev ws(ws_bytes), qw(4ull * 32 * k_heads * k_head_dim), scores(4ull * k_kv_heads * ctx), kept(4ull * k_kv_heads * 2048);
+    const double ms = time_ms([&] {
+      check(snapkv_select_cuda(qw.as<float>(), kv.view, ctx, p, sp, scores.as<float>(), kept.as<int32_t>(), ws.p, ws_bytes,
+                               nullptr),
+            "snapkv_select_cuda");
+    });
+    row("select over " + std::to_string(ctx) + " tokens", ms, "");
+  }
+  cublasDestroy(h);
+
+  // Decode estimate: the model's kernel times added up (norms, RoPE, residuals and launch gaps
+  // excluded), against the floor: bytes that must be read per token / measured bandwidth.
+  std::printf("decode per token, composed from the kernel times above (estimate, not an end-to-end run):\n");
+  const double weight_bytes = 2.0 * (k_layers * (double(k_heads + 2 * k_kv_heads) * k_head_dim * k_hidden +
+                                                 double(k_hidden) * k_hidden + 3.0 * k_mlp * k_hidden) +
+                                     double(k_vocab) * k_hidden);
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    const int64_t ctx = contexts[i];
+    for (int snap = 0; snap < 2; ++snap) {
+      const int64_t keys = snap ? 2048 : ctx;
+      const double ms = k_layers * (layer_gemv_ms + (snap ? snap_attn_ms : decode_attn_ms[i])) + lm_head_ms;
+      const double floor_ms = (weight_bytes + k_layers * 2.0 * 2 * k_kv_heads * keys * k_head_dim) / (bw * 1e9) * 1e3;
+      row(std::string(snap ? "snapkv B=2048" : "full") + ", context " + std::to_string(ctx), ms,
+          fmt("%.1f tok/s, %.2f x the HBM floor", 1e3 / ms, ms / floor_ms));
+    }
+  }
+  return 0;
+}
