@@ -16,6 +16,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/simd.h"
 #include "tests/worker/tiny_checkpoint.h"
+#include "worker/model/dequant.h"
 #include "worker/model/weights.h"
 
 namespace snap {
@@ -250,8 +251,9 @@ TEST(DefaultModel, DequantizedValuesMatchGgufPackage) {
   }
 }
 
-// Default LoadOptions keep the file's blocks: q4_1 projections, a q8_0 LM head beside the
-// f32 embedding table; per decoded token that reads ~1/5 of the f32 model's bytes.
+// Default LoadOptions keep the file's blocks: q4_1 projections and the q8_0 embedding table,
+// which is also the (tied) LM head — no f32 copy of the table; per decoded token that reads
+// ~1/5 of the f32 model's bytes. Looked-up rows equal the dequantized table's bit for bit.
 TEST(DefaultModel, LoadsNativeBlocksByDefault) {
   const std::string path = snap::testing::default_model_path();
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: set SNAP_MODEL or run scripts/setup.sh";
@@ -259,13 +261,14 @@ TEST(DefaultModel, LoadsNativeBlocksByDefault) {
   const ModelWeights& q = default_model(true).weights;
   const ModelWeights& f = default_model(false).weights;
   const int64_t vocab = 49152, hidden = 576;
-  EXPECT_EQ(q.embed.dtype(), DType::f32);
+  ASSERT_EQ(q.embed.dtype(), DType::q8_0);
+  EXPECT_EQ(q.embed.rows(), vocab);
+  EXPECT_EQ(q.embed.cols(), hidden);
   EXPECT_EQ(q.final_norm.dtype(), DType::f32);
-  ASSERT_EQ(q.lm_head.dtype(), DType::q8_0);
-  EXPECT_EQ(q.lm_head.rows(), vocab);
-  EXPECT_EQ(q.lm_head.cols(), hidden);
-  EXPECT_EQ(&q.output(), &q.lm_head);
-  int64_t expect = q.embed.nbytes() + q.final_norm.nbytes() + vocab * (hidden / 32) * 34;
+  EXPECT_TRUE(q.lm_head.empty());
+  EXPECT_EQ(&q.output(), &q.embed);
+  EXPECT_EQ(f.embed.dtype(), DType::f32);
+  int64_t expect = q.final_norm.nbytes() + vocab * (hidden / 32) * 34;
   for (const LayerWeights& l : q.layers) {
     for (const Matrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
       EXPECT_EQ(m->dtype(), DType::q4_1);
@@ -275,11 +278,20 @@ TEST(DefaultModel, LoadsNativeBlocksByDefault) {
     expect += l.attn_norm.nbytes() + l.ffn_norm.nbytes();
   }
   EXPECT_EQ(q.nbytes(), expect);
-  // Bytes a decode step streams: everything but the lookup table (f32: the table is the head).
-  const double streamed_native = static_cast<double>(q.nbytes() - q.embed.nbytes());
+  // Bytes a decode step streams: everything (in both, the table is the head).
+  const double streamed_native = static_cast<double>(q.nbytes());
   const double streamed_f32 = static_cast<double>(f.nbytes());
   EXPECT_LT(streamed_native / streamed_f32, 0.2);
   EXPECT_GT(streamed_native / streamed_f32, 0.15);
+  // Rows of the q8_0 table dequantized one at a time (as LlamaForward::embed looks them up)
+  // equal the f32 table's rows.
+  const int64_t row_bytes = dtype_row_bytes(DType::q8_0, hidden);
+  std::vector<float> x(hidden);
+  for (int32_t id : {0, 1, 2, 17, 4242, 49151}) {
+    ASSERT_TRUE(dequantize(GgmlType::q8_0, static_cast<const uint8_t*>(q.embed.data()) + id * row_bytes, x.data(),
+                           hidden).ok());
+    for (int64_t i = 0; i < hidden; ++i) ASSERT_EQ(x[i], f.embed.f32()[id * hidden + i]) << "token " << id << " dim " << i;
+  }
 }
 
 // matmul_cpu on the kept blocks equals matmul_cpu on the same tensor dequantized by
@@ -297,7 +309,7 @@ TEST(DefaultModel, NativeMatmulEqualsDequantizedMatmul) {
   const std::pair<const Matrix*, const Matrix*> pairs[] = {
       {&q.layers[0].q_proj, &f.layers[0].q_proj},       {&q.layers[0].k_proj, &f.layers[0].k_proj},
       {&q.layers[last].gate_proj, &f.layers[last].gate_proj}, {&q.layers[last].down_proj, &f.layers[last].down_proj},
-      {&q.lm_head, &f.embed},
+      {&q.output(), &f.embed},
   };
   std::mt19937 gen(42);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);

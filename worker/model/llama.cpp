@@ -9,6 +9,7 @@
 
 #include "kernels/attention_paged.h"
 #include "kernels/kernels.h"
+#include "worker/model/dequant.h"
 
 namespace snap {
 
@@ -68,12 +69,36 @@ void LlamaForward::ensure_scratch(int64_t n) {
   scratch_tokens_ = n;
 }
 
+namespace {
+// The GGUF type whose layout a matrix dtype shares (common/dtype.h: ggml's blocks).
+GgmlType ggml_type_of(DType t) {
+  switch (t) {
+    case DType::f32: return GgmlType::f32;
+    case DType::f16: return GgmlType::f16;
+    case DType::bf16: return GgmlType::bf16;
+    case DType::q8_0: return GgmlType::q8_0;
+    case DType::q4_0: return GgmlType::q4_0;
+    case DType::q4_1: return GgmlType::q4_1;
+  }
+  return GgmlType::f32;
+}
+}  // namespace
+
 void LlamaForward::embed(const int32_t* tokens, int64_t n, float* x) const {
   const ModelConfig& c = model_.config;
+  const Matrix& table = model_.weights.embed;
+  const int64_t row_bytes = dtype_row_bytes(table.dtype(), c.hidden_size);
   for (int64_t t = 0; t < n; ++t) {
     CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size) << "token id " << tokens[t] << " out of range";
-    std::memcpy(x + t * c.hidden_size, model_.weights.embed.f32() + int64_t{tokens[t]} * c.hidden_size,
-                c.hidden_size * sizeof(float));
+    const auto* row = static_cast<const uint8_t*>(table.data()) + int64_t{tokens[t]} * row_bytes;
+    // A row in blocks is dequantized exactly as the loader would have (worker/model/dequant).
+    float* out = x + t * c.hidden_size;
+    if (table.dtype() == DType::f32) {
+      std::memcpy(out, row, c.hidden_size * sizeof(float));
+    } else {
+      const Status st = dequantize(ggml_type_of(table.dtype()), row, out, c.hidden_size);
+      CHECK(st.ok()) << st.to_string();
+    }
   }
 }
 

@@ -133,8 +133,8 @@ std::vector<Job> plan_jobs(const ModelConfig& c, const TpShard& sh, const Names&
           false};
     jobs.push_back(std::move(j));
   };
-  // The embedding is the largest single tensor; first, so a worker starts it early. Its
-  // rows are looked up, so it is always f32.
+  // The embedding is the largest single tensor; first, so a worker starts it early. f32
+  // unless the GGUF loader keeps its blocks (load_gguf).
   col_par(n.embed, &w->embed, c.vocab_size, h, 0, c.vocab_size);
   jobs.back().store = DType::f32;
   jobs.back().may_keep_blocks = false;
@@ -336,17 +336,22 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
         native_dtype(g.find_tensor(j.name)->type, &j.store);
       }
     }
-    // Tied embeddings: the f32 table serves lookups; the output projection gets its own
-    // copy of the file's blocks.
-    DType head = DType::f32;
-    if (m.config.tie_word_embeddings && native_dtype(g.find_tensor(names.embed)->type, &head)) {
-      Job lm = *std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) { return j.dst == &m.weights.embed; });
-      lm.dst = &m.weights.lm_head;
-      lm.row_begin = m.shard.vocab_begin;  // this rank's vocabulary rows
-      lm.rows = m.shard.vocab_size;
-      lm.store = head;
-      lm.may_keep_blocks = true;
-      jobs.insert(jobs.begin() + 1, lm);
+    // An embedding table in a block format stays in it: lookups dequantize their rows
+    // (LlamaForward::embed), so SmolLM2-135M holds 30 MB of q8_0 instead of a 113 MB f32
+    // table. Tied, it is also the LM head; a tensor-parallel shard that computes only part
+    // of the vocabulary gets its rows as a copy of their own (lookups need the whole table).
+    DType table = DType::f32;
+    Job& embed = *std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) { return j.dst == &m.weights.embed; });
+    if (native_dtype(g.find_tensor(names.embed)->type, &table)) {
+      embed.store = table;
+      if (m.config.tie_word_embeddings && m.shard.vocab_size != m.config.vocab_size) {
+        Job lm = embed;
+        lm.dst = &m.weights.lm_head;
+        lm.row_begin = m.shard.vocab_begin;  // this rank's vocabulary rows
+        lm.rows = m.shard.vocab_size;
+        lm.may_keep_blocks = true;
+        jobs.insert(jobs.begin() + 1, lm);
+      }
     }
   }
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, [&g](const Job& j, float* out) { return fill_gguf(g, j, out); }));

@@ -67,16 +67,18 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Matrix embed;       // [vocab_size, hidden_size] f32 (rows are looked up)
+  // [vocab_size, hidden_size]: f32, or the GGUF's q8_0/q4_0/q4_1 blocks when those are kept
+  // (LoadOptions::keep_quantized); looked-up rows are dequantized.
+  Matrix embed;
   std::vector<LayerWeights> layers;
   Matrix final_norm;  // [1, hidden_size] f32
   // [shard.vocab_size, hidden_size] (this rank's vocabulary rows); when tied, empty (use
-  // embed's rows from shard.vocab_begin), or the tied table's rows in its
-  // block format when that is kept natively (for SmolLM2-135M: 30 MB of q8_0 beside the
-  // 113 MB f32 embed, and 4x fewer bytes read per decoded token than the f32 table).
+  // embed's rows from shard.vocab_begin), except on a tensor-parallel shard of part of the
+  // vocabulary whose table is kept in blocks: then a copy of its rows in that format.
   Matrix lm_head;
-  // The LM head matrix: lm_head, or the whole embed table when tied and not kept in blocks
-  // (then a shard uses its rows from shard.vocab_begin; see LlamaForward).
+  // The LM head matrix: lm_head, or the whole embed table when tied (then a shard uses its
+  // rows from shard.vocab_begin; see LlamaForward). For SmolLM2-135M at tp 1: the q8_0
+  // table, 30 MB, 4x fewer bytes read per decoded token than an f32 table.
   const Matrix& output() const { return lm_head.empty() ? embed : lm_head; }
   int64_t nbytes() const;
 };
