@@ -34,21 +34,19 @@
 
 #include "comm/backends.h"
 #include "comm/socket_io.h"
+#include "comm/tcp_wire.h"
 
 namespace snap::comm {
 
 namespace {
 
 using namespace detail;  // Socket, Io, send_all, recv_all, ... (socket_io.h)
-constexpr uint32_t k_magic = 0x54504e53;  // "SNPT": not the rendezvous' "SNAP"
+using namespace tcp_wire;  // the message format and its checks (tcp_wire.h)
 constexpr uint32_t k_verdict_ok = 0;
 constexpr uint32_t k_verdict_bad_size = 1;    // value: rank 0's world size
 constexpr uint32_t k_verdict_bad_rank = 2;
 constexpr uint32_t k_verdict_timed_out = 3;   // value: ranks joined
 constexpr uint32_t k_verdict_other_bad = 4;   // value: the rank whose hello was refused
-constexpr uint32_t k_kind_abort = 0xff;
-constexpr size_t k_header_bytes = 16;
-constexpr size_t k_max_notice = 4096;
 constexpr auto k_retry_interval = std::chrono::milliseconds(100);
 constexpr auto k_notice_time = std::chrono::milliseconds(200);
 constexpr auto k_verdict_grace = std::chrono::milliseconds(1000);
@@ -124,16 +122,20 @@ Result<std::vector<Socket>> lead(int port, const Setup& st) {
     // A peer that connects and stays silent (a probe) may hold us at most 5 s.
     const auto hello_deadline = std::min(st.deadline, Clock::now() + std::chrono::seconds(5));
     uint32_t hello[3];
-    if (recv_words(peer.fd(), hello, 3, hello_deadline) != Io::ok || hello[0] != k_magic) continue;
+    if (recv_words(peer.fd(), hello, 3, hello_deadline) != Io::ok) continue;
+    std::vector<bool> joined_ranks(static_cast<size_t>(st.world_size));
+    for (int r = 1; r < st.world_size; ++r) joined_ranks[static_cast<size_t>(r)] = peers[r].fd() >= 0;
+    const HelloVerdict verdict = check_hello(hello, joined_ranks);
+    if (verdict == HelloVerdict::not_ours) continue;
     const int rank = static_cast<int>(hello[1]);
     const int size = static_cast<int>(hello[2]);
-    if (size != st.world_size) {
+    if (verdict == HelloVerdict::bad_size) {
       send_words(peer.fd(), {k_magic, k_verdict_bad_size, static_cast<uint32_t>(st.world_size)}, hello_deadline);
       tell_joined(k_verdict_other_bad, hello[1]);
       return st.failed("rank " + std::to_string(rank) + " says world size " + std::to_string(size) + ", rank 0 has " +
                        std::to_string(st.world_size));
     }
-    if (rank < 1 || rank >= st.world_size || peers[rank].fd() >= 0) {
+    if (verdict == HelloVerdict::bad_rank) {
       send_words(peer.fd(), {k_magic, k_verdict_bad_rank, 0}, hello_deadline);
       tell_joined(k_verdict_other_bad, hello[1]);
       return st.failed("rank " + std::to_string(rank) + " joined twice or is outside [1, " +
@@ -207,30 +209,6 @@ struct Transfer {
   uint64_t done = 0;  // bytes of header + payload moved
   bool finished() const { return done == k_header_bytes + num_bytes; }
 };
-
-void encode_header(uint8_t* out, uint32_t kind, uint64_t num_bytes) {
-  const uint32_t w[2] = {htole32(k_magic), htole32(kind)};
-  const uint64_t n = htole64(num_bytes);
-  std::memcpy(out, w, 8);
-  std::memcpy(out + 8, &n, 8);
-}
-
-void decode_header(const uint8_t* in, uint32_t* magic, uint32_t* kind, uint64_t* num_bytes) {
-  uint32_t w[2];
-  uint64_t n;
-  std::memcpy(w, in, 8);
-  std::memcpy(&n, in + 8, 8);
-  *magic = le32toh(w[0]);
-  *kind = le32toh(w[1]);
-  *num_bytes = le64toh(n);
-}
-
-uint32_t kind_of(CommOp op) { return static_cast<uint32_t>(op) + 1; }
-
-std::string kind_name(uint32_t kind) {
-  if (kind >= 1 && kind <= k_num_comm_ops) return comm_op_name(static_cast<CommOp>(kind - 1));
-  return "kind " + std::to_string(kind);
-}
 
 class TcpCommunicator final : public Communicator {
  public:
@@ -416,20 +394,19 @@ class TcpCommunicator final : public Communicator {
   }
 
   Status check_header(const Transfer& t, CommOp op) {
-    uint32_t magic, kind;
-    uint64_t num_bytes;
-    decode_header(t.header, &magic, &kind, &num_bytes);
-    if (magic == k_magic && kind == k_kind_abort) return read_notice(peers_[t.peer].fd(), num_bytes);
-    if (magic != k_magic) {
-      return internal_error("comm/tcp: rank " + std::to_string(t.peer) + " sent a bad message header during " +
-                            comm_op_name(op));
+    const Header h = decode_header(t.header);
+    switch (tcp_wire::check_header(h, op, t.num_bytes)) {
+      case HeaderVerdict::ok: return Status();
+      case HeaderVerdict::abort_notice:
+      case HeaderVerdict::notice_too_long: return read_notice(peers_[t.peer].fd(), h.num_bytes);
+      case HeaderVerdict::bad_magic:
+        return internal_error("comm/tcp: rank " + std::to_string(t.peer) + " sent a bad message header during " +
+                              comm_op_name(op));
+      case HeaderVerdict::mismatch: break;
     }
-    if (kind != kind_of(op) || num_bytes != t.num_bytes) {
-      return internal_error("comm/tcp: rank " + std::to_string(t.peer) + " sent " + kind_name(kind) + " of " +
-                            std::to_string(num_bytes) + " bytes while this rank is in " + comm_op_name(op) + " of " +
-                            std::to_string(t.num_bytes) + " bytes (ranks called different collectives)");
-    }
-    return Status();
+    return internal_error("comm/tcp: rank " + std::to_string(t.peer) + " sent " + kind_name(h.kind) + " of " +
+                          std::to_string(h.num_bytes) + " bytes while this rank is in " + comm_op_name(op) + " of " +
+                          std::to_string(t.num_bytes) + " bytes (ranks called different collectives)");
   }
 
   // The text of an abort notice whose header was just read, as this rank's error.
@@ -447,12 +424,10 @@ class TcpCommunicator final : public Communicator {
     if (::recv(fd, header, sizeof header, MSG_DONTWAIT | MSG_PEEK) != static_cast<ssize_t>(sizeof header)) {
       return Status();
     }
-    uint32_t magic, kind;
-    uint64_t num_bytes;
-    decode_header(header, &magic, &kind, &num_bytes);
-    if (magic != k_magic || kind != k_kind_abort) return Status();
+    const Header h = decode_header(header);
+    if (h.magic != k_magic || h.kind != k_kind_abort) return Status();
     ::recv(fd, header, sizeof header, MSG_DONTWAIT);
-    return read_notice(fd, num_bytes);
+    return read_notice(fd, h.num_bytes);
   }
 
   // Best effort, bounded: the notice goes only where no message is half sent (it would

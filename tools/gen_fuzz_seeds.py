@@ -70,3 +70,23 @@ w("batch_line/records.jsonl", '{"id":"batch_req_1","custom_id":"a","line":1,"err
 w("gguf/empty.gguf", b"GGUF")
 w("tokenizer_json/minimal.json", json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]},
                                              "added_tokens": [{"id": 3, "content": "<s>", "special": True}]}))
+
+# TCP communicator messages (comm/tcp_wire.h): records of a selector byte, then a 16-byte
+# header {u32 magic "SNPT", u32 kind, u64 num_bytes} (selector bit 7 clear; bits 0-1 the
+# collective, bits 2-6 the expected size) or a 12-byte hello {magic, rank, world_size}.
+SNPT = 0x54504E53
+
+
+def header(kind, n):
+    return struct.pack("<IIQ", SNPT, kind, n)
+
+
+def hello(rank, size):
+    return struct.pack("<III", SNPT, rank, size)
+
+
+# all_reduce_sum (op 0) of 8 bytes as expected, then a mismatch, then an abort notice.
+w("tcp_wire/headers.bin", bytes([0 | (8 << 2)]) + header(1, 8) + bytes([1 | (8 << 2)]) + header(1, 8) +
+  bytes([2]) + header(0xFF, 12))
+# hellos to a world of 3 (selector 0x80 | 2: joined has 3 slots, none taken): ok, bad size, rank 0.
+w("tcp_wire/hellos.bin", bytes([0x82]) + hello(1, 3) + bytes([0x82]) + hello(2, 4) + bytes([0x82]) + hello(0, 3))

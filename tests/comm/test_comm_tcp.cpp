@@ -24,6 +24,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
+#include "comm/tcp_wire.h"
 #include "tests/comm/collective_reference.h"
 #include "tests/free_port.h"
 
@@ -485,6 +486,36 @@ TEST(TcpSetup, KindParsesAndPrints) {
   ASSERT_TRUE(kind.ok()) << kind.status().to_string();
   EXPECT_EQ(kind.value(), CommKind::tcp);
   EXPECT_STREQ(comm_kind_name(CommKind::tcp), "tcp");
+}
+
+// The wire checks on hand-made bytes (fuzz/fuzz_tcp_wire.cpp fuzzes the same functions).
+TEST(TcpWire, ChecksWhatPeersSend) {
+  using namespace tcp_wire;
+  uint8_t h[k_header_bytes];
+  encode_header(h, kind_of(CommOp::all_gather), 96);
+  const Header d = decode_header(h);
+  EXPECT_EQ(d.magic, k_magic);
+  EXPECT_EQ(d.kind, 2u);
+  EXPECT_EQ(d.num_bytes, 96u);
+  EXPECT_EQ(check_header(d, CommOp::all_gather, 96), HeaderVerdict::ok);
+  EXPECT_EQ(check_header(d, CommOp::all_gather, 95), HeaderVerdict::mismatch);
+  EXPECT_EQ(check_header(d, CommOp::all_reduce_sum, 96), HeaderVerdict::mismatch);
+  EXPECT_EQ(check_header({k_magic + 1, 2, 96}, CommOp::all_gather, 96), HeaderVerdict::bad_magic);
+  EXPECT_EQ(check_header({k_magic, k_kind_abort, 40}, CommOp::barrier, 0), HeaderVerdict::abort_notice);
+  EXPECT_EQ(check_header({k_magic, k_kind_abort, k_max_notice + 1}, CommOp::barrier, 0), HeaderVerdict::notice_too_long);
+  EXPECT_EQ(kind_name(1), "all_reduce_sum");
+  EXPECT_EQ(kind_name(k_kind_abort), "an abort notice");
+  EXPECT_EQ(kind_name(17), "kind 17");
+
+  const std::vector<bool> joined = {false, true, false};  // world of 3, rank 1 connected
+  const uint32_t ok[3] = {k_magic, 2, 3}, twice[3] = {k_magic, 1, 3}, zero[3] = {k_magic, 0, 3},
+                 far[3] = {k_magic, 3, 3}, size[3] = {k_magic, 2, 4}, stray[3] = {0x47455420, 2, 3};
+  EXPECT_EQ(check_hello(ok, joined), HelloVerdict::ok);
+  EXPECT_EQ(check_hello(twice, joined), HelloVerdict::bad_rank);
+  EXPECT_EQ(check_hello(zero, joined), HelloVerdict::bad_rank);
+  EXPECT_EQ(check_hello(far, joined), HelloVerdict::bad_rank);
+  EXPECT_EQ(check_hello(size, joined), HelloVerdict::bad_size);
+  EXPECT_EQ(check_hello(stray, joined), HelloVerdict::not_ours);
 }
 
 }  // namespace
