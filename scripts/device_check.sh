@@ -112,8 +112,8 @@ fi
 row "build (kernels/cuda)" PASS "$((SECONDS - t0)) s"
 
 # --- 4. the CUDA tests, case by case ---------------------------------------------------------
-for exe in "$build"/test_cuda_*; do
-  [ -x "$exe" ] || continue
+for exe in "$build"/test_*; do  # every test executable of the standalone project
+  [ -f "$exe" ] && [ -x "$exe" ] || continue
   name=$(basename "$exe")
   t0=$SECONDS
   timeout "$(left)" "$exe" --gtest_output="xml:$out/$name.xml" >>"$log" 2>&1
@@ -138,7 +138,7 @@ done
 : >"$out/bench.txt"
 nbench=0
 for exe in "$build"/bench_cuda_*; do
-  [ -x "$exe" ] || continue
+  [ -f "$exe" ] && [ -x "$exe" ] || continue
   nbench=$((nbench + 1))
   name=$(basename "$exe")
   t0=$SECONDS

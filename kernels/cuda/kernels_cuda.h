@@ -84,6 +84,16 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
                                  const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream);
 
+// --- KV cache writes (slot = block · block_size + offset, computed by the host pool) ----------
+// K/V rows [num_tokens, num_kv_heads, head_dim] f32 -> bf16 at dst_slots[t · num_kv_heads + g];
+// pos_base[slot] = positions[t]. Slabs are [slots, head_dim] bf16 and [slots] int32.
+void kv_scatter_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
+                     int num_kv_heads, int head_dim, const int64_t* dst_slots, __nv_bfloat16* k_base,
+                     __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);
+// Row copies src_slots[i] -> dst_slots[i] (K, V and position); the two sets must not overlap.
+void kv_gather_cuda(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,
+                    __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);
+
 // --- SnapKV selection (one layer, after its prefill) ------------------------------------------
 // The twin of snapkv_scores/snapkv_select in worker/kv/selection.h, without the model types:
 // budget B, window W, pooling kernel k (odd), max or avg pooling, mean or max over the group.

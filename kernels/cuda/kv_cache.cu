@@ -1,0 +1,59 @@
+// Device KV cache writes: the twins of the paged cache's append and compaction copies, on
+// raw slot indices (slot = block · block_size + offset; the host pool computes them).
+//   kv_scatter_cuda: new K/V rows (f32, [num_tokens, num_kv_heads, head_dim], after RoPE)
+//     -> bf16 slots dst_slots[t · num_kv_heads + g], with their positions.
+//   kv_gather_cuda: rows src_slots[i] -> dst_slots[i] (compaction into fresh blocks: the
+//     ranges never overlap, so every row is read before anything could overwrite it).
+// One warp per row, lanes over head_dim: each row is 2·head_dim contiguous bytes.
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace snap::kernels {
+
+namespace {
+constexpr int k_warps = 8;
+}
+
+__global__ void kv_scatter_kernel(const float* k_new, const float* v_new, const int32_t* positions, int64_t rows,
+                                  int num_kv_heads, int head_dim, const int64_t* dst_slots, __nv_bfloat16* k_base,
+                                  __nv_bfloat16* v_base, int32_t* pos_base) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * k_warps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t dst = dst_slots[r];
+  for (int d = lane; d < head_dim; d += 32) {
+    k_base[dst * head_dim + d] = __float2bfloat16_rn(k_new[r * head_dim + d]);
+    v_base[dst * head_dim + d] = __float2bfloat16_rn(v_new[r * head_dim + d]);
+  }
+  if (lane == 0) pos_base[dst] = positions[r / num_kv_heads];
+}
+
+void kv_scatter_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
+                     int num_kv_heads, int head_dim, const int64_t* dst_slots, __nv_bfloat16* k_base,
+                     __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
+  const int64_t rows = num_tokens * num_kv_heads;
+  if (rows <= 0) return;
+  kv_scatter_kernel<<<static_cast<unsigned>((rows + k_warps - 1) / k_warps), k_warps * 32, 0, stream>>>(
+      k_new, v_new, positions, rows, num_kv_heads, head_dim, dst_slots, k_base, v_base, pos_base);
+}
+
+__global__ void kv_gather_kernel(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,
+                                 __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * k_warps + (threadIdx.x >> 5);
+  if (r >= count) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t src = src_slots[r], dst = dst_slots[r];
+  for (int d = lane; d < head_dim; d += 32) {
+    k_base[dst * head_dim + d] = k_base[src * head_dim + d];
+    v_base[dst * head_dim + d] = v_base[src * head_dim + d];
+  }
+  if (lane == 0) pos_base[dst] = pos_base[src];
+}
+
+void kv_gather_cuda(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,
+                    __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
+  if (count <= 0) return;
+  kv_gather_kernel<<<static_cast<unsigned>((count + k_warps - 1) / k_warps), k_warps * 32, 0, stream>>>(
+      src_slots, dst_slots, count, head_dim, k_base, v_base, pos_base);
+}
+
+}  // namespace snap::kernels

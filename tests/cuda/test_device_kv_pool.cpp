@@ -1,0 +1,254 @@
+// The device KV block pool (worker/device/device_kv_pool.h) on a GPU: appends in awkward
+// chunks land bit-exactly (bf16 of the f32 rows, positions) in the slots the host tables
+// name; the pool's view drives attention_paged_cuda to the CPU reference's output;
+// compaction keeps exactly the listed entries in order and frees exactly the blocks it no
+// longer needs; resident/full-equivalent bytes are exact; running out of blocks or bad lists
+// are refused with one-line errors and change nothing. Exits 77 without a usable GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/attention_paged.h"
+#include "tests/kernels/kernel_test_util.h"
+#include "worker/device/device_kv_pool.h"
+
+namespace snap {
+namespace {
+
+constexpr int k_layers = 2, k_kv_heads = 3, k_head_dim = 64, k_block = 16, k_heads = 6;
+
+template <typename T>
+std::vector<T> download(const T* p, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+template <typename T>
+T* upload(const std::vector<T>& h) {
+  T* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(h.size(), 1) * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return p;
+}
+
+// What the cache should hold: per (layer, head) the bf16 K/V rows and positions, in order.
+struct Expected {
+  std::vector<uint16_t> k, v;  // [n][head_dim]
+  std::vector<int32_t> pos;
+};
+
+class DeviceKvPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+    DeviceKvShape shape{k_layers, k_kv_heads, k_head_dim, k_block};
+    const int64_t block_bytes = int64_t{k_block} * (2 * k_head_dim * 2 + 4);
+    auto p = DeviceKvPool::create(shape, 100 * block_bytes + 5, stream_);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    pool_ = std::move(*p);
+    expected_.assign(k_layers, std::vector<Expected>(k_kv_heads));
+  }
+  void TearDown() override {
+    pool_.reset();
+    cudaStreamDestroy(stream_);
+  }
+
+  // Appends n tokens at positions first..first+n−1 to (seq, layer), recording the expectation.
+  Status append(int32_t seq, int layer, int64_t n, int32_t first, uint32_t seed) {
+    const auto k = kernels::test::random_floats(n * k_kv_heads * k_head_dim, seed, -2.0f, 2.0f);
+    const auto v = kernels::test::random_floats(n * k_kv_heads * k_head_dim, seed + 1, -2.0f, 2.0f);
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) pos[t] = first + static_cast<int32_t>(t);
+    float* dk = upload(k);
+    float* dv = upload(v);
+    int32_t* dp = upload(pos);
+    const Status st = pool_->append(seq, layer, dk, dv, dp, n);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dp);
+    if (st.ok() && seq == 0) {
+      for (int64_t t = 0; t < n; ++t)
+        for (int g = 0; g < k_kv_heads; ++g) {
+          Expected& e = expected_[layer][g];
+          for (int d = 0; d < k_head_dim; ++d) {
+            e.k.push_back(f32_to_bf16(k[(t * k_kv_heads + g) * k_head_dim + d]));
+            e.v.push_back(f32_to_bf16(v[(t * k_kv_heads + g) * k_head_dim + d]));
+          }
+          e.pos.push_back(pos[t]);
+        }
+    }
+    return st;
+  }
+
+  // Every entry of seq 0 read back through the host tables equals the expectation.
+  void expect_contents() {
+    const size_t slots = static_cast<size_t>(pool_->num_blocks()) * k_block;
+    const auto k = download(reinterpret_cast<const uint16_t*>(pool_->k_slab()), slots * k_head_dim);
+    const auto v = download(reinterpret_cast<const uint16_t*>(pool_->v_slab()), slots * k_head_dim);
+    const auto pos = download(pool_->pos_slab(), slots);
+    for (int l = 0; l < k_layers; ++l)
+      for (int g = 0; g < k_kv_heads; ++g) {
+        const Expected& e = expected_[l][g];
+        ASSERT_EQ(pool_->length(0, l, g), static_cast<int64_t>(e.pos.size())) << "layer " << l << " head " << g;
+        for (size_t j = 0; j < e.pos.size(); ++j) {
+          const int64_t s = pool_->slot(0, l, g, static_cast<int64_t>(j));
+          ASSERT_EQ(pos[s], e.pos[j]) << "layer " << l << " head " << g << " entry " << j;
+          for (int d = 0; d < k_head_dim; ++d) {
+            ASSERT_EQ(k[s * k_head_dim + d], e.k[j * k_head_dim + d]) << "K layer " << l << " head " << g << " entry " << j;
+            ASSERT_EQ(v[s * k_head_dim + d], e.v[j * k_head_dim + d]) << "V layer " << l << " head " << g << " entry " << j;
+          }
+        }
+      }
+  }
+
+  // attention_paged_cuda through the pool's view equals attention_paged_ref on the expectation.
+  void expect_attention(int layer) {
+    auto view = pool_->view(0, layer);
+    ASSERT_TRUE(view.ok()) << view.status().to_string();
+    // The reference reads the expectation as a paged cache of f32 with one block per entry.
+    std::vector<float> kf, vf;
+    std::vector<int32_t> pf;
+    std::vector<std::vector<int32_t>> tables(k_kv_heads);
+    std::vector<kernels::PagedKvHead> heads;
+    int32_t max_pos = 0;
+    for (int g = 0; g < k_kv_heads; ++g) {
+      const Expected& e = expected_[layer][g];
+      for (size_t j = 0; j < e.pos.size(); ++j) {
+        tables[g].push_back(static_cast<int32_t>(pf.size()));
+        for (int d = 0; d < k_head_dim; ++d) {
+          kf.push_back(bf16_to_f32(e.k[j * k_head_dim + d]));
+          vf.push_back(bf16_to_f32(e.v[j * k_head_dim + d]));
+        }
+        pf.push_back(e.pos[j]);
+        max_pos = std::max(max_pos, e.pos[j]);
+      }
+    }
+    for (int g = 0; g < k_kv_heads; ++g) heads.push_back({tables[g].data(), static_cast<int64_t>(tables[g].size())});
+    kernels::PagedKv ref;
+    ref.k_base = kf.data();
+    ref.v_base = vf.data();
+    ref.pos_base = pf.data();
+    ref.k_block_stride = ref.v_block_stride = k_head_dim;
+    ref.pos_block_stride = 1;
+    ref.block_size = 1;
+    ref.heads = heads.data();
+    kernels::AttentionParams p{k_heads, k_kv_heads, k_head_dim, 0.125f, 0};
+    for (int64_t n : {1, 9}) {
+      std::vector<int32_t> qpos(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) qpos[i] = max_pos - static_cast<int32_t>(n - 1 - i) + (n == 1 ? 1 : 0);
+      const auto q = kernels::test::random_floats(n * k_heads * k_head_dim, 77, -2.0f, 2.0f);
+      std::vector<float> want(q.size());
+      kernels::attention_paged_ref(q.data(), qpos.data(), n, ref, p, want.data());
+      float* dq = upload(q);
+      int32_t* dp = upload(qpos);
+      float* dout = upload(std::vector<float>(q.size()));
+      const size_t ws_bytes = kernels::attention_paged_cuda_workspace_bytes(n, p, view->max_length);
+      char* ws = upload(std::vector<char>(std::max<size_t>(ws_bytes, 1)));
+      ASSERT_EQ(kernels::attention_paged_cuda(dq, dp, n, *view, p, dout, ws, ws_bytes, stream_), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      const auto got = download(dout, q.size());
+      EXPECT_TRUE(kernels::test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-4))
+          << "layer " << layer << ", " << n << " queries";
+      cudaFree(dq);
+      cudaFree(dp);
+      cudaFree(dout);
+      cudaFree(ws);
+    }
+  }
+
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<DeviceKvPool> pool_;
+  std::vector<std::vector<Expected>> expected_;  // [layer][g]
+};
+
+TEST_F(DeviceKvPoolTest, AppendViewCompactAccount) {
+  ASSERT_EQ(pool_->num_blocks(), 100);
+  const int32_t seq = pool_->add_sequence();
+  ASSERT_EQ(seq, 0);
+  int32_t first = 0;
+  for (int64_t n : {1, 17, 5, 40}) {  // 63 tokens: 4 blocks per (layer, head)
+    for (int l = 0; l < k_layers; ++l) ASSERT_TRUE(append(seq, l, n, first, static_cast<uint32_t>(first * 10 + l)).ok());
+    first += static_cast<int32_t>(n);
+  }
+  const int64_t bb = pool_->block_bytes();
+  EXPECT_EQ(pool_->used_blocks(), k_layers * k_kv_heads * 4);
+  EXPECT_EQ(pool_->resident_bytes(seq), k_layers * k_kv_heads * 4 * bb);
+  EXPECT_EQ(pool_->full_equivalent_bytes(seq), k_layers * k_kv_heads * 4 * bb);
+  expect_contents();
+  expect_attention(0);
+  expect_attention(1);
+
+  // Compaction of layer 0: head 0 keeps 10 scattered entries, head 1 all 63, head 2 none.
+  std::mt19937 gen(3);
+  std::vector<int32_t> all(63);
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<int32_t> some = all;
+  std::shuffle(some.begin(), some.end(), gen);
+  some.resize(10);
+  std::sort(some.begin(), some.end());
+  const std::vector<std::vector<int32_t>> kept{some, all, {}};
+  ASSERT_TRUE(pool_->compact(seq, 0, kept).ok());
+  for (int g = 0; g < k_kv_heads; ++g) {
+    Expected& e = expected_[0][g];
+    Expected c;
+    for (int32_t j : kept[g]) {
+      c.k.insert(c.k.end(), e.k.begin() + j * k_head_dim, e.k.begin() + (j + 1) * k_head_dim);
+      c.v.insert(c.v.end(), e.v.begin() + j * k_head_dim, e.v.begin() + (j + 1) * k_head_dim);
+      c.pos.push_back(e.pos[j]);
+    }
+    e = std::move(c);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(pool_->used_blocks(), (1 + 4 + 0) + k_kv_heads * 4) << "compaction must free the blocks it emptied";
+  EXPECT_EQ(pool_->resident_bytes(seq), ((1 + 4 + 0) + k_kv_heads * 4) * bb);
+  EXPECT_EQ(pool_->full_equivalent_bytes(seq), k_layers * k_kv_heads * 4 * bb) << "the uncompressed size stays";
+  expect_contents();
+  expect_attention(0);
+
+  // Decode after compaction continues each head at its own length.
+  ASSERT_TRUE(append(seq, 0, 3, 63, 999).ok());
+  expect_contents();
+  expect_attention(0);
+
+  // Refusals change nothing.
+  const int64_t used = pool_->used_blocks();
+  const int32_t other = pool_->add_sequence();
+  const Status big = append(other, 0, 10000, 0, 5);
+  EXPECT_EQ(big.code(), StatusCode::k_resource_exhausted);
+  EXPECT_NE(big.message().find("blocks"), std::string::npos) << big.message();
+  EXPECT_EQ(pool_->used_blocks(), used);
+  const Status bad = pool_->compact(seq, 1, {{5, 3}, {}, {}});
+  EXPECT_EQ(bad.code(), StatusCode::k_invalid_argument);
+  EXPECT_NE(bad.message().find("out of order"), std::string::npos) << bad.message();
+  EXPECT_EQ(pool_->compact(seq, 1, {{}, {}}).code(), StatusCode::k_invalid_argument);
+  expect_contents();
+
+  ASSERT_TRUE(pool_->release(seq).ok());
+  ASSERT_TRUE(pool_->release(other).ok());
+  EXPECT_EQ(pool_->used_blocks(), 0);
+  EXPECT_EQ(pool_->append(seq, 0, nullptr, nullptr, nullptr, 1).code(), StatusCode::k_invalid_argument);
+}
+
+}  // namespace
+}  // namespace snap
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("test_device_kv_pool: no usable GPU (%s); skipping\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    return 77;
+  }
+  return RUN_ALL_TESTS();
+}

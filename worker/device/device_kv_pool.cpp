@@ -1,0 +1,263 @@
+// DeviceKvPool (device_kv_pool.h): host-side block accounting over device slabs; appends and
+// compaction enqueue kernels/cuda/kv_cache.cu on the pool's stream.
+#include "worker/device/device_kv_pool.h"
+
+#include <algorithm>
+#include <string>
+
+namespace snap {
+
+namespace {
+std::string cuda_message(const char* what, cudaError_t e) {
+  return std::string("device KV pool: ") + what + ": " + cudaGetErrorString(e);
+}
+int64_t blocks_for(int64_t n, int bs) { return (n + bs - 1) / bs; }
+}  // namespace
+
+Result<std::unique_ptr<DeviceKvPool>> DeviceKvPool::create(const DeviceKvShape& shape, int64_t bytes,
+                                                           cudaStream_t stream) {
+  if (shape.num_layers < 1 || shape.num_kv_heads < 1 || shape.head_dim < 1 || shape.block_size < 1)
+    return invalid_argument("device KV pool: layers, KV heads, head_dim and block_size must be positive");
+  const int64_t per_block = int64_t{shape.block_size} * (2 * shape.head_dim * 2 + 4);
+  const int64_t n = bytes / per_block;
+  if (n < 1)
+    return invalid_argument("device KV pool: " + std::to_string(bytes) + " bytes hold no block of " +
+                            std::to_string(per_block) + " bytes");
+  std::unique_ptr<DeviceKvPool> pool(new DeviceKvPool(shape, n, stream));
+  const size_t elems = static_cast<size_t>(n) * shape.block_size * shape.head_dim;
+  cudaError_t e = cudaMalloc(&pool->k_, elems * 2);
+  if (e == cudaSuccess) e = cudaMalloc(&pool->v_, elems * 2);
+  if (e == cudaSuccess) e = cudaMalloc(&pool->pos_, static_cast<size_t>(n) * shape.block_size * 4);
+  if (e != cudaSuccess)
+    return resource_exhausted(cuda_message(("allocating " + std::to_string(n) + " blocks").c_str(), e));
+  return pool;
+}
+
+DeviceKvPool::DeviceKvPool(const DeviceKvShape& shape, int64_t num_blocks, cudaStream_t stream)
+    : shape_(shape), num_blocks_(num_blocks), stream_(stream) {
+  free_.resize(static_cast<size_t>(num_blocks));
+  for (int64_t b = 0; b < num_blocks; ++b) free_[b] = static_cast<int32_t>(num_blocks - 1 - b);
+}
+
+DeviceKvPool::~DeviceKvPool() {
+  cudaStreamSynchronize(stream_);
+  for (Sequence& s : seqs_)
+    for (void* p : s.view_buf) cudaFree(p);
+  cudaFree(staging_);
+  cudaFree(pos_);
+  cudaFree(v_);
+  cudaFree(k_);
+}
+
+int64_t DeviceKvPool::block_bytes() const { return int64_t{shape_.block_size} * (2 * shape_.head_dim * 2 + 4); }
+
+int32_t DeviceKvPool::add_sequence() {
+  Sequence s;
+  s.live = true;
+  s.tables.assign(shape_.num_layers, std::vector<std::vector<int32_t>>(shape_.num_kv_heads));
+  s.lengths.assign(shape_.num_layers, std::vector<int64_t>(shape_.num_kv_heads, 0));
+  s.appended.assign(shape_.num_layers, 0);
+  s.view_buf.assign(shape_.num_layers, nullptr);
+  s.view_bytes.assign(shape_.num_layers, 0);
+  seqs_.push_back(std::move(s));
+  return static_cast<int32_t>(seqs_.size() - 1);
+}
+
+Status DeviceKvPool::check_seq(int32_t seq, int layer) const {
+  if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size()) || !seqs_[seq].live)
+    return invalid_argument("device KV pool: no live sequence " + std::to_string(seq));
+  if (layer < 0 || layer >= shape_.num_layers)
+    return invalid_argument("device KV pool: layer " + std::to_string(layer) + " not in [0, " +
+                            std::to_string(shape_.num_layers) + ")");
+  return Status::ok_status();
+}
+
+void DeviceKvPool::free_blocks_of(std::vector<int32_t>& blocks) {
+  free_.insert(free_.end(), blocks.begin(), blocks.end());
+  std::sort(free_.begin(), free_.end(), std::greater<int32_t>());
+  blocks.clear();
+}
+
+Status DeviceKvPool::release(int32_t seq) {
+  SNAP_RETURN_IF_ERROR(check_seq(seq, 0));
+  Sequence& s = seqs_[seq];
+  for (auto& layer : s.tables)
+    for (auto& t : layer) free_blocks_of(t);
+  cudaStreamSynchronize(stream_);  // the view buffers may still be read by queued kernels
+  for (void*& p : s.view_buf) {
+    cudaFree(p);
+    p = nullptr;
+  }
+  s.live = false;
+  return Status::ok_status();
+}
+
+Status DeviceKvPool::stage(const std::vector<int64_t>& slots) {
+  if (slots.size() > staging_count_) {
+    cudaStreamSynchronize(stream_);  // queued kernels may still read the old list
+    cudaFree(staging_);
+    staging_ = nullptr;
+    staging_count_ = 0;
+    const cudaError_t e = cudaMalloc(&staging_, slots.size() * sizeof(int64_t));
+    if (e != cudaSuccess) return resource_exhausted(cuda_message("staging slot list", e));
+    staging_count_ = slots.size();
+  }
+  // Stream-ordered after every earlier kernel that read the previous list.
+  const cudaError_t e =
+      cudaMemcpyAsync(staging_, slots.data(), slots.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_);
+  if (e == cudaSuccess) cudaStreamSynchronize(stream_);  // `slots` is pageable host memory we return from
+  return e == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("uploading slots", e));
+}
+
+Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float* v, const int32_t* positions,
+                            int64_t num_tokens) {
+  SNAP_RETURN_IF_ERROR(check_seq(seq, layer));
+  if (num_tokens <= 0) return Status::ok_status();
+  Sequence& s = seqs_[seq];
+  const int bs = shape_.block_size, nkv = shape_.num_kv_heads;
+  int64_t need = 0;
+  for (int g = 0; g < nkv; ++g) {
+    const int64_t len = s.lengths[layer][g];
+    need += blocks_for(len + num_tokens, bs) - static_cast<int64_t>(s.tables[layer][g].size());
+  }
+  if (need > free_blocks())
+    return resource_exhausted("device KV pool: appending " + std::to_string(num_tokens) + " tokens needs " +
+                              std::to_string(need) + " blocks, " + std::to_string(free_blocks()) + " free");
+  std::vector<int64_t> slots(static_cast<size_t>(num_tokens * nkv));
+  for (int g = 0; g < nkv; ++g) {
+    std::vector<int32_t>& table = s.tables[layer][g];
+    const int64_t len = s.lengths[layer][g];
+    while (static_cast<int64_t>(table.size()) < blocks_for(len + num_tokens, bs)) {
+      table.push_back(free_.back());
+      free_.pop_back();
+    }
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      const int64_t j = len + t;
+      slots[t * nkv + g] = int64_t{table[j / bs]} * bs + j % bs;
+    }
+    s.lengths[layer][g] = len + num_tokens;
+  }
+  s.appended[layer] += num_tokens;
+  SNAP_RETURN_IF_ERROR(stage(slots));
+  kernels::kv_scatter_cuda(k, v, positions, num_tokens, nkv, shape_.head_dim, staging_, k_, v_, pos_, stream_);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("kv_scatter_cuda", e));
+}
+
+Status DeviceKvPool::compact(int32_t seq, int layer, const std::vector<std::vector<int32_t>>& kept) {
+  SNAP_RETURN_IF_ERROR(check_seq(seq, layer));
+  Sequence& s = seqs_[seq];
+  const int bs = shape_.block_size, nkv = shape_.num_kv_heads;
+  if (static_cast<int>(kept.size()) != nkv)
+    return invalid_argument("device KV pool: compaction lists " + std::to_string(kept.size()) + " heads, layer has " +
+                            std::to_string(nkv));
+  int64_t need = 0, total = 0;
+  for (int g = 0; g < nkv; ++g) {
+    const std::vector<int32_t>& k = kept[g];
+    for (size_t i = 0; i < k.size(); ++i)
+      if (k[i] < 0 || k[i] >= s.lengths[layer][g] || (i > 0 && k[i] <= k[i - 1]))
+        return invalid_argument("device KV pool: head " + std::to_string(g) + " kept entry " + std::to_string(k[i]) +
+                                " is out of range or out of order");
+    need += blocks_for(static_cast<int64_t>(k.size()), bs);
+    total += static_cast<int64_t>(k.size());
+  }
+  if (need > free_blocks())  // old and new blocks coexist during the copy
+    return resource_exhausted("device KV pool: compaction needs " + std::to_string(need) + " fresh blocks, " +
+                              std::to_string(free_blocks()) + " free");
+  std::vector<int64_t> slots(static_cast<size_t>(2 * total));  // [src..., dst...]
+  std::vector<std::vector<int32_t>> fresh(static_cast<size_t>(nkv));
+  int64_t at = 0;
+  for (int g = 0; g < nkv; ++g) {
+    const std::vector<int32_t>& k = kept[g];
+    const std::vector<int32_t>& old = s.tables[layer][g];
+    for (size_t i = 0; i < k.size(); ++i) {
+      if (i % bs == 0) {
+        fresh[g].push_back(free_.back());
+        free_.pop_back();
+      }
+      slots[at] = int64_t{old[k[i] / bs]} * bs + k[i] % bs;
+      slots[total + at] = int64_t{fresh[g].back()} * bs + static_cast<int64_t>(i % bs);
+      ++at;
+    }
+  }
+  SNAP_RETURN_IF_ERROR(stage(slots));
+  kernels::kv_gather_cuda(staging_, staging_ + total, total, shape_.head_dim, k_, v_, pos_, stream_);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return internal_error(cuda_message("kv_gather_cuda", e));
+  for (int g = 0; g < nkv; ++g) {
+    free_blocks_of(s.tables[layer][g]);  // reusable by later work on the stream
+    s.tables[layer][g] = std::move(fresh[g]);
+    s.lengths[layer][g] = static_cast<int64_t>(kept[g].size());
+  }
+  return Status::ok_status();
+}
+
+int64_t DeviceKvPool::length(int32_t seq, int layer, int g) const { return seqs_.at(seq).lengths.at(layer).at(g); }
+int64_t DeviceKvPool::appended(int32_t seq, int layer) const { return seqs_.at(seq).appended.at(layer); }
+
+int64_t DeviceKvPool::slot(int32_t seq, int layer, int g, int64_t j) const {
+  const std::vector<int32_t>& t = seqs_.at(seq).tables.at(layer).at(g);
+  return int64_t{t.at(static_cast<size_t>(j / shape_.block_size))} * shape_.block_size + j % shape_.block_size;
+}
+
+int64_t DeviceKvPool::resident_bytes(int32_t seq) const {
+  int64_t blocks = 0;
+  for (const auto& layer : seqs_.at(seq).tables)
+    for (const auto& t : layer) blocks += static_cast<int64_t>(t.size());
+  return blocks * block_bytes();
+}
+
+int64_t DeviceKvPool::full_equivalent_bytes(int32_t seq) const {
+  int64_t blocks = 0;
+  for (int64_t n : seqs_.at(seq).appended) blocks += blocks_for(n, shape_.block_size) * shape_.num_kv_heads;
+  return blocks * block_bytes();
+}
+
+Result<kernels::PagedKvCuda> DeviceKvPool::view(int32_t seq, int layer) {
+  SNAP_RETURN_IF_ERROR(check_seq(seq, layer));
+  Sequence& s = seqs_[seq];
+  const int nkv = shape_.num_kv_heads;
+  // One device buffer: [nkv] PagedKvHead, then the block tables back to back.
+  size_t table_ints = 0;
+  for (const auto& t : s.tables[layer]) table_ints += t.size();
+  const size_t bytes = sizeof(kernels::PagedKvHead) * nkv + sizeof(int32_t) * std::max<size_t>(table_ints, 1);
+  if (bytes > s.view_bytes[layer]) {
+    cudaStreamSynchronize(stream_);
+    cudaFree(s.view_buf[layer]);
+    s.view_buf[layer] = nullptr;
+    s.view_bytes[layer] = 0;
+    const cudaError_t e = cudaMalloc(&s.view_buf[layer], bytes);
+    if (e != cudaSuccess) return resource_exhausted(cuda_message("block-table view", e));
+    s.view_bytes[layer] = bytes;
+  }
+  char* dev = static_cast<char*>(s.view_buf[layer]);
+  auto* dev_tables = reinterpret_cast<int32_t*>(dev + sizeof(kernels::PagedKvHead) * nkv);
+  std::vector<char> host(bytes);
+  auto* heads = reinterpret_cast<kernels::PagedKvHead*>(host.data());
+  auto* tables = reinterpret_cast<int32_t*>(host.data() + sizeof(kernels::PagedKvHead) * nkv);
+  size_t at = 0;
+  int64_t max_len = 0;
+  for (int g = 0; g < nkv; ++g) {
+    const std::vector<int32_t>& t = s.tables[layer][g];
+    std::copy(t.begin(), t.end(), tables + at);
+    heads[g].block_table = dev_tables + at;
+    heads[g].length = s.lengths[layer][g];
+    max_len = std::max(max_len, s.lengths[layer][g]);
+    at += t.size();
+  }
+  cudaError_t e = cudaMemcpyAsync(dev, host.data(), bytes, cudaMemcpyHostToDevice, stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);  // `host` goes out of scope
+  if (e != cudaSuccess) return internal_error(cuda_message("uploading block tables", e));
+  kernels::PagedKvCuda v;
+  v.k_base = k_;
+  v.v_base = v_;
+  v.pos_base = pos_;
+  v.k_block_stride = v.v_block_stride = int64_t{shape_.block_size} * shape_.head_dim;
+  v.pos_block_stride = shape_.block_size;
+  v.block_size = shape_.block_size;
+  v.heads = reinterpret_cast<const kernels::PagedKvHead*>(dev);
+  v.max_length = max_len;
+  return v;
+}
+
+}  // namespace snap

@@ -1,0 +1,94 @@
+// The KV block pool on one GPU: bf16 K and V slabs [num_blocks, block_size, head_dim] and an
+// int32 position slab in device memory; the block accounting (free list, per-head block
+// tables, lengths) on the host. As on the CPU (worker/kv), a block holds block_size tokens of
+// one (layer, KV head) of one sequence, so heads hold different lengths after compression and
+// compaction really frees blocks. Everything runs on the pool's stream, in order, so a freed
+// block can be reused at once by later work on that stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace snap {
+
+struct DeviceKvShape {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 16;
+};
+
+class DeviceKvPool {
+ public:
+  // As many blocks as fit in `bytes`; each costs block_size · (2 · head_dim · 2 + 4) bytes.
+  static Result<std::unique_ptr<DeviceKvPool>> create(const DeviceKvShape& shape, int64_t bytes, cudaStream_t stream);
+  ~DeviceKvPool();
+  DeviceKvPool(const DeviceKvPool&) = delete;
+  DeviceKvPool& operator=(const DeviceKvPool&) = delete;
+
+  const DeviceKvShape& shape() const { return shape_; }
+  int64_t block_bytes() const;
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t used_blocks() const { return num_blocks_ - free_blocks(); }
+
+  int32_t add_sequence();
+  Status release(int32_t seq);  // frees every block of seq
+
+  // Appends num_tokens rows of `layer`: k, v device f32 [num_tokens, num_kv_heads, head_dim]
+  // (after RoPE), positions device int32 [num_tokens]. All or nothing: refused (nothing
+  // written, nothing allocated) when the free blocks do not suffice.
+  Status append(int32_t seq, int layer, const float* k, const float* v, const int32_t* positions, int64_t num_tokens);
+  // Keeps, per KV head g, the logical entries kept[g] (strictly ascending, < length): copied
+  // into fresh blocks in that order, then the old blocks are freed.
+  Status compact(int32_t seq, int layer, const std::vector<std::vector<int32_t>>& kept);
+
+  int64_t length(int32_t seq, int layer, int g) const;
+  int64_t appended(int32_t seq, int layer) const;   // the uncompressed length
+  int64_t resident_bytes(int32_t seq) const;         // blocks held × block_bytes
+  int64_t full_equivalent_bytes(int32_t seq) const;  // blocks the uncompressed cache would hold
+
+  // The device view of (seq, layer) for attention_paged_cuda / snapkv_select_cuda (block
+  // tables uploaded on the pool's stream). Valid until the next append/compact/release of seq.
+  Result<kernels::PagedKvCuda> view(int32_t seq, int layer);
+  // Slot of logical entry j of (seq, layer, g): block · block_size + j % block_size.
+  int64_t slot(int32_t seq, int layer, int g, int64_t j) const;
+
+  const __nv_bfloat16* k_slab() const { return k_; }
+  const __nv_bfloat16* v_slab() const { return v_; }
+  const int32_t* pos_slab() const { return pos_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  DeviceKvPool(const DeviceKvShape& shape, int64_t num_blocks, cudaStream_t stream);
+  struct Sequence {
+    bool live = false;
+    std::vector<std::vector<std::vector<int32_t>>> tables;  // [layer][g] block ids
+    std::vector<std::vector<int64_t>> lengths;              // [layer][g]
+    std::vector<int64_t> appended;                          // [layer]
+    std::vector<void*> view_buf;                            // [layer] device: heads + tables
+    std::vector<size_t> view_bytes;
+  };
+  Status check_seq(int32_t seq, int layer) const;
+  Status stage(const std::vector<int64_t>& slots);  // -> staging_ (device), grows it
+  void free_blocks_of(std::vector<int32_t>& blocks);
+
+  DeviceKvShape shape_;
+  int64_t num_blocks_ = 0;
+  cudaStream_t stream_ = nullptr;
+  __nv_bfloat16* k_ = nullptr;
+  __nv_bfloat16* v_ = nullptr;
+  int32_t* pos_ = nullptr;
+  int64_t* staging_ = nullptr;  // slot lists for the scatter/gather kernels
+  size_t staging_count_ = 0;
+  std::vector<int32_t> free_;  // kept sorted descending: the lowest id is popped first
+  std::vector<Sequence> seqs_;
+};
+
+}  // namespace snap
