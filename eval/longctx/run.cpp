@@ -207,6 +207,7 @@ Result<Prepared> prepare(const RunArgs& a) {
 
 int run_eval(const RunArgs& a) {
   if (a.output.empty()) return eval_fail("eval run needs --output FILE.jsonl");
+  if (!a.url.empty() && a.url.rfind("http://", 0) != 0) return eval_fail("--url '" + a.url + "' must start with http://");
   auto prep = prepare(a);
   if (!prep.ok()) return eval_fail(prep.status().message());
   if (!a.url.empty()) {
