@@ -141,7 +141,8 @@ void add_kv_options(CLI::App* cmd, KvFlags& f) {
       ->check(CLI::IsMember({"mean", "max"}));
   cmd->add_option("--kv-sinks", f.sinks, "streaming: attention-sink tokens kept (default 4)")->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--kv-layerwise", f.layerwise,
-                "Prefill one layer at a time and compress it at once (peak memory: one layer's full KV)");
+                "Prefill one layer at a time and compress it at once (peak memory: one layer's full KV); "
+                "`generate` does so by itself for a compressing policy when that peaks lower, and says so");
   add_kv_dtype_option(cmd, f.dtype);
 }
 
@@ -177,6 +178,12 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
                 "CORS: origins whose browser pages may call the API, comma-separated, e.g. "
                 "https://app.example.com (\"*\": any; default: none, no CORS headers)")
       ->delimiter(',');
+  s->add_option("--perspective-scorer", a.perspective_scorer,
+                "Serve the Perspective API's POST /v1alpha1/comments:analyze with this pinned local scorer, "
+                "e.g. tcc-toxic@0.3.0 (default: off; with --api-key, clients send ?key=KEY)");
+  s->add_option("--perspective-qps", a.perspective_qps,
+                "Quota of that route in requests per second, 429 RESOURCE_EXHAUSTED beyond (default 0: none)")
+      ->check(CLI::Range(0.0, 1e9));
   s->add_option("--shutdown-timeout", a.shutdown_timeout,
                 "Seconds running requests get to finish after SIGTERM/SIGINT/SIGUSR1 before they are cancelled "
                 "(default 10). Under mpirun send SIGUSR1 to mpirun for a full drain: it forwards SIGUSR1 at "
@@ -228,6 +235,12 @@ int run_serve(const ServeArgs& a) {
     pthread_kill(main_thread, SIGUSR2);
   };
   cfg.on_drain_request = [main_thread] { pthread_kill(main_thread, SIGUSR1); };
+  std::unique_ptr<PerspectiveHandler> perspective;
+  if (!a.perspective_scorer.empty()) {
+    auto scorer = scoring::make_scorer(a.perspective_scorer, scoring::ScorerOptions{});
+    if (!scorer.ok()) return serve_fail("--perspective-scorer: " + scorer.status().message());
+    perspective = std::make_unique<PerspectiveHandler>(std::move(scorer).value(), a.api_key, a.perspective_qps);
+  }
   const std::string metrics_name =
       a.served_model_name.empty() ? std::filesystem::path(a.model).filename().string() : a.served_model_name;
   auto metrics = std::make_unique<ServerMetrics>(metrics_name);
@@ -254,6 +267,7 @@ int run_serve(const ServeArgs& a) {
   hc.request_timeout_seconds = a.request_timeout;
   hc.context_length = a.max_model_len;
   hc.allowed_origins = a.allowed_origins;
+  hc.perspective = perspective.get();
   auto server = HttpServer::start(hc, engine->get(), metrics.get());
   if (!server.ok()) {
     (*engine)->shutdown(0);

@@ -36,6 +36,8 @@ struct ServeArgs {
   double shutdown_timeout = 10;
   double step_timeout = 20;  // tensor-parallel watchdog base deadline per step plan
   std::vector<std::string> allowed_origins;  // CORS; empty: off
+  std::string perspective_scorer;  // ID@VERSION behind POST /v1alpha1/comments:analyze; empty: off
+  double perspective_qps = 0;      // that route's quota (429 beyond); 0: none
 };
 
 // --threads, --tp, --rank, --world-size and --leader on a tensor-parallel subcommand.

@@ -282,6 +282,11 @@ class Session : public std::enable_shared_from_this<Session> {
       const ApiRoute route = path == "/v1/completions" ? ApiRoute::completions : ApiRoute::chat_completions;
       return submit(route, req.body());
     }
+    if (path == PerspectiveHandler::k_path && state_->cfg.perspective) {
+      if (method != http::verb::post) return wrong_method("POST");
+      const PerspectiveReply r = state_->cfg.perspective->analyze(std::string(req.target()), req.body());
+      return send_body(r.status, "application/json", r.body);
+    }
     send_error({ApiErrorKind::route_not_found, "no route for " + path, ""});
   }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "coordinator/http/perspective.h"
 #include "coordinator/metrics/metrics.h"
 #include "coordinator/scheduler/engine.h"
 
@@ -31,6 +32,8 @@ struct HttpServerConfig {
   int64_t max_tokens_limit = 0;       // 0: context_length
   // CORS: origins whose browsers may call the API ("*": any). Empty: no CORS headers.
   std::vector<std::string> allowed_origins;
+  // POST /v1alpha1/comments:analyze (Perspective-compatible) when set; must outlive the server.
+  const PerspectiveHandler* perspective = nullptr;
 };
 
 class HttpServer {

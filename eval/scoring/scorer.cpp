@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "eval/scoring/perspective_client.h"
 #include "eval/scoring/tox_bilstm.h"
 
 namespace snap::scoring {
@@ -25,7 +26,7 @@ std::string default_scorer_dir() {
 }
 
 const char* known_scorers() {
-  return "exact@1, contains@1, numeric@1, tcc-toxic@0.2.2, tcc-toxic@0.3.0";
+  return "exact@1, contains@1, numeric@1, tcc-toxic@0.2.2, tcc-toxic@0.3.0, perspective@LABEL";
 }
 
 Result<std::unique_ptr<Scorer>> make_scorer(const std::string& spec, const ScorerOptions& options) {
@@ -47,6 +48,7 @@ Result<std::unique_ptr<Scorer>> make_scorer(const std::string& spec, const Score
     }
     return s;
   }
+  if (id == "perspective") return make_perspective_scorer(version, options);
   return not_found("unknown scorer '" + spec + "' (known: " + known_scorers() + ")");
 }
 

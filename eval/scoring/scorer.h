@@ -50,15 +50,20 @@ std::string normalize_answer(std::string_view s);
 
 struct ScorerOptions {
   std::string model_dir;         // converted classifier files; default $SNAP_SCORER_DIR or ~/.cache/snapserve/tox
-  std::string perspective_url;   // default https://commentanalyzer.googleapis.com
-  std::string perspective_key;   // default $PERSPECTIVE_API_KEY
-  double perspective_qps = 1.0;  // the API's default quota
-  int perspective_retries = 4;
+  // perspective@LABEL: LABEL is the user's name for the API's (unpublished) model at the
+  // time of use, e.g. perspective@2026-12-01.
+  std::string perspective_url;        // analyze URL; default $PERSPECTIVE_API_URL or Google's endpoint
+  std::string perspective_key;        // default $PERSPECTIVE_API_KEY (required for Google's endpoint)
+  std::string perspective_attribute = "TOXICITY";
+  double perspective_qps = 1.0;       // the API's default quota; <= 0: no client-side limit
+  int perspective_retries = 4;        // on 429, 5xx and network errors
+  double perspective_backoff = 1.0;   // seconds before the first retry, doubled each time
+  double perspective_timeout = 30;    // seconds per request
 };
 std::string default_scorer_dir();
 
 // Every scorer by "ID@VERSION": exact@1, contains@1, numeric@1, tcc-toxic@0.2.2,
-// tcc-toxic@0.3.0. not_found names the spec and lists the known ones.
+// tcc-toxic@0.3.0, perspective@LABEL. not_found names the spec and lists the known ones.
 Result<std::unique_ptr<Scorer>> make_scorer(const std::string& spec, const ScorerOptions& options);
 const char* known_scorers();
 
