@@ -104,6 +104,23 @@ bool policy_less(const EvalRecord& a, const EvalRecord& b) {
   return a.policy_label < b.policy_label;
 }
 
+// "snapkv budget=256 window=32 kernel=7 pooling=max gqa=mean" -> "snapkv B=256 W=32 k=7 max mean"
+std::string short_label(const std::string& label) {
+  std::string out;
+  size_t i = 0;
+  while (i < label.size()) {
+    const size_t sp = label.find(' ', i);
+    std::string w = label.substr(i, sp == std::string::npos ? std::string::npos : sp - i);
+    i = sp == std::string::npos ? label.size() : sp + 1;
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {"budget=", "B="}, {"window=", "W="}, {"kernel=", "k="}, {"pooling=", ""}, {"gqa=", "gqa:"}}) {
+      if (w.rfind(from, 0) == 0) w = to + w.substr(from.size());
+    }
+    out += (out.empty() ? "" : " ") + w;
+  }
+  return out;
+}
+
 struct Group {
   std::string task, haystack, placement;
   std::vector<const EvalRecord*> recs;
@@ -190,7 +207,7 @@ Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& rec
     std::vector<LineSeries> len_series;
     for (const auto& lab : labels) {
       LineSeries s;
-      s.name = lab;
+      s.name = short_label(lab);
       for (int64_t L : lengths) {
         const Tally& t = by_len[lab][L];
         const Interval ci = wilson_interval(t.k, t.n);
@@ -223,7 +240,7 @@ Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& rec
       }
       for (const auto& fam : families) {
         LineSeries s;
-        s.name = fam;
+        s.name = short_label(fam);
         for (int64_t b : budgets) {
           auto it = by_family_budget[fam].find(b);
           const Tally t = it == by_family_budget[fam].end() ? Tally{} : it->second;
@@ -246,7 +263,7 @@ Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& rec
       md += "\nBy depth (rows, % of the haystack) and length (columns), accuracy %:\n";
       for (const auto& lab : labels) {
         HeatmapPanel p;
-        p.title = lab;
+        p.title = short_label(lab);
         p.columns = xs;
         md += "\n" + lab + "\n\n| depth |";
         for (int64_t L : lengths) md += " " + std::to_string(L) + " |";

@@ -69,7 +69,10 @@ std::string svg_heatmaps(const std::string& title, const std::string& x_label, c
     max_cols = std::max(max_cols, p.columns.size());
     max_rows = std::max(max_rows, p.rows.size());
   }
-  const double pw = margin_l + cell_w * max_cols, ph = title_h + cell_h * max_rows + 40;
+  // A panel is as wide as its grid or its title (about 7 px per character at 12 px).
+  double pw = margin_l + cell_w * max_cols;
+  for (const auto& p : panels) pw = std::max(pw, 7.0 * p.title.size() + 10);
+  const double ph = title_h + cell_h * max_rows + 40;
   const int cols = std::max(1, std::min<int>(per_row, static_cast<int>(panels.size())));
   const int rows = static_cast<int>((panels.size() + cols - 1) / cols);
   const double w = cols * pw + (cols - 1) * gap + 40, h = margin_t + rows * (ph + gap) + 40;
@@ -78,7 +81,7 @@ std::string svg_heatmaps(const std::string& title, const std::string& x_label, c
   for (size_t i = 0; i < panels.size(); ++i) {
     const HeatmapPanel& p = panels[i];
     const double ox = 20 + (i % cols) * (pw + gap), oy = margin_t + (i / cols) * (ph + gap);
-    s += text(ox + margin_l + cell_w * p.columns.size() / 2, oy + 14, p.title, 12, "middle", "font-weight=\"bold\"");
+    s += text(ox + pw / 2, oy + 14, p.title, 12, "middle", "font-weight=\"bold\"");
     const double gy = oy + title_h;
     for (size_t r = 0; r < p.rows.size(); ++r) {
       s += text(ox + margin_l - 6, gy + cell_h * r + cell_h * 0.65, p.rows[r], 11, "end");
@@ -105,9 +108,11 @@ std::string svg_heatmaps(const std::string& title, const std::string& x_label, c
 std::string svg_line_chart(const std::string& title, const std::string& x_label, const std::string& y_label,
                            const std::vector<std::string>& x, const std::vector<LineSeries>& series) {
   const double pw = 520, ph = 300, ml = 70, mt = 50, legend_w = 380;
-  const double w = ml + pw + 30 + legend_w, h = std::max(mt + ph + 70, mt + 22.0 * series.size() + 40);
+  double legend = legend_w;
+  for (const auto& L : series) legend = std::max(legend, 6.5 * L.name.size() + 40);
+  const double w = std::max(ml + pw + 30 + legend, 9.5 * title.size() + 20), h = std::max(mt + ph + 70, mt + 22.0 * series.size() + 40);
   std::string s = header(w, h);
-  s += text((ml + pw) / 2, 26, title, 16, "middle", "font-weight=\"bold\"");
+  s += text(10, 26, title, 16, "start", "font-weight=\"bold\"");
   auto px = [&](size_t i) { return ml + (x.size() <= 1 ? pw / 2 : pw * static_cast<double>(i) / (x.size() - 1)); };
   auto py = [&](double v) { return mt + ph * (1 - std::clamp(v, 0.0, 1.0)); };
   for (int t = 0; t <= 4; ++t) {  // y grid at 0, 25, ..., 100 %
