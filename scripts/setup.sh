@@ -56,9 +56,9 @@ fi
 # wheels into the cache, converted by tools/tox_convert.py (h5py) into the files our C++
 # reads. scipy: the Kendall reference; perspective: the Perspective client the endpoint
 # test drives. (tools/tox_fixtures.py also needs tensorflow-cpu, only to regenerate.)
-if ! python3 -c "import h5py, scipy, perspective" 2>/dev/null; then
-  echo "setup: pip install h5py scipy perspective==1.0.3" >&2
-  python3 -m pip install -q --disable-pip-version-check h5py scipy perspective==1.0.3 2>&1 | grep -v "WARNING: Running pip as" || true
+if ! python3 -c "import h5py, scipy, perspective, joblib" 2>/dev/null; then
+  echo "setup: pip install h5py scipy perspective==1.0.3 joblib" >&2
+  python3 -m pip install -q --disable-pip-version-check h5py scipy perspective==1.0.3 joblib 2>&1 | grep -v "WARNING: Running pip as" || true
 fi
 tox="$cache/tox"
 for v in 0.2.2 0.3.0; do
@@ -67,6 +67,16 @@ for v in 0.2.2 0.3.0; do
     mkdir -p "$tox"
     python3 -m pip download -q --disable-pip-version-check --no-deps -d "$tox" "toxic-comment-classifier==$v"
     python3 tools/tox_convert.py "$tox/toxic_comment_classifier-$v-py3-none-any.whl" "$v" "$tox/tcc-toxic-$v.bin"
+  fi
+done
+# alt-profanity-check 1.2.2 and 1.5.0 (TF-IDF + calibrated LinearSVC; sdists), converted by
+# tools/tox_profanity_convert.py (joblib + numpy; no scikit-learn needed).
+for v in 1.2.2 1.5.0; do
+  if [ ! -s "$tox/profanity-$v.json" ]; then
+    echo "setup: alt-profanity-check $v -> $tox/profanity-$v.json" >&2
+    mkdir -p "$tox"
+    python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d "$tox" "alt-profanity-check==$v"
+    python3 tools/tox_profanity_convert.py "$(ls "$tox"/alt[-_]profanity[-_]check-$v.tar.gz | head -1)" "$v" "$tox/profanity-$v.json"
   fi
 done
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "eval/scoring/perspective_client.h"
+#include "eval/scoring/profanity.h"
 #include "eval/scoring/tox_bilstm.h"
 
 namespace snap::scoring {
@@ -26,7 +27,7 @@ std::string default_scorer_dir() {
 }
 
 const char* known_scorers() {
-  return "exact@1, contains@1, numeric@1, tcc-toxic@0.2.2, tcc-toxic@0.3.0, perspective@LABEL";
+  return "exact@1, contains@1, numeric@1, tcc-toxic@0.2.2, tcc-toxic@0.3.0, profanity@1.2.2, profanity@1.5.0, perspective@LABEL";
 }
 
 Result<std::unique_ptr<Scorer>> make_scorer(const std::string& spec, const ScorerOptions& options) {
@@ -46,6 +47,17 @@ Result<std::unique_ptr<Scorer>> make_scorer(const std::string& spec, const Score
     if (s->info().version != version) {
       return data_loss(path + " holds version " + s->info().version + ", not " + version);
     }
+    return s;
+  }
+  if (id == "profanity") {
+    const std::string dir = options.model_dir.empty() ? default_scorer_dir() : options.model_dir;
+    const std::string path = dir + "/profanity-" + version + ".json";
+    if (!std::filesystem::exists(path)) {
+      return not_found("scorer " + spec + ": no converted model at " + path +
+                       " (scripts/setup.sh converts 1.2.2 and 1.5.0 with tools/tox_profanity_convert.py)");
+    }
+    SNAP_ASSIGN_OR_RETURN(auto s, make_profanity_scorer(path));
+    if (s->info().version != version) return data_loss(path + " holds version " + s->info().version + ", not " + version);
     return s;
   }
   if (id == "perspective") return make_perspective_scorer(version, options);

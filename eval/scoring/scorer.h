@@ -63,7 +63,7 @@ struct ScorerOptions {
 std::string default_scorer_dir();
 
 // Every scorer by "ID@VERSION": exact@1, contains@1, numeric@1, tcc-toxic@0.2.2,
-// tcc-toxic@0.3.0, perspective@LABEL. not_found names the spec and lists the known ones.
+// tcc-toxic@0.3.0, profanity@1.2.2, profanity@1.5.0, perspective@LABEL. not_found names the spec and lists the known ones.
 Result<std::unique_ptr<Scorer>> make_scorer(const std::string& spec, const ScorerOptions& options);
 const char* known_scorers();
 
