@@ -5,12 +5,13 @@
 #   googletest           GoogleTest sources (built there with its own compiler: no ABI risk)
 #   libopenblas*-openmp  cblas.h + libopenblas.so.0, which the CPU reference kernels link
 #   libgfortran5, libquadmath0  OpenBLAS's runtime dependencies
+#   nlohmann-json3-dev   header-only JSON, for the model loader (config.json, safetensors)
 # Those come to ~13 MB (the run tool carries at most 64 MiB). Idempotent: a present .deb is kept.
 # Usage: bash scripts/device_deps.sh   (then see scripts/device_check.sh for the run invocation)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.device-deps
-pkgs=(googletest libopenblas0-openmp libopenblas-openmp-dev libgfortran5 libquadmath0)
+pkgs=(googletest libopenblas0-openmp libopenblas-openmp-dev libgfortran5 libquadmath0 nlohmann-json3-dev)
 mkdir -p "$dest"
 cd "$dest"
 for p in "${pkgs[@]}"; do

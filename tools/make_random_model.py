@@ -27,8 +27,43 @@ import zlib
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_tiny_checkpoint import SPECIALS, make_vocab  # noqa: E402
+# Needs only numpy (the GPU machine has no `gguf` package, so nothing is imported from
+# make_tiny_checkpoint.py; the vocabulary below is built the same way).
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGE_WORDS = ["Ġt", "he", "Ġthe", "in", "er", "Ġa", "on", "re", "at", "en", "Ġs", "Ġw", "or", "an", "is", "it"]
+
+
+def bytes_to_unicode():
+    """GPT-2 byte-level BPE: each byte maps to a printable character."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    extra = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def make_vocab(vocab_size):
+    """256 byte tokens, a few merges, the specials, then <|extra_N|> padding (type 4)."""
+    b2u = bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    merges = []
+    for word in MERGE_WORDS[: max(0, vocab_size - 256 - len(SPECIALS))]:
+        for cut in range(len(word) - 1, 0, -1):
+            if word[:cut] in tokens and word[cut:] in tokens:
+                merges.append(f"{word[:cut]} {word[cut:]}")
+                tokens.append(word)
+                break
+    tokens += SPECIALS
+    types = [1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS)
+    while len(tokens) < vocab_size:
+        tokens.append(f"<|extra_{len(tokens)}|>")
+        types.append(4)
+    return tokens, types, merges
+
 
 # Published shapes (config.json of each model). rope: (theta, scaling or None).
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -51,6 +86,9 @@ SHAPES = {
     "tiny-llama3": dict(arch="llama", layers=2, hidden=192, heads=6, kv_heads=2, intermediate=328,
                         vocab=1000, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, max_position=131072,
                         tie=False),
+    "tiny-mistral": dict(arch="mistral", layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256,
+                         vocab=500, rope_theta=10000.0, rope_scaling=None, max_position=4096, tie=False,
+                         sliding_window=16),
     "tiny-qwen2": dict(arch="qwen2", layers=2, hidden=128, heads=4, kv_heads=1, intermediate=200,
                        vocab=600, rope_theta=1000000.0, rope_scaling=None, max_position=4096, tie=True),
 }

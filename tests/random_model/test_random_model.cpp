@@ -119,7 +119,10 @@ TEST_P(RandomModelEngine, GenerateMatchesNumpyReference) {
   const Dump d = read_dump(dump);
   ASSERT_GE(d.ids.size(), 10u) << "prompt tokenized to too few ids";
   std::string ids;
-  for (int32_t id : d.ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  for (int32_t id : d.ids) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id);
+  }
   const std::string ref = dir / "ref.json";
   ASSERT_EQ(sh("python3 " SNAP_SOURCE_DIR "/tools/reference_llama.py --model " + model + " --ids " + ids +
                " --top 5 --out " + ref + " >/dev/null"),

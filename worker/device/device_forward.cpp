@@ -1,0 +1,163 @@
+// DeviceForward (device_forward.h): one chunk of one sequence through the model on the pool's
+// stream; every launch checked, errors as one-line Status values.
+#include "worker/device/device_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace snap {
+
+namespace {
+Status cuda_status(const char* what, cudaError_t e) {
+  if (e == cudaSuccess) return Status::ok_status();
+  return internal_error(std::string("device forward: ") + what + ": " + cudaGetErrorString(e));
+}
+#define DEV_TRY(what, expr) SNAP_RETURN_IF_ERROR(cuda_status(what, (expr)))
+}  // namespace
+
+DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& weights, DeviceKvPool& pool)
+    : config_(config), w_(weights), pool_(pool), stream_(pool.stream()) {
+  cublasCreate(&cublas_);
+  attn_.num_heads = config.num_heads;
+  attn_.num_kv_heads = config.num_kv_heads;
+  attn_.head_dim = config.head_dim;
+  attn_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  attn_.sliding_window = config.sliding_window;
+}
+
+void DeviceForward::free_scratch() {
+  cudaStreamSynchronize(stream_);  // queued kernels may still use the buffers
+  for (void* p : {static_cast<void*>(x_), static_cast<void*>(h_), static_cast<void*>(q_), static_cast<void*>(k_),
+                  static_cast<void*>(v_), static_cast<void*>(attn_out_), static_cast<void*>(gate_),
+                  static_cast<void*>(up_), static_cast<void*>(logits_), static_cast<void*>(inv_freq_),
+                  static_cast<void*>(xb_), static_cast<void*>(tokens_), static_cast<void*>(positions_),
+                  static_cast<void*>(greedy_), attn_ws_})
+    cudaFree(p);
+  x_ = h_ = q_ = k_ = v_ = attn_out_ = gate_ = up_ = logits_ = inv_freq_ = nullptr;
+  xb_ = nullptr;
+  tokens_ = positions_ = greedy_ = nullptr;
+  attn_ws_ = nullptr;
+  attn_ws_bytes_ = 0;
+  cap_ = 0;
+  scratch_bytes_ = 0;
+}
+
+DeviceForward::~DeviceForward() {
+  free_scratch();
+  if (cublas_) cublasDestroy(cublas_);
+}
+
+Status DeviceForward::ensure_scratch(int64_t n) {
+  if (n <= cap_) return Status::ok_status();
+  free_scratch();
+  const int64_t hidden = config_.hidden_size, qd = int64_t{config_.num_heads} * config_.head_dim;
+  const int64_t kvd = int64_t{config_.num_kv_heads} * config_.head_dim, ff = config_.intermediate_size;
+  const int64_t widest = std::max({hidden, qd, ff});
+  scratch_bytes_ = 0;
+  auto alloc = [&](auto** p, int64_t bytes) -> Status {
+    scratch_bytes_ += bytes;
+    return cuda_status("cudaMalloc scratch", cudaMalloc(reinterpret_cast<void**>(p), static_cast<size_t>(bytes)));
+  };
+  SNAP_RETURN_IF_ERROR(alloc(&x_, 4 * n * hidden));
+  SNAP_RETURN_IF_ERROR(alloc(&h_, 4 * n * hidden));
+  SNAP_RETURN_IF_ERROR(alloc(&q_, 4 * n * qd));
+  SNAP_RETURN_IF_ERROR(alloc(&k_, 4 * n * kvd));
+  SNAP_RETURN_IF_ERROR(alloc(&v_, 4 * n * kvd));
+  SNAP_RETURN_IF_ERROR(alloc(&attn_out_, 4 * n * qd));
+  SNAP_RETURN_IF_ERROR(alloc(&gate_, 4 * n * ff));
+  SNAP_RETURN_IF_ERROR(alloc(&up_, 4 * n * ff));
+  SNAP_RETURN_IF_ERROR(alloc(&logits_, 4 * n * config_.vocab_size));
+  SNAP_RETURN_IF_ERROR(alloc(&xb_, 2 * n * widest));
+  SNAP_RETURN_IF_ERROR(alloc(&tokens_, 4 * n));
+  SNAP_RETURN_IF_ERROR(alloc(&positions_, 4 * n));
+  SNAP_RETURN_IF_ERROR(alloc(&greedy_, 4));
+  const std::vector<float> inv = kernels::rope_inv_freq(config_.rope);
+  SNAP_RETURN_IF_ERROR(alloc(&inv_freq_, 4 * static_cast<int64_t>(inv.size())));
+  DEV_TRY("inv_freq", cudaMemcpy(inv_freq_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  cap_ = n;
+  return Status::ok_status();
+}
+
+// y[n, rows] = x[n, cols] · wᵀ (+ bias): cuBLAS on bf16 x for a chunk, the row GEMV for one row.
+Status DeviceForward::project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n) {
+  if (n == 1) {
+    kernels::matmul_rowwise_cuda(x, w.data.bf16(), bias, y, 1, w.rows, w.cols, stream_);
+    return cuda_status("matmul_rowwise_cuda", cudaGetLastError());
+  }
+  kernels::f32_to_bf16_cuda(x, xb_, n * w.cols, stream_);
+  const cublasStatus_t st = kernels::matmul_bf16_cuda(cublas_, xb_, w.data.bf16(), bias, y, n, w.rows, w.cols, stream_);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return internal_error("device forward: cublasGemmEx status " + std::to_string(static_cast<int>(st)));
+  return cuda_status("matmul_bf16_cuda", cudaGetLastError());
+}
+
+Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits,
+                              int32_t* greedy) {
+  if (n <= 0) return invalid_argument("device forward: no tokens");
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      return invalid_argument("device forward: token id " + std::to_string(tokens[i]) + " not in [0, " +
+                              std::to_string(config_.vocab_size) + ")");
+  SNAP_RETURN_IF_ERROR(ensure_scratch(n));
+  if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed");
+  const int64_t hidden = config_.hidden_size, ff = config_.intermediate_size, vocab = config_.vocab_size;
+  const int hd = config_.head_dim;
+  const int64_t start = pool_.appended(seq, 0);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(start + i);
+  DEV_TRY("tokens", cudaMemcpyAsync(tokens_, tokens, 4 * n, cudaMemcpyHostToDevice, stream_));
+  DEV_TRY("positions", cudaMemcpyAsync(positions_, pos.data(), 4 * n, cudaMemcpyHostToDevice, stream_));
+  kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens_, n, hidden, vocab, x_, stream_);
+  DEV_TRY("embedding", cudaGetLastError());
+
+  for (int l = 0; l < config_.num_layers; ++l) {
+    const DeviceLayer& L = w_.layers[l];
+    kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
+    SNAP_RETURN_IF_ERROR(project(L.q, L.q_bias.f32(), h_, q_, n));
+    SNAP_RETURN_IF_ERROR(project(L.k, L.k_bias.f32(), h_, k_, n));
+    SNAP_RETURN_IF_ERROR(project(L.v, L.v_bias.f32(), h_, v_, n));
+    kernels::rope_cuda(q_, positions_, n, config_.num_heads, hd, inv_freq_, stream_);
+    kernels::rope_cuda(k_, positions_, n, config_.num_kv_heads, hd, inv_freq_, stream_);
+    DEV_TRY("rope", cudaGetLastError());
+    SNAP_RETURN_IF_ERROR(pool_.append(seq, l, k_, v_, positions_, n));
+    SNAP_ASSIGN_OR_RETURN(kernels::PagedKvCuda view, pool_.view(seq, l));
+    const size_t ws = kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length);
+    if (ws > attn_ws_bytes_) {
+      cudaStreamSynchronize(stream_);
+      cudaFree(attn_ws_);
+      attn_ws_ = nullptr;
+      DEV_TRY("attention workspace", cudaMalloc(&attn_ws_, ws));
+      scratch_bytes_ += static_cast<int64_t>(ws - attn_ws_bytes_);
+      attn_ws_bytes_ = ws;
+    }
+    DEV_TRY("attention_paged_cuda",
+            kernels::attention_paged_cuda(q_, positions_, n, view, attn_, attn_out_, attn_ws_, attn_ws_bytes_, stream_));
+    SNAP_RETURN_IF_ERROR(project(L.o, nullptr, attn_out_, h_, n));
+    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
+    kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
+    SNAP_RETURN_IF_ERROR(project(L.gate, nullptr, h_, gate_, n));
+    SNAP_RETURN_IF_ERROR(project(L.up, nullptr, h_, up_, n));
+    kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
+    SNAP_RETURN_IF_ERROR(project(L.down, nullptr, gate_, h_, n));
+    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
+    DEV_TRY("layer", cudaGetLastError());
+  }
+
+  // Final norm and the LM head: every row, or only the last (then as a single row, GEMV).
+  const int64_t rows = all_logits ? n : 1;
+  const float* last = x_ + (n - rows) * hidden;
+  kernels::rms_norm_cuda(last, w_.final_norm.f32(), h_, rows, hidden, config_.rms_norm_eps, stream_);
+  SNAP_RETURN_IF_ERROR(project(w_.output(), nullptr, h_, logits_, rows));
+  if (greedy) {
+    kernels::argmax_cuda(logits_ + (rows - 1) * vocab, 1, vocab, greedy_, stream_);
+    DEV_TRY("greedy", cudaMemcpyAsync(greedy, greedy_, 4, cudaMemcpyDeviceToHost, stream_));
+  }
+  if (logits) DEV_TRY("logits", cudaMemcpyAsync(logits, logits_, 4 * rows * vocab, cudaMemcpyDeviceToHost, stream_));
+  DEV_TRY("forward", cudaStreamSynchronize(stream_));
+  return Status::ok_status();
+}
+
+}  // namespace snap

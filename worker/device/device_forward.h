@@ -1,0 +1,62 @@
+// The Llama-family forward pass (llama, mistral, qwen2) on one GPU: the device twin of
+// LlamaForward (worker/model/llama.h), over the device KV block pool. Same steps in the same
+// order — embed, per layer RMSNorm, q/k/v (+ qwen2 bias), RoPE, KV append, paged attention
+// (causal by position, sliding window), o_proj + residual, RMSNorm, SwiGLU MLP + residual;
+// final norm, LM head — with bf16 weights and KV and f32 activations. Prompt chunks
+// (num_tokens > 1) run the projections through cuBLAS on bf16 activations; single decode
+// rows through the row-invariant GEMV (f32 activations), as the CPU splits sgemm/matvec.
+// Only the logits (or greedy ids) cross to the host.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/device/device_kv_pool.h"
+#include "worker/device/device_weights.h"
+#include "worker/model/config.h"
+
+namespace snap {
+
+class DeviceForward {
+ public:
+  // weights, pool and the model config must outlive this object; the pool's stream is used.
+  DeviceForward(const ModelConfig& config, const DeviceWeights& weights, DeviceKvPool& pool);
+  ~DeviceForward();
+  DeviceForward(const DeviceForward&) = delete;
+  DeviceForward& operator=(const DeviceForward&) = delete;
+
+  // Runs tokens[0..n) of sequence `seq` at positions pool.appended(seq, 0).. and appends
+  // their K/V. logits (host): [n, vocab] if all_logits, else [vocab] of the last token; may
+  // be null. greedy (host, may be null): argmax id of the last token, computed on the device.
+  Status forward(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits, int32_t* greedy);
+
+  // Bytes of device scratch held now (activations for the largest chunk seen + workspaces).
+  int64_t scratch_bytes() const { return scratch_bytes_; }
+
+ private:
+  Status ensure_scratch(int64_t n);
+  void free_scratch();
+  Status project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
+
+  const ModelConfig& config_;
+  const DeviceWeights& w_;
+  DeviceKvPool& pool_;
+  cudaStream_t stream_;
+  cublasHandle_t cublas_ = nullptr;
+  kernels::AttentionParams attn_;
+  // Device scratch for chunks of up to cap_ tokens.
+  int64_t cap_ = 0;
+  int64_t scratch_bytes_ = 0;
+  float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_out_ = nullptr;
+  float *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *inv_freq_ = nullptr;
+  __nv_bfloat16* xb_ = nullptr;  // bf16 copy of a GEMM input [cap, max(hidden, q dim, ff)]
+  int32_t *tokens_ = nullptr, *positions_ = nullptr, *greedy_ = nullptr;
+  void* attn_ws_ = nullptr;
+  size_t attn_ws_bytes_ = 0;
+};
+
+}  // namespace snap
