@@ -200,8 +200,10 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
   }
 
   const double t_tok = now_seconds();
+  const int64_t rss_before_tokenizer = current_rss_bytes();
   auto tok = Tokenizer::load_for_model(a.model);
   if (!tok.ok()) return fail(tok.status().message());
+  const int64_t tokenizer_bytes = current_rss_bytes() - rss_before_tokenizer;
   load_seconds += now_seconds() - t_tok;
 
   GenerateRequest req;
@@ -287,6 +289,12 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
                st.kv_full_equivalent_bytes / std::max<double>(1, st.kv_resident_bytes),
                human_bytes(st.kv_pool_peak_bytes).c_str(), st.selection_seconds,
                100.0 * st.selection_seconds / std::max(st.prefill_seconds, 1e-9), human_bytes(peak_rss_bytes()).c_str());
+  // Where the bytes go (this rank): weights as loaded, the KV pool's high-water mark, the
+  // forward pass's activation scratch at its largest, the tokenizer (RSS growth while loading it).
+  std::fprintf(stderr, "snapserve: memory: weights %s, KV peak %s (%s K/V, %s prefill), scratch peak %s, tokenizer %s\n",
+               human_bytes(model->weights.nbytes()).c_str(), human_bytes(st.kv_pool_peak_bytes).c_str(),
+               dtype_name(st.kv_dtype), st.layerwise ? (req.kv_policy.layerwise ? "layer-wise" : "layer-wise (auto: lower peak)") : "chunked",
+               human_bytes(st.scratch_peak_bytes).c_str(), human_bytes(std::max<int64_t>(0, tokenizer_bytes)).c_str());
   if (comm && comm->group_size() > 1) report_tp(*comm, *model, st, after_prefill);
   return 0;
 }

@@ -54,7 +54,21 @@ Status run_sequence(StepDriver& driver, const GenerateRequest& req, const Genera
   float* last = logits.data();
 
   double t0 = now_seconds();
-  const bool layerwise = req.kv_policy.layerwise && seq.compressor->active();
+  bool layerwise = req.kv_policy.layerwise && seq.compressor->active();
+  if (!layerwise && req.auto_layerwise && seq.compressor->active() && compress_at == n && !hooks.on_prompt_logits) {
+    // Peak bytes of either prefill (this rank): blocks per head at n tokens and at the
+    // largest layer budget, all layers full against one full + the rest compressed, plus
+    // layer-wise's hidden states of the whole prompt against chunked prefill's chunk.
+    const int64_t bs = local.pool()->block_size(), bb = local.pool()->block_bytes();
+    const int64_t heads = local.shard().num_kv_heads, layers = c.num_layers;
+    int64_t budget = 0;
+    for (int l = 0; l < layers; ++l) budget = std::max(budget, seq.compressor->layer_budget(l));
+    const int64_t full_blocks = (n + bs - 1) / bs, kept_blocks = (std::min(n, budget) + bs - 1) / bs;
+    const int64_t chunked = layers * heads * full_blocks * bb + std::min(n, req.prefill_chunk) * c.hidden_size * 4;
+    const int64_t by_layer = heads * full_blocks * bb + (layers - 1) * heads * kept_blocks * bb + n * c.hidden_size * 4;
+    layerwise = by_layer < chunked;
+  }
+  result.stats.layerwise = layerwise;
   if (layerwise) {
     if (hooks.on_prompt_logits) return invalid_argument("layer-wise prefill does not produce per-position logits");
     StepPlan plan;
@@ -120,6 +134,8 @@ Status run_sequence(StepDriver& driver, const GenerateRequest& req, const Genera
   result.stats.kv_stored_bytes = seq.cache->stored_bytes();
   result.stats.kv_full_equivalent_bytes = seq.cache->full_equivalent_bytes();
   result.stats.kv_pool_peak_bytes = std::max(peak_blocks, local.pool()->peak_used()) * local.pool()->block_bytes();
+  result.stats.kv_dtype = local.pool()->kv_dtype();
+  result.stats.scratch_peak_bytes = local.forward().peak_scratch_bytes();
   return {};
 }
 

@@ -25,6 +25,11 @@ struct GenerateRequest {
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
   int64_t prefill_chunk = 512;    // tokens per prefill forward (bounds scratch memory)
   KvPolicy kv_policy;             // full by default
+  // A compressing policy over the whole prompt prefills layer by layer (as with
+  // kv_policy.layerwise) whenever that peaks lower in memory: one layer's full KV plus the
+  // compressed rest and the prompt's hidden states, against every layer's full KV. Same
+  // selections and tokens (test_kv_policies); false keeps chunked prefill.
+  bool auto_layerwise = true;
   int kv_block_size = 16;         // tokens per KV block
   DType kv_dtype = k_default_kv_dtype;  // K/V element type: f32, bf16 or f16
   // KV block pool size; 0 sizes it for this request uncompressed (prompt + max_tokens).
@@ -50,6 +55,9 @@ struct GenerateStats {
   int64_t kv_stored_bytes = 0;    // K/V bytes of the tokens held at the end
   int64_t kv_full_equivalent_bytes = 0;  // what an uncompressed cache would hold at the end
   int64_t kv_pool_peak_bytes = 0;        // most blocks ever in use × block bytes
+  DType kv_dtype = DType::f32;           // element type of the cached K/V
+  bool layerwise = false;                // prefill ran layer by layer (asked for, or chosen by auto_layerwise)
+  int64_t scratch_peak_bytes = 0;        // activation scratch at its largest (LlamaForward::peak_scratch_bytes)
 };
 
 struct GenerateResult {

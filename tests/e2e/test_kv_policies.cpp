@@ -37,6 +37,7 @@ PolicyRun run(const LoadedModel& m, const std::vector<int32_t>& ids, const KvPol
   req.prompt_ids = ids;
   req.max_tokens = max_tokens;
   req.kv_policy = policy;
+  req.auto_layerwise = false;  // these tests choose layer-wise prefill themselves (policy.layerwise)
   req.prefill_chunk = chunk;
   PolicyRun out;
   GenerateHooks hooks;

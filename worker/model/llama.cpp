@@ -50,6 +50,13 @@ CompressorShape LlamaForward::compressor_shape() const {
   return {c.num_layers, model_.shard.q_load_heads, model_.shard.num_kv_heads, c.head_dim};
 }
 
+int64_t LlamaForward::scratch_bytes() const {
+  int64_t floats = 0;
+  for (const std::vector<float>* v : {&x_, &h_, &q_, &qg_, &k_, &v_, &attn_, &gate_, &up_, &head_mine_, &head_part_, &head_all_})
+    floats += static_cast<int64_t>(v->capacity());
+  return floats * 4 + static_cast<int64_t>(positions_.capacity()) * 4;
+}
+
 void LlamaForward::ensure_scratch(int64_t n) {
   if (n <= scratch_tokens_) return;
   const ModelConfig& c = model_.config;
@@ -301,6 +308,8 @@ Status LlamaForward::prefill_layerwise(const int32_t* tokens, int64_t n, PagedKv
   for (int64_t t = 0; t < n; ++t) positions[t] = static_cast<int32_t>(t);
   embed(tokens, n, x.data());
   ensure_scratch(std::min(chunk, n));
+  peak_scratch_bytes_ = std::max(peak_scratch_bytes_, scratch_bytes() + static_cast<int64_t>(x.capacity()) * 4 +
+                                                          static_cast<int64_t>(positions.capacity()) * 4);
   for (int l = 0; l < c.num_layers; ++l) {
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t len = std::min(chunk, n - start);

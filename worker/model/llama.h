@@ -70,6 +70,12 @@ class LlamaForward {
   Status prefill_layerwise(const int32_t* tokens, int64_t num_tokens, PagedKvCache& cache, float* last_logits,
                            int64_t chunk, KvCompressor& compressor);
 
+  // Bytes of activation scratch held now (sized by the largest chunk or batch seen; the LM
+  // head's buffers included), and the most held at once, layer-wise prefill's hidden
+  // states of the whole prompt included.
+  int64_t scratch_bytes() const;
+  int64_t peak_scratch_bytes() const { return std::max(peak_scratch_bytes_, scratch_bytes()); }
+
  private:
   void ensure_scratch(int64_t num_tokens);
   void embed(const int32_t* tokens, int64_t n, float* x) const;
@@ -110,6 +116,7 @@ class LlamaForward {
   int64_t prefill_rows_ = 0;  // rows of the current step that are a prompt chunk
   std::vector<float> x_, h_, q_, qg_, k_, v_, attn_, gate_, up_;
   std::vector<int32_t> positions_;
+  int64_t peak_scratch_bytes_ = 0;
 };
 
 }  // namespace snap
