@@ -107,15 +107,15 @@ __global__ void __launch_bounds__(k_warps * 32)
     q_s[idx] = q[(t * p.num_heads + h) * hd + i] * p.scale;
   }
   __syncthreads();
-  if (tid == 0) {
-    int64_t lo_all = ke, hi_all = kb;
+  if (tid == 0) {  // the union of the rows' ranges; [0, 0) when no row sees a key here
+    int64_t lo_all = INT64_MAX, hi_all = 0;
     for (int rr = 0; rr < nrows; ++rr) {
       if (lo_s[rr] >= hi_s[rr]) continue;
       lo_all = lo_s[rr] < lo_all ? lo_s[rr] : lo_all;
       hi_all = hi_s[rr] > hi_all ? hi_s[rr] : hi_all;
     }
-    range_s[0] = lo_all;
-    range_s[1] = hi_all;
+    range_s[0] = lo_all < hi_all ? lo_all : 0;
+    range_s[1] = lo_all < hi_all ? hi_all : 0;
   }
   __syncthreads();
   const int64_t lo_all = range_s[0], hi_all = range_s[1];

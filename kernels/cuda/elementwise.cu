@@ -26,16 +26,17 @@ void residual_add_cuda(float* x, const float* y, int64_t n, cudaStream_t stream)
   residual_add_kernel<<<grid_for(n), k_threads, 0, stream>>>(x, y, n);
 }
 
-// One block row per token (blockIdx.y), threads stride over the hidden dimension.
+// One block row per token (blockIdx.x: up to 2^31 − 1 tokens), blockIdx.y and the threads
+// stride over the hidden dimension.
 __global__ void embedding_gather_kernel(const __nv_bfloat16* table, const int32_t* ids, int64_t hidden_size,
                                         int64_t vocab_size, float* out) {
-  const int64_t t = blockIdx.y;
+  const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   float* o = out + t * hidden_size;
   const bool valid = id >= 0 && id < vocab_size;
   const __nv_bfloat16* row = table + (valid ? static_cast<int64_t>(id) : 0) * hidden_size;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < hidden_size;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+  for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < hidden_size;
+       i += static_cast<int64_t>(gridDim.y) * blockDim.x)
     o[i] = valid ? __bfloat162float(row[i]) : __int_as_float(0x7fc00000);  // quiet NaN
 }
 
@@ -43,7 +44,7 @@ void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64
                            int64_t vocab_size, float* out, cudaStream_t stream) {
   if (num_tokens <= 0 || hidden_size <= 0) return;
   const int64_t xb = (hidden_size + k_threads - 1) / k_threads;
-  const dim3 grid(static_cast<unsigned>(xb < 64 ? xb : 64), static_cast<unsigned>(num_tokens));
+  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(xb < 64 ? xb : 64));
   embedding_gather_kernel<<<grid, k_threads, 0, stream>>>(table, ids, hidden_size, vocab_size, out);
 }
 
