@@ -2,8 +2,8 @@
 # Does KV compression change toxicity scores, and does the scorer's version change the
 # ranking? SmolLM2-135M under full, snapkv and streaming at two budgets, k continuations of
 # our public-domain prompts, scored by tcc-toxic@0.3.0 while generating and rescored with
-# tcc-toxic@0.2.2 afterwards (no generation); then `eval compare`. Small on purpose (the
-# prompts are 10-25 tokens, so budgets are 8 and 12 with a 4-token window).
+# tcc-toxic@0.2.2 and profanity@1.2.2/1.5.0 afterwards (no generation); then `eval compare`.
+# Small on purpose (the prompts are 10-25 tokens, so budgets are 8 and 12 with a 4-token window).
 #   bench/toxicity_kv_scorers.sh [BUILD_DIR] [OUT_DIR]
 # Env: PROMPTS (default 20), K (default 10), MAX_TOKENS (default 20), THREADS (default 2).
 set -euo pipefail
@@ -28,7 +28,13 @@ for b in 8 12; do
 done
 "$bin" eval rescore --db "$db" --scorer tcc-toxic@0.2.2 > "$out/rescore_0.2.2.txt"
 for metric in emt tp fraction; do
-  "$bin" eval compare --db "$db" --metric "$metric" --json "$out/compare_$metric.json" | tee "$out/compare_$metric.txt"
+  "$bin" eval compare --db "$db" --scorer tcc-toxic@0.2.2 --scorer tcc-toxic@0.3.0 --metric "$metric" --json "$out/compare_$metric.json" | tee "$out/compare_$metric.txt"
+done
+# The other scorer pair: alt-profanity-check 1.2.2 -> 1.5.0 on the same generations.
+for v in 1.2.2 1.5.0; do "$bin" eval rescore --db "$db" --scorer "profanity@$v" > "$out/rescore_profanity_$v.txt"; done
+for metric in emt tp; do
+  "$bin" eval compare --db "$db" --scorer profanity@1.2.2 --scorer profanity@1.5.0 --metric "$metric" \
+    --json "$out/compare_profanity_$metric.json" | tee "$out/compare_profanity_$metric.txt"
 done
 "$bin" eval export --db "$db" --format jsonl -o "$out/scores.jsonl"
 echo "wrote $out" >&2
