@@ -150,6 +150,26 @@ for exe in "$build"/bench_cuda_*; do
 done
 [ $nbench = 0 ] && row "benchmarks" INFO "no bench_cuda_* target exists yet"
 
+# The device forward end to end on a Llama-3-8B-shaped random model with 4 of its 32 layers
+# (3.9 GB bf16: written here in ~1 min by numpy, never carried), 8K and 32K contexts.
+fwd_model=${SNAP_DEVICE_MODEL_DIR:-/tmp/snap-llama3-8b-4l}
+if [ -x "$build/bench_device_forward" ] && [ "$(left)" -gt 180 ]; then
+  t0=$SECONDS
+  if [ -f "$fwd_model/model.safetensors" ] ||
+    timeout "$(left)" python3 tools/make_random_model.py --shape llama3-8b --layers 4 --out "$fwd_model" >>"$log" 2>&1; then
+    if timeout "$(left)" "$build/bench_device_forward" --model "$fwd_model" --contexts 8192,32768 --decode 16 \
+      >>"$out/bench.txt" 2>>"$log"; then
+      row "bench_device_forward" PASS "$((SECONDS - t0)) s incl. the model (table below)"
+    else
+      row "bench_device_forward" FAIL "rc $? after $((SECONDS - t0)) s (see $log)"
+    fi
+  else
+    row "bench_device_forward" FAIL "make_random_model.py failed or timed out (see $log)"
+  fi
+else
+  row "bench_device_forward" INFO "skipped: not built or under 180 s left"
+fi
+
 # --- 6. full-project CUDA targets, only where the whole project configures --------------------
 # The bare machine lacks MPI, Boost, prometheus-cpp, ... so this normally reports why it is
 # skipped (not a failure of the CUDA code); on a fully provisioned GPU host it runs them.

@@ -1,0 +1,116 @@
+// End-to-end DeviceForward benchmark on one GPU: a model directory (e.g. a Llama-3-8B-shaped
+// random model with fewer layers, tools/make_random_model.py --shape llama3-8b --layers 4)
+// loaded as bf16, uploaded, then per context length: prefill in 2048-token chunks (tok/s)
+// and greedy decode (ms/token, device argmax) with the full cache. The 32-layer figure is the
+// measured one scaled by 32 / layers — an estimate that counts the LM head 32/layers times,
+// so it overstates the time; say so when quoting it.
+//   usage: bench_device_forward --model DIR [--contexts 8192,32768] [--decode 16]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "worker/device/device_forward.h"
+#include "worker/device/device_kv_pool.h"
+#include "worker/device/device_weights.h"
+#include "worker/model/weights.h"
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int fail(const std::string& m) {
+  std::fprintf(stderr, "bench_device_forward: %s\n", m.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_dir;
+  std::vector<int64_t> contexts{8192, 32768};
+  int decode = 16;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--model" && i + 1 < argc) {
+      model_dir = argv[++i];
+    } else if (a == "--contexts" && i + 1 < argc) {
+      contexts.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string t; std::getline(ss, t, ',');) contexts.push_back(std::atoll(t.c_str()));
+    } else if (a == "--decode" && i + 1 < argc) {
+      decode = std::atoi(argv[++i]);
+    } else {
+      return fail("unknown or incomplete argument '" + a + "' (usage: --model DIR [--contexts 8192,32768] [--decode 16])");
+    }
+  }
+  if (model_dir.empty()) return fail("--model DIR is required");
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("bench_device_forward: no usable GPU; nothing measured\n");
+    return 77;
+  }
+
+  double t0 = now_s();
+  snap::LoadOptions opts;
+  opts.keep_quantized = false;
+  opts.weight_dtype = snap::DType::bf16;
+  auto model = snap::load_model(model_dir, opts);
+  if (!model.ok()) return fail(model.status().to_string());
+  const double load_s = now_s() - t0;
+  t0 = now_s();
+  auto weights = snap::DeviceWeights::upload(*model);
+  if (!weights.ok()) return fail(weights.status().to_string());
+  const double upload_s = now_s() - t0;
+  const snap::ModelConfig& c = model->config;
+  std::printf("bench_device_forward: %s: %d layers, hidden %lld, %d/%d heads, vocab %lld; weights %.2f GB on device "
+              "(load %.1f s, upload %.1f s)\n",
+              model_dir.c_str(), c.num_layers, static_cast<long long>(c.hidden_size), c.num_heads, c.num_kv_heads,
+              static_cast<long long>(c.vocab_size), (*weights)->bytes / 1e9, load_s, upload_s);
+
+  cudaStream_t stream;
+  if (cudaStreamCreate(&stream) != cudaSuccess) return fail("cudaStreamCreate failed");
+  int64_t max_ctx = 0;
+  for (int64_t x : contexts) max_ctx = std::max(max_ctx, x);
+  const int64_t kv_tokens = max_ctx + decode + 64;
+  const int64_t pool_bytes = (kv_tokens + 16) * c.num_layers * c.num_kv_heads * (2 * c.head_dim * 2 + 4) * 11 / 10;
+  auto pool = snap::DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, pool_bytes, stream);
+  if (!pool.ok()) return fail(pool.status().to_string());
+  snap::DeviceForward fwd(c, **weights, **pool);
+
+  std::printf("  %-10s %14s %16s %18s\n", "context", "prefill tok/s", "decode ms/token", "x32/layers ms/tok");
+  for (int64_t ctx : contexts) {
+    const int32_t seq = (*pool)->add_sequence();
+    std::vector<int32_t> ids(static_cast<size_t>(ctx));
+    for (int64_t i = 0; i < ctx; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+    int32_t next = 0;
+    t0 = now_s();
+    for (int64_t at = 0; at < ctx; at += 2048) {
+      const int64_t n = std::min<int64_t>(2048, ctx - at);
+      const snap::Status st = fwd.forward(seq, ids.data() + at, n, nullptr, false, &next);
+      if (!st.ok()) return fail("prefill at " + std::to_string(at) + ": " + st.to_string());
+    }
+    const double prefill_s = now_s() - t0;
+    t0 = now_s();
+    for (int s = 0; s < decode; ++s) {
+      const int32_t tok = next;
+      const snap::Status st = fwd.forward(seq, &tok, 1, nullptr, false, &next);
+      if (!st.ok()) return fail("decode: " + st.to_string());
+    }
+    const double ms = (now_s() - t0) * 1e3 / std::max(decode, 1);
+    std::printf("  %-10lld %14.0f %16.2f %18.2f\n", static_cast<long long>(ctx), ctx / prefill_s, ms,
+                ms * 32.0 / c.num_layers);
+    const snap::Status st = (*pool)->release(seq);
+    if (!st.ok()) return fail(st.to_string());
+  }
+  std::printf("  device scratch %.1f MB, KV pool %.2f GB\n", fwd.scratch_bytes() / 1e6, pool_bytes / 1e9);
+  return 0;  // the stream, pool and weights go with the process
+}
