@@ -205,8 +205,11 @@ Result<Prepared> prepare(const RunArgs& a) {
 
 }  // namespace
 
-int run_eval(const RunArgs& a) {
+int run_eval(const RunArgs& args) {
+  RunArgs a = args;
   if (a.output.empty()) return eval_fail("eval run needs --output FILE.jsonl");
+  if (a.server_policy && a.url.empty()) return eval_fail("--server-policy needs --url");
+  if (a.server_policy) a.sweep.policies = "full";  // one case per task: the server's own KV handling
   if (!a.url.empty() && a.url.rfind("http://", 0) != 0) return eval_fail("--url '" + a.url + "' must start with http://");
   auto prep = prepare(a);
   if (!prep.ok()) return eval_fail(prep.status().message());

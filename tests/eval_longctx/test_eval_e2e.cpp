@@ -213,6 +213,19 @@ TEST_F(EvalE2e, UrlBackendGivesTheSameAnswers) {
     EXPECT_EQ(rec["output"].get<std::string>(), local[rec["key"]]) << rec["key"];
     EXPECT_EQ(rec["backend"].get<std::string>().rfind("http://127.0.0.1:", 0), 0u);
   }
+  // --server-policy sends no kv_compression: one case per task, the server's default (full).
+  const std::string plain_out = (work_dir() / "plain.jsonl").string();
+  Ran plain = run("eval run" + k_sweep + " --max-tokens 24 --server-policy --url http://127.0.0.1:" +
+                  std::to_string(server.port()) + " --output " + plain_out);
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  const auto plain_recs = read_jsonl(plain_out);
+  ASSERT_EQ(plain_recs.size(), 2u);
+  for (const auto& rec : plain_recs) {
+    EXPECT_EQ(rec["policy_label"], "server");
+    const std::string full_key = rec["key"];
+    ASSERT_TRUE(local.count(full_key)) << full_key;
+    EXPECT_EQ(rec["output"].get<std::string>(), local[full_key]);
+  }
   Ran ctx = run("eval run" + k_sweep + " --max-tokens 24 --placements context_only --url http://127.0.0.1:" +
                 std::to_string(server.port()) + " --output " + url_out);
   EXPECT_EQ(ctx.rc, 1);
