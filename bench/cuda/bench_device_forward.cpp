@@ -1,9 +1,10 @@
 // End-to-end DeviceForward benchmark on one GPU: a model directory (e.g. a Llama-3-8B-shaped
 // random model with fewer layers, tools/make_random_model.py --shape llama3-8b --layers 4)
 // loaded as bf16, uploaded, then per context length: prefill in 2048-token chunks (tok/s)
-// and greedy decode (ms/token, device argmax) with the full cache. The 32-layer figure is the
-// measured one scaled by 32 / layers — an estimate that counts the LM head 32/layers times,
-// so it overstates the time; say so when quoting it.
+// and greedy decode (ms/token, device argmax) with the full cache, then the same prompt with
+// SnapKV (budget 2048, window 32, on the device: compress_snapkv) and its decode. The
+// 32-layer figures are the measured ones scaled by 32 / layers — an estimate that counts the
+// LM head 32/layers times, so it overstates the time; say so when quoting it.
 //   usage: bench_device_forward --model DIR [--contexts 8192,32768] [--decode 16]
 #include <cuda_runtime.h>
 
@@ -86,30 +87,44 @@ int main(int argc, char** argv) {
   if (!pool.ok()) return fail(pool.status().to_string());
   snap::DeviceForward fwd(c, **weights, **pool);
 
-  std::printf("  %-10s %14s %16s %18s\n", "context", "prefill tok/s", "decode ms/token", "x32/layers ms/tok");
+  std::printf("  %-8s %13s %12s %12s %12s %14s %14s\n", "context", "prefill tok/s", "full ms/tok", "snapkv ms/tok",
+              "select ms", "full x32/L", "snapkv x32/L");
+  snap::kernels::SnapKvCudaParams sp;  // budget 2048, window 32, max pooling 7, mean over the group
+  sp.budget = 2048;
   for (int64_t ctx : contexts) {
-    const int32_t seq = (*pool)->add_sequence();
     std::vector<int32_t> ids(static_cast<size_t>(ctx));
     for (int64_t i = 0; i < ctx; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
-    int32_t next = 0;
-    t0 = now_s();
-    for (int64_t at = 0; at < ctx; at += 2048) {
-      const int64_t n = std::min<int64_t>(2048, ctx - at);
-      const snap::Status st = fwd.forward(seq, ids.data() + at, n, nullptr, false, &next);
-      if (!st.ok()) return fail("prefill at " + std::to_string(at) + ": " + st.to_string());
+    double prefill_s = 0, ms[2] = {0, 0}, select_ms = 0;
+    for (int snapkv = 0; snapkv < 2; ++snapkv) {  // the same prompt with the full cache, then with SnapKV
+      const int32_t seq = (*pool)->add_sequence();
+      int32_t next = 0;
+      fwd.observe_window(snapkv ? sp.window : 0);
+      t0 = now_s();
+      for (int64_t at = 0; at < ctx; at += 2048) {
+        const int64_t n = std::min<int64_t>(2048, ctx - at);
+        const snap::Status st = fwd.forward(seq, ids.data() + at, n, nullptr, false, &next);
+        if (!st.ok()) return fail("prefill at " + std::to_string(at) + ": " + st.to_string());
+      }
+      if (!snapkv) prefill_s = now_s() - t0;
+      if (snapkv) {
+        t0 = now_s();
+        const snap::Status st = fwd.compress_snapkv(seq, sp);
+        if (!st.ok()) return fail("snapkv: " + st.to_string());
+        select_ms = (now_s() - t0) * 1e3;
+      }
+      t0 = now_s();
+      for (int s = 0; s < decode; ++s) {
+        const int32_t tok = next;
+        const snap::Status st = fwd.forward(seq, &tok, 1, nullptr, false, &next);
+        if (!st.ok()) return fail("decode: " + st.to_string());
+      }
+      ms[snapkv] = (now_s() - t0) * 1e3 / std::max(decode, 1);
+      const snap::Status st = (*pool)->release(seq);
+      if (!st.ok()) return fail(st.to_string());
     }
-    const double prefill_s = now_s() - t0;
-    t0 = now_s();
-    for (int s = 0; s < decode; ++s) {
-      const int32_t tok = next;
-      const snap::Status st = fwd.forward(seq, &tok, 1, nullptr, false, &next);
-      if (!st.ok()) return fail("decode: " + st.to_string());
-    }
-    const double ms = (now_s() - t0) * 1e3 / std::max(decode, 1);
-    std::printf("  %-10lld %14.0f %16.2f %18.2f\n", static_cast<long long>(ctx), ctx / prefill_s, ms,
-                ms * 32.0 / c.num_layers);
-    const snap::Status st = (*pool)->release(seq);
-    if (!st.ok()) return fail(st.to_string());
+    const double scale = 32.0 / c.num_layers;
+    std::printf("  %-8lld %13.0f %12.2f %12.2f %12.1f %14.2f %14.2f\n", static_cast<long long>(ctx), ctx / prefill_s,
+                ms[0], ms[1], select_ms, ms[0] * scale, ms[1] * scale);
   }
   std::printf("  device scratch %.1f MB, KV pool %.2f GB\n", fwd.scratch_bytes() / 1e6, pool_bytes / 1e9);
   return 0;  // the stream, pool and weights go with the process

@@ -8,13 +8,19 @@
 //   greedy: the device's argmax equals the reference's at every prompt position whose top-2
 //     margin exceeds 0.1, and 6 decoded tokens (GEMV path) equal the reference's greedy
 //     continuation unless a step's reference margin is below 0.1 (a near-tie ends the check).
+// SnapKV on the device end to end: after the prompt, compress_snapkv keeps per layer and KV
+// head what worker/kv/selection.cpp's snapkv_select picks from the same window queries and
+// keys (read back from the device), except documented near-ties at the cut-off; every head
+// then holds exactly B entries, the dropped blocks are free, and decoding continues.
 // Exits 77 without a usable GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -23,9 +29,11 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "worker/device/device_forward.h"
 #include "worker/device/device_kv_pool.h"
 #include "worker/device/device_weights.h"
+#include "worker/kv/selection.h"
 #include "worker/model/weights.h"
 
 namespace snap {
@@ -137,6 +145,99 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
         break;  // past a near-tie the two continuations legitimately diverge
       }
     }
+  }
+  cudaStreamDestroy(stream);
+  fs::remove_all(dir);
+}
+
+TEST(DeviceSnapKv, CompressionMatchesCpuSelection) {
+  const fs::path dir = fs::temp_directory_path() / ("snap_devsnap_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string model_dir = (dir / "model").string();
+  ASSERT_EQ(sh(std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/make_random_model.py --shape tiny-llama3 --seed 9 --out " +
+               model_dir + " >/dev/null"),
+            0);
+  LoadOptions opts;
+  opts.keep_quantized = false;
+  auto model = load_model(model_dir, opts);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  const ModelConfig& c = model->config;
+  auto weights = DeviceWeights::upload(*model);
+  ASSERT_TRUE(weights.ok()) << weights.status().to_string();
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    auto pool = DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, int64_t{16} << 20, stream);
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    DeviceForward fwd(c, **weights, **pool);
+    kernels::SnapKvCudaParams sp;
+    sp.budget = 24;
+    sp.window = 8;
+    sp.kernel = 5;
+    const int64_t n = 70, hd = c.head_dim, nkv = c.num_kv_heads;
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 613 + 5) % c.vocab_size);
+    const int32_t seq = (*pool)->add_sequence();
+    int32_t next = -1;
+    ASSERT_TRUE(fwd.forward(seq, ids.data(), 32, nullptr, false, &next).ok());
+    fwd.observe_window(sp.window);
+    ASSERT_TRUE(fwd.forward(seq, ids.data() + 32, n - 32, nullptr, false, &next).ok());
+
+    // The CPU selection on the device's own keys and window queries.
+    const size_t slots = static_cast<size_t>((*pool)->num_blocks()) * 16;
+    std::vector<uint16_t> kslab(slots * hd);
+    ASSERT_EQ(cudaMemcpy(kslab.data(), (*pool)->k_slab(), kslab.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    SnapKvParams cp;
+    cp.budget = sp.budget;
+    cp.window = sp.window;
+    cp.kernel = sp.kernel;
+    std::vector<LayerSelection> want;
+    std::vector<std::vector<std::vector<float>>> want_scores;
+    for (int l = 0; l < c.num_layers; ++l) {
+      std::vector<float> k(static_cast<size_t>(nkv * n * hd));
+      for (int g = 0; g < nkv; ++g)
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t d = 0; d < hd; ++d)
+            k[(g * n + j) * hd + d] = bf16_to_f32(kslab[(*pool)->slot(seq, l, g, j) * hd + d]);
+      std::vector<float> q(static_cast<size_t>(sp.window * c.num_heads * hd));
+      ASSERT_EQ(cudaMemcpy(q.data(), fwd.window_queries(l), q.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      LayerQk qk{q.data(), sp.window, k.data(), n * hd, n, c.num_heads, c.num_kv_heads, c.head_dim};
+      auto sel = snapkv_select(qk, cp);
+      auto sc = snapkv_scores(qk, cp);
+      ASSERT_TRUE(sel.ok() && sc.ok());
+      want.push_back(std::move(*sel));
+      want_scores.push_back(std::move(*sc));
+    }
+    const int64_t bb = (*pool)->block_bytes();
+    EXPECT_EQ((*pool)->resident_bytes(seq), c.num_layers * nkv * 5 * bb);  // 70 tokens: 5 blocks per head
+    std::vector<std::vector<std::vector<int32_t>>> kept;
+    const Status st = fwd.compress_snapkv(seq, sp, &kept);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const int64_t prefix = n - sp.window, keep = sp.budget - sp.window;
+    for (int l = 0; l < c.num_layers; ++l)
+      for (int g = 0; g < nkv; ++g) {
+        EXPECT_EQ((*pool)->length(seq, l, g), sp.budget);
+        const std::vector<int32_t>& got = kept[l][g];
+        const std::vector<int32_t>& w = want[l].kept[g];
+        if (got == w) continue;
+        std::vector<float> sorted = want_scores[l][g];
+        std::nth_element(sorted.begin(), sorted.begin() + (keep - 1), sorted.end(), std::greater<float>());
+        const double cut = sorted[keep - 1], norm = *std::max_element(sorted.begin(), sorted.end());
+        std::vector<int32_t> diff;
+        std::set_symmetric_difference(got.begin(), got.end(), w.begin(), w.end(), std::back_inserter(diff));
+        for (int32_t j : diff)
+          EXPECT_TRUE(j < prefix && std::fabs(want_scores[l][g][j] - cut) <= 1e-5 * norm)
+              << "layer " << l << " head " << g << ": position " << j << " differs from the CPU selection";
+      }
+    EXPECT_EQ((*pool)->resident_bytes(seq), c.num_layers * nkv * 2 * bb) << "24 entries: 2 blocks per head";
+    EXPECT_EQ((*pool)->full_equivalent_bytes(seq), c.num_layers * nkv * 5 * bb);
+    for (int s = 0; s < 4; ++s) {
+      const int32_t tok = next;
+      ASSERT_TRUE(fwd.forward(seq, &tok, 1, nullptr, false, &next).ok());
+      EXPECT_GE(next, 0);
+      EXPECT_LT(next, c.vocab_size);
+    }
+    EXPECT_EQ((*pool)->length(seq, 0, 0), sp.budget + 4);
   }
   cudaStreamDestroy(stream);
   fs::remove_all(dir);

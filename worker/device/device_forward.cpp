@@ -47,7 +47,74 @@ void DeviceForward::free_scratch() {
 
 DeviceForward::~DeviceForward() {
   free_scratch();
+  for (float* p : win_q_) cudaFree(p);
   if (cublas_) cublasDestroy(cublas_);
+}
+
+void DeviceForward::observe_window(int window) {
+  cudaStreamSynchronize(stream_);
+  for (float* p : win_q_) cudaFree(p);
+  win_q_.assign(static_cast<size_t>(config_.num_layers), nullptr);
+  window_ = window > 0 ? window : 0;
+  window_rows_ = 0;
+  if (window_ == 0) return;
+  const size_t bytes = sizeof(float) * window_ * config_.num_heads * config_.head_dim;
+  for (float*& p : win_q_)
+    if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr;  // compress_snapkv reports it
+}
+
+const float* DeviceForward::window_queries(int layer) const {
+  return layer >= 0 && layer < static_cast<int>(win_q_.size()) ? win_q_[layer] : nullptr;
+}
+
+Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaParams& sp,
+                                      std::vector<std::vector<std::vector<int32_t>>>* kept) {
+  const int nkv = config_.num_kv_heads;
+  if (kept) kept->assign(static_cast<size_t>(config_.num_layers), {});
+  const int64_t n = pool_.appended(seq, 0);
+  if (n <= sp.budget) return Status::ok_status();  // nothing to drop
+  if (window_ != sp.window || window_rows_ < sp.window)
+    return invalid_argument("device forward: snapkv window " + std::to_string(sp.window) + " was not observed (observe_window(" +
+                            std::to_string(window_) + "), last chunk " + std::to_string(window_rows_) + " rows)");
+  const int64_t prefix = n - sp.window;
+  const size_t ws_bytes = kernels::snapkv_select_cuda_workspace_bytes(n, attn_, sp);
+  if (ws_bytes == 0)
+    return invalid_argument("device forward: snapkv budget " + std::to_string(sp.budget) + ", window " +
+                            std::to_string(sp.window) + ", kernel " + std::to_string(sp.kernel) + " refused");
+  void *ws = nullptr, *scores = nullptr, *kept_dev = nullptr;
+  cudaError_t e = cudaMalloc(&ws, ws_bytes);
+  if (e == cudaSuccess) e = cudaMalloc(&scores, sizeof(float) * prefix * nkv);
+  if (e == cudaSuccess) e = cudaMalloc(&kept_dev, sizeof(int32_t) * sp.budget * nkv);
+  Status st = cuda_status("snapkv buffers", e);
+  std::vector<int32_t> host(static_cast<size_t>(sp.budget * nkv));
+  for (int l = 0; st.ok() && l < config_.num_layers; ++l) {
+    if (win_q_[l] == nullptr) {
+      st = resource_exhausted("device forward: no window-query buffer for layer " + std::to_string(l));
+      break;
+    }
+    auto view = pool_.view(seq, l);
+    if (!view.ok()) {
+      st = view.status();
+      break;
+    }
+    st = cuda_status("snapkv_select_cuda",
+                     kernels::snapkv_select_cuda(win_q_[l], *view, n, attn_, sp, static_cast<float*>(scores),
+                                                 static_cast<int32_t*>(kept_dev), ws, ws_bytes, stream_));
+    if (st.ok())
+      st = cuda_status("kept positions", cudaMemcpyAsync(host.data(), kept_dev, host.size() * 4,
+                                                         cudaMemcpyDeviceToHost, stream_));
+    if (st.ok()) st = cuda_status("snapkv", cudaStreamSynchronize(stream_));
+    if (!st.ok()) break;
+    std::vector<std::vector<int32_t>> lists(static_cast<size_t>(nkv));
+    for (int g = 0; g < nkv; ++g) lists[g].assign(host.begin() + g * sp.budget, host.begin() + (g + 1) * sp.budget);
+    st = pool_.compact(seq, l, lists);  // a fresh prefill: position j is logical entry j
+    if (kept && st.ok()) (*kept)[l] = std::move(lists);
+  }
+  cudaStreamSynchronize(stream_);
+  cudaFree(ws);
+  cudaFree(scores);
+  cudaFree(kept_dev);
+  return st;
 }
 
 Status DeviceForward::ensure_scratch(int64_t n) {
@@ -122,6 +189,11 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
     kernels::rope_cuda(q_, positions_, n, config_.num_heads, hd, inv_freq_, stream_);
     kernels::rope_cuda(k_, positions_, n, config_.num_kv_heads, hd, inv_freq_, stream_);
     DEV_TRY("rope", cudaGetLastError());
+    if (window_ > 0 && n >= window_ && win_q_[l] != nullptr) {  // this chunk's last W queries
+      const int64_t qd = int64_t{config_.num_heads} * hd;
+      DEV_TRY("window queries", cudaMemcpyAsync(win_q_[l], q_ + (n - window_) * qd, sizeof(float) * window_ * qd,
+                                                cudaMemcpyDeviceToDevice, stream_));
+    }
     SNAP_RETURN_IF_ERROR(pool_.append(seq, l, k_, v_, positions_, n));
     SNAP_ASSIGN_OR_RETURN(kernels::PagedKvCuda view, pool_.view(seq, l));
     const size_t ws = kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length);
@@ -146,6 +218,7 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
     DEV_TRY("layer", cudaGetLastError());
   }
 
+  window_rows_ = n;
   // Final norm and the LM head: every row, or only the last (then as a single row, GEMV).
   const int64_t rows = all_logits ? n : 1;
   const float* last = x_ + (n - rows) * hidden;

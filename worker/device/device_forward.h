@@ -34,6 +34,17 @@ class DeviceForward {
   // be null. greedy (host, may be null): argmax id of the last token, computed on the device.
   Status forward(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits, int32_t* greedy);
 
+  // SnapKV on the device, after the prompt: observe_window(W) before the prompt's last chunk
+  // (which must hold at least W tokens) keeps every layer's last W queries (after RoPE);
+  // compress_snapkv then selects per layer and KV head (snapkv_select_cuda: top B−W prefix
+  // positions + the window) and compacts the pool, freeing the dropped blocks. The sequence
+  // must be a fresh prefill (logical entry j = position j). kept (optional): per layer, per
+  // KV head, the kept positions. Prompts of at most B tokens are left as they are.
+  void observe_window(int window);
+  const float* window_queries(int layer) const;  // device [W, num_heads, head_dim], or null
+  Status compress_snapkv(int32_t seq, const kernels::SnapKvCudaParams& sp,
+                         std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr);
+
   // Bytes of device scratch held now (activations for the largest chunk seen + workspaces).
   int64_t scratch_bytes() const { return scratch_bytes_; }
 
@@ -57,6 +68,9 @@ class DeviceForward {
   int32_t *tokens_ = nullptr, *positions_ = nullptr, *greedy_ = nullptr;
   void* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
+  int window_ = 0;               // observed window W (0: none)
+  int64_t window_rows_ = 0;      // rows the last observed chunk had (must be >= W)
+  std::vector<float*> win_q_;    // [layer] device [W, num_heads, head_dim]
 };
 
 }  // namespace snap
