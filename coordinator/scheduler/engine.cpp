@@ -99,6 +99,7 @@ struct Sequence {
   std::string text;          // generated text not yet emitted (held back for stop strings)
   int64_t reserved_blocks = 0;
   bool compressed = false;
+  bool forked = false;       // choice 0 of n > 1: the other choices exist (fork_choices ran)
   double arrival = 0, admitted = 0, first_token = 0, last_token = 0;
   double prefill_seconds = 0;
   std::string done_reason;       // set when the sequence must finish this step
@@ -701,6 +702,7 @@ class EngineImpl final : public Engine {
       return st;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    s.forked = true;
     const int64_t share = s.reserved_blocks / s.req.n;
     for (auto& k : *out) {
       k->open = true;
@@ -875,6 +877,20 @@ class EngineImpl final : public Engine {
       }
     }
     s.sink(ev);
+    // Choice 0 ending before its prompt forked (cancelled, timed out or failed during
+    // prefill): the other choices never started, and end with it, so that the request's
+    // every choice has its finished event.
+    if (!s.child() && s.req.n > 1 && !s.forked) {
+      for (int c = 1; c < s.req.n; ++c) {
+        EngineEvent other;
+        other.kind = EngineEvent::Kind::finished;
+        other.index = c;
+        other.finish_reason = ev.finish_reason;
+        other.error = ev.error;
+        other.prompt_tokens = ev.prompt_tokens;
+        s.sink(other);
+      }
+    }
   }
 
   void publish_stats() {
