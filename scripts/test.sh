@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: set-up (idempotent), every ctest test of the Release build, then
-# the tests of the parsers that take untrusted bytes (model files, tokenizer, step plans,
-# API requests, batch lines) again under AddressSanitizer + UBSan.
+# every unit test that starts no MPI ranks again under AddressSanitizer + UBSan, and the
+# engine's concurrency tests under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,15 +11,31 @@ build=${SNAP_BUILD:-build}
 status=0
 ctest --test-dir "$build" --output-on-failure -j 2 || status=1
 
-echo "test: parser tests under AddressSanitizer + UBSan" >&2
+# Every unit test that starts no MPI ranks (tests/kernels, tests/worker, tests/coordinator,
+# the in-process and TCP communicator tests, the fuzz corpora) again under AddressSanitizer
+# + UBSan, optimised (-O2 -g) so that the model-running ones stay within CI's time.
+echo "test: unit tests under AddressSanitizer + UBSan" >&2
 asan=${build}-asan
 cuda_off=(-DSNAP_ENABLE_CUDA=OFF -DSNAP_BUILD_BENCH=OFF)
-cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON "${cuda_off[@]}" >/dev/null
-asan_tests=(test_gguf test_safetensors test_load_errors test_dequant test_config test_step_plan
-            test_tokenizer test_openai test_batch_io test_logits_processing)
-present=()
-for t in "${asan_tests[@]}"; do compgen -G "tests/*/$t.cpp" >/dev/null && present+=("$t"); done
-cmake --build "$asan" -j "$(nproc)" --target "${present[@]}"
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$asan" --output-on-failure \
-  -R "^($(IFS='|'; echo "${present[*]}"))\$" || status=1
+cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSNAP_SANITIZE=ON "${cuda_off[@]}" >/dev/null
+asan_tests=(test_comm_local test_comm_tcp)
+for src in tests/kernels/test_*.cpp tests/worker/test_*.cpp tests/coordinator/test_*.cpp; do
+  asan_tests+=("$(basename "$src" .cpp)")
+done
+replays=()
+for src in fuzz/fuzz_*.cpp; do n=$(basename "$src" .cpp); replays+=("replay_${n#fuzz_}"); done
+cmake --build "$asan" -j "$(nproc)" --target "${asan_tests[@]}" "${replays[@]}"
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$asan" --output-on-failure -j 2 \
+  -R "^($(IFS='|'; echo "${asan_tests[*]}")|fuzz_replay_.*)\$" || status=1
+
+# The engine's threads (the scheduler; clients submitting, cancelling and polling stats;
+# a shutdown racing submits) under ThreadSanitizer, on a tiny random model so that it runs
+# in seconds. One OpenMP thread: libgomp is not instrumented, its barriers would read as races.
+echo "test: engine threads under ThreadSanitizer" >&2
+tsan=${build}-tsan
+cmake -S . -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSNAP_SANITIZE_THREAD=ON "${cuda_off[@]}" >/dev/null
+cmake --build "$tsan" -j "$(nproc)" --target test_engine_threads
+# (The binary itself, not through ctest, whose test environment sets 2 OpenMP threads.)
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  "$tsan/tests/test_engine_threads" || status=1
 exit $status

@@ -18,6 +18,14 @@ namespace snap {
 
 namespace {
 
+// The load-time ifunc resolver of target_clones runs before ThreadSanitizer's runtime is up
+// and crashes an instrumented binary; a TSan build keeps the default clone only.
+#if defined(__SANITIZE_THREAD__)
+#define SNAP_CLONES_V3_DEFAULT
+#else
+#define SNAP_CLONES_V3_DEFAULT __attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
+
 constexpr int64_t k_h2o_tile = 64;      // H2O query rows per sgemm: [64, N] f32 = 5 MB at N=20K
 
 // --- softmax pieces -----------------------------------------------------------------
@@ -28,7 +36,7 @@ constexpr int64_t k_h2o_tile = 64;      // H2O query rows per sgemm: [64, N] f32
 // it is clamped below at −87 by an unsigned compare of the bit patterns (negative floats
 // order by their bits), because a float compare would block vectorization under the default
 // -ftrapping-math. The avx2/fma clone is picked at load time by ifunc.
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+SNAP_CLONES_V3_DEFAULT
 float exp_shifted_sum(float* x, int64_t n, float shift) {
   constexpr uint32_t k_minus_87_bits = 0xC2AE0000u;  // -87.0f
   constexpr float k_log2e = 1.44269504088896341f;
@@ -95,7 +103,7 @@ constexpr int64_t k_key_tile = 64;
 // out[i, j0 + jj] = scale · q_i · k_{j0+jj} for i < rows, jj < nk ≤ 64. kt: [head_dim, 64], the
 // key tile transposed so that the inner loop runs over 64 contiguous keys: 8 AVX accumulators
 // per query, one broadcast of q_i[t] and 8 loads per t, no horizontal sums.
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+SNAP_CLONES_V3_DEFAULT
 void qk_tile(const float* q, int64_t q_stride, int64_t rows, const float* kt, int head_dim, float scale, float* out,
              int64_t ld, int64_t nk) {
   for (int64_t i = 0; i < rows; ++i) {
