@@ -166,7 +166,9 @@ TEST_F(EngineThreads, ShutdownWithRequestsInFlightFinishesEachOnce) {
     r.n = 1;
     Tally t;
     auto id = engine->submit(std::move(r), t.sink());
-    if (id.ok()) EXPECT_TRUE(t.wait(60));
+    if (id.ok()) {
+      EXPECT_TRUE(t.wait(60));
+    }
   });
   engine->shutdown(0.05);
   late.join();
