@@ -14,6 +14,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/matvec_act.h"
 
 namespace snap::kernels {
 
@@ -360,6 +361,9 @@ void matvec(const float* x, const WeightView& w, const float* bias, float* y, in
   const int64_t rows = w.rows, cols = w.cols;
   const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
   const bool parallel = rows * cols * num_tokens >= k_parallel_min_work;
+  // q8act: integer dot products on quantized activations (kernels/cpu/matvec_q8act.cpp).
+  if (dtype_is_quantized(D) && level != SimdLevel::scalar && matvec_act() == MatvecAct::q8)
+    return matvec_q8act_cpu(x, w, bias, y, num_tokens);
   if (level == SimdLevel::scalar) {
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t b = 0; b < num_blocks; ++b) {

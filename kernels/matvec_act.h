@@ -1,0 +1,39 @@
+// How the SIMD matvec (decode rows, kernels/cpu/matmul.cpp) treats the activations when the
+// weights are in a ggml block format (q8_0, q4_0, q4_1). Other weight types ignore it.
+//   f32act: weights dequantized in registers, f32 FMAs against f32 activations (the default).
+//   q8act:  each activation row is quantized once per call to int8 blocks of 32 with an f32
+//           scale (d = max|x|/127, q = round(x/d)), and every block's dot product is an exact
+//           integer sum (AVX2 maddubs/madd) scaled by d_w·d_x: fewer instructions per weight byte.
+// Chosen process-wide: env SNAP_MATVEC=f32act|q8act (read once) or matvec_act_set() (CLIs).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/kernels.h"
+
+namespace snap::kernels {
+
+enum class MatvecAct : uint8_t { f32, q8 };
+
+// The current choice: matvec_act_set() if called, else SNAP_MATVEC, else f32act.
+MatvecAct matvec_act();
+void matvec_act_set(MatvecAct act);
+const char* matvec_act_name(MatvecAct act);  // "f32act" | "q8act"
+// "f32act" / "q8act" -> true and *out set; anything else -> false.
+bool matvec_act_from_name(const std::string& name, MatvecAct* out);
+
+// The q8-activation matvec on its own (whatever matvec_act() says), for the tests and the
+// benchmark: y[num_tokens, rows] = q8(x) · wᵀ (+ bias). w must be q8_0, q4_0 or q4_1.
+// _ref: scalar, the same activation quantization, exact integer block sums, f64 accumulation.
+// _cpu: AVX2 (on AVX2 and AVX-512 machines) with rows across OpenMP threads; on a CPU without
+// AVX2 it is the reference. Each token's result is independent of num_tokens (batch invariance).
+void matvec_q8act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
+void matvec_q8act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
+
+// The activation quantization both use, per token row of `cols` (a multiple of 32):
+// q[cols] int8 in [-127, 127], d[cols/32] the block scales, s[cols/32] = d·Σq per block.
+// A block holding a NaN or an infinity gets d = s = NaN (and q = 0), so the outputs are NaN.
+void quantize_act_q8(const float* x, int64_t cols, int8_t* q, float* d, float* s);
+
+}  // namespace snap::kernels
