@@ -20,8 +20,10 @@ struct PagedKvHead {
 
 // The KV of one layer. Block b: K at k_base + b*k_block_stride, [block_size, head_dim];
 // V at v_base + b*v_block_stride, [block_size, head_dim]; positions at
-// pos_base + b*pos_block_stride, [block_size]. Strides in elements of their own type.
-// K and V elements are `dtype`: f32, bf16 or f16 (the kernels convert them to f32 in
+// pos_base + b*pos_block_stride, [block_size]. Strides in elements of their own type; for
+// q8_0, whose rows are not whole elements (kernels/kv_convert.h), K/V strides are in bytes
+// and a block's rows are kv_row_bytes(q8_0, head_dim) apart.
+// K and V elements are `dtype`: f32, bf16, f16 or q8_0 (the kernels convert them to f32 in
 // registers and accumulate in f32; the reference converts each element and sums in f64).
 struct PagedKv {
   DType dtype = DType::f32;

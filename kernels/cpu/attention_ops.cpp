@@ -1,5 +1,5 @@
 // The attention block primitives (kernels/cpu/attention_ops.h): scalar, AVX2 and AVX-512,
-// each over f32, bf16 and f16 K/V rows.
+// each over f32, bf16, f16 and q8_0 K/V rows.
 #include "kernels/cpu/attention_ops.h"
 
 #include <omp.h>
@@ -8,50 +8,66 @@
 #include <cmath>
 
 #include "common/check.h"
+#include "kernels/cpu/kv_q8.h"
 #include "kernels/cpu/simd.h"
 
 namespace snap::kernels {
 namespace {
 
 // --- element loaders -------------------------------------------------------------------
-// One loader per KV element type: get (scalar), load8 (AVX2), load16 (AVX-512), each
-// returning f32. bf16 → f32 is a 16-bit shift; f16 → f32 is vcvtph2ps (F16C / AVX-512F).
-struct LoadF32 {
-  using T = float;
-  static float get(const T* p, int64_t i) { return p[i]; }
-  SNAP_TARGET_AVX2 static __m256 load8(const T* p) { return _mm256_loadu_ps(p); }
-  SNAP_TARGET_AVX512 static __m512 load16(const T* p) { return _mm512_loadu_ps(p); }
+// One loader per KV element type, over a row (head_dim values, row_bytes(hd) bytes; rows of
+// a run are consecutive): get (scalar), load8 (AVX2), load16 (AVX-512) of the values at
+// index i, each returning f32. bf16 → f32 is a 16-bit shift; f16 → f32 is vcvtph2ps (F16C /
+// AVX-512F); q8_0 (kernels/cpu/kv_q8.h; scalar and AVX2 only) sign-extends 8 int8 and
+// multiplies by the group's scale, the same product kv_to_f32 forms. i is a multiple of 8, so
+// a load never spans two q8_0 groups of 32.
+template <typename E>
+struct LoadElems {
+  static int64_t row_bytes(int hd) { return int64_t{hd} * static_cast<int64_t>(sizeof(E)); }
+  static const E* at(const uint8_t* row, int i) { return reinterpret_cast<const E*>(row) + i; }
 };
-struct LoadBf16 {
-  using T = uint16_t;
-  static float get(const T* p, int64_t i) { return bf16_to_f32(p[i]); }
-  SNAP_TARGET_AVX2 static __m256 load8(const T* p) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+struct LoadF32 : LoadElems<float> {
+  static float get(const uint8_t* r, int i, int) { return *at(r, i); }
+  SNAP_TARGET_AVX2 static __m256 load8(const uint8_t* r, int i, int) { return _mm256_loadu_ps(at(r, i)); }
+  SNAP_TARGET_AVX512 static __m512 load16(const uint8_t* r, int i, int) { return _mm512_loadu_ps(at(r, i)); }
+};
+struct LoadBf16 : LoadElems<uint16_t> {
+  static float get(const uint8_t* r, int i, int) { return bf16_to_f32(*at(r, i)); }
+  SNAP_TARGET_AVX2 static __m256 load8(const uint8_t* r, int i, int) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at(r, i))));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
-  SNAP_TARGET_AVX512 static __m512 load16(const T* p) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  SNAP_TARGET_AVX512 static __m512 load16(const uint8_t* r, int i, int) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(r, i))));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
 };
-struct LoadF16 {
-  using T = uint16_t;
-  static float get(const T* p, int64_t i) { return f16_to_f32(p[i]); }
-  SNAP_TARGET_AVX2 static __m256 load8(const T* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+struct LoadF16 : LoadElems<uint16_t> {
+  static float get(const uint8_t* r, int i, int) { return f16_to_f32(*at(r, i)); }
+  SNAP_TARGET_AVX2 static __m256 load8(const uint8_t* r, int i, int) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at(r, i))));
   }
-  SNAP_TARGET_AVX512 static __m512 load16(const T* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  SNAP_TARGET_AVX512 static __m512 load16(const uint8_t* r, int i, int) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(r, i))));
+  }
+};
+struct LoadQ8 {
+  static int64_t row_bytes(int hd) { return kv_q8_row_bytes(hd); }
+  static float get(const uint8_t* r, int i, int hd) { return kv_q8_value(r, hd, i); }
+  SNAP_TARGET_AVX2 static __m256 load8(const uint8_t* r, int i, int hd) {
+    const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + i)));
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(kv_q8_scale_bits(r, hd, i))), _mm256_cvtepi32_ps(w));
   }
 };
 
 // --- scalar ----------------------------------------------------------------------------
 template <class L>
 void scores_scalar(const float* q, const void* kp, int64_t n, int hd, float* s) {
-  const auto* k = static_cast<const typename L::T*>(kp);
+  const auto* k = static_cast<const uint8_t*>(kp);
+  const int64_t rb = L::row_bytes(hd);
   for (int64_t j = 0; j < n; ++j) {
     float d = 0.0f;
-    for (int i = 0; i < hd; ++i) d += q[i] * L::get(k, j * hd + i);
+    for (int i = 0; i < hd; ++i) d += q[i] * L::get(k + j * rb, i, hd);
     s[j] = d;
   }
 }
@@ -62,9 +78,10 @@ float exp_sum_scalar(float* s, int64_t n, float m) {
 }
 template <class L>
 void accumulate_scalar(float* acc, const float* p, const void* vp, int64_t n, int hd) {
-  const auto* v = static_cast<const typename L::T*>(vp);
+  const auto* v = static_cast<const uint8_t*>(vp);
+  const int64_t rb = L::row_bytes(hd);
   for (int64_t j = 0; j < n; ++j)
-    for (int i = 0; i < hd; ++i) acc[i] += p[j] * L::get(v, j * hd + i);
+    for (int i = 0; i < hd; ++i) acc[i] += p[j] * L::get(v + j * rb, i, hd);
 }
 void scale_scalar(float* acc, int hd, float f) {
   for (int i = 0; i < hd; ++i) acc[i] *= f;
@@ -74,16 +91,17 @@ void scale_scalar(float* acc, int hd, float f) {
 // AVX2 needs hd % 8 == 0, AVX-512 hd % 16 == 0 (every Llama-family head_dim is 64 or 128).
 template <class L>
 SNAP_TARGET_AVX2 void scores_avx2(const float* q, const void* kp, int64_t n, int hd, float* s) {
-  const auto* k = static_cast<const typename L::T*>(kp);
+  const auto* k = static_cast<const uint8_t*>(kp);
+  const int64_t rb = L::row_bytes(hd);
   for (int64_t j = 0; j < n; ++j) {
-    const typename L::T* kj = k + j * hd;
+    const uint8_t* kj = k + j * rb;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= hd; i += 16) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), L::load8(kj + i), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), L::load8(kj + i + 8), a1);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), L::load8(kj, i, hd), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), L::load8(kj, i + 8, hd), a1);
     }
-    if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), L::load8(kj + i), a0);
+    if (i < hd) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), L::load8(kj, i, hd), a0);
     s[j] = hsum_avx2(_mm256_add_ps(a0, a1));
   }
 }
@@ -103,18 +121,19 @@ SNAP_TARGET_AVX2 float exp_sum_avx2(float* s, int64_t n, float m) {
 // acc stays in registers across the run: 8 dims per register, 4 registers per pass.
 template <class L>
 SNAP_TARGET_AVX2 void accumulate_avx2(float* acc, const float* p, const void* vp, int64_t n, int hd) {
-  const auto* v = static_cast<const typename L::T*>(vp);
+  const auto* v = static_cast<const uint8_t*>(vp);
+  const int64_t rb = L::row_bytes(hd);
   int i = 0;
   for (; i + 32 <= hd; i += 32) {
     __m256 a0 = _mm256_loadu_ps(acc + i), a1 = _mm256_loadu_ps(acc + i + 8);
     __m256 a2 = _mm256_loadu_ps(acc + i + 16), a3 = _mm256_loadu_ps(acc + i + 24);
     for (int64_t j = 0; j < n; ++j) {
       const __m256 pj = _mm256_set1_ps(p[j]);
-      const typename L::T* vj = v + j * hd + i;
-      a0 = _mm256_fmadd_ps(pj, L::load8(vj), a0);
-      a1 = _mm256_fmadd_ps(pj, L::load8(vj + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, L::load8(vj + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, L::load8(vj + 24), a3);
+      const uint8_t* vj = v + j * rb;
+      a0 = _mm256_fmadd_ps(pj, L::load8(vj, i, hd), a0);
+      a1 = _mm256_fmadd_ps(pj, L::load8(vj, i + 8, hd), a1);
+      a2 = _mm256_fmadd_ps(pj, L::load8(vj, i + 16, hd), a2);
+      a3 = _mm256_fmadd_ps(pj, L::load8(vj, i + 24, hd), a3);
     }
     _mm256_storeu_ps(acc + i, a0);
     _mm256_storeu_ps(acc + i + 8, a1);
@@ -123,7 +142,7 @@ SNAP_TARGET_AVX2 void accumulate_avx2(float* acc, const float* p, const void* vp
   }
   for (; i < hd; i += 8) {
     __m256 a = _mm256_loadu_ps(acc + i);
-    for (int64_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), L::load8(v + j * hd + i), a);
+    for (int64_t j = 0; j < n; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), L::load8(v + j * rb, i, hd), a);
     _mm256_storeu_ps(acc + i, a);
   }
 }
@@ -135,29 +154,30 @@ SNAP_TARGET_AVX2 void scale_avx2(float* acc, int hd, float f) {
 // --- AVX-512 ---------------------------------------------------------------------------
 template <class L>
 SNAP_TARGET_AVX512 void scores_avx512(const float* q, const void* kp, int64_t n, int hd, float* s) {
-  const auto* k = static_cast<const typename L::T*>(kp);
+  const auto* k = static_cast<const uint8_t*>(kp);
+  const int64_t rb = L::row_bytes(hd);
   if (hd == 64) {  // the common case: q in 4 registers for the whole run
     const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16);
     const __m512 q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
     for (int64_t j = 0; j < n; ++j) {
-      const typename L::T* kj = k + j * 64;
-      __m512 a = _mm512_mul_ps(q0, L::load16(kj));
-      __m512 b = _mm512_mul_ps(q1, L::load16(kj + 16));
-      a = _mm512_fmadd_ps(q2, L::load16(kj + 32), a);
-      b = _mm512_fmadd_ps(q3, L::load16(kj + 48), b);
+      const uint8_t* kj = k + j * rb;
+      __m512 a = _mm512_mul_ps(q0, L::load16(kj, 0, hd));
+      __m512 b = _mm512_mul_ps(q1, L::load16(kj, 16, hd));
+      a = _mm512_fmadd_ps(q2, L::load16(kj, 32, hd), a);
+      b = _mm512_fmadd_ps(q3, L::load16(kj, 48, hd), b);
       s[j] = hsum_avx512(_mm512_add_ps(a, b));
     }
     return;
   }
   for (int64_t j = 0; j < n; ++j) {
-    const typename L::T* kj = k + j * hd;
+    const uint8_t* kj = k + j * rb;
     __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= hd; i += 32) {
-      a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), L::load16(kj + i), a);
-      b = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), L::load16(kj + i + 16), b);
+      a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), L::load16(kj, i, hd), a);
+      b = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), L::load16(kj, i + 16, hd), b);
     }
-    if (i < hd) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), L::load16(kj + i), a);
+    if (i < hd) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), L::load16(kj, i, hd), a);
     s[j] = hsum_avx512(_mm512_add_ps(a, b));
   }
 }
@@ -174,18 +194,19 @@ SNAP_TARGET_AVX512 float exp_sum_avx512(float* s, int64_t n, float m) {
 }
 template <class L>
 SNAP_TARGET_AVX512 void accumulate_avx512(float* acc, const float* p, const void* vp, int64_t n, int hd) {
-  const auto* v = static_cast<const typename L::T*>(vp);
+  const auto* v = static_cast<const uint8_t*>(vp);
+  const int64_t rb = L::row_bytes(hd);
   int i = 0;
   for (; i + 64 <= hd; i += 64) {
     __m512 a0 = _mm512_loadu_ps(acc + i), a1 = _mm512_loadu_ps(acc + i + 16);
     __m512 a2 = _mm512_loadu_ps(acc + i + 32), a3 = _mm512_loadu_ps(acc + i + 48);
     for (int64_t j = 0; j < n; ++j) {
       const __m512 pj = _mm512_set1_ps(p[j]);
-      const typename L::T* vj = v + j * hd + i;
-      a0 = _mm512_fmadd_ps(pj, L::load16(vj), a0);
-      a1 = _mm512_fmadd_ps(pj, L::load16(vj + 16), a1);
-      a2 = _mm512_fmadd_ps(pj, L::load16(vj + 32), a2);
-      a3 = _mm512_fmadd_ps(pj, L::load16(vj + 48), a3);
+      const uint8_t* vj = v + j * rb;
+      a0 = _mm512_fmadd_ps(pj, L::load16(vj, i, hd), a0);
+      a1 = _mm512_fmadd_ps(pj, L::load16(vj, i + 16, hd), a1);
+      a2 = _mm512_fmadd_ps(pj, L::load16(vj, i + 32, hd), a2);
+      a3 = _mm512_fmadd_ps(pj, L::load16(vj, i + 48, hd), a3);
     }
     _mm512_storeu_ps(acc + i, a0);
     _mm512_storeu_ps(acc + i + 16, a1);
@@ -194,7 +215,7 @@ SNAP_TARGET_AVX512 void accumulate_avx512(float* acc, const float* p, const void
   }
   for (; i < hd; i += 16) {
     __m512 a = _mm512_loadu_ps(acc + i);
-    for (int64_t j = 0; j < n; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), L::load16(v + j * hd + i), a);
+    for (int64_t j = 0; j < n; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), L::load16(v + j * rb, i, hd), a);
     _mm512_storeu_ps(acc + i, a);
   }
 }
@@ -220,9 +241,15 @@ BlockOps attention_block_ops(int head_dim, DType kv_dtype) {
     case DType::f32: return block_ops_for<LoadF32>(head_dim);
     case DType::bf16: return block_ops_for<LoadBf16>(head_dim);
     case DType::f16: return block_ops_for<LoadF16>(head_dim);
+    case DType::q8_0:
+      // At most AVX2, also on AVX-512 machines: the machines this was written on have no
+      // AVX-512 to test a q8_0 AVX-512 path with (no untested kernels).
+      if (simd_level() != SimdLevel::scalar && head_dim % 8 == 0)
+        return {scores_avx2<LoadQ8>, exp_sum_avx2, accumulate_avx2<LoadQ8>, scale_avx2};
+      return {scores_scalar<LoadQ8>, exp_sum_scalar, accumulate_scalar<LoadQ8>, scale_scalar};
     default: break;
   }
-  CHECK(false) << "attention: KV element type " << dtype_name(kv_dtype) << " (f32, bf16 or f16)";
+  CHECK(false) << "attention: KV element type " << dtype_name(kv_dtype) << " (f32, bf16, f16 or q8_0)";
   return {};
 }
 

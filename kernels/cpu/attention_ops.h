@@ -1,7 +1,7 @@
 // Internal to kernels/cpu: the block primitives both attention kernels (contiguous and
 // paged) run their online softmax with, one set per SIMD level and KV element type, and the
-// per-row state. K and V rows are f32, bf16 or f16 (converted to f32 in registers); q, p,
-// acc and every sum are f32.
+// per-row state. K and V rows are f32, bf16, f16 or q8_0 (converted to f32 in registers;
+// rows of a run are kv_row_bytes(kv_dtype, hd) apart); q, p, acc and every sum are f32.
 //   scores: s[j] = dot(q, k_j), j < n; exp_sum: s[j] = e^(s[j]−m), returns Σ;
 //   accumulate: acc += Σ_j p[j]·v_j; scale: acc *= f.
 #pragma once
@@ -23,7 +23,7 @@ struct BlockOps {
 
 // The fastest set for this CPU (kernels/cpu/simd.h) that supports head_dim: AVX2 needs
 // head_dim % 8 == 0, AVX-512 head_dim % 16 == 0 (every Llama-family head_dim is 64 or 128).
-// kv_dtype: f32, bf16 or f16 (CHECK).
+// kv_dtype: f32, bf16, f16 or q8_0 (CHECK); q8_0 runs at most the AVX2 set.
 BlockOps attention_block_ops(int head_dim, DType kv_dtype = DType::f32);
 
 // Query rows per work item, shared by both kernels.

@@ -6,7 +6,7 @@
 // Keys are processed in logical chunks of 64 spanning several 16-token blocks, so the
 // softmax rescale runs as often as in the contiguous kernel; the dot/axpy loops restart only
 // where the next block is not physically adjacent, and the next chunk's blocks are prefetched.
-// K/V elements may be f32, bf16 or f16: the block ops convert them in registers.
+// K/V elements may be f32, bf16, f16 or q8_0: the block ops convert them in registers.
 #include "kernels/attention_paged.h"
 
 #include <omp.h>
@@ -18,7 +18,9 @@
 
 #include "common/check.h"
 #include "kernels/cpu/attention_ops.h"
+#include "kernels/cpu/kv_q8.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/kv_convert.h"
 
 namespace snap::kernels {
 
@@ -27,23 +29,32 @@ namespace {
 constexpr int64_t k_query_tile = k_attention_query_tile;
 constexpr int64_t k_key_chunk = 64;        // 64 keys × 64 dims × 4 B = 16 KiB of K, same of V: L1-resident
 
-// Element e of a K or V region of kv.dtype, as f32 (the reference's loads).
-float kv_element(const void* base, DType dtype, int64_t e) {
+// Byte layout of a K or V region: block b's row `slot` starts at
+// b * block_stride * unit + slot * row bytes (unit: the stride's element size, 1 for q8_0).
+struct RowLayout {
+  int64_t unit = 4, row = 0;
+  RowLayout(DType dtype, int hd)
+      : unit(dtype == DType::q8_0 ? 1 : dtype_size(dtype)), row(kv_row_bytes(dtype, hd)) {}
+};
+
+// Address of row `slot` of block `blk` of a K or V region.
+const void* kv_row(const void* base, const RowLayout& l, int64_t block_stride, int64_t blk, int64_t slot) {
+  return static_cast<const char*>(base) + blk * block_stride * l.unit + slot * l.row;
+}
+
+// Value i of a row of kv.dtype, as f32 (the reference's loads).
+float kv_element(const void* row, DType dtype, int hd, int i) {
   switch (dtype) {
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(base)[e]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(base)[e]);
-    default: return static_cast<const float*>(base)[e];
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(row)[i]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(row)[i]);
+    case DType::q8_0: return kv_q8_value(row, hd, i);
+    default: return static_cast<const float*>(row)[i];
   }
 }
 
-// Address of element e of a K or V region.
-const void* kv_address(const void* base, int elem_bytes, int64_t e) {
-  return static_cast<const char*>(base) + e * elem_bytes;
-}
-
 void check_kv_dtype(DType dtype) {
-  CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16)
-      << "attention_paged: KV element type " << dtype_name(dtype) << " (f32, bf16 or f16)";
+  CHECK(kv_dtype_supported(dtype)) << "attention_paged: KV element type " << dtype_name(dtype)
+                                   << " (f32, bf16, f16 or q8_0)";
 }
 
 int32_t key_position(const PagedKv& kv, const PagedKvHead& h, int64_t j) {
@@ -79,12 +90,12 @@ KeyRange visible_range(const PagedKv& kv, const PagedKvHead& h, int32_t q_pos, i
 
 // Calls f(block, slot, count, offset) for each run of keys [a, b) that is contiguous in
 // memory; offset = first key of the run − a. When K and V blocks are packed back to back
-// (stride = block_size × head_dim), physically adjacent blocks — the common case after a
+// (stride = block_size rows), physically adjacent blocks — the common case after a
 // sequential prefill — merge into one run, so the dot/axpy loops do not restart every 16 keys.
 template <typename F>
-void for_each_run(const PagedKv& kv, const PagedKvHead& h, int hd, int64_t a, int64_t b, F&& f) {
+void for_each_run(const PagedKv& kv, const PagedKvHead& h, const RowLayout& l, int64_t a, int64_t b, F&& f) {
   const int64_t bs = kv.block_size;
-  const bool packed = kv.k_block_stride == bs * hd && kv.v_block_stride == bs * hd;
+  const bool packed = kv.k_block_stride * l.unit == bs * l.row && kv.v_block_stride * l.unit == bs * l.row;
   for (int64_t j = a; j < b;) {
     const int64_t base = j - j % bs;  // first key of j's block
     const int64_t blk = h.block_table[j / bs];
@@ -100,11 +111,11 @@ void for_each_run(const PagedKv& kv, const PagedKvHead& h, int hd, int64_t a, in
 // blocks scattered by compression and reuse, each 4 KiB block is a new page where the
 // hardware prefetcher restarts cold (SmolLM2 decode at 8K keys over a shuffled free list,
 // 1 thread: 827 µs without, ~590 µs with; contiguous 470 µs).
-void prefetch_keys(const PagedKv& kv, const PagedKvHead& h, int64_t a, int64_t b, int hd, int eb) {
-  for_each_run(kv, h, hd, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t) {
-    const char* k = static_cast<const char*>(kv_address(kv.k_base, eb, blk * kv.k_block_stride + slot * hd));
-    const char* v = static_cast<const char*>(kv_address(kv.v_base, eb, blk * kv.v_block_stride + slot * hd));
-    const int64_t bytes = count * hd * eb;
+void prefetch_keys(const PagedKv& kv, const PagedKvHead& h, int64_t a, int64_t b, const RowLayout& l) {
+  for_each_run(kv, h, l, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t) {
+    const char* k = static_cast<const char*>(kv_row(kv.k_base, l, kv.k_block_stride, blk, slot));
+    const char* v = static_cast<const char*>(kv_row(kv.v_base, l, kv.v_block_stride, blk, slot));
+    const int64_t bytes = count * l.row;
     for (int64_t off = 0; off < bytes; off += 64) {
       _mm_prefetch(k + off, _MM_HINT_T0);
       _mm_prefetch(v + off, _MM_HINT_T0);
@@ -128,7 +139,7 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t num_rows = (t1 - t0) * group;
   const PagedKvHead& head = kv.heads[g];
-  const int eb = dtype_size(kv.dtype);
+  const RowLayout layout(kv.dtype, hd);
   int64_t lo_all = ke, hi_all = kb;  // union of the tile's visible ranges within [kb, ke)
   for (int64_t t = t0; t < t1; ++t) {
     KeyRange r = visible_range(kv, head, q_pos[t], p.sliding_window);
@@ -151,7 +162,7 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
   float* s = sc.s.data();
   for (int64_t j0 = lo_all; j0 < hi_all; j0 += k_key_chunk) {
     const int64_t j1 = std::min(hi_all, j0 + k_key_chunk);
-    prefetch_keys(kv, head, j1, std::min(hi_all, j1 + k_key_chunk), hd, eb);
+    prefetch_keys(kv, head, j1, std::min(hi_all, j1 + k_key_chunk), layout);
     for (int64_t r = 0; r < num_rows; ++r) {
       const KeyRange& vis = sc.vis[r / group];
       const int64_t a = std::max(j0, vis.lo), b = std::min(j1, vis.hi);
@@ -160,8 +171,8 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
       const float* qr = sc.qs.data() + r * hd;
       float* acc = sc.acc.data() + r * hd;
       RowState& st = sc.state[r];
-      for_each_run(kv, head, hd, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
-        ops.scores(qr, kv_address(kv.k_base, eb, blk * kv.k_block_stride + slot * hd), count, hd, s + off);
+      for_each_run(kv, head, layout, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
+        ops.scores(qr, kv_row(kv.k_base, layout, kv.k_block_stride, blk, slot), count, hd, s + off);
       });
       float m = st.m;
       for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
@@ -172,8 +183,8 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
         st.m = m;
       }
       st.l += ops.exp_sum(s, n, st.m);
-      for_each_run(kv, head, hd, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
-        ops.accumulate(acc, s + off, kv_address(kv.v_base, eb, blk * kv.v_block_stride + slot * hd), count, hd);
+      for_each_run(kv, head, layout, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
+        ops.accumulate(acc, s + off, kv_row(kv.v_base, layout, kv.v_block_stride, blk, slot), count, hd);
       });
     }
   }
@@ -186,6 +197,7 @@ void attention_paged_ref(const float* q, const int32_t* q_positions, int64_t num
   check_kv_dtype(kv.dtype);
   const int hd = p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
+  const RowLayout layout(kv.dtype, hd);
   std::vector<double> w;
   std::vector<int64_t> keys;
   for (int64_t t = 0; t < num_tokens; ++t) {
@@ -199,9 +211,9 @@ void attention_paged_ref(const float* q, const int32_t* q_positions, int64_t num
       for (int64_t j = 0; j < head.length; ++j) {
         if (!key_visible(key_position(kv, head, j), q_positions[t], p.sliding_window)) continue;
         const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
-        const int64_t kj = blk * kv.k_block_stride + slot * hd;
+        const void* kr = kv_row(kv.k_base, layout, kv.k_block_stride, blk, slot);
         double d = 0.0;
-        for (int i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kv_element(kv.k_base, kv.dtype, kj + i);
+        for (int i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kv_element(kr, kv.dtype, hd, i);
         keys.push_back(j);
         w.push_back(d * p.scale);
         m = std::max(m, w.back());
@@ -213,7 +225,7 @@ void attention_paged_ref(const float* q, const int32_t* q_positions, int64_t num
         for (size_t n = 0; n < keys.size(); ++n) {
           const int64_t j = keys[n];
           const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
-          acc += w[n] * kv_element(kv.v_base, kv.dtype, blk * kv.v_block_stride + slot * hd + i);
+          acc += w[n] * kv_element(kv_row(kv.v_base, layout, kv.v_block_stride, blk, slot), kv.dtype, hd, i);
         }
         o[i] = keys.empty() ? 0.0f : static_cast<float>(acc / sum);
       }

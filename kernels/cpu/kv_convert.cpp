@@ -1,4 +1,5 @@
-// f32 <-> bf16/f16 row conversion for the KV cache (kernels/kv_convert.h). The scalar path
+// f32 <-> bf16/f16/q8_0 row conversion for the KV cache (kernels/kv_convert.h); q8_0 rows
+// are kernels/cpu/kv_q8.cpp's. The scalar path
 // uses common/dtype.h; the fast path converts 16 (AVX-512) or 8 (AVX2 + F16C) at a time:
 // f16 with vcvtps2ph/vcvtph2ps (round to nearest even), bf16 with integer rounding
 // u + 0x7fff + ((u >> 16) & 1) on the bit pattern, NaNs made quiet like the scalar code.
@@ -9,6 +10,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "kernels/cpu/kv_q8.h"
 #include "kernels/cpu/simd.h"
 
 namespace snap::kernels {
@@ -16,9 +18,12 @@ namespace snap::kernels {
 namespace {
 
 void check_dtype(DType dtype) {
-  CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16)
-      << "kv_convert: KV element type " << dtype_name(dtype) << " (f32, bf16 or f16)";
+  CHECK(kv_dtype_supported(dtype)) << "kv_convert: KV element type " << dtype_name(dtype) << " (f32, bf16, f16 or q8_0)";
 }
+
+// q8_0 on the AVX2 path when the row allows it (AVX-512 machines use it too: one row is at
+// most a few 32-value groups, so wider vectors would buy little).
+bool q8_simd(int64_t n) { return simd_level() != SimdLevel::scalar && n % 8 == 0; }
 
 // --- AVX-512 ---------------------------------------------------------------------------
 SNAP_TARGET_AVX512 __m256i bf16_round_avx512(__m512 x) {
@@ -97,8 +102,21 @@ void to_f32_scalar(const uint16_t* src, DType dtype, float* dst, int64_t from, i
 
 }  // namespace
 
+bool kv_dtype_supported(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::q8_0;
+}
+
+int64_t kv_row_bytes(DType dtype, int64_t head_dim) {
+  check_dtype(dtype);
+  return dtype == DType::q8_0 ? kv_q8_row_bytes(head_dim) : head_dim * dtype_size(dtype);
+}
+
 void kv_convert_ref(const float* src, DType dtype, void* dst, int64_t n) {
   check_dtype(dtype);
+  if (dtype == DType::q8_0) {
+    kv_q8_quantize_ref(src, n, dst);
+    return;
+  }
   if (dtype == DType::f32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
     return;
@@ -108,6 +126,10 @@ void kv_convert_ref(const float* src, DType dtype, void* dst, int64_t n) {
 
 void kv_convert_cpu(const float* src, DType dtype, void* dst, int64_t n) {
   check_dtype(dtype);
+  if (dtype == DType::q8_0) {
+    q8_simd(n) ? kv_q8_quantize_avx2(src, n, dst) : kv_q8_quantize_ref(src, n, dst);
+    return;
+  }
   if (dtype == DType::f32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
     return;
@@ -122,6 +144,10 @@ void kv_convert_cpu(const float* src, DType dtype, void* dst, int64_t n) {
 
 void kv_to_f32_ref(const void* src, DType dtype, float* dst, int64_t n) {
   check_dtype(dtype);
+  if (dtype == DType::q8_0) {
+    kv_q8_dequantize_ref(src, n, dst);
+    return;
+  }
   if (dtype == DType::f32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
     return;
@@ -131,6 +157,10 @@ void kv_to_f32_ref(const void* src, DType dtype, float* dst, int64_t n) {
 
 void kv_to_f32_cpu(const void* src, DType dtype, float* dst, int64_t n) {
   check_dtype(dtype);
+  if (dtype == DType::q8_0) {
+    q8_simd(n) ? kv_q8_dequantize_avx2(src, n, dst) : kv_q8_dequantize_ref(src, n, dst);
+    return;
+  }
   if (dtype == DType::f32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
     return;

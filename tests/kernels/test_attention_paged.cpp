@@ -4,8 +4,10 @@
 // in every slot past a head's length;
 // a compacted cache (heads of different lengths, non-contiguous positions, an empty head)
 // against a naive full softmax computed here; NaN in a visible value is not hidden. K/V
-// stored in bf16 and f16: the kernels against the same references over the rounded values
-// (the kernel's conversion is exact, so only the f32 accumulation differs: same tolerance).
+// stored in bf16, f16 and q8_0: the kernels against the same references over the rounded
+// values (the kernel's conversion is exact, so only the f32 accumulation differs: same
+// tolerance); q8_0 also over head_dim 80 (a short last scale group) and byte strides that
+// leave rows unaligned.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,19 +27,21 @@ namespace {
 constexpr double k_tol = 1e-5;
 constexpr float k_nan = std::numeric_limits<float>::quiet_NaN();
 
-// x rounded to `dtype` and back: the values a cache of that type holds.
-std::vector<float> rounded(const std::vector<float>& x, DType dtype) {
-  std::vector<uint16_t> h(x.size());
+// x (rows of hd values) rounded to `dtype` and back: the values a cache of that type holds.
+std::vector<float> rounded(const std::vector<float>& x, DType dtype, int64_t hd) {
   std::vector<float> out(x.size());
   if (dtype == DType::f32) return x;
-  kv_convert_ref(x.data(), dtype, h.data(), static_cast<int64_t>(x.size()));
-  kv_to_f32_ref(h.data(), dtype, out.data(), static_cast<int64_t>(x.size()));
+  std::vector<uint8_t> row(static_cast<size_t>(kv_row_bytes(dtype, hd)));
+  for (size_t r = 0; r * hd < x.size(); ++r) {
+    kv_convert_ref(x.data() + r * hd, dtype, row.data(), hd);
+    kv_to_f32_ref(row.data(), dtype, out.data() + r * hd, hd);
+  }
   return out;
 }
 
-std::vector<std::vector<float>> rounded(const std::vector<std::vector<float>>& rows, DType dtype) {
+std::vector<std::vector<float>> rounded(const std::vector<std::vector<float>>& rows, DType dtype, int64_t hd) {
   std::vector<std::vector<float>> out;
-  for (const auto& r : rows) out.push_back(rounded(r, dtype));
+  for (const auto& r : rows) out.push_back(rounded(r, dtype, hd));
   return out;
 }
 
@@ -51,6 +55,8 @@ struct PagedStore {
   int64_t k_stride = 0, v_stride = 0, pos_stride = 0;
   std::vector<float> k, v;
   std::vector<uint16_t> k16, v16;  // bf16/f16 stores: k and v converted (NaN slots stay NaN)
+  std::vector<uint8_t> k8, v8;     // q8_0 stores: each row quantized (NaN slots read NaN)
+  int64_t k8_stride = 0, v8_stride = 0;  // bytes; padded by 20 / 44 when scattered
   std::vector<int32_t> pos;
   std::vector<std::vector<int32_t>> tables;
   std::vector<PagedKvHead> heads;
@@ -99,6 +105,21 @@ struct PagedStore {
       kv_convert_ref(k.data(), dtype, k16.data(), static_cast<int64_t>(k.size()));
       kv_convert_ref(v.data(), dtype, v16.data(), static_cast<int64_t>(v.size()));
     }
+    if (dtype == DType::q8_0) {
+      k16.clear();
+      v16.clear();
+      const int64_t rb = kv_row_bytes(dtype, hd);
+      k8_stride = bs * rb + (packed ? 0 : 20);
+      v8_stride = bs * rb + (packed ? 0 : 44);
+      k8.assign(static_cast<size_t>(num_blocks * k8_stride), 0);
+      v8.assign(static_cast<size_t>(num_blocks * v8_stride), 0);
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        for (int64_t sl = 0; sl < bs; ++sl) {
+          kv_convert_ref(&k[b * k_stride + sl * hd], dtype, &k8[b * k8_stride + sl * rb], hd);
+          kv_convert_ref(&v[b * v_stride + sl * hd], dtype, &v8[b * v8_stride + sl * rb], hd);
+        }
+      }
+    }
   }
 
   PagedKv view() const {
@@ -109,6 +130,12 @@ struct PagedStore {
     kv.pos_base = pos.data();
     kv.k_block_stride = k_stride;
     kv.v_block_stride = v_stride;
+    if (dtype == DType::q8_0) {  // strides in bytes
+      kv.k_base = k8.data();
+      kv.v_base = v8.data();
+      kv.k_block_stride = k8_stride;
+      kv.v_block_stride = v8_stride;
+    }
     kv.pos_block_stride = pos_stride;
     kv.block_size = block_size;
     kv.heads = heads.data();
@@ -138,8 +165,8 @@ void run_case(const Case& c, int num_kv_heads = 2, DType dtype = DType::f32) {
   p.sliding_window = c.window;
   const int64_t hd = c.head_dim, stride = c.kv_len * hd;
   const std::vector<float> q = test::random_floats(c.num_tokens * p.num_heads * hd, 1, -2.0f, 2.0f);
-  const std::vector<float> k = rounded(test::random_floats(num_kv_heads * stride, 2, -2.0f, 2.0f), dtype);
-  const std::vector<float> v = rounded(test::random_floats(num_kv_heads * stride, 3), dtype);
+  const std::vector<float> k = rounded(test::random_floats(num_kv_heads * stride, 2, -2.0f, 2.0f), dtype, hd);
+  const std::vector<float> v = rounded(test::random_floats(num_kv_heads * stride, 3), dtype, hd);
   std::vector<int32_t> q_pos(static_cast<size_t>(c.num_tokens));
   const int64_t first = std::max<int64_t>(0, c.kv_len - c.num_tokens);
   for (int64_t t = 0; t < c.num_tokens; ++t) q_pos[t] = static_cast<int32_t>(first + t);
@@ -221,6 +248,26 @@ TEST(AttentionPaged, Bf16AndF16KvMatchReferenceOverShapeTable) {
   }
 }
 
+// q8_0 K/V (one f16 scale per 32 values of a row): head_dim 80 has a 16-value last group,
+// 36 runs the scalar path; lengths that are not multiples of 16; GQA; sliding window; the
+// decode split and a prefill chunk. A scale applied to the wrong group or a sign-extension
+// slip (int8 read as uint8) moves outputs by far more than 1e-5.
+TEST(AttentionPaged, Q8KvMatchesReferenceOverShapeTable) {
+  for (int64_t num_tokens : {1, 5, 37}) {
+    for (int64_t kv_len : {1, 17, 300}) {
+      for (int ratio : {1, 3}) {
+        for (int head_dim : {64, 80, 128}) {
+          for (int block_size : {1, 16}) run_case({num_tokens, kv_len, ratio, head_dim, block_size, 0}, 2, DType::q8_0);
+        }
+      }
+    }
+  }
+  run_case({5, 300, 3, 80, 16, 100}, 2, DType::q8_0);  // sliding window
+  run_case({1, 4000, 3, 64, 16, 0}, 3, DType::q8_0);   // SmolLM2 decode, KV split across threads
+  run_case({200, 203, 3, 64, 16, 0}, 3, DType::q8_0);  // SmolLM2 prefill chunk at an offset
+  run_case({5, 40, 2, 36, 16, 0}, 2, DType::q8_0);     // head_dim 36: scalar path, groups 32 + 4
+}
+
 // Naive reference for arbitrary per-head entries: explicit scores, −inf mask, full softmax.
 std::vector<float> naive_attention(const std::vector<float>& q, const std::vector<int32_t>& q_pos,
                                    const std::vector<std::vector<float>>& k_rows,
@@ -275,8 +322,8 @@ TEST(AttentionPaged, CompactedHeadsWithDifferentLengthsMatchNaive) {
     v_rows.push_back(test::random_floats(n, 40 + g));
   }
   AttentionParams p{num_kv_heads * ratio, num_kv_heads, hd, 0.125f, 0};
-  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
-    const std::vector<std::vector<float>> kd = rounded(k_rows, dtype), vd = rounded(v_rows, dtype);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::q8_0}) {
+    const std::vector<std::vector<float>> kd = rounded(k_rows, dtype, hd), vd = rounded(v_rows, dtype, hd);
     for (const std::vector<int32_t>& q_pos :
          {std::vector<int32_t>{seq_len}, std::vector<int32_t>{1195, 1196, 1197, 1198, 1199}}) {
       for (int window : {0, 50}) {
@@ -313,7 +360,7 @@ TEST(AttentionPaged, NanInVisibleValueIsNotHidden) {
   AttentionParams p{3, 1, hd, 0.125f, 0};
   const std::vector<float> q = test::random_floats(2 * 3 * hd, 62);
   const std::vector<int32_t> q_pos{200, 599};  // the first query does not see key 300
-  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::q8_0}) {
     const PagedStore store(16, hd, k_rows, v_rows, positions, 6, false, dtype);
     for (SimdLevel level : test::supported_levels()) {
       test::LevelGuard guard(level);
