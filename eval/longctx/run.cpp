@@ -136,6 +136,7 @@ void run_one(Shared& s, const EvalCase& c) {
             {"prompt_sha256", task->prompt_sha256},
             {"chat", chat},
             {"needles", task->needles},
+            {"needle_tokens", task->needle_tokens},
             {"expected", task->expected},
             {"scorer", score_kind_name(task->scorer)},
             {"output", done->text},
@@ -319,7 +320,8 @@ int run_eval_tasks(const RunArgs& a) {
               {"length", c.task.length},          {"depth", c.task.depth_percent},
               {"seed", c.task.seed},              {"prompt_tokens", static_cast<int64_t>(t->prompt_ids.size())},
               {"context_tokens", t->context_tokens}, {"prompt_sha256", t->prompt_sha256},
-              {"needles", t->needles},            {"expected", t->expected},
+              {"needles", t->needles},            {"needle_tokens", t->needle_tokens},
+              {"expected", t->expected},
               {"scorer", score_kind_name(t->scorer)}, {"question", t->question},
               {"prompt", t->prompt_text}};
     const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";

@@ -70,26 +70,54 @@ std::string task_prompt_text(const std::string& context, const std::string& ques
   return t;
 }
 
-Status tokenize_task(const Tokenizer& tok, bool chat, EvalTask* task) {
-  task->prompt_text = task_prompt_text(task->context, task->question, chat);
-  task->prompt_sha256 = sha256_hex(task->prompt_text);
+namespace {
+
+// The number of leading prompt ids that the prompt's first `chars` characters produce: the
+// longest common prefix of the prompt's ids with the ids of that text alone (chat: the
+// template rendered with a marker at the cut, then cut there).
+Result<int64_t> prompt_tokens_before(const Tokenizer& tok, bool chat, const EvalTask& task, size_t chars) {
   std::vector<int32_t> prefix;
-  const std::string context = task->context + "\n\n";
+  const std::string head = task.prompt_text.substr(0, chars);
   if (chat) {
-    SNAP_ASSIGN_OR_RETURN(task->prompt_ids, prompt_ids_for_chat(tok, {{"user", task->prompt_text}}));
-    // The template's text up to the end of the context: render with a marker, cut there.
-    SNAP_ASSIGN_OR_RETURN(std::string t, apply_chat_template(tok, {{"user", context + "\x01"}}, true));
+    SNAP_ASSIGN_OR_RETURN(std::string t, apply_chat_template(tok, {{"user", head + "\x01"}}, true));
     t = t.substr(0, t.find('\x01'));
     prefix = tok.encode(t, false);
     if (tok.add_bos() && (prefix.empty() || prefix.front() != tok.bos_id())) prefix.insert(prefix.begin(), tok.bos_id());
   } else {
-    task->prompt_ids = prompt_ids_for_text(tok, task->prompt_text);
-    prefix = prompt_ids_for_text(tok, context);
+    prefix = prompt_ids_for_text(tok, head);
   }
-  const auto& full = task->prompt_ids;
+  const auto& full = task.prompt_ids;
   int64_t c = 0;
   while (c < static_cast<int64_t>(std::min(prefix.size(), full.size())) && prefix[c] == full[c]) ++c;
-  task->context_tokens = std::min<int64_t>(c, static_cast<int64_t>(full.size()) - 1);
+  return c;
+}
+
+}  // namespace
+
+Status tokenize_task(const Tokenizer& tok, bool chat, EvalTask* task) {
+  task->prompt_text = task_prompt_text(task->context, task->question, chat);
+  task->prompt_sha256 = sha256_hex(task->prompt_text);
+  if (chat) {
+    SNAP_ASSIGN_OR_RETURN(task->prompt_ids, prompt_ids_for_chat(tok, {{"user", task->prompt_text}}));
+  } else {
+    task->prompt_ids = prompt_ids_for_text(tok, task->prompt_text);
+  }
+  SNAP_ASSIGN_OR_RETURN(int64_t c, prompt_tokens_before(tok, chat, *task, task->context.size() + 2));
+  task->context_tokens = std::min<int64_t>(c, static_cast<int64_t>(task->prompt_ids.size()) - 1);
+  return {};
+}
+
+Status locate_needle_tokens(const Tokenizer& tok, bool chat, EvalTask* task) {
+  task->needle_tokens.clear();
+  size_t from = 0;
+  for (const std::string& needle : task->needles) {
+    const size_t at = task->prompt_text.find(needle, from);
+    if (at == std::string::npos) return internal_error("needle '" + needle + "' is not in the prompt text");
+    SNAP_ASSIGN_OR_RETURN(int64_t b, prompt_tokens_before(tok, chat, *task, at));
+    SNAP_ASSIGN_OR_RETURN(int64_t e, prompt_tokens_before(tok, chat, *task, at + needle.size()));
+    task->needle_tokens.emplace_back(b, std::max(b, e));
+    from = at + needle.size();
+  }
   return {};
 }
 
@@ -296,7 +324,9 @@ Result<EvalTask> make_cwe(const TaskSpec& spec, const Tokenizer& tok, bool chat,
 
 // --- the generators -------------------------------------------------------------------------
 
-Result<EvalTask> make_task(const TaskSpec& spec, const Tokenizer& tok, const TextCorpus* corpus, bool chat) {
+namespace {
+
+Result<EvalTask> make_task_text(const TaskSpec& spec, const Tokenizer& tok, const TextCorpus* corpus, bool chat) {
   if (spec.length < 16) return invalid_argument("length " + std::to_string(spec.length) + " is below 16 tokens");
   if (task_uses_depth(spec.kind) && (spec.depth_percent < 0 || spec.depth_percent > 100)) {
     return invalid_argument("depth " + std::to_string(spec.depth_percent) + "% is outside 0..100");
@@ -376,6 +406,14 @@ Result<EvalTask> make_task(const TaskSpec& spec, const Tokenizer& tok, const Tex
     case TaskKind::cwe: return make_cwe(spec, tok, chat, rng);
   }
   return invalid_argument("unknown task");
+}
+
+}  // namespace
+
+Result<EvalTask> make_task(const TaskSpec& spec, const Tokenizer& tok, const TextCorpus* corpus, bool chat) {
+  SNAP_ASSIGN_OR_RETURN(EvalTask t, make_task_text(spec, tok, corpus, chat));
+  SNAP_RETURN_IF_ERROR(locate_needle_tokens(tok, chat, &t));
+  return t;
 }
 
 }  // namespace snap::eval

@@ -54,6 +54,9 @@ struct EvalTask {
   std::vector<int32_t> prompt_ids;  // as the in-process engine runs it
   int64_t context_tokens = 0;       // prompt tokens before the question (context_only cut)
   std::string prompt_sha256;        // of prompt_text
+  // Each needle's prompt positions [begin, end) (token boundaries by longest common prefix:
+  // a token spanning a needle's edge counts outside it), for checking what a policy kept.
+  std::vector<std::pair<int64_t, int64_t>> needle_tokens;
 };
 
 // The prompt text for a context and question: "context\n\nquestion" (chat: the user
@@ -63,6 +66,9 @@ std::string task_prompt_text(const std::string& context, const std::string& ques
 // computed as `snapserve generate --question` does (longest common prefix with the ids of
 // the context alone).
 Status tokenize_task(const Tokenizer& tok, bool chat, EvalTask* task);
+// Fills task->needle_tokens (after tokenize_task): where each needle's sentence lies in
+// prompt_ids. Needles are found in text order; one missing from the text is an error.
+Status locate_needle_tokens(const Tokenizer& tok, bool chat, EvalTask* task);
 
 // Builds the task. corpus may be null for the noise haystack and cwe; a spec whose length
 // cannot hold the task's fixed parts is an invalid_argument naming the length.

@@ -160,6 +160,42 @@ TEST(EvalTasks, DepthPlacesTheNeedle) {
   }
 }
 
+// needle_tokens: the ids at [begin, end) decode to the needle's sentence (up to the space
+// or newline a boundary token carries), in both prompt forms and for every needle of a
+// multi-needle task; the spans are in text order, inside the context, and disjoint.
+TEST(EvalTasks, NeedleTokensAreTheNeedlesIds) {
+  NEED_TOKENIZER();
+  const TextCorpus corpus = small_corpus();
+  for (bool chat : {false, true}) {
+    for (TaskKind k : {TaskKind::niah_single, TaskKind::niah_multikey, TaskKind::vt}) {
+      TaskSpec s;
+      s.kind = k;
+      s.length = 900;
+      s.depth_percent = 30;
+      s.seed = 5;
+      auto t = make_task(s, *tokenizer(), &corpus, chat);
+      ASSERT_TRUE(t.ok()) << t.status().message();
+      ASSERT_EQ(t->needle_tokens.size(), t->needles.size());
+      int64_t prev_end = 0;
+      for (size_t i = 0; i < t->needles.size(); ++i) {
+        const auto [b, e] = t->needle_tokens[i];
+        EXPECT_GE(b, prev_end);
+        EXPECT_LT(b, e);
+        EXPECT_LE(e, t->context_tokens);
+        prev_end = e;
+        std::vector<int32_t> ids(t->prompt_ids.begin() + b, t->prompt_ids.begin() + e);
+        std::string text = tokenizer()->decode(ids, false);
+        while (!text.empty() && (text.front() == ' ' || text.front() == '\n')) text.erase(text.begin());
+        // A boundary token shared with the text around may be left out: the span holds at
+        // least the needle without its first and last character.
+        const std::string& n = t->needles[i];
+        EXPECT_NE(n.find(text), std::string::npos) << "'" << text << "' not in '" << n << "'";
+        EXPECT_GE(text.size() + 2, n.size()) << "'" << text << "' vs '" << n << "'";
+      }
+    }
+  }
+}
+
 // --- scorers ----------------------------------------------------------------------------------
 
 TEST(AnswerCheck, ExactOnKnownAnswers) {
