@@ -5,10 +5,11 @@
 #   STEP   which parts to run (default: all, in this order of priority):
 #          policies2k  full, snapkv 1024, streaming 1024 at 2K, depths 0-75 x seeds 0-2
 #                      (+ the budget-256 cases of depth 0 recorded before the sweep was cut down)
-#          kernel2k    snapkv 1024 with pooling kernel 15, then GQA max aggregation, same prompts
+#          kernel2k    snapkv 1024 with pooling kernels 15 and 31, same prompts as policies2k
 #          others2k    pyramidkv, adakv, h2o at budget 1024, 2K, depths 0/50 x seeds 0-2
-#          context2k   snapkv 1024 with the question unseen by compression (context_only), 2K
 #          len4k       full, snapkv 1024 (kernels 7 and 15), streaming 1024 at 4K, depths 0/50 x seeds 0-1
+#          gqa2k       snapkv 1024 with GQA max aggregation, same prompts as policies2k
+#          context2k   snapkv 1024 with the question unseen by compression (context_only), 2K
 #          grid1k      SnapKV window 16/32/64 x kernel 7/15 (max), budget 256, 1K, depths 0-75 x seeds 0-1
 #          multikey2k  niah_multikey, full vs snapkv 1024, 2K
 #          vt2k        variable tracking, full vs snapkv 1024, 2K, seeds 0-5
@@ -23,7 +24,7 @@ build=${1:-build}
 out=${2:-bench/results/eval}
 shift $(( $# >= 2 ? 2 : $# ))
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(policies2k kernel2k others2k context2k len4k grid1k multikey2k vt2k report)
+[ ${#steps[@]} -eq 0 ] && steps=(policies2k kernel2k others2k len4k gqa2k context2k grid1k multikey2k vt2k report)
 mkdir -p "$out"
 S="$build/snapserve"
 common=(--haystacks shakespeare --seeds 0-2 -c 4 --kv-cache-mib 1200 --progress-interval 60)
@@ -36,7 +37,8 @@ for step in "${steps[@]}"; do
         --policies full,streaming,snapkv --budgets 1024 --output "$out/policies.jsonl" ;;
     kernel2k)
       "$S" eval run "${common[@]}" "${d4[@]}" --tasks niah_single --lengths 2048 \
-        --policies snapkv --budgets 1024 --kernels 15 --output "$out/kernel.jsonl"
+        --policies snapkv --budgets 1024 --kernels 15,31 --output "$out/kernel.jsonl" ;;
+    gqa2k)
       "$S" eval run "${common[@]}" "${d4[@]}" --tasks niah_single --lengths 2048 \
         --policies snapkv --budgets 1024 --gqa max --output "$out/kernel.jsonl" ;;
     others2k)

@@ -110,6 +110,10 @@ TEST_F(EvalE2e, RunRecordsEveryCaseWithProvenance) {
     EXPECT_EQ(r["correct"].get<bool>(), score_answer(ScoreKind::contains, r["output"], expected).correct);
     EXPECT_EQ(r["needles"].size(), 1u);
     EXPECT_NE(r["needles"][0].get<std::string>().find(expected[0]), std::string::npos);
+    // Where the needle lies in the prompt, for tools/eval_needle_kept.py.
+    ASSERT_EQ(r["needle_tokens"].size(), 1u);
+    EXPECT_LT(r["needle_tokens"][0][0].get<int64_t>(), r["needle_tokens"][0][1].get<int64_t>());
+    EXPECT_LE(r["needle_tokens"][0][1].get<int64_t>(), r["context_tokens"].get<int64_t>());
   }
   EXPECT_NE(first_.out.find("niah_single after L400 | full"), std::string::npos) << first_.out;
 }

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""How the wrong answers of `snapserve eval run` records are wrong, per policy.
+
+A needle answer is wrong in one of three ways that point to different causes:
+  partial    the output holds a number that starts with the expected value's first 3+
+             digits but is not the value (e.g. 134435 for 1344350): the needle was found
+             and its later digits were lost (with one-token digits, dropped value tokens);
+  distractor the output holds another needle's value (multi-key tasks);
+  absent     neither: the needle was not retrieved at all.
+Prints, per (task, placement, length, policy): n, correct, and the three counts, then the
+wrong records' depth/seed/expected/output lines with --list.
+
+  python3 tools/eval_failures.py RUNS.jsonl [RUNS2.jsonl ...] [--list]
+"""
+import argparse
+import collections
+import json
+import re
+
+
+def classify(rec):
+    if rec["correct"]:
+        return "correct"
+    numbers = re.findall(r"\d+", rec["output"])
+    exp = rec["expected"]
+    others = set()
+    for n in rec.get("needles", []):
+        others.update(re.findall(r"\d{5,}", n))
+    others -= set(exp)
+    if any(x in others for x in numbers):
+        return "distractor"
+    for e in exp:
+        for x in numbers:
+            k = 0
+            while k < min(len(x), len(e)) and x[k] == e[k]:
+                k += 1
+            if k >= 3 and x != e:
+                return "partial"
+    return "absent"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("inputs", nargs="+", help="eval run JSONL files")
+    ap.add_argument("--list", action="store_true", help="also print every wrong record")
+    a = ap.parse_args()
+    cells = collections.OrderedDict()
+    wrong = []
+    for path in a.inputs:
+        with open(path) as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                key = (r["task"], r["placement"], r["length"], r["policy_label"])
+                c = cells.setdefault(key, collections.Counter())
+                kind = classify(r)
+                c["n"] += 1
+                c[kind] += 1
+                if kind != "correct":
+                    wrong.append((key, r["depth"], r["seed"], r["expected"], kind, r["output"]))
+    print("| task | placement | length | policy | n | correct | partial | distractor | absent |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (task, placement, length, label), c in sorted(cells.items()):
+        print(f"| {task} | {placement} | {length} | {label} | {c['n']} | {c['correct']} | {c['partial']} | "
+              f"{c['distractor']} | {c['absent']} |")
+    if a.list:
+        for key, depth, seed, exp, kind, out in sorted(wrong, key=lambda w: (w[0], w[1], w[2])):
+            print(f"{key[3]} L{key[2]} {key[1]} depth {depth} seed {seed}: {kind}, expected {exp}, "
+                  f"output {out.strip()[:100]!r}")
+
+
+if __name__ == "__main__":
+    main()
