@@ -150,7 +150,7 @@ Result<StepPlan> decode_step_plan(std::span<const uint8_t> bytes) {
     return bad("truncated header");
   }
   if (kv_dtype != static_cast<uint8_t>(DType::f32) && kv_dtype != static_cast<uint8_t>(DType::bf16) &&
-      kv_dtype != static_cast<uint8_t>(DType::f16)) {
+      kv_dtype != static_cast<uint8_t>(DType::f16) && kv_dtype != static_cast<uint8_t>(DType::q8_0)) {
     return bad("KV element type " + std::to_string(kv_dtype));
   }
   plan.kv_dtype = static_cast<DType>(kv_dtype);

@@ -52,7 +52,7 @@ struct StepPlan {
   // (no sequence may be open).
   int64_t pool_bytes = 0;
   int32_t block_size = 16;
-  DType kv_dtype = k_default_kv_dtype;  // K/V element type of that pool: f32, bf16 or f16
+  DType kv_dtype = k_default_kv_dtype;  // K/V element type of that pool: f32, bf16, f16 or q8_0
   int64_t chunk = 512;  // prefill chunk of a layer-wise item
   std::vector<SequenceOpen> open;
   std::vector<SequenceFork> forks;  // after the opens, before the forward

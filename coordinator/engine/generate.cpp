@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "common/sys.h"
+#include "coordinator/engine/prefill_choice.h"
+#include "kernels/kv_convert.h"
 
 namespace snap {
 namespace {
@@ -56,17 +58,17 @@ Status run_sequence(StepDriver& driver, const GenerateRequest& req, const Genera
   double t0 = now_seconds();
   bool layerwise = req.kv_policy.layerwise && seq.compressor->active();
   if (!layerwise && req.auto_layerwise && seq.compressor->active() && compress_at == n && !hooks.on_prompt_logits) {
-    // Peak bytes of either prefill (this rank): blocks per head at n tokens and at the
-    // largest layer budget, all layers full against one full + the rest compressed, plus
-    // layer-wise's hidden states of the whole prompt against chunked prefill's chunk.
-    const int64_t bs = local.pool()->block_size(), bb = local.pool()->block_bytes();
-    const int64_t heads = local.shard().num_kv_heads, layers = c.num_layers;
-    int64_t budget = 0;
-    for (int l = 0; l < layers; ++l) budget = std::max(budget, seq.compressor->layer_budget(l));
-    const int64_t full_blocks = (n + bs - 1) / bs, kept_blocks = (std::min(n, budget) + bs - 1) / bs;
-    const int64_t chunked = layers * heads * full_blocks * bb + std::min(n, req.prefill_chunk) * c.hidden_size * 4;
-    const int64_t by_layer = heads * full_blocks * bb + (layers - 1) * heads * kept_blocks * bb + n * c.hidden_size * 4;
-    layerwise = by_layer < chunked;
+    // Peak bytes of either prefill on this rank (coordinator/engine/prefill_choice.h).
+    PrefillPeakInputs in;
+    in.prompt_tokens = n;
+    in.num_layers = c.num_layers;
+    in.kv_heads = local.shard().num_kv_heads;
+    in.block_size = local.pool()->block_size();
+    in.block_bytes = local.pool()->block_bytes();
+    for (int l = 0; l < c.num_layers; ++l) in.max_layer_budget = std::max(in.max_layer_budget, seq.compressor->layer_budget(l));
+    in.prefill_chunk = req.prefill_chunk;
+    in.hidden_size = c.hidden_size;
+    layerwise = layerwise_prefill_is_cheaper(in);
   }
   result.stats.layerwise = layerwise;
   if (layerwise) {
@@ -160,7 +162,7 @@ Result<GenerateResult> generate(StepDriver& driver, const GenerateRequest& req, 
   open.kv_dtype = req.kv_dtype;
   const int64_t blocks_per_head = (limit + req.kv_block_size - 1) / req.kv_block_size;
   const int64_t block_bytes_estimate =
-      2LL * req.kv_block_size * c.head_dim * dtype_size(req.kv_dtype) + req.kv_block_size * 4 + 64;
+      2LL * req.kv_block_size * kernels::kv_row_bytes(req.kv_dtype, c.head_dim) + req.kv_block_size * 4 + 64;
   open.pool_bytes = req.kv_pool_bytes > 0
                         ? req.kv_pool_bytes
                         : int64_t{c.num_layers} * local.shard().num_kv_heads * blocks_per_head * block_bytes_estimate;

@@ -24,27 +24,30 @@ TEST(BlockPool, RejectsBadConfig) {
   EXPECT_EQ(BlockPool::create({0, 64, DType::f32, 1 << 20}).status().code(), StatusCode::k_invalid_argument);
   EXPECT_EQ(BlockPool::create({16, 0, DType::f32, 1 << 20}).status().code(), StatusCode::k_invalid_argument);
   EXPECT_EQ(BlockPool::create({16, 64, DType::f32, 100}).status().code(), StatusCode::k_invalid_argument);
-  EXPECT_EQ(BlockPool::create({16, 64, DType::q8_0, 1 << 20}).status().code(), StatusCode::k_invalid_argument);
+  EXPECT_EQ(BlockPool::create({16, 64, DType::q4_1, 1 << 20}).status().code(), StatusCode::k_invalid_argument);
   EXPECT_EQ(BlockPool::create({16, 64, DType::q4_0, 1 << 20}).status().code(), StatusCode::k_invalid_argument);
   EXPECT_EQ(kv_dtype_from_name("bf16").value(), DType::bf16);
   EXPECT_EQ(kv_dtype_from_name("f16").value(), DType::f16);
   EXPECT_EQ(kv_dtype_from_name("f32").value(), DType::f32);
   EXPECT_EQ(kv_dtype_from_name("").value(), k_default_kv_dtype);
-  const auto bad = kv_dtype_from_name("q8_0");
+  EXPECT_EQ(kv_dtype_from_name("q8_0").value(), DType::q8_0);
+  const auto bad = kv_dtype_from_name("q4_0");
   ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().message(), "KV dtype 'q8_0': expected f32, bf16 or f16");
+  EXPECT_EQ(bad.status().message(), "KV dtype 'q4_0': expected f32, bf16, f16 or q8_0");
 }
 
 TEST(BlockPool, SizesBlocksFromTheByteBudget) {
-  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::q8_0}) {
     for (int block_size : {1, 16, 32}) {
-      for (int head_dim : {36, 64, 128}) {
+      for (int head_dim : {36, 64, 80, 128}) {
         const int64_t capacity = 1000000;
         auto pool = BlockPool::create({block_size, head_dim, dtype, capacity});
         ASSERT_TRUE(pool.ok()) << pool.status().to_string();
-        const int64_t elem = dtype == DType::f32 ? 4 : 2;
-        const int64_t bb = 2LL * block_size * head_dim * elem + int64_t{block_size} * 4;  // K + V + positions
-        EXPECT_EQ((*pool)->elem_bytes(), elem);
+        // q8_0: int8 values + one f16 scale per 32 (36 → 40, 64 → 68, 80 → 86, 128 → 136).
+        const int64_t row = dtype == DType::q8_0 ? head_dim + 2 * ((head_dim + 31) / 32)
+                                                 : int64_t{head_dim} * (dtype == DType::f32 ? 4 : 2);
+        const int64_t bb = 2LL * block_size * row + int64_t{block_size} * 4;  // K + V + positions
+        EXPECT_EQ((*pool)->row_bytes(), row);
         EXPECT_EQ((*pool)->block_bytes(), bb);
         EXPECT_EQ((*pool)->num_blocks(), capacity / bb);
         EXPECT_EQ((*pool)->num_free(), (*pool)->num_blocks());

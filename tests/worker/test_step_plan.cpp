@@ -121,11 +121,11 @@ TEST(StepPlan, BadVersionAndEnumsAreRefused) {
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("bad sequence open"), std::string::npos) << d.status().message();
 
-  // The KV element type follows the block size; a block format (q8_0) is not a KV type here.
+  // The KV element type follows the block size; q4_0 is a weight format, not a KV type (q8_0 is).
   bytes = encode_step_plan(sample_plan());
   const size_t dtype_at = 1 + 1 + 8 + 4;
   ASSERT_EQ(bytes[dtype_at], static_cast<uint8_t>(DType::bf16));
-  bytes[dtype_at] = static_cast<uint8_t>(DType::q8_0);
+  bytes[dtype_at] = static_cast<uint8_t>(DType::q4_0);
   d = decode_step_plan(bytes);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("KV element type"), std::string::npos) << d.status().message();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "kernels/kv_convert.h"
 
 namespace snap {
 
@@ -21,7 +22,8 @@ Result<DType> kv_dtype_from_name(const std::string& name) {
   if (name == "f32") return DType::f32;
   if (name == "bf16") return DType::bf16;
   if (name == "f16") return DType::f16;
-  return invalid_argument("KV dtype '" + name + "': expected f32, bf16 or f16");
+  if (name == "q8_0") return DType::q8_0;
+  return invalid_argument("KV dtype '" + name + "': expected f32, bf16, f16 or q8_0");
 }
 
 void BlockPool::FreeDeleter::operator()(std::byte* p) const { std::free(p); }
@@ -30,10 +32,10 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(const BlockPoolConfig& cfg)
   if (cfg.block_size <= 0 || cfg.head_dim <= 0)
     return invalid_argument("block_pool: block_size " + std::to_string(cfg.block_size) + " and head_dim " +
                             std::to_string(cfg.head_dim) + " must be positive");
-  if (cfg.kv_dtype != DType::f32 && cfg.kv_dtype != DType::bf16 && cfg.kv_dtype != DType::f16)
+  if (!kernels::kv_dtype_supported(cfg.kv_dtype))
     return invalid_argument(std::string("block_pool: kv_dtype ") + dtype_name(cfg.kv_dtype) +
-                            " (f32, bf16 or f16)");
-  const int64_t kv_region_bytes = int64_t{cfg.block_size} * cfg.head_dim * dtype_size(cfg.kv_dtype);  // per block
+                            " (f32, bf16, f16 or q8_0)");
+  const int64_t kv_region_bytes = int64_t{cfg.block_size} * kernels::kv_row_bytes(cfg.kv_dtype, cfg.head_dim);  // per block
   const int64_t pos_region_bytes = int64_t{cfg.block_size} * 4;
   const int64_t block_bytes = 2 * kv_region_bytes + pos_region_bytes;
   // The page padding between regions (< 12 KiB, never written, so never committed) is not
@@ -59,6 +61,7 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(const BlockPoolConfig& cfg)
 BlockPool::BlockPool(const BlockPoolConfig& cfg, int64_t block_bytes, int64_t num_blocks, int64_t v_offset,
                      int64_t pos_offset, std::byte* data)
     : cfg_(cfg),
+      row_bytes_(kernels::kv_row_bytes(cfg.kv_dtype, cfg.head_dim)),
       block_bytes_(block_bytes),
       num_blocks_(num_blocks),
       v_offset_(v_offset),

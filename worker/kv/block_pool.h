@@ -1,7 +1,7 @@
 // BlockPool: the fixed-size KV blocks every sequence's paged cache draws from. A block
 // holds `block_size` tokens of ONE layer's ONE KV head: keys [block_size, head_dim],
-// values [block_size, head_dim] in kv_dtype (f32, bf16 or f16) and the int32 RoPE position
-// of each slot. The pool is
+// values [block_size, head_dim] in kv_dtype (f32, bf16, f16, or q8_0 rows with their scales,
+// kernels/kv_convert.h) and the int32 RoPE position of each slot. The pool is
 // sized in bytes once at start-up (one allocation, see storage) and never grows; alloc()
 // returns resource_exhausted when it is full. Thread-safe: sequences on different threads
 // share it.
@@ -22,21 +22,21 @@ namespace snap {
 // The K/V element type when none is asked for (--kv-dtype): see README, "KV cache dtype".
 inline constexpr DType k_default_kv_dtype = DType::f32;
 
-// "f32", "bf16", "f16" → the type; "" → k_default_kv_dtype; anything else invalid_argument
-// naming the accepted values (the --kv-dtype flag).
+// "f32", "bf16", "f16", "q8_0" → the type; "" → k_default_kv_dtype; anything else
+// invalid_argument naming the accepted values (the --kv-dtype flag).
 Result<DType> kv_dtype_from_name(const std::string& name);
 
 struct BlockPoolConfig {
   int block_size = 16;  // tokens per block
   int head_dim = 0;
-  DType kv_dtype = k_default_kv_dtype;  // element type of K and V: f32, bf16 or f16
+  DType kv_dtype = k_default_kv_dtype;  // element type of K and V: f32, bf16, f16 or q8_0
   int64_t capacity_bytes = 0;   // the pool holds floor(capacity_bytes / block_bytes) blocks
 };
 
 class BlockPool {
  public:
   // invalid_argument for non-positive sizes, a capacity below one block or a kv_dtype other
-  // than f32, bf16 or f16.
+  // than f32, bf16, f16 or q8_0.
   static Result<std::unique_ptr<BlockPool>> create(const BlockPoolConfig& cfg);
 
   BlockPool(const BlockPool&) = delete;
@@ -51,9 +51,10 @@ class BlockPool {
   int block_size() const { return cfg_.block_size; }
   int head_dim() const { return cfg_.head_dim; }
   DType kv_dtype() const { return cfg_.kv_dtype; }
-  // Bytes of one K or V element (4 for f32, 2 for bf16 and f16).
-  int elem_bytes() const { return dtype_size(cfg_.kv_dtype); }
-  // Bytes of one block: K + V + positions (block_size × (2 × head_dim × elem_bytes + 4)).
+  // Bytes of one token's K (or V) row of one head: head_dim × 4 (f32), × 2 (bf16, f16), or
+  // head_dim + 2 × ceil(head_dim / 32) for q8_0 (int8 values + f16 scales: 68 for 64).
+  int64_t row_bytes() const { return row_bytes_; }
+  // Bytes of one block: K + V + positions (block_size × (2 × row_bytes + 4)), exactly.
   int64_t block_bytes() const { return block_bytes_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t num_free() const;
@@ -71,10 +72,13 @@ class BlockPool {
   std::byte* k_base() { return data_.get(); }
   std::byte* v_base() { return data_.get() + v_offset_; }
   int32_t* pos_base() { return reinterpret_cast<int32_t*>(data_.get() + pos_offset_); }
-  int64_t kv_block_stride() const { return int64_t{cfg_.block_size} * cfg_.head_dim; }  // elements
-  int64_t pos_block_stride() const { return cfg_.block_size; }                          // int32s
-  std::byte* k(int32_t id) { return k_base() + id * kv_block_stride() * elem_bytes(); }
-  std::byte* v(int32_t id) { return v_base() + id * kv_block_stride() * elem_bytes(); }
+  // Block stride in the units of kernels::PagedKv: elements, or bytes for q8_0.
+  int64_t kv_block_stride() const {
+    return cfg_.kv_dtype == DType::q8_0 ? cfg_.block_size * row_bytes_ : int64_t{cfg_.block_size} * cfg_.head_dim;
+  }
+  int64_t pos_block_stride() const { return cfg_.block_size; }  // int32s
+  std::byte* k(int32_t id) { return k_base() + id * cfg_.block_size * row_bytes_; }
+  std::byte* v(int32_t id) { return v_base() + id * cfg_.block_size * row_bytes_; }
   int32_t* positions(int32_t id) { return pos_base() + id * pos_block_stride(); }
 
   // --- pool-wide accounting (the paged caches report their deltas) --------------------
@@ -93,6 +97,7 @@ class BlockPool {
             std::byte* data);
 
   BlockPoolConfig cfg_;
+  int64_t row_bytes_ = 0;
   int64_t block_bytes_ = 0;
   int64_t num_blocks_ = 0;
   int64_t v_offset_ = 0, pos_offset_ = 0;         // bytes from data_ to the V and position regions

@@ -92,9 +92,9 @@ void PagedKvCache::write_rows(HeadKv& h, const int32_t* positions, const float* 
                               int64_t row_stride) {
   const int64_t bs = pool_.block_size();
   const int64_t hd = shape_.head_dim;
-  const int64_t row_bytes = hd * pool_.elem_bytes();
+  const int64_t row_bytes = pool_.row_bytes();
   const DType dtype = pool_.kv_dtype();
-  // Converted on write (f32 → bf16/f16 rounds to nearest even): the pool holds what
+  // Converted on write (f32 → bf16/f16 rounds to nearest even, q8_0 quantizes the row): the pool holds what
   // attention and the compressor will read.
   for (int64_t i = 0; i < n; ++i) {
     const int64_t j = h.length + i;
@@ -164,7 +164,7 @@ Status PagedKvCache::compact(int layer, int kv_head, const std::vector<int32_t>&
     prev = j;
   }
   const int64_t bs = pool_.block_size();
-  const int64_t row_bytes = int64_t{shape_.head_dim} * pool_.elem_bytes();
+  const int64_t row_bytes = pool_.row_bytes();
   // keep_indices[i] >= i, so moving front to back never overwrites an entry still to be read.
   // Rows move as stored bytes: compaction never re-rounds.
   for (int64_t i = 0; i < static_cast<int64_t>(keep_indices.size()); ++i) {
@@ -208,7 +208,7 @@ Status PagedKvCache::copy_from(const PagedKvCache& src) {
       return st;
     }
   }
-  const int64_t kv_bytes = pool_.kv_block_stride() * pool_.elem_bytes();
+  const int64_t kv_bytes = pool_.block_size() * pool_.row_bytes();
   for (size_t i = 0; i < heads_.size(); ++i) {
     const HeadKv& from = src.heads_[i];
     HeadKv& to = heads_[i];
@@ -231,7 +231,7 @@ const std::byte* PagedKvCache::row_address(bool value, int layer, int kv_head, i
   const HeadKv& h = head(layer, kv_head);
   CHECK(j >= 0 && j < h.length) << "paged_kv_cache: entry " << j << " of " << h.length;
   const int32_t blk = h.blocks[static_cast<size_t>(j / pool_.block_size())];
-  const int64_t row_bytes = int64_t{shape_.head_dim} * pool_.elem_bytes();
+  const int64_t row_bytes = pool_.row_bytes();
   return (value ? pool_.v(blk) : pool_.k(blk)) + (j % pool_.block_size()) * row_bytes;
 }
 

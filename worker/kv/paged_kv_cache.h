@@ -69,7 +69,7 @@ class PagedKvCache {
   // --- accounting ----------------------------------------------------------------------
   // resident: blocks held × pool.block_bytes() (what this sequence really occupies: K, V
   // and positions, whole blocks);
-  // stored: K/V bytes of the tokens held, Σ lengths × 2 × head_dim × elem_bytes;
+  // stored: K/V bytes of the tokens held, Σ lengths × 2 × pool.row_bytes() (q8_0: with scales);
   // full_equivalent: what the uncompressed cache of the same sequence would occupy in this
   // pool, on the same basis as resident: num_layers × num_kv_heads × ceil(next_position /
   // block_size) blocks × block_bytes. So resident / full_equivalent is exactly 1 for `full`
@@ -90,7 +90,7 @@ class PagedKvCache {
     const int64_t blocks = (next_position + pool_.block_size() - 1) / pool_.block_size();
     return int64_t{shape_.num_layers} * shape_.num_kv_heads * blocks * pool_.block_bytes();
   }
-  int64_t token_bytes() const { return 2LL * shape_.head_dim * dtype_size(pool_.kv_dtype()); }
+  int64_t token_bytes() const { return 2 * pool_.row_bytes(); }
   // Allocates blocks so that h can hold `new_length` tokens, appending them to h.blocks and
   // counting them in `added`; resource_exhausted when the pool runs dry (roll back with shrink).
   Status grow(HeadKv& h, int64_t new_length, int64_t& added);
