@@ -29,6 +29,7 @@
 #include "eval/scoring/cli/scoring_cli.h"
 #include "eval/longctx/eval_cli.h"
 #include "kernels/kernels.h"
+#include "kernels/thread_wait.h"
 #include "worker/kv/policy.h"
 #include "worker/model/dequant.h"
 #include "worker/model/gguf.h"
@@ -377,6 +378,8 @@ int run_inspect(const std::string& path, bool tensors) {
 
 int main(int argc, char** argv) {
   using namespace snap;
+  // First: libgomp's wait policy can only change by restarting with it in the environment.
+  if (const int rc = kernels::threads_wait_setup(argc, argv)) return rc;
   CLI::App app{"snapserve: long-context LLM serving with SnapKV KV-cache compression"};
   app.require_subcommand(1);
 

@@ -22,6 +22,7 @@
 #include <memory>
 #include <thread>
 
+#include "coordinator/http/cpu_flags.h"
 #include "coordinator/engine/model_path.h"
 #include "coordinator/engine/tp_launch.h"
 #include "coordinator/http/server.h"
@@ -120,6 +121,7 @@ void add_tp_options(CLI::App* cmd, TpFlags& f, const std::string& subcommand) {
                   "$SNAP_RENDEZVOUS_PORT); under a LeaderWorkerSet, LWS_LEADER_ADDRESS");
   rank->needs(size);
   size->needs(rank);
+  add_cpu_flags(cmd);
 }
 
 void add_kv_dtype_option(CLI::App* cmd, std::string& dtype) {

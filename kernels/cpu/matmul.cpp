@@ -2,7 +2,9 @@
 // the ggml block formats q8_0, q4_0, q4_1 (common/dtype.h). matmul_ref: f64 dot products.
 // matmul_cpu: decode-sized batches go to a SIMD matvec (rows split across OpenMP threads,
 // 4 rows × up to 4 tokens per register block, so each weight byte is loaded once per 4
-// tokens; block formats are dequantized in registers); larger batches go to OpenBLAS sgemm.
+// tokens; block formats are dequantized in registers, or with q8act multiplied as integers
+// against quantized activations, kernels/cpu/matvec_q8act.cpp); larger batches go to OpenBLAS
+// sgemm. matmul_multi_cpu runs several matrices' matvecs in one OpenMP region.
 #include "kernels/cpu/matmul.h"
 
 #include <cblas.h>
@@ -13,7 +15,9 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu/matvec_q8act.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/matmul_multi.h"
 #include "kernels/matvec_act.h"
 
 namespace snap::kernels {
@@ -355,41 +359,106 @@ TileFn pick_tile(SimdLevel level, int nt) {
   }
 }
 
+// --- the matvec driver ----------------------------------------------------------
+// One matrix of a (possibly fused) matvec call: its output and how to run one of its row
+// blocks (k_block_rows rows, every token). A block's arithmetic depends only on the matrix,
+// the block and x, never on what else shares the call, so fused and single calls agree bitwise.
+using ScalarBlockFn = void (*)(const float*, const void*, int64_t, int64_t, const float*, float*, int64_t, int64_t);
+struct MatvecPart {
+  WeightView w;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  int64_t num_blocks = 0;
+  ScalarBlockFn scalar = nullptr;          // SIMD level scalar
+  TileFn full = nullptr, tail = nullptr;   // f32 activations: 4 tokens, num_tokens % 4
+  Q8TileFn qfull = nullptr, qtail = nullptr;  // q8act (kernels/cpu/matvec_q8act.cpp)
+};
+
 template <DType D>
-void matvec(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
-  const SimdLevel level = simd_level();
-  const int64_t rows = w.rows, cols = w.cols;
-  const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
-  const bool parallel = rows * cols * num_tokens >= k_parallel_min_work;
-  // q8act: integer dot products on quantized activations (kernels/cpu/matvec_q8act.cpp).
-  if (dtype_is_quantized(D) && level != SimdLevel::scalar && matvec_act() == MatvecAct::q8)
-    return matvec_q8act_cpu(x, w, bias, y, num_tokens);
+MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel level, int rest, bool q8) {
+  MatvecPart p;
+  p.w = w;
+  p.bias = bias;
+  p.y = y;
+  p.num_blocks = (w.rows + k_block_rows - 1) / k_block_rows;
   if (level == SimdLevel::scalar) {
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      if constexpr (dtype_is_quantized(D))
-        qmatvec_block_scalar<D>(x, w.data, rows, cols, bias, y, num_tokens, b * k_block_rows);
-      else
-        matvec_block_scalar<D>(x, w.data, rows, cols, bias, y, num_tokens, b * k_block_rows);
-    }
+    if constexpr (dtype_is_quantized(D)) p.scalar = qmatvec_block_scalar<D>;
+    else p.scalar = matvec_block_scalar<D>;
+  } else if (dtype_is_quantized(D) && q8) {
+    p.qfull = q8act_tile_avx2(D, k_block_tokens);
+    p.qtail = rest ? q8act_tile_avx2(D, rest) : nullptr;
+  } else {
+    p.full = pick_tile<D>(level, k_block_tokens);
+    p.tail = rest ? pick_tile<D>(level, rest) : nullptr;
+  }
+  return p;
+}
+
+MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel level, int rest, bool q8) {
+  CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matmul: empty weight";
+  CHECK(w.cols % dtype_block_elems(w.dtype) == 0) << "matmul: " << dtype_name(w.dtype) << " cols " << w.cols;
+  switch (w.dtype) {
+    case DType::f32: return make_part<DType::f32>(w, bias, y, level, rest, q8);
+    case DType::f16: return make_part<DType::f16>(w, bias, y, level, rest, q8);
+    case DType::bf16: return make_part<DType::bf16>(w, bias, y, level, rest, q8);
+    case DType::q8_0: return make_part<DType::q8_0>(w, bias, y, level, rest, q8);
+    case DType::q4_0: return make_part<DType::q4_0>(w, bias, y, level, rest, q8);
+    case DType::q4_1: return make_part<DType::q4_1>(w, bias, y, level, rest, q8);
+  }
+  return {};
+}
+
+// Token groups innermost: a block of 4 rows (≤ 4·cols·4 bytes) stays in L1 across groups.
+void run_block(const MatvecPart& p, const float* x, const ActQ8& act, int64_t num_tokens, int64_t b) {
+  const int64_t rows = p.w.rows, cols = p.w.cols, r = b * k_block_rows;
+  if (p.scalar) return p.scalar(x, p.w.data, rows, cols, p.bias, p.y, num_tokens, r);
+  const int64_t full_groups = num_tokens / k_block_tokens;
+  const int64_t t_rest = full_groups * k_block_tokens;
+  if (p.qfull) {
+    for (int64_t g = 0; g < full_groups; ++g)
+      p.qfull(act, g * k_block_tokens, p.w.data, rows, p.bias, p.y + g * k_block_tokens * rows, r);
+    if (p.qtail) p.qtail(act, t_rest, p.w.data, rows, p.bias, p.y + t_rest * rows, r);
     return;
   }
-  const int64_t full_groups = num_tokens / k_block_tokens;
-  const int rest = static_cast<int>(num_tokens % k_block_tokens);
-  const TileFn full = pick_tile<D>(level, k_block_tokens);
-  const TileFn tail = rest ? pick_tile<D>(level, rest) : nullptr;
-  // Token groups innermost: a block of 4 rows (≤ 4·cols·4 bytes) stays in L1 across groups.
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    for (int64_t g = 0; g < full_groups; ++g) {
-      const int64_t t0 = g * k_block_tokens;
-      full(x + t0 * cols, w.data, rows, cols, bias, y + t0 * rows, b * k_block_rows);
-    }
-    if (tail) {
-      const int64_t t0 = full_groups * k_block_tokens;
-      tail(x + t0 * cols, w.data, rows, cols, bias, y + t0 * rows, b * k_block_rows);
-    }
+  for (int64_t g = 0; g < full_groups; ++g) {
+    const int64_t t0 = g * k_block_tokens;
+    p.full(x + t0 * cols, p.w.data, rows, cols, p.bias, p.y + t0 * rows, r);
   }
+  if (p.tail) p.tail(x + t_rest * cols, p.w.data, rows, cols, p.bias, p.y + t_rest * rows, r);
+}
+
+// All parts' row blocks in one OpenMP region (static schedule over their concatenation: the
+// parts share cols, so blocks cost alike). x is quantized once when any part runs q8act.
+void run_parts(const float* x, const MatvecPart* parts, int count, int64_t num_tokens) {
+  thread_local ActQ8 act;  // the caller's thread only: filled before the parallel region
+  int64_t total = 0, work = 0;
+  bool q8 = false;
+  for (int i = 0; i < count; ++i) {
+    total += parts[i].num_blocks;
+    work += parts[i].w.rows * parts[i].w.cols * num_tokens;
+    q8 = q8 || parts[i].qfull != nullptr;
+  }
+  if (q8) act.quantize(x, num_tokens, parts[0].w.cols, true);
+  const ActQ8& a = act;
+#pragma omp parallel for schedule(static) if (work >= k_parallel_min_work)
+  for (int64_t g = 0; g < total; ++g) {
+    int i = 0;
+    int64_t b = g;
+    while (b >= parts[i].num_blocks) b -= parts[i++].num_blocks;
+    run_block(parts[i], x, a, num_tokens, b);
+  }
+}
+
+// q8act only for block formats on a SIMD level (the scalar level stays the f32 reference).
+bool use_q8act(DType d, SimdLevel level) {
+  return dtype_is_quantized(d) && level != SimdLevel::scalar && matvec_act() == MatvecAct::q8;
+}
+
+void matvec(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  const SimdLevel level = simd_level();
+  const int rest = static_cast<int>(num_tokens % k_block_tokens);
+  const MatvecPart part = make_part(w, bias, y, level, rest, use_q8act(w.dtype, level));
+  run_parts(x, &part, 1, num_tokens);
 }
 
 // --- f16/bf16/block formats → f32 conversion for the sgemm path ----------------
@@ -521,16 +590,7 @@ void matmul_ref(const float* x, const WeightView& w, const float* bias, float* y
 
 // --- fast paths -----------------------------------------------------------------
 void matmul_matvec_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
-  CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matmul: empty weight";
-  CHECK(w.cols % dtype_block_elems(w.dtype) == 0) << "matmul: " << dtype_name(w.dtype) << " cols " << w.cols;
-  switch (w.dtype) {
-    case DType::f32: return matvec<DType::f32>(x, w, bias, y, num_tokens);
-    case DType::f16: return matvec<DType::f16>(x, w, bias, y, num_tokens);
-    case DType::bf16: return matvec<DType::bf16>(x, w, bias, y, num_tokens);
-    case DType::q8_0: return matvec<DType::q8_0>(x, w, bias, y, num_tokens);
-    case DType::q4_0: return matvec<DType::q4_0>(x, w, bias, y, num_tokens);
-    case DType::q4_1: return matvec<DType::q4_1>(x, w, bias, y, num_tokens);
-  }
+  matvec(x, w, bias, y, num_tokens);
 }
 
 void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
@@ -554,16 +614,39 @@ void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, flo
   }
 }
 
+namespace {
+int64_t gemm_min_tokens(DType d) {
+  return d == DType::f32 ? k_matmul_gemm_min_tokens_f32
+         : dtype_is_quantized(d) ? k_matmul_gemm_min_tokens_quant
+                                 : k_matmul_gemm_min_tokens_half;
+}
+}  // namespace
+
 void matmul_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
-  const int64_t min_gemm = w.dtype == DType::f32        ? k_matmul_gemm_min_tokens_f32
-                           : dtype_is_quantized(w.dtype) ? k_matmul_gemm_min_tokens_quant
-                                                         : k_matmul_gemm_min_tokens_half;
-  if (num_tokens < min_gemm) return matmul_matvec_cpu(x, w, bias, y, num_tokens);
+  if (num_tokens < gemm_min_tokens(w.dtype)) return matmul_matvec_cpu(x, w, bias, y, num_tokens);
   matmul_gemm_cpu(x, w, bias, y, num_tokens);
 }
 
 void matmul_rowwise_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   matmul_matvec_cpu(x, w, bias, y, num_tokens);
+}
+
+void matmul_multi_cpu(const float* x, const MatmulOut* outs, int count, int64_t num_tokens, bool rowwise) {
+  CHECK(count >= 1 && count <= k_matmul_multi_max) << "matmul_multi: " << count << " matrices";
+  const SimdLevel level = simd_level();
+  const int rest = static_cast<int>(num_tokens % k_block_tokens);
+  MatvecPart parts[k_matmul_multi_max];
+  int n = 0;
+  for (int i = 0; i < count; ++i) {
+    const MatmulOut& o = outs[i];
+    CHECK_EQ(o.w.cols, outs[0].w.cols) << "matmul_multi: the matrices must share their input width";
+    if (!rowwise && num_tokens >= gemm_min_tokens(o.w.dtype)) {
+      matmul_gemm_cpu(x, o.w, o.bias, o.y, num_tokens);  // as matmul_cpu would
+      continue;
+    }
+    parts[n++] = make_part(o.w, o.bias, o.y, level, rest, use_q8act(o.w.dtype, level));
+  }
+  if (n > 0) run_parts(x, parts, n, num_tokens);
 }
 
 }  // namespace snap::kernels

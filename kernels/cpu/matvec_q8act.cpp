@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu/matvec_q8act.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/matvec_act.h"
 
@@ -134,28 +135,6 @@ SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int8_t* q,
   }
 }
 
-// Per call: the quantized rows of every token, [num_tokens] × (cols int8, cols/32 d, cols/32 s).
-struct ActQ8 {
-  std::vector<int8_t> q;
-  std::vector<float> d, s;
-  int64_t cols = 0, nb = 0;
-  void quantize(const float* x, int64_t num_tokens, int64_t c, bool simd) {
-    cols = c;
-    nb = c / k_qk;
-    q.resize(static_cast<size_t>(num_tokens * cols));
-    d.resize(static_cast<size_t>(num_tokens * nb));
-    s.resize(static_cast<size_t>(num_tokens * nb));
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      if (simd) {
-        quantize_row_avx2(x + t * cols, cols, &q[t * cols], &d[t * nb], &s[t * nb]);
-      } else {
-        for (int64_t b = 0; b < nb; ++b)
-          quantize_block_scalar(x + t * cols + b * k_qk, &q[t * cols + b * k_qk], &d[t * nb + b], &s[t * nb + b]);
-      }
-    }
-  }
-};
-
 // --- weight blocks: scale, offset and the 32 quants in element order ------------------
 // q8_0: d, q ∈ [-128, 127]; q4_0: d, nibbles n ∈ [0, 15] with w = d·n − 8d (m = −8d);
 // q4_1: d, m, w = d·n + m. Byte j of the 16 nibble bytes holds element j (low) and j+16 (high).
@@ -200,6 +179,14 @@ void ref_typed(const float* x, const WeightView& w, const float* bias, float* y,
 }
 
 // --- AVX2 ----------------------------------------------------------------------------------
+// f16 → f32 with the F16C instruction (common/dtype.h's portable conversion costs ~10 ops,
+// twice per q4_1 block and row: it made the q4_1 tile no faster than the f32act one).
+SNAP_TARGET_AVX2 inline float load_f16_f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
 // 32 nibbles → 32 bytes in element order (low nibbles in the low lane, high in the high lane).
 SNAP_TARGET_AVX2 inline __m256i nibbles_avx2(const uint8_t* p) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -236,7 +223,7 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ8& a, int64_t t0, const void* w, int64
     for (int k = 0; k < k_block_rows; ++k) {
       const uint8_t* blk = row[k] + b * bb;
       _mm_prefetch(reinterpret_cast<const char*>(blk + k_prefetch_bytes), _MM_HINT_T0);
-      const float dw = load_f16(blk);
+      const float dw = load_f16_f16c(blk);
       if constexpr (D == DType::q8_0) {
         const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
         const __m256i aw = _mm256_sign_epi8(wq, wq);  // |q_w| as u8 (−128 → 128, still right)
@@ -247,12 +234,14 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ8& a, int64_t t0, const void* w, int64
         }
       } else {
         constexpr int k_qs = D == DType::q4_1 ? 4 : 2;
-        const float mw = D == DType::q4_1 ? load_f16(blk + 2) : -8.0f * dw;
+        const float mw = D == DType::q4_1 ? load_f16_f16c(blk + 2) : -8.0f * dw;
         const __m256i wq = nibbles_avx2(blk + k_qs);
         for (int t = 0; t < NT; ++t) {
           const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xv[t]), ones);
           acc[k][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xd[t * nb + b]), acc[k][t]);
-          macc[k][t] += mw * xs[t * nb + b];
+          // An explicit FMA: left to -ffp-contract, some NT instantiations fused it and
+          // others did not, and a token's result then depended on its batch.
+          macc[k][t] = std::fma(mw, xs[t * nb + b], macc[k][t]);
         }
       }
     }
@@ -262,10 +251,8 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ8& a, int64_t t0, const void* w, int64
       y[t * rows + r + k] = hsum_avx2(acc[k][t]) + macc[k][t] + (bias ? bias[r + k] : 0.0f);
 }
 
-using TileFn = void (*)(const ActQ8&, int64_t, const void*, int64_t, const float*, float*, int64_t);
-
 template <DType D>
-TileFn pick(int nt) {
+Q8TileFn pick(int nt) {
   switch (nt) {
     case 1: return tile_avx2<D, 1>;
     case 2: return tile_avx2<D, 2>;
@@ -282,8 +269,8 @@ void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y,
   const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
   const int64_t full_groups = num_tokens / k_block_tokens;
   const int rest = static_cast<int>(num_tokens % k_block_tokens);
-  const TileFn full = pick<D>(k_block_tokens);
-  const TileFn tail = rest ? pick<D>(rest) : nullptr;
+  const Q8TileFn full = pick<D>(k_block_tokens);
+  const Q8TileFn tail = rest ? pick<D>(rest) : nullptr;
   const ActQ8& act = a;
   const bool parallel = rows * w.cols * num_tokens >= k_parallel_min_work;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -306,6 +293,30 @@ void check_weight(const WeightView& w) {
 }
 
 }  // namespace
+
+void ActQ8::quantize(const float* x, int64_t num_tokens, int64_t c, bool simd) {
+  cols = c;
+  nb = c / k_qk;
+  q.resize(static_cast<size_t>(num_tokens * cols));
+  d.resize(static_cast<size_t>(num_tokens * nb));
+  s.resize(static_cast<size_t>(num_tokens * nb));
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (simd) {
+      quantize_row_avx2(x + t * cols, cols, &q[t * cols], &d[t * nb], &s[t * nb]);
+    } else {
+      for (int64_t b = 0; b < nb; ++b)
+        quantize_block_scalar(x + t * cols + b * k_qk, &q[t * cols + b * k_qk], &d[t * nb + b], &s[t * nb + b]);
+    }
+  }
+}
+
+Q8TileFn q8act_tile_avx2(DType d, int nt) {
+  switch (d) {
+    case DType::q8_0: return pick<DType::q8_0>(nt);
+    case DType::q4_0: return pick<DType::q4_0>(nt);
+    default: return pick<DType::q4_1>(nt);
+  }
+}
 
 void quantize_act_q8(const float* x, int64_t cols, int8_t* q, float* d, float* s) {
   CHECK(cols % k_qk == 0) << "quantize_act_q8: cols " << cols << " is not a multiple of 32";

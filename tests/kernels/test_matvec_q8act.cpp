@@ -80,7 +80,7 @@ struct Shape {
 // Every register-block tail (rows % 4, tokens 1..5), 1 row, 1 block, and the SmolLM2 shapes.
 const std::vector<Shape> k_shapes = {
     {1, 32, 1},   {1, 576, 3},   {7, 32, 2},    {7, 64, 5},    {83, 576, 1},  {83, 1536, 4},
-    {769, 64, 3}, {769, 576, 1}, {576, 576, 2}, {1536, 576, 1}, {576, 1536, 5}, {5, 96, 9},
+    {769, 64, 3}, {769, 576, 1}, {576, 576, 2}, {1536, 576, 1}, {576, 1536, 5}, {5, 96, 9}, {4099, 576, 1},
 };
 
 const DType k_types[] = {DType::q8_0, DType::q4_0, DType::q4_1};

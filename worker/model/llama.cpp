@@ -153,10 +153,20 @@ Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_
   }
   // --- attention block: projections over every row of the step
   kernels::rms_norm_cpu(x, lw.attn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
-  const float* q_obs = project_queries(l, h_.data(), positions, n, observed);
+  const float* q_obs = q_.data();
+  if (sh.q_load_heads == sh.num_heads) {  // q, k, v in one region (a replicated KV head: below)
+    const kernels::MatmulOut qkv[3] = {{lw.q_proj.view(), bias(lw.q_bias), q_.data()},
+                                       {lw.k_proj.view(), bias(lw.k_bias), k_.data()},
+                                       {lw.v_proj.view(), bias(lw.v_bias), v_.data()}};
+    project_multi(h_.data(), qkv, 3, n);
+    kernels::rope_cpu(q_.data(), positions, n, sh.num_heads, c.head_dim, inv_freq_.data());
+  } else {
+    q_obs = project_queries(l, h_.data(), positions, n, observed);
+    const kernels::MatmulOut kv[2] = {{lw.k_proj.view(), bias(lw.k_bias), k_.data()},
+                                      {lw.v_proj.view(), bias(lw.v_bias), v_.data()}};
+    project_multi(h_.data(), kv, 2, n);
+  }
   const int64_t q_obs_dim = q_obs == q_.data() ? q_dim : int64_t{sh.q_load_heads} * c.head_dim;
-  project(h_.data(), lw.k_proj.view(), bias(lw.k_bias), k_.data(), n);
-  project(h_.data(), lw.v_proj.view(), bias(lw.v_bias), v_.data(), n);
   kernels::rope_cpu(k_.data(), positions, n, sh.num_kv_heads, c.head_dim, inv_freq_.data());
   // KV and attention: each sequence on its own cache.
   for (const Segment& s : segments) {
@@ -173,8 +183,9 @@ Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_
   for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
   // --- MLP block
   kernels::rms_norm_cpu(x, lw.ffn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
-  project(h_.data(), lw.gate_proj.view(), nullptr, gate_.data(), n);
-  project(h_.data(), lw.up_proj.view(), nullptr, up_.data(), n);
+  const kernels::MatmulOut gate_up[2] = {{lw.gate_proj.view(), nullptr, gate_.data()},
+                                         {lw.up_proj.view(), nullptr, up_.data()}};
+  project_multi(h_.data(), gate_up, 2, n);
   kernels::swiglu_cpu(gate_.data(), up_.data(), gate_.data(), n * sh.ff_size);
   SNAP_RETURN_IF_ERROR(row_parallel(gate_.data(), lw.down_proj, h_.data(), n));
   for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
@@ -228,6 +239,15 @@ void LlamaForward::project(const float* x, const kernels::WeightView& w, const f
   const int64_t p = std::min(prefill_rows_, n);
   if (p > 0) kernels::matmul_cpu(x, w, bias, y, p);
   if (n > p) kernels::matmul_rowwise_cpu(x + p * w.cols, w, bias, y + p * w.rows, n - p);
+}
+
+void LlamaForward::project_multi(const float* x, const kernels::MatmulOut* outs, int count, int64_t n) {
+  const int64_t p = std::min(prefill_rows_, n);
+  if (p > 0) kernels::matmul_multi_cpu(x, outs, count, p, false);
+  if (n == p) return;
+  kernels::MatmulOut rest[kernels::k_matmul_multi_max];
+  for (int i = 0; i < count; ++i) rest[i] = {outs[i].w, outs[i].bias, outs[i].y + p * outs[i].w.rows};
+  kernels::matmul_multi_cpu(x + p * outs[0].w.cols, rest, count, n - p, true);
 }
 
 // The one all-reduce of the model (after o_proj and after down_proj). Without a group

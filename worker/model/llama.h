@@ -19,6 +19,7 @@
 
 #include "comm/communicator.h"
 #include "common/status.h"
+#include "kernels/matmul_multi.h"
 #include "worker/kv/compressor.h"
 #include "worker/kv/paged_kv_cache.h"
 #include "worker/model/weights.h"
@@ -94,6 +95,9 @@ class LlamaForward {
   // y = x·wᵀ (+bias) for n rows: rows [0, prefill_rows_) in one matmul (sgemm for a prompt
   // chunk), the rest row by row invariant (decode rows of a batch).
   void project(const float* x, const kernels::WeightView& w, const float* bias, float* y, int64_t n);
+  // As project() for matrices that read the same x (q/k/v, gate/up): one OpenMP region for all
+  // (kernels/matmul_multi.h), each output bitwise what project() gives it alone.
+  void project_multi(const float* x, const kernels::MatmulOut* outs, int count, int64_t n);
   // A row-parallel projection (o_proj, down_proj): this rank's partial product over its
   // slice of the input features, then the all-reduce that sums the slices over the group
   // in rank order. y [n, hidden_size].

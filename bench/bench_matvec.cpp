@@ -1,0 +1,189 @@
+// Decode matvec benchmark (not a test): one decode token's matvecs over a SmolLM2-135M-shaped
+// stack of random block weights (30 layers × q/k/v/o/gate/up/down + the 49152×576 q8_0 LM
+// head, 92 MiB for q4_1, far beyond the caches, as in a real decode step), timed per pass,
+// against the memory-bandwidth floor: bytes of weights / measured bandwidth (STREAM triad and
+// a read-only sum, both over 3 × 128 MiB). f32act and q8act (kernels/matvec_act.h) run
+// interleaved round by round, so a noisy machine shifts both alike; medians are quoted.
+//   build/bench/bench_matvec [--threads 2] [--dtypes q4_1,q4_0,q8_0] [--acts f32act,q8act]
+//       [--rounds 15] [--tokens 1] [--layers 30]
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/sys.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/kernels.h"
+#include "kernels/matvec_act.h"
+
+namespace snap {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    if (end > pos) out.push_back(s.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return out;
+}
+
+// GB/s, best of 5: triad a = b + s·c (3 arrays moved) and a read-only sum of 3 arrays.
+struct Bandwidth {
+  double triad = 0, read = 0;
+};
+Bandwidth measure_bandwidth() {
+  const int64_t n = 1 << 25;  // 32M floats = 128 MiB per array
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
+  Bandwidth bw;
+  for (int rep = 0; rep < 5; ++rep) {
+    double t0 = now_seconds();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
+    bw.triad = std::max(bw.triad, 3.0 * n * sizeof(float) / (now_seconds() - t0) / 1e9);
+    // The read probe sums the arrays' bits as integers: integer adds vectorize without
+    // reassociation flags (a float sum would be bound by its add latency, not by memory).
+    const auto* ua = reinterpret_cast<const uint32_t*>(a.data());
+    const auto* ub = reinterpret_cast<const uint32_t*>(b.data());
+    const auto* uc = reinterpret_cast<const uint32_t*>(c.data());
+    t0 = now_seconds();
+    uint32_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) sum += ua[i] + ub[i] + uc[i];
+    bw.read = std::max(bw.read, 3.0 * n * sizeof(float) / (now_seconds() - t0) / 1e9);
+    const uint32_t one = 0x3f800000u, two = 0x40000000u;  // bits of 1.0f, 2.0f (a = 2)
+    if (sum != static_cast<uint32_t>(n) * (two + one + two)) std::fprintf(stderr, "bandwidth check failed\n");
+  }
+  return bw;
+}
+
+// Random blocks with finite f16 scales (the values do not matter for speed, only the bytes).
+std::vector<uint8_t> random_blocks(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::vector<uint8_t> data(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (size_t off = 0; off < data.size(); off += static_cast<size_t>(dtype_block_bytes(dtype))) {
+    const uint16_t d = f32_to_f16(0.01f), m = f32_to_f16(-0.05f);
+    std::memcpy(&data[off], &d, 2);
+    if (dtype == DType::q4_1) std::memcpy(&data[off + 2], &m, 2);
+  }
+  return data;
+}
+
+struct Mat {
+  std::vector<uint8_t> bytes;
+  kernels::WeightView view;
+};
+
+}  // namespace
+}  // namespace snap
+
+int main(int argc, char** argv) {
+  using namespace snap;
+  int threads = 2, rounds = 15, layers = 30;
+  int64_t tokens = 1;
+  std::string dtypes_arg = "q4_1,q4_0,q8_0", acts_arg = "f32act,q8act";
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf(
+          "bench_matvec: one decode token's matvecs over a SmolLM2-135M-shaped weight stack vs the bandwidth floor\n"
+          "  --threads N       OpenMP threads (2)\n"
+          "  --dtypes LIST     layer weight types among q4_1,q4_0,q8_0 (all three); the LM head is q8_0\n"
+          "  --acts LIST       matvec activation modes among f32act,q8act (both), interleaved per round\n"
+          "  --rounds N        timed passes per mode (15); the median is printed\n"
+          "  --tokens N        rows per matvec call (1: one decode token)\n"
+          "  --layers N        transformer layers in the stack (30, as SmolLM2-135M)\n");
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_matvec: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (k == "--threads") threads = std::atoi(v.c_str());
+    else if (k == "--dtypes") dtypes_arg = v;
+    else if (k == "--acts") acts_arg = v;
+    else if (k == "--rounds") rounds = std::atoi(v.c_str());
+    else if (k == "--tokens") tokens = std::atoll(v.c_str());
+    else if (k == "--layers") layers = std::atoi(v.c_str());
+    else {
+      std::fprintf(stderr, "bench_matvec: unknown flag %s (see --help)\n", k.c_str());
+      return 2;
+    }
+  }
+  if (threads < 1 || rounds < 1 || tokens < 1 || layers < 1) {
+    std::fprintf(stderr, "bench_matvec: --threads, --rounds, --tokens and --layers must be >= 1\n");
+    return 2;
+  }
+  std::vector<kernels::MatvecAct> acts;
+  for (const std::string& a : split(acts_arg)) {
+    kernels::MatvecAct act;
+    if (!kernels::matvec_act_from_name(a, &act)) {
+      std::fprintf(stderr, "bench_matvec: unknown activation mode '%s' (f32act|q8act)\n", a.c_str());
+      return 2;
+    }
+    acts.push_back(act);
+  }
+  omp_set_num_threads(threads);
+  const Bandwidth bw = measure_bandwidth();
+  std::printf("threads %d, simd %s, tokens %lld, bandwidth triad %.1f GB/s, read %.1f GB/s\n", threads,
+              kernels::simd_level_name(), (long long)tokens, bw.triad, bw.read);
+  std::printf("%-6s %-7s %9s %10s %8s %10s %10s\n", "dtype", "act", "MiB", "ms/token", "GB/s", "x_triad", "x_read");
+  // [rows, cols] of one layer: q, k, v, o, gate, up, down (hidden 576, kv 192, ff 1536).
+  const int64_t shapes[7][2] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};
+  for (const std::string& name : split(dtypes_arg)) {
+    const DType dtype = name == "q4_0" ? DType::q4_0 : name == "q8_0" ? DType::q8_0 : DType::q4_1;
+    if (name != dtype_name(dtype)) {
+      std::fprintf(stderr, "bench_matvec: unknown weight type '%s' (q4_1|q4_0|q8_0)\n", name.c_str());
+      return 2;
+    }
+    std::mt19937 rng(1);
+    std::vector<Mat> mats;
+    for (int l = 0; l < layers; ++l)
+      for (const auto& s : shapes) mats.push_back({random_blocks(dtype, s[0], s[1], rng), {}});
+    mats.push_back({random_blocks(DType::q8_0, 49152, 576, rng), {}});
+    int64_t bytes = 0, idx = 0;
+    for (Mat& m : mats) {
+      const bool head = idx == static_cast<int64_t>(mats.size()) - 1;
+      const int64_t rows = head ? 49152 : shapes[idx % 7][0], cols = head ? 576 : shapes[idx % 7][1];
+      m.view = {head ? DType::q8_0 : dtype, m.bytes.data(), rows, cols};
+      bytes += static_cast<int64_t>(m.bytes.size());
+      ++idx;
+    }
+    std::vector<float> x(static_cast<size_t>(tokens * 1536)), y(static_cast<size_t>(tokens * 49152));
+    std::mt19937 xr(2);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& v : x) v = u(xr);
+    std::vector<std::vector<double>> times(acts.size());
+    for (int r = -1; r < rounds; ++r) {  // round -1 warms up
+      for (size_t a = 0; a < acts.size(); ++a) {
+        kernels::matvec_act_set(acts[a]);
+        const double t0 = now_seconds();
+        for (const Mat& m : mats) kernels::matmul_matvec_cpu(x.data(), m.view, nullptr, y.data(), tokens);
+        if (r >= 0) times[a].push_back(now_seconds() - t0);
+      }
+    }
+    for (size_t a = 0; a < acts.size(); ++a) {
+      const double t = median(times[a]);
+      const double gbs = bytes / t / 1e9;
+      std::printf("%-6s %-7s %9.1f %10.2f %8.1f %10.2f %10.2f\n", name.c_str(), kernels::matvec_act_name(acts[a]),
+                  bytes / 1048576.0, t * 1e3, gbs, bw.triad / gbs, bw.read / gbs);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,32 @@
+// add_cpu_flags (cpu_flags.h): registration, help text and the --matvec callback.
+#include "coordinator/http/cpu_flags.h"
+
+#include <string>
+
+#include "kernels/matvec_act.h"
+#include "kernels/thread_wait.h"
+
+namespace snap {
+
+void add_cpu_flags(CLI::App* cmd) {
+  cmd->add_option_function<std::string>(
+         "--matvec",
+         [](const std::string& v) {
+           kernels::MatvecAct act = kernels::MatvecAct::f32;
+           kernels::matvec_act_from_name(v, &act);
+           kernels::matvec_act_set(act);
+         },
+         "Decode matvec for q8_0/q4_0/q4_1 weights: f32act (default; weights dequantized in registers, f32 "
+         "activations) or q8act (activations quantized to int8 blocks of 32 once per matvec, integer dot "
+         "products; changes logits slightly, see README \"CPU decode\"); env SNAP_MATVEC sets the default")
+      ->check(CLI::IsMember({"f32act", "q8act"}));
+  cmd->add_option("--threads-wait", "How idle compute threads wait between parallel regions: spin (libgomp's "
+                                    "default: fastest on an idle machine, collapses when other processes compete "
+                                    "for the cores), passive (sleep at once), auto (default: spin ~0.1 ms, then "
+                                    "sleep). Sets GOMP_SPINCOUNT / OMP_WAIT_POLICY and restarts the program once; "
+                                    "ignored when you set either variable yourself; env SNAP_THREADS_WAIT")
+      ->type_name("TEXT")
+      ->check(CLI::IsMember({"spin", "passive", "auto"}));
+}
+
+}  // namespace snap

@@ -1,0 +1,40 @@
+// How idle OpenMP threads wait between parallel regions (libgomp). A decode step runs a few
+// hundred short regions; spinning threads (libgomp's default: ~300k pause loops, several ms)
+// make that collapse when another process competes for the cores, passive ones (futex sleep)
+// cost a wake-up per region on an idle machine. libgomp reads OMP_WAIT_POLICY/GOMP_SPINCOUNT
+// once, when it is loaded, before main() runs, so threads_wait_setup() sets them and re-executes
+// the program once (same pid, same argv) when they must change.
+#pragma once
+
+#include <string>
+
+namespace snap::kernels {
+
+enum class ThreadsWait : unsigned char { spin, passive, auto_ };
+
+// "spin" | "passive" | "auto" -> true and *out set; anything else -> false.
+bool threads_wait_from_name(const std::string& name, ThreadsWait* out);
+const char* threads_wait_name(ThreadsWait w);
+
+// The environment a mode asks for (empty value: leave that variable unset):
+//   spin:    libgomp's defaults (OMP_WAIT_POLICY unset, GOMP_SPINCOUNT unset)
+//   passive: OMP_WAIT_POLICY=PASSIVE (sleep at once)
+//   auto:    GOMP_SPINCOUNT=k_threads_wait_auto_spins: spin ~0.1 ms, then sleep
+struct ThreadsWaitEnv {
+  std::string wait_policy, spin_count;
+};
+ThreadsWaitEnv threads_wait_env(ThreadsWait w);
+
+// Call first thing in main(), before any OpenMP region. The mode comes from argv
+// (`--threads-wait MODE` or `--threads-wait=MODE`, anywhere), else env SNAP_THREADS_WAIT,
+// else auto. If the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT themselves, nothing changes.
+// Otherwise, when the environment differs from what the mode asks for, it is set and the
+// program re-executes itself once (/proc/self/exe). Returns 0, or 2 after printing a one-line
+// error for an unknown mode (the caller exits with it).
+int threads_wait_setup(int argc, char** argv);
+
+// What this process runs with, for the startup line: e.g. "auto (GOMP_SPINCOUNT=4000)",
+// "spin (libgomp default)", "user (OMP_WAIT_POLICY=passive)".
+std::string threads_wait_describe();
+
+}  // namespace snap::kernels
