@@ -5,6 +5,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 
 #include "common/check.h"
@@ -151,6 +154,97 @@ SNAP_TARGET_AVX2 void scale_avx2(float* acc, int hd, float f) {
   for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), fv));
 }
 
+// --- AVX2, four query rows at a time (prefill) -------------------------------------------
+// The same arithmetic as scores_avx2 / accumulate_avx2 for each row — same FMA chains, same
+// horizontal sum, every acc element updated in key order — so a row's bits do not depend on
+// whether it ran in a tile (prefill) or alone (decode, tails). What the tile saves: each
+// K/V register is loaded (and for 16-bit/q8_0 KV converted) once for 4 rows instead of once
+// per row, which is most of the non-FMA work of the row kernels.
+template <class L>
+SNAP_TARGET_AVX2 void scores4_avx2(const float* const* q, const void* kp, int64_t n, int hd, float* const* s) {
+  const auto* k = static_cast<const uint8_t*>(kp);
+  const int64_t rb = L::row_bytes(hd);
+  const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* kj = k + j * rb;
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    int i = 0;
+    for (; i + 16 <= hd; i += 16) {
+      const __m256 kl = L::load8(kj, i, hd), kh = L::load8(kj, i + 8, hd);
+      a00 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kl, a00);
+      a01 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), kh, a01);
+      a10 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kl, a10);
+      a11 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), kh, a11);
+      a20 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kl, a20);
+      a21 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), kh, a21);
+      a30 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kl, a30);
+      a31 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), kh, a31);
+    }
+    if (i < hd) {
+      const __m256 kl = L::load8(kj, i, hd);
+      a00 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kl, a00);
+      a10 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kl, a10);
+      a20 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kl, a20);
+      a30 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kl, a30);
+    }
+    s[0][j] = hsum_avx2(_mm256_add_ps(a00, a01));
+    s[1][j] = hsum_avx2(_mm256_add_ps(a10, a11));
+    s[2][j] = hsum_avx2(_mm256_add_ps(a20, a21));
+    s[3][j] = hsum_avx2(_mm256_add_ps(a30, a31));
+  }
+}
+// 16 dims of 4 rows in 8 registers per pass (accumulate_avx2 holds 32 dims of one row; the
+// width does not change any element's chain of FMAs).
+template <class L>
+SNAP_TARGET_AVX2 void accumulate4_avx2(float* const* acc, const float* const* p, const void* vp, int64_t n, int hd) {
+  const auto* v = static_cast<const uint8_t*>(vp);
+  const int64_t rb = L::row_bytes(hd);
+  int i = 0;
+  for (; i + 16 <= hd; i += 16) {
+    __m256 a00 = _mm256_loadu_ps(acc[0] + i), a01 = _mm256_loadu_ps(acc[0] + i + 8);
+    __m256 a10 = _mm256_loadu_ps(acc[1] + i), a11 = _mm256_loadu_ps(acc[1] + i + 8);
+    __m256 a20 = _mm256_loadu_ps(acc[2] + i), a21 = _mm256_loadu_ps(acc[2] + i + 8);
+    __m256 a30 = _mm256_loadu_ps(acc[3] + i), a31 = _mm256_loadu_ps(acc[3] + i + 8);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* vj = v + j * rb;
+      const __m256 vl = L::load8(vj, i, hd), vh = L::load8(vj, i + 8, hd);
+      const __m256 p0 = _mm256_set1_ps(p[0][j]), p1 = _mm256_set1_ps(p[1][j]);
+      const __m256 p2 = _mm256_set1_ps(p[2][j]), p3 = _mm256_set1_ps(p[3][j]);
+      a00 = _mm256_fmadd_ps(p0, vl, a00);
+      a01 = _mm256_fmadd_ps(p0, vh, a01);
+      a10 = _mm256_fmadd_ps(p1, vl, a10);
+      a11 = _mm256_fmadd_ps(p1, vh, a11);
+      a20 = _mm256_fmadd_ps(p2, vl, a20);
+      a21 = _mm256_fmadd_ps(p2, vh, a21);
+      a30 = _mm256_fmadd_ps(p3, vl, a30);
+      a31 = _mm256_fmadd_ps(p3, vh, a31);
+    }
+    _mm256_storeu_ps(acc[0] + i, a00);
+    _mm256_storeu_ps(acc[0] + i + 8, a01);
+    _mm256_storeu_ps(acc[1] + i, a10);
+    _mm256_storeu_ps(acc[1] + i + 8, a11);
+    _mm256_storeu_ps(acc[2] + i, a20);
+    _mm256_storeu_ps(acc[2] + i + 8, a21);
+    _mm256_storeu_ps(acc[3] + i, a30);
+    _mm256_storeu_ps(acc[3] + i + 8, a31);
+  }
+  for (; i < hd; i += 8) {
+    __m256 a0 = _mm256_loadu_ps(acc[0] + i), a1 = _mm256_loadu_ps(acc[1] + i);
+    __m256 a2 = _mm256_loadu_ps(acc[2] + i), a3 = _mm256_loadu_ps(acc[3] + i);
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 vv = L::load8(v + j * rb, i, hd);
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[0][j]), vv, a0);
+      a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[1][j]), vv, a1);
+      a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[2][j]), vv, a2);
+      a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[3][j]), vv, a3);
+    }
+    _mm256_storeu_ps(acc[0] + i, a0);
+    _mm256_storeu_ps(acc[1] + i, a1);
+    _mm256_storeu_ps(acc[2] + i, a2);
+    _mm256_storeu_ps(acc[3] + i, a3);
+  }
+}
+
 // --- AVX-512 ---------------------------------------------------------------------------
 template <class L>
 SNAP_TARGET_AVX512 void scores_avx512(const float* q, const void* kp, int64_t n, int hd, float* s) {
@@ -230,11 +324,23 @@ BlockOps block_ops_for(int head_dim) {
   if (level == SimdLevel::avx512 && head_dim % 16 == 0)
     return {scores_avx512<L>, exp_sum_avx512, accumulate_avx512<L>, scale_avx512};
   if (level != SimdLevel::scalar && head_dim % 8 == 0)
-    return {scores_avx2<L>, exp_sum_avx2, accumulate_avx2<L>, scale_avx2};
+    return {scores_avx2<L>, exp_sum_avx2, accumulate_avx2<L>, scale_avx2, scores4_avx2<L>, accumulate4_avx2<L>};
   return {scores_scalar<L>, exp_sum_scalar, accumulate_scalar<L>, scale_scalar};
 }
 
 }  // namespace
+
+namespace {
+// SNAP_ATTENTION_TILES=0 starts with the tiles off (benchmarks compare both in one binary).
+bool tiles_from_env() {
+  const char* e = std::getenv("SNAP_ATTENTION_TILES");
+  return e == nullptr || std::string(e) != "0";
+}
+std::atomic<bool> g_tiles{tiles_from_env()};
+}  // namespace
+
+void attention_tiles_override(bool on) { g_tiles.store(on); }
+bool attention_tiles_enabled() { return g_tiles.load(std::memory_order_relaxed); }
 
 BlockOps attention_block_ops(int head_dim, DType kv_dtype) {
   switch (kv_dtype) {
@@ -245,7 +351,8 @@ BlockOps attention_block_ops(int head_dim, DType kv_dtype) {
       // At most AVX2, also on AVX-512 machines: the machines this was written on have no
       // AVX-512 to test a q8_0 AVX-512 path with (no untested kernels).
       if (simd_level() != SimdLevel::scalar && head_dim % 8 == 0)
-        return {scores_avx2<LoadQ8>, exp_sum_avx2, accumulate_avx2<LoadQ8>, scale_avx2};
+        return {scores_avx2<LoadQ8>, exp_sum_avx2,           accumulate_avx2<LoadQ8>,
+                scale_avx2,          scores4_avx2<LoadQ8>,   accumulate4_avx2<LoadQ8>};
       return {scores_scalar<LoadQ8>, exp_sum_scalar, accumulate_scalar<LoadQ8>, scale_scalar};
     default: break;
   }

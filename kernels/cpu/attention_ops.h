@@ -4,6 +4,8 @@
 // rows of a run are kv_row_bytes(kv_dtype, hd) apart); q, p, acc and every sum are f32.
 //   scores: s[j] = dot(q, k_j), j < n; exp_sum: s[j] = e^(s[j]−m), returns Σ;
 //   accumulate: acc += Σ_j p[j]·v_j; scale: acc *= f.
+// scores4/accumulate4 (the AVX2 set only; null elsewhere) do the same for 4 query rows
+// against the same keys, bit-equal to 4 calls of scores/accumulate: prefill tiles rows.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,16 @@ struct BlockOps {
   float (*exp_sum)(float* s, int64_t n, float m);
   void (*accumulate)(float* acc, const float* p, const void* v, int64_t n, int hd);  // v: [n, hd] of kv_dtype
   void (*scale)(float* acc, int hd, float f);
+  // s[r][j] = dot(q[r], k_j) and acc[r] += Σ_j p[r][j]·v_j for r < 4; may be null.
+  void (*scores4)(const float* const* q, const void* k, int64_t n, int hd, float* const* s) = nullptr;
+  void (*accumulate4)(float* const* acc, const float* const* p, const void* v, int64_t n, int hd) = nullptr;
 };
+
+// Tests and benchmarks turn the 4-row tiles of attention_paged_cpu off (on by default;
+// env SNAP_ATTENTION_TILES=0 starts with them off) to compare against the row-at-a-time
+// path; not to be called while a kernel runs.
+void attention_tiles_override(bool on);
+bool attention_tiles_enabled();
 
 // The fastest set for this CPU (kernels/cpu/simd.h) that supports head_dim: AVX2 needs
 // head_dim % 8 == 0, AVX-512 head_dim % 16 == 0 (every Llama-family head_dim is 64 or 128).

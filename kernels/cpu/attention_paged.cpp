@@ -1,4 +1,6 @@
 // Causal GQA attention over a paged per-KV-head cache (kernels/attention_paged.h).
+// Prefill rows go 4 at a time through the AVX2 tile ops where they share keys (bit-equal to
+// the row path: see attention_ops.h), the rest row by row.
 // attention_paged_ref: per (token, head), f64 two-pass softmax over every key, masked by
 // position; relies on nothing but the view. attention_paged_cpu: the flash-attention scheme
 // of attention.cpp — work item (KV head, tile of ≤16 queries, KV split), online softmax per
@@ -127,7 +129,7 @@ void prefetch_keys(const PagedKv& kv, const PagedKvHead& h, int64_t a, int64_t b
 struct Scratch {
   std::vector<RowState> state;  // [rows]
   std::vector<float> acc, qs;   // [rows, head_dim]
-  std::vector<float> s;         // [k_key_chunk]
+  std::vector<float> s;         // [4, k_key_chunk]: the scores of up to 4 rows (a tile)
   std::vector<KeyRange> vis;    // [k_query_tile]
 };
 
@@ -159,33 +161,87 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
     std::fill(sc.acc.begin() + r * hd, sc.acc.begin() + (r + 1) * hd, 0.0f);
     sc.state[r] = RowState{};
   }
-  float* s = sc.s.data();
+  // The row-at-a-time steps over keys [a, b) of one chunk, s_r holding key a's score first.
+  auto scores = [&](int64_t r, int64_t a, int64_t b, float* s_r) {
+    const float* qr = sc.qs.data() + r * hd;
+    for_each_run(kv, head, layout, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
+      ops.scores(qr, kv_row(kv.k_base, layout, kv.k_block_stride, blk, slot), count, hd, s_r + off);
+    });
+  };
+  auto softmax = [&](int64_t r, float* s_r, int64_t n) {  // s_r[0, n) → e^(s − m), running (m, l)
+    RowState& st = sc.state[r];
+    float m = st.m;
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, s_r[j]);
+    if (m > st.m) {
+      const float f = std::exp(st.m - m);  // 0 on the first chunk (m was −inf)
+      st.l *= f;
+      ops.scale(sc.acc.data() + r * hd, hd, f);
+      st.m = m;
+    }
+    st.l += ops.exp_sum(s_r, n, st.m);
+  };
+  auto accumulate = [&](int64_t r, int64_t a, int64_t b, const float* p_r) {
+    float* acc = sc.acc.data() + r * hd;
+    for_each_run(kv, head, layout, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
+      ops.accumulate(acc, p_r + off, kv_row(kv.v_base, layout, kv.v_block_stride, blk, slot), count, hd);
+    });
+  };
+  const bool tiles = ops.scores4 != nullptr && attention_tiles_enabled();
   for (int64_t j0 = lo_all; j0 < hi_all; j0 += k_key_chunk) {
     const int64_t j1 = std::min(hi_all, j0 + k_key_chunk);
     prefetch_keys(kv, head, j1, std::min(hi_all, j1 + k_key_chunk), layout);
-    for (int64_t r = 0; r < num_rows; ++r) {
-      const KeyRange& vis = sc.vis[r / group];
-      const int64_t a = std::max(j0, vis.lo), b = std::min(j1, vis.hi);
-      if (a >= b) continue;
-      const int64_t n = b - a;
-      const float* qr = sc.qs.data() + r * hd;
-      float* acc = sc.acc.data() + r * hd;
-      RowState& st = sc.state[r];
-      for_each_run(kv, head, layout, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
-        ops.scores(qr, kv_row(kv.k_base, layout, kv.k_block_stride, blk, slot), count, hd, s + off);
-      });
-      float m = st.m;
-      for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
-      if (m > st.m) {
-        const float f = std::exp(st.m - m);  // 0 on the first chunk (m was −inf)
-        st.l *= f;
-        ops.scale(acc, hd, f);
-        st.m = m;
+    for (int64_t r0 = 0; r0 < num_rows;) {
+      // Four rows share the keys [A, B) every one of them sees in this chunk: those run as a
+      // tile (each K/V row loaded once for the four); what only some see runs per row, in key
+      // order around the tile so every acc element is summed in the order of the row path.
+      int64_t a[4], b[4], A = j0, B = j1;
+      const int64_t rows = tiles && r0 + 4 <= num_rows ? 4 : 1;
+      for (int64_t i = 0; i < rows; ++i) {
+        const KeyRange& vis = sc.vis[(r0 + i) / group];
+        a[i] = std::max(j0, vis.lo);
+        b[i] = std::min(j1, vis.hi);
+        A = std::max(A, a[i]);
+        B = std::min(B, b[i]);
       }
-      st.l += ops.exp_sum(s, n, st.m);
-      for_each_run(kv, head, layout, a, b, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
-        ops.accumulate(acc, s + off, kv_row(kv.v_base, layout, kv.v_block_stride, blk, slot), count, hd);
+      if (rows == 1 || A >= B) {  // one row, or four without a common key: row by row
+        for (int64_t r = r0; r < r0 + rows; ++r) {
+          const KeyRange& vis = sc.vis[r / group];
+          const int64_t ar = std::max(j0, vis.lo), br = std::min(j1, vis.hi);
+          if (ar >= br) continue;
+          float* s_r = sc.s.data() + (r - r0) * k_key_chunk;
+          scores(r, ar, br, s_r);
+          softmax(r, s_r, br - ar);
+          accumulate(r, ar, br, s_r);
+        }
+        r0 += rows;
+        continue;
+      }
+      float* s_r[4];
+      const float* q_r[4];
+      float* acc_r[4];
+      for (int64_t i = 0; i < 4; ++i) {
+        s_r[i] = sc.s.data() + i * k_key_chunk;
+        q_r[i] = sc.qs.data() + (r0 + i) * hd;
+        acc_r[i] = sc.acc.data() + (r0 + i) * hd;
+        scores(r0 + i, a[i], A, s_r[i]);
+        scores(r0 + i, B, b[i], s_r[i] + (B - a[i]));
+      }
+      for_each_run(kv, head, layout, A, B, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
+        float* s_at[4];
+        for (int64_t i = 0; i < 4; ++i) s_at[i] = s_r[i] + (A - a[i]) + off;
+        ops.scores4(q_r, kv_row(kv.k_base, layout, kv.k_block_stride, blk, slot), count, hd, s_at);
       });
+      for (int64_t i = 0; i < 4; ++i) {
+        softmax(r0 + i, s_r[i], b[i] - a[i]);
+        accumulate(r0 + i, a[i], A, s_r[i]);
+      }
+      for_each_run(kv, head, layout, A, B, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
+        const float* p_at[4];
+        for (int64_t i = 0; i < 4; ++i) p_at[i] = s_r[i] + (A - a[i]) + off;
+        ops.accumulate4(acc_r, p_at, kv_row(kv.v_base, layout, kv.v_block_stride, blk, slot), count, hd);
+      });
+      for (int64_t i = 0; i < 4; ++i) accumulate(r0 + i, B, b[i], s_r[i] + (B - a[i]));
+      r0 += 4;
     }
   }
 }
@@ -256,7 +312,7 @@ void attention_paged_cpu(const float* q, const int32_t* q_positions, int64_t num
     sc.state.resize(static_cast<size_t>(rows_per_tile));
     sc.acc.resize(static_cast<size_t>(rows_per_tile * hd));
     sc.qs.resize(static_cast<size_t>(rows_per_tile * hd));
-    sc.s.resize(static_cast<size_t>(k_key_chunk));
+    sc.s.resize(static_cast<size_t>(4 * k_key_chunk));
     sc.vis.resize(static_cast<size_t>(k_query_tile));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < base_items * splits; ++item) {
