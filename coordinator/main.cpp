@@ -17,6 +17,7 @@
 #include "comm/bootstrap.h"
 #include "coordinator/batch/batch_cli.h"
 #include "common/sys.h"
+#include "coordinator/engine/device_spec.h"
 #include "coordinator/engine/generate.h"
 #include "coordinator/engine/logits_dump.h"
 #include "coordinator/engine/model_path.h"
@@ -79,6 +80,7 @@ struct GenerateArgs {
   int64_t kv_cache_mib = 0;
   std::string dump_kv_selection;
   std::string weight_dtype = "auto";
+  std::string device = "cpu";  // --device cpu | cuda[:N]
 };
 
 Result<KvPolicy> kv_policy_from_args(const GenerateArgs& a) {
@@ -150,11 +152,36 @@ void report_tp(const comm::Communicator& comm, const LoadedModel& model, const G
                    std::max(st.prefill_seconds + st.decode_seconds, 1e-9));
 }
 
-int run_generate_leader(const GenerateArgs& a, const LoadedModel& model, StepDriver& driver, double load_seconds);
+int run_generate_leader(const GenerateArgs& a, const LoadedModel& model, StepDriver* driver, DeviceGenerator* device,
+                        double load_seconds);
+
+// --device cuda[:N]: one process, the whole model on one GPU (coordinator/engine/device_spec.h);
+// tokenizer, prompt, sampling and the report as on the CPU. The device is checked before
+// anything is loaded, so a machine without one fails at once.
+int run_generate_device(const GenerateArgs& a) {
+  auto dev = parse_device(a.device);
+  if (!dev.ok()) return fail(dev.status().message());
+  if (a.parallel.tp > 1 || a.parallel.world_size > 1)
+    return fail("--device " + dev->name() + " runs the model on one GPU; --tp/--world-size are CPU-only for now");
+  const Status usable = check_device(*dev);
+  if (!usable.ok()) return fail(usable.message());
+  auto policy = kv_policy_from_args(a);
+  if (!policy.ok()) return fail(policy.status().message());
+  LoadOptions opts;  // dequantized at load; bf16 on the host too (the device stores bf16)
+  opts.keep_quantized = false;
+  opts.weight_dtype = DType::bf16;
+  const double t_load = now_seconds();
+  auto model = load_model(a.model, opts);
+  if (!model.ok()) return fail(model.status().message());
+  auto device = open_device_generator(*dev, *model);
+  if (!device.ok()) return fail(device.status().message());
+  return run_generate_leader(a, *model, nullptr, device->get(), now_seconds() - t_load);
+}
 
 // Every rank: find its place in the launcher's world, load its shard, agree that all ranks
 // loaded, then rank 0 leads (run_generate_leader) and the others run plans until it is done.
 int run_generate(const GenerateArgs& a) {
+  if (a.device != "cpu") return run_generate_device(a);
   auto launch = start_tensor_parallel("generate", a.parallel);
   if (!launch.ok()) return fail(launch.status().message());
   const comm::World* world = &launch->world();
@@ -183,13 +210,14 @@ int run_generate(const GenerateArgs& a) {
     return 0;
   }
   StepDriver driver(worker, comm.get());
-  const int rc = run_generate_leader(a, *model, driver, load_seconds);
+  const int rc = run_generate_leader(a, *model, &driver, nullptr, load_seconds);
   Status st = driver.shutdown();
   if (!st.ok() && rc == 0) return fail(st.message());
   return rc;
 }
 
-int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, StepDriver& driver, double load_seconds) {
+int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, StepDriver* driver, DeviceGenerator* device,
+                        double load_seconds) {
   const LoadedModel* model = &model_ref;
   std::string text = a.prompt;
   if (!a.prompt_file.empty()) {
@@ -247,7 +275,7 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
     dump.reset(w.value());
     hooks.on_prompt_logits = [&](int64_t, const float* row) { dump->write_row(row); };
   }
-  comm::Communicator* comm = driver.comm();
+  comm::Communicator* comm = driver ? driver->comm() : nullptr;
   comm::CommStats after_prefill;
   hooks.on_prefilled = [&](const PagedKvCache&) {
     if (comm) after_prefill = comm->stats();
@@ -262,7 +290,7 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
     return true;
   };
 
-  auto result = generate(driver, req, hooks);
+  auto result = device ? device->generate(req, hooks) : generate(*driver, req, hooks);
   if (!result.ok()) return fail(result.status().message());
   const std::string tail = decoder.flush();
   std::fwrite(tail.data(), 1, tail.size(), stdout);
@@ -296,6 +324,7 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
                human_bytes(model->weights.nbytes()).c_str(), human_bytes(st.kv_pool_peak_bytes).c_str(),
                dtype_name(st.kv_dtype), st.layerwise ? (req.kv_policy.layerwise ? "layer-wise" : "layer-wise (auto: lower peak)") : "chunked",
                human_bytes(st.scratch_peak_bytes).c_str(), human_bytes(std::max<int64_t>(0, tokenizer_bytes)).c_str());
+  if (device) std::fprintf(stderr, "snapserve: %s\n", device->describe_memory().c_str());
   if (comm && comm->group_size() > 1) report_tp(*comm, *model, st, after_prefill);
   return 0;
 }
@@ -400,6 +429,10 @@ int main(int argc, char** argv) {
   gen->add_flag("--ignore-eos", g.ignore_eos, "Keep generating past end-of-sequence tokens");
   gen->add_option("--dump-logits", g.dump_logits, "Write every prompt position's logits to FILE (format: tools/read_logits.py)");
   add_tp_options(gen, g.parallel, "generate");
+  gen->add_option("--device", g.device,
+                  "Where the model runs: cpu (default; the reference) or cuda / cuda:N (the whole model on GPU N: "
+                  "bf16 weights and KV cache, kv policies full, snapkv, pyramidkv, streaming; fails at once "
+                  "without a GPU or in a build without CUDA)");
   gen->add_option("--prefill-chunk", g.prefill_chunk, "Prompt tokens per prefill step (default 512)")->check(CLI::Range(1, 1 << 20));
   gen->add_option("--weight-dtype", g.weight_dtype,
                   "Storage of projection weights: auto (default: GGUF q8_0/q4_0/q4_1 kept as is, others f32), "

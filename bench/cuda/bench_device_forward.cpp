@@ -5,6 +5,11 @@
 // SnapKV (budget 2048, window 32, on the device: compress_snapkv) and its decode. The
 // 32-layer figures are the measured ones scaled by 32 / layers — an estimate that counts the
 // LM head 32/layers times, so it overstates the time; say so when quoting it.
+// The HBM floor of a decode step: (weight bytes + the K/V bytes the step reads) / the device
+// bandwidth measured here (a 1 GiB device-to-device copy, read + write counted); the goal is
+// measured / floor <= 1.5. Then the same contexts through the DeviceGenerator — what
+// `snapserve generate --device cuda` runs (host sampling loop, greedy on the device) — full
+// and snapkv 2048, decode ms/token from its own stats.
 //   usage: bench_device_forward --model DIR [--contexts 8192,32768] [--decode 16]
 #include <cuda_runtime.h>
 
@@ -17,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/engine/device_spec.h"
 #include "worker/device/device_forward.h"
 #include "worker/device/device_kv_pool.h"
 #include "worker/device/device_weights.h"
@@ -79,6 +85,33 @@ int main(int argc, char** argv) {
 
   cudaStream_t stream;
   if (cudaStreamCreate(&stream) != cudaSuccess) return fail("cudaStreamCreate failed");
+  // Device bandwidth: 1 GiB copied device to device, best of 5, read + write bytes.
+  double bw = 0;
+  {
+    const size_t bytes = size_t{1} << 30;
+    void *a = nullptr, *b = nullptr;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return fail("cudaMalloc 2 GiB");
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int r = 0; r < 6; ++r) {
+      cudaEventRecord(e0, stream);
+      cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream);
+      cudaEventRecord(e1, stream);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (r > 0) bw = std::max(bw, 2.0 * bytes / (ms * 1e-3));  // the first warms up
+    }
+    cudaFree(a);
+    cudaFree(b);
+  }
+  std::printf("  device-to-device bandwidth %.0f GB/s (read + write)\n", bw / 1e9);
+  // Bytes one decode step reads: every weight once + K and V of `kv_len` entries per head.
+  const auto floor_ms = [&](int64_t kv_len) {
+    const double kv = 2.0 * c.num_layers * c.num_kv_heads * kv_len * c.head_dim * 2;
+    return ((*weights)->bytes + kv) / bw * 1e3;
+  };
   int64_t max_ctx = 0;
   for (int64_t x : contexts) max_ctx = std::max(max_ctx, x);
   const int64_t kv_tokens = max_ctx + decode + 64;
@@ -87,8 +120,8 @@ int main(int argc, char** argv) {
   if (!pool.ok()) return fail(pool.status().to_string());
   snap::DeviceForward fwd(c, **weights, **pool);
 
-  std::printf("  %-8s %13s %12s %12s %12s %14s %14s\n", "context", "prefill tok/s", "full ms/tok", "snapkv ms/tok",
-              "select ms", "full x32/L", "snapkv x32/L");
+  std::printf("  %-8s %13s %12s %12s %12s %14s %14s %11s %11s\n", "context", "prefill tok/s", "full ms/tok",
+              "snapkv ms/tok", "select ms", "full x32/L", "snapkv x32/L", "full/floor", "snapkv/floor");
   snap::kernels::SnapKvCudaParams sp;  // budget 2048, window 32, max pooling 7, mean over the group
   sp.budget = 2048;
   for (int64_t ctx : contexts) {
@@ -123,9 +156,37 @@ int main(int argc, char** argv) {
       if (!st.ok()) return fail(st.to_string());
     }
     const double scale = 32.0 / c.num_layers;
-    std::printf("  %-8lld %13.0f %12.2f %12.2f %12.1f %14.2f %14.2f\n", static_cast<long long>(ctx), ctx / prefill_s,
-                ms[0], ms[1], select_ms, ms[0] * scale, ms[1] * scale);
+    const int64_t mid = decode / 2;  // the average KV length over the decode steps
+    std::printf("  %-8lld %13.0f %12.2f %12.2f %12.1f %14.2f %14.2f %11.2f %11.2f\n", static_cast<long long>(ctx),
+                ctx / prefill_s, ms[0], ms[1], select_ms, ms[0] * scale, ms[1] * scale, ms[0] / floor_ms(ctx + mid),
+                ms[1] / floor_ms(std::min<int64_t>(ctx, sp.budget) + mid));
   }
   std::printf("  device scratch %.1f MB, KV pool %.2f GB\n", fwd.scratch_bytes() / 1e6, pool_bytes / 1e9);
+
+  // The generate path (DeviceGenerator): the same prompts, full and snapkv 2048.
+  snap::DeviceSpec spec;
+  spec.kind = snap::DeviceKind::cuda;
+  auto gen = snap::open_device_generator(spec, *model);
+  if (!gen.ok()) return fail(gen.status().to_string());
+  std::printf("  generate --device cuda (DeviceGenerator): decode ms/token, %d tokens after the prompt\n", decode);
+  std::printf("  %-8s %12s %12s %14s\n", "context", "full ms/tok", "snapkv ms/tok", "snapkv KV x");
+  for (int64_t ctx : contexts) {
+    snap::GenerateRequest req;
+    for (int64_t i = 0; i < ctx; ++i) req.prompt_ids.push_back(static_cast<int32_t>((i * 7919 + 13) % c.vocab_size));
+    req.max_tokens = decode + 1;
+    req.prefill_chunk = 2048;
+    req.context_limit = ctx + decode + 1;
+    double gms[2] = {0, 0}, ratio = 0;
+    for (int snapkv = 0; snapkv < 2; ++snapkv) {
+      req.kv_policy.kind = snapkv ? snap::KvPolicyKind::snapkv : snap::KvPolicyKind::full;
+      req.kv_policy.budget = 2048;
+      auto r = (*gen)->generate(req, {});
+      if (!r.ok()) return fail("generate at " + std::to_string(ctx) + ": " + r.status().to_string());
+      gms[snapkv] = r->stats.decode_seconds * 1e3 / std::max<int64_t>(r->stats.generated_tokens - 1, 1);
+      if (snapkv) ratio = static_cast<double>(r->stats.kv_full_equivalent_bytes) / std::max<int64_t>(r->stats.kv_resident_bytes, 1);
+    }
+    std::printf("  %-8lld %12.2f %12.2f %14.1f\n", static_cast<long long>(ctx), gms[0], gms[1], ratio);
+  }
+  std::printf("  %s\n", (*gen)->describe_memory().c_str());
   return 0;  // the stream, pool and weights go with the process
 }

@@ -23,6 +23,7 @@
 #include <iterator>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -145,6 +146,105 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
         break;  // past a near-tie the two continuations legitimately diverge
       }
     }
+  }
+  cudaStreamDestroy(stream);
+  fs::remove_all(dir);
+}
+
+// Continuous batching on the device: decode_batch's row of a sequence is bitwise the logits
+// forward() gives that sequence alone, whatever else shares the step — three sequences of
+// different lengths (one SnapKV-compressed, so its heads are shorter than its positions), in
+// batches of 3, of 2 in another order and alone — and the greedy ids are equal too.
+TEST(DeviceBatchDecode, RowsEqualAloneBitwise) {
+  const fs::path dir = fs::temp_directory_path() / ("snap_devbatch_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string model_dir = (dir / "model").string();
+  ASSERT_EQ(sh(std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/make_random_model.py --shape tiny-llama3 --seed 12 --out " +
+               model_dir + " >/dev/null"),
+            0);
+  LoadOptions opts;
+  opts.keep_quantized = false;
+  auto model = load_model(model_dir, opts);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  const ModelConfig& c = model->config;
+  const int64_t vocab = c.vocab_size;
+  auto weights = DeviceWeights::upload(*model);
+  ASSERT_TRUE(weights.ok()) << weights.status().to_string();
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    auto pool = DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, int64_t{32} << 20, stream);
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    DeviceForward fwd(c, **weights, **pool);
+    const int64_t lengths[3] = {37, 90, 5};
+    constexpr int k_steps = 5;
+    // Two copies of each sequence: copy 0 decodes alone (forward), copy 1 in batches.
+    int32_t seq[2][3];
+    int32_t first[3];
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int32_t> ids(static_cast<size_t>(lengths[i]));
+      for (int64_t t = 0; t < lengths[i]; ++t) ids[t] = static_cast<int32_t>((t * 331 + 17 * i + 1) % vocab);
+      for (int copy = 0; copy < 2; ++copy) {
+        seq[copy][i] = (*pool)->add_sequence();
+        if (i == 1) fwd.observe_window(8);  // the long one is compressed to 32 per head
+        ASSERT_TRUE(fwd.forward(seq[copy][i], ids.data(), lengths[i], nullptr, false, &first[i]).ok());
+        if (i == 1) {
+          kernels::SnapKvCudaParams sp;
+          sp.budget = 32;
+          sp.window = 8;
+          sp.kernel = 5;
+          const Status st = fwd.compress_snapkv(seq[copy][i], sp);
+          ASSERT_TRUE(st.ok()) << st.to_string();
+          EXPECT_EQ((*pool)->length(seq[copy][i], 0, 0), 32);
+          fwd.observe_window(0);
+        }
+      }
+    }
+    // Alone: each sequence k_steps greedy steps by itself.
+    std::vector<std::vector<float>> alone(3, std::vector<float>(static_cast<size_t>(k_steps * vocab)));
+    std::vector<std::vector<int32_t>> alone_ids(3);
+    for (int i = 0; i < 3; ++i) {
+      int32_t tok = first[i];
+      for (int s = 0; s < k_steps; ++s) {
+        int32_t next = -1;
+        ASSERT_TRUE(fwd.forward(seq[0][i], &tok, 1, alone[i].data() + s * vocab, false, &next).ok());
+        alone_ids[i].push_back(next);
+        tok = next;
+      }
+    }
+    // Batched: steps 0-1 all three (order 0 1 2), steps 2-3 two of them (order 2 0) with 1
+    // alone through decode_batch, step 4 all three in order 1 2 0.
+    const std::vector<std::vector<std::vector<int>>> plan = {
+        {{0, 1, 2}}, {{0, 1, 2}}, {{2, 0}, {1}}, {{2, 0}, {1}}, {{1, 2, 0}}};
+    int32_t tok[3] = {first[0], first[1], first[2]};
+    for (int s = 0; s < k_steps; ++s) {
+      for (const std::vector<int>& batch : plan[s]) {
+        std::vector<int32_t> seqs, toks, next(batch.size());
+        for (int i : batch) {
+          seqs.push_back(seq[1][i]);
+          toks.push_back(tok[i]);
+        }
+        std::vector<float> logits(batch.size() * vocab);
+        const Status st = fwd.decode_batch(seqs.data(), toks.data(), static_cast<int64_t>(batch.size()), logits.data(), next.data());
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        for (size_t b = 0; b < batch.size(); ++b) {
+          const int i = batch[b];
+          EXPECT_EQ(std::memcmp(logits.data() + b * vocab, alone[i].data() + s * vocab, sizeof(float) * vocab), 0)
+              << "sequence " << i << " step " << s << ": batched logits differ from alone";
+          EXPECT_EQ(next[b], alone_ids[i][s]) << "sequence " << i << " step " << s;
+          tok[i] = next[b];
+        }
+      }
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_EQ((*pool)->appended(seq[1][i], 0), (*pool)->appended(seq[0][i], 0));
+    // Refusals change nothing: a sequence twice, a bad id, a closed sequence.
+    const int32_t twice[2] = {seq[1][0], seq[1][0]}, ok_tok[2] = {1, 2};
+    EXPECT_FALSE(fwd.decode_batch(twice, ok_tok, 2, nullptr, nullptr).ok());
+    const int32_t bad_tok[1] = {static_cast<int32_t>(vocab)};
+    EXPECT_FALSE(fwd.decode_batch(seq[1], bad_tok, 1, nullptr, nullptr).ok());
+    ASSERT_TRUE((*pool)->release(seq[1][2]).ok());
+    EXPECT_FALSE(fwd.decode_batch(&seq[1][2], ok_tok, 1, nullptr, nullptr).ok());
+    EXPECT_EQ((*pool)->appended(seq[1][0], 0), (*pool)->appended(seq[0][0], 0));
   }
   cudaStreamDestroy(stream);
   fs::remove_all(dir);

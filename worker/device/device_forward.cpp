@@ -67,27 +67,52 @@ const float* DeviceForward::window_queries(int layer) const {
   return layer >= 0 && layer < static_cast<int>(win_q_.size()) ? win_q_[layer] : nullptr;
 }
 
-Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaParams& sp,
-                                      std::vector<std::vector<std::vector<int32_t>>>* kept) {
+Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaParams& sp_all,
+                                      std::vector<std::vector<std::vector<int32_t>>>* kept,
+                                      const std::vector<int64_t>& layer_budgets) {
   const int nkv = config_.num_kv_heads;
   if (kept) kept->assign(static_cast<size_t>(config_.num_layers), {});
+  if (!layer_budgets.empty() && static_cast<int>(layer_budgets.size()) != config_.num_layers)
+    return invalid_argument("device forward: " + std::to_string(layer_budgets.size()) + " layer budgets for " +
+                            std::to_string(config_.num_layers) + " layers");
   const int64_t n = pool_.appended(seq, 0);
-  if (n <= sp.budget) return Status::ok_status();  // nothing to drop
+  auto budget_of = [&](int l) { return layer_budgets.empty() ? sp_all.budget : layer_budgets[l]; };
+  int64_t max_budget = 0;
+  for (int l = 0; l < config_.num_layers; ++l) max_budget = std::max(max_budget, std::min(budget_of(l), n));
+  if (n <= max_budget) return Status::ok_status();  // nothing to drop in any layer
+  const kernels::SnapKvCudaParams& sp = sp_all;
   if (window_ != sp.window || window_rows_ < sp.window)
     return invalid_argument("device forward: snapkv window " + std::to_string(sp.window) + " was not observed (observe_window(" +
                             std::to_string(window_) + "), last chunk " + std::to_string(window_rows_) + " rows)");
   const int64_t prefix = n - sp.window;
-  const size_t ws_bytes = kernels::snapkv_select_cuda_workspace_bytes(n, attn_, sp);
-  if (ws_bytes == 0)
-    return invalid_argument("device forward: snapkv budget " + std::to_string(sp.budget) + ", window " +
-                            std::to_string(sp.window) + ", kernel " + std::to_string(sp.kernel) + " refused");
+  size_t ws_bytes = 0;
+  for (int l = 0; l < config_.num_layers; ++l) {
+    if (budget_of(l) >= n) continue;
+    kernels::SnapKvCudaParams spl = sp;
+    spl.budget = budget_of(l);
+    const size_t b = kernels::snapkv_select_cuda_workspace_bytes(n, attn_, spl);
+    if (b == 0)
+      return invalid_argument("device forward: snapkv budget " + std::to_string(spl.budget) + ", window " +
+                              std::to_string(sp.window) + ", kernel " + std::to_string(sp.kernel) + " refused");
+    ws_bytes = std::max(ws_bytes, b);
+  }
   void *ws = nullptr, *scores = nullptr, *kept_dev = nullptr;
   cudaError_t e = cudaMalloc(&ws, ws_bytes);
   if (e == cudaSuccess) e = cudaMalloc(&scores, sizeof(float) * prefix * nkv);
-  if (e == cudaSuccess) e = cudaMalloc(&kept_dev, sizeof(int32_t) * sp.budget * nkv);
+  if (e == cudaSuccess) e = cudaMalloc(&kept_dev, sizeof(int32_t) * max_budget * nkv);
   Status st = cuda_status("snapkv buffers", e);
-  std::vector<int32_t> host(static_cast<size_t>(sp.budget * nkv));
+  std::vector<int32_t> host(static_cast<size_t>(max_budget * nkv));
   for (int l = 0; st.ok() && l < config_.num_layers; ++l) {
+    if (budget_of(l) >= n) {  // this layer keeps everything
+      if (kept) {
+        (*kept)[l].assign(static_cast<size_t>(nkv), std::vector<int32_t>(static_cast<size_t>(n)));
+        for (auto& h : (*kept)[l])
+          for (int64_t j = 0; j < n; ++j) h[j] = static_cast<int32_t>(j);
+      }
+      continue;
+    }
+    kernels::SnapKvCudaParams spl = sp;
+    spl.budget = budget_of(l);
     if (win_q_[l] == nullptr) {
       st = resource_exhausted("device forward: no window-query buffer for layer " + std::to_string(l));
       break;
@@ -98,15 +123,16 @@ Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaPara
       break;
     }
     st = cuda_status("snapkv_select_cuda",
-                     kernels::snapkv_select_cuda(win_q_[l], *view, n, attn_, sp, static_cast<float*>(scores),
+                     kernels::snapkv_select_cuda(win_q_[l], *view, n, attn_, spl, static_cast<float*>(scores),
                                                  static_cast<int32_t*>(kept_dev), ws, ws_bytes, stream_));
+    const int64_t b = spl.budget;
     if (st.ok())
-      st = cuda_status("kept positions", cudaMemcpyAsync(host.data(), kept_dev, host.size() * 4,
+      st = cuda_status("kept positions", cudaMemcpyAsync(host.data(), kept_dev, sizeof(int32_t) * b * nkv,
                                                          cudaMemcpyDeviceToHost, stream_));
     if (st.ok()) st = cuda_status("snapkv", cudaStreamSynchronize(stream_));
     if (!st.ok()) break;
     std::vector<std::vector<int32_t>> lists(static_cast<size_t>(nkv));
-    for (int g = 0; g < nkv; ++g) lists[g].assign(host.begin() + g * sp.budget, host.begin() + (g + 1) * sp.budget);
+    for (int g = 0; g < nkv; ++g) lists[g].assign(host.begin() + g * b, host.begin() + (g + 1) * b);
     st = pool_.compact(seq, l, lists);  // a fresh prefill: position j is logical entry j
     if (kept && st.ok()) (*kept)[l] = std::move(lists);
   }
@@ -140,7 +166,7 @@ Status DeviceForward::ensure_scratch(int64_t n) {
   SNAP_RETURN_IF_ERROR(alloc(&xb_, 2 * n * widest));
   SNAP_RETURN_IF_ERROR(alloc(&tokens_, 4 * n));
   SNAP_RETURN_IF_ERROR(alloc(&positions_, 4 * n));
-  SNAP_RETURN_IF_ERROR(alloc(&greedy_, 4));
+  SNAP_RETURN_IF_ERROR(alloc(&greedy_, 4 * n));  // one id per row (decode_batch)
   const std::vector<float> inv = kernels::rope_inv_freq(config_.rope);
   SNAP_RETURN_IF_ERROR(alloc(&inv_freq_, 4 * static_cast<int64_t>(inv.size())));
   DEV_TRY("inv_freq", cudaMemcpy(inv_freq_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
@@ -161,9 +187,99 @@ Status DeviceForward::project(const DeviceMatrix& w, const float* bias, const fl
   return cuda_status("matmul_bf16_cuda", cudaGetLastError());
 }
 
+// Every row through the GEMV, whatever n: the decode rows of a batch (decode_batch).
+Status DeviceForward::project_rows(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n) {
+  kernels::matmul_rowwise_cuda(x, w.data.bf16(), bias, y, n, w.rows, w.cols, stream_);
+  return cuda_status("matmul_rowwise_cuda", cudaGetLastError());
+}
+
+// q rows [n] of `seq` against (seq, layer)'s paged cache, into out (the split workspace grows
+// as heads grow; every call on the stream, so one workspace serves them in turn).
+Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32_t* positions, int64_t n, float* out) {
+  SNAP_ASSIGN_OR_RETURN(kernels::PagedKvCuda view, pool_.view(seq, layer));
+  const size_t ws = kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length);
+  if (ws > attn_ws_bytes_) {
+    cudaStreamSynchronize(stream_);
+    cudaFree(attn_ws_);
+    attn_ws_ = nullptr;
+    DEV_TRY("attention workspace", cudaMalloc(&attn_ws_, ws));
+    scratch_bytes_ += static_cast<int64_t>(ws - attn_ws_bytes_);
+    attn_ws_bytes_ = ws;
+  }
+  DEV_TRY("attention_paged_cuda",
+          kernels::attention_paged_cuda(q, positions, n, view, attn_, out, attn_ws_, attn_ws_bytes_, stream_));
+  return Status::ok_status();
+}
+
+Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, int64_t num_rows, float* logits,
+                                   int32_t* greedy) {
+  if (num_rows <= 0) return invalid_argument("device forward: no decode rows");
+  const int nkv = config_.num_kv_heads, bs = pool_.shape().block_size;
+  int64_t new_blocks = 0;  // blocks this step takes: a head whose last block is full needs one
+  std::vector<int32_t> pos(static_cast<size_t>(num_rows));
+  for (int64_t b = 0; b < num_rows; ++b) {
+    if (tokens[b] < 0 || tokens[b] >= config_.vocab_size)
+      return invalid_argument("device forward: token id " + std::to_string(tokens[b]) + " not in [0, " +
+                              std::to_string(config_.vocab_size) + ")");
+    for (int64_t a = 0; a < b; ++a)
+      if (seqs[a] == seqs[b])
+        return invalid_argument("device forward: sequence " + std::to_string(seqs[b]) + " twice in one decode batch");
+    if (!pool_.is_open(seqs[b])) return invalid_argument("device forward: sequence " + std::to_string(seqs[b]) + " is not open");
+    pos[b] = static_cast<int32_t>(pool_.appended(seqs[b], 0));
+    for (int l = 0; l < config_.num_layers; ++l)
+      for (int g = 0; g < nkv; ++g) new_blocks += pool_.length(seqs[b], l, g) % bs == 0 ? 1 : 0;
+  }
+  if (new_blocks > pool_.free_blocks())
+    return resource_exhausted("device forward: a decode step of " + std::to_string(num_rows) + " sequences needs " +
+                              std::to_string(new_blocks) + " new KV blocks, " + std::to_string(pool_.free_blocks()) +
+                              " are free");
+  SNAP_RETURN_IF_ERROR(ensure_scratch(num_rows));
+  if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed");
+  const int64_t n = num_rows, hidden = config_.hidden_size, ff = config_.intermediate_size, vocab = config_.vocab_size;
+  const int hd = config_.head_dim;
+  const int64_t qd = int64_t{config_.num_heads} * hd, kvd = int64_t{nkv} * hd;
+  DEV_TRY("tokens", cudaMemcpyAsync(tokens_, tokens, 4 * n, cudaMemcpyHostToDevice, stream_));
+  DEV_TRY("positions", cudaMemcpyAsync(positions_, pos.data(), 4 * n, cudaMemcpyHostToDevice, stream_));
+  kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens_, n, hidden, vocab, x_, stream_);
+  DEV_TRY("embedding", cudaGetLastError());
+  for (int l = 0; l < config_.num_layers; ++l) {
+    const DeviceLayer& L = w_.layers[l];
+    kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
+    SNAP_RETURN_IF_ERROR(project_rows(L.q, L.q_bias.f32(), h_, q_, n));
+    SNAP_RETURN_IF_ERROR(project_rows(L.k, L.k_bias.f32(), h_, k_, n));
+    SNAP_RETURN_IF_ERROR(project_rows(L.v, L.v_bias.f32(), h_, v_, n));
+    kernels::rope_cuda(q_, positions_, n, config_.num_heads, hd, inv_freq_, stream_);
+    kernels::rope_cuda(k_, positions_, n, nkv, hd, inv_freq_, stream_);
+    DEV_TRY("rope", cudaGetLastError());
+    for (int64_t b = 0; b < n; ++b) {  // each row into its own sequence's cache, then attends there
+      SNAP_RETURN_IF_ERROR(pool_.append(seqs[b], l, k_ + b * kvd, v_ + b * kvd, positions_ + b, 1));
+      SNAP_RETURN_IF_ERROR(attend(seqs[b], l, q_ + b * qd, positions_ + b, 1, attn_out_ + b * qd));
+    }
+    SNAP_RETURN_IF_ERROR(project_rows(L.o, nullptr, attn_out_, h_, n));
+    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
+    kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
+    SNAP_RETURN_IF_ERROR(project_rows(L.gate, nullptr, h_, gate_, n));
+    SNAP_RETURN_IF_ERROR(project_rows(L.up, nullptr, h_, up_, n));
+    kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
+    SNAP_RETURN_IF_ERROR(project_rows(L.down, nullptr, gate_, h_, n));
+    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
+    DEV_TRY("layer", cudaGetLastError());
+  }
+  kernels::rms_norm_cuda(x_, w_.final_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
+  SNAP_RETURN_IF_ERROR(project_rows(w_.output(), nullptr, h_, logits_, n));
+  if (greedy) {
+    kernels::argmax_cuda(logits_, n, vocab, greedy_, stream_);
+    DEV_TRY("greedy", cudaMemcpyAsync(greedy, greedy_, 4 * n, cudaMemcpyDeviceToHost, stream_));
+  }
+  if (logits) DEV_TRY("logits", cudaMemcpyAsync(logits, logits_, 4 * n * vocab, cudaMemcpyDeviceToHost, stream_));
+  DEV_TRY("decode batch", cudaStreamSynchronize(stream_));
+  return Status::ok_status();
+}
+
 Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits,
                               int32_t* greedy) {
   if (n <= 0) return invalid_argument("device forward: no tokens");
+  if (!pool_.is_open(seq)) return invalid_argument("device forward: sequence " + std::to_string(seq) + " is not open");
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
       return invalid_argument("device forward: token id " + std::to_string(tokens[i]) + " not in [0, " +
@@ -195,18 +311,7 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
                                                 cudaMemcpyDeviceToDevice, stream_));
     }
     SNAP_RETURN_IF_ERROR(pool_.append(seq, l, k_, v_, positions_, n));
-    SNAP_ASSIGN_OR_RETURN(kernels::PagedKvCuda view, pool_.view(seq, l));
-    const size_t ws = kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length);
-    if (ws > attn_ws_bytes_) {
-      cudaStreamSynchronize(stream_);
-      cudaFree(attn_ws_);
-      attn_ws_ = nullptr;
-      DEV_TRY("attention workspace", cudaMalloc(&attn_ws_, ws));
-      scratch_bytes_ += static_cast<int64_t>(ws - attn_ws_bytes_);
-      attn_ws_bytes_ = ws;
-    }
-    DEV_TRY("attention_paged_cuda",
-            kernels::attention_paged_cuda(q_, positions_, n, view, attn_, attn_out_, attn_ws_, attn_ws_bytes_, stream_));
+    SNAP_RETURN_IF_ERROR(attend(seq, l, q_, positions_, n, attn_out_));
     SNAP_RETURN_IF_ERROR(project(L.o, nullptr, attn_out_, h_, n));
     kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
     kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);

@@ -34,6 +34,17 @@ class DeviceForward {
   // be null. greedy (host, may be null): argmax id of the last token, computed on the device.
   Status forward(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits, int32_t* greedy);
 
+  // One decode row for each of num_rows different sequences (continuous batching): row b is
+  // token tokens[b] of sequence seqs[b] at position pool.appended(seqs[b], 0), attending over
+  // that sequence's own block tables (heads of any lengths). Batch invariance: every
+  // projection and the LM head go through the row-invariant GEMV (matmul_rowwise_cuda, its
+  // summation order fixed by cols alone), norms/RoPE/SwiGLU are per row, and attention runs
+  // per sequence exactly as forward() runs one decode row — so row b's logits are bitwise
+  // those of forward(seqs[b], &tokens[b], 1) whatever shares the step (test_device_forward).
+  // logits (host, may be null): [num_rows, vocab]; greedy (host, may be null): [num_rows].
+  // All or nothing for the pool: refused before any work when the free blocks do not suffice.
+  Status decode_batch(const int32_t* seqs, const int32_t* tokens, int64_t num_rows, float* logits, int32_t* greedy);
+
   // SnapKV on the device, after the prompt: observe_window(W) before the prompt's last chunk
   // (which must hold at least W tokens) keeps every layer's last W queries (after RoPE);
   // compress_snapkv then selects per layer and KV head (snapkv_select_cuda: top B−W prefix
@@ -42,8 +53,11 @@ class DeviceForward {
   // KV head, the kept positions. Prompts of at most B tokens are left as they are.
   void observe_window(int window);
   const float* window_queries(int layer) const;  // device [W, num_heads, head_dim], or null
+  // layer_budgets (optional, pyramidkv): layer l keeps layer_budgets[l] instead of sp.budget;
+  // a layer whose budget is at least the length is left as it is.
   Status compress_snapkv(int32_t seq, const kernels::SnapKvCudaParams& sp,
-                         std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr);
+                         std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr,
+                         const std::vector<int64_t>& layer_budgets = {});
 
   // Bytes of device scratch held now (activations for the largest chunk seen + workspaces).
   int64_t scratch_bytes() const { return scratch_bytes_; }
@@ -52,6 +66,8 @@ class DeviceForward {
   Status ensure_scratch(int64_t n);
   void free_scratch();
   Status project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
+  Status project_rows(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
+  Status attend(int32_t seq, int layer, const float* q, const int32_t* positions, int64_t n, float* out);
 
   const ModelConfig& config_;
   const DeviceWeights& w_;

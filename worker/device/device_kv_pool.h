@@ -39,6 +39,9 @@ class DeviceKvPool {
   int64_t used_blocks() const { return num_blocks_ - free_blocks(); }
 
   int32_t add_sequence();
+  bool is_open(int32_t seq) const {
+    return seq >= 0 && seq < static_cast<int32_t>(seqs_.size()) && seqs_[seq].live;
+  }
   Status release(int32_t seq);  // frees every block of seq
 
   // Appends num_tokens rows of `layer`: k, v device f32 [num_tokens, num_kv_heads, head_dim]

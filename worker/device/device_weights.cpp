@@ -1,10 +1,14 @@
 // DeviceWeights::upload: host matrices -> bf16 device arrays (f32 and f16 are converted on the
-// host, bf16 copied as is), vectors -> f32 device arrays.
+// host, bf16 copied as is, a block-format table — a GGUF embedding the loader keeps in q8_0/
+// q4_0/q4_1 even with keep_quantized = false — dequantized row by row by the loader's
+// dequantizer, then rounded to bf16), vectors -> f32 device arrays.
 #include "worker/device/device_weights.h"
 
 #include <cuda_runtime.h>
 
 #include <string>
+
+#include "worker/model/dequant.h"
 
 namespace snap {
 
@@ -57,6 +61,20 @@ Result<DeviceMatrix> matrix(const Matrix& m, const std::string& what) {
     case DType::f16: {
       const auto* s = static_cast<const uint16_t*>(m.data());
       for (int64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(f16_to_f32(s[i]));
+      break;
+    }
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q4_1: {  // the loader keeps a GGUF embedding in its block format
+      const GgmlType t = m.dtype() == DType::q8_0   ? GgmlType::q8_0
+                         : m.dtype() == DType::q4_0 ? GgmlType::q4_0
+                                                    : GgmlType::q4_1;
+      const int64_t row_bytes = dtype_row_bytes(m.dtype(), m.cols());
+      std::vector<float> row(static_cast<size_t>(m.cols()));
+      for (int64_t r = 0; r < m.rows(); ++r) {
+        SNAP_RETURN_IF_ERROR(dequantize(t, static_cast<const uint8_t*>(m.data()) + r * row_bytes, row.data(), m.cols()));
+        for (int64_t c = 0; c < m.cols(); ++c) b[r * m.cols() + c] = f32_to_bf16(row[c]);
+      }
       break;
     }
     default:

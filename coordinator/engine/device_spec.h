@@ -1,0 +1,55 @@
+// The backend seam of `snapserve generate`: where the forward pass runs. `cpu` (the default
+// and the reference) is LlamaForward behind a StepDriver (coordinator/engine/generate.h);
+// `cuda[:N]` is DeviceForward (worker/device/) on GPU N, behind DeviceGenerator below. The
+// tokenizer, prompt building, sampling and the report stay on the host for both; only token
+// ids go in and logits (or a greedy id) come out of the device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "coordinator/engine/generate.h"
+#include "worker/model/weights.h"
+
+namespace snap {
+
+enum class DeviceKind : uint8_t { cpu, cuda };
+
+struct DeviceSpec {
+  DeviceKind kind = DeviceKind::cpu;
+  int ordinal = 0;  // cuda:N
+  std::string name() const { return kind == DeviceKind::cpu ? "cpu" : "cuda:" + std::to_string(ordinal); }
+};
+
+// "cpu", "cuda" (= cuda:0) or "cuda:N"; anything else is a one-line error naming the text.
+Result<DeviceSpec> parse_device(const std::string& text);
+
+// Whether this binary was built with the CUDA backend (configure with -DSNAP_ENABLE_CUDA=ON
+// where nvcc is found).
+bool build_has_cuda();
+
+// Fails fast, before any model is loaded: "this build has no CUDA (...)", "no CUDA device
+// (cudaGetDeviceCount: error 35 ...)", or an ordinal past the devices present. On success the
+// device is the current one of this thread.
+Status check_device(const DeviceSpec& spec);
+
+// generate() on one device: the model uploaded once (bf16), one request at a time, each on a
+// fresh device KV pool sized as the CPU sizes its pool. Policies on the device: full and
+// snapkv (others end with "kv policy X is not on the device yet"). hooks.on_prefilled is
+// not called (there is no host PagedKvCache); every other hook is, as on the CPU.
+class DeviceGenerator {
+ public:
+  virtual ~DeviceGenerator() = default;
+  virtual Result<GenerateResult> generate(const GenerateRequest& request, const GenerateHooks& hooks = {}) = 0;
+  // One line for the report: the device, its weights, the last request's KV pool (allocated
+  // and peak in use) and scratch, and the device memory in use by this process.
+  virtual std::string describe_memory() const = 0;
+};
+
+// Uploads `model` (tp 1, loaded with keep_quantized = false) to the device check_device chose.
+// `model` must outlive the generator (its config is read).
+Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model);
+
+}  // namespace snap

@@ -1,0 +1,105 @@
+// The --device seam of `snapserve generate` as a user meets it on a machine without a GPU (CI):
+// --help explains the flag; --device cuda fails at once, before the model is read, with one
+// line saying why — "no CUDA device (cudaGetDeviceCount: error N ...)" in a CUDA build (GPUs
+// hidden with CUDA_VISIBLE_DEVICES="", so the test means the same on a GPU host), "this build
+// has no CUDA (configure with -DSNAP_ENABLE_CUDA=ON)" in a build without; a malformed device
+// and --tp with a device are refused; --device cpu is the default path, token for token.
+// The GPU side (--device cuda equals --device cpu) is tests/cuda/test_device_generate.cpp.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/worker/tiny_checkpoint.h"
+
+namespace {
+
+const std::string k_bin = std::string(SNAP_BINARY_DIR) + "/snapserve";
+
+struct Out {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Out run(const snap::testing::TempDir& dir, const std::string& args, const std::string& env = "") {
+  const std::string o = dir / "out", e = dir / "err";
+  const int rc = std::system((env + " " + k_bin + " " + args + " >" + o + " 2>" + e).c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, slurp(o), slurp(e)};
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(DeviceCli, HelpExplainsDevice) {
+  snap::testing::TempDir dir("devcli_help");
+  const Out r = run(dir, "generate --help");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("--device"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cuda:N"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cpu (default"), std::string::npos) << r.out;
+}
+
+TEST(DeviceCli, CudaWithoutDeviceFailsFastInOneLine) {
+  snap::testing::TempDir dir("devcli_nogpu");
+  // The model path does not exist: the device must be refused before anything is loaded.
+  for (const std::string dev : {"cuda", "cuda:1"}) {
+    const Out r = run(dir, "generate --device " + dev + " --model " + (dir / "absent.gguf") + " --prompt hi",
+                      "CUDA_VISIBLE_DEVICES=");
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    const std::string name = dev == "cuda" ? "cuda:0" : dev;
+#if SNAP_TEST_BUILD_HAS_CUDA
+    EXPECT_NE(r.err.find("snapserve: error: --device " + name + ": no CUDA device (cudaGetDeviceCount: error "),
+              std::string::npos)
+        << r.err;
+#else
+    EXPECT_NE(r.err.find("snapserve: error: --device " + name +
+                         ": this build has no CUDA (configure with -DSNAP_ENABLE_CUDA=ON)"),
+              std::string::npos)
+        << r.err;
+#endif
+    EXPECT_EQ(r.err.find("absent.gguf"), std::string::npos) << "the model was read before the device was checked: " << r.err;
+  }
+}
+
+TEST(DeviceCli, MalformedDeviceAndTpAreRefused) {
+  snap::testing::TempDir dir("devcli_bad");
+  for (const std::string dev : {"gpu", "cuda:", "cuda:x", "cuda0", "CUDA", "cuda:-1"}) {
+    const Out r = run(dir, "generate --device " + dev + " --prompt hi");
+    EXPECT_EQ(r.rc, 1) << dev << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("--device '" + dev + "': expected cpu, cuda or cuda:N"), std::string::npos) << r.err;
+  }
+  const Out r = run(dir, "generate --device cuda --tp 2 --prompt hi");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--device cuda:0 runs the model on one GPU"), std::string::npos) << r.err;
+}
+
+TEST(DeviceCli, CpuIsTheDefaultPath) {
+  snap::testing::TempDir dir("devcli_cpu");
+  ASSERT_TRUE(snap::testing::make_tiny_checkpoint(dir.path(), "--arch llama --seed 5 >/dev/null"));
+  const std::string args = "generate --model " + (dir / "model.gguf") + " --prompt 'the cat sat' --max-tokens 12 --ignore-eos";
+  const Out a = run(dir, args);
+  ASSERT_EQ(a.rc, 0) << a.err;
+  const Out b = run(dir, args + " --device cpu");
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_FALSE(a.out.empty());
+  EXPECT_EQ(b.err.find("snapserve: device "), std::string::npos) << "a device memory line on the CPU path: " << b.err;
+}
+
+}  // namespace
