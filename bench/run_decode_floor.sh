@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # Decode speed against the memory-bandwidth floor, idle and with one busy competitor.
 # For every model × matvec mode (f32act, q8act) × OpenMP wait policy (spin = libgomp's
-# default, auto = snapserve's GOMP_SPINCOUNT=4000, passive) × competitor (none, one `yes`
+# default, passive; snapserve's --threads-wait auto picks one of the two at start) × competitor (none, one `yes`
 # pinned to the same cores), runs build*/bench/bench_generate (prompt 512, greedy decode) and
 # prints: model, weight type, matvec, wait, competitor, decode tok/s, bytes read per token
 # (weights + KV), GB/s achieved, and the ratio to the floor (bytes / measured triad bandwidth).
 # The configurations run interleaved, round after round, and the medians are printed, so a
 # noisy machine shifts them alike. Not a test.
 #   bench/run_decode_floor.sh [--build DIR] [--rounds 3] [--decode 32] [--prompt 512]
-#       [--threads 2] [--models A.gguf,B.gguf] [--acts f32act,q8act] [--waits spin,auto]
+#       [--threads 2] [--models A.gguf,B.gguf] [--acts f32act,q8act] [--waits spin,passive]
 #       [--competitors 0,1]
 set -euo pipefail
 
 build=build rounds=3 decode=32 prompt=512 threads=2
 models="${SNAP_MODEL:-$HOME/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf}"
-acts=f32act,q8act waits=spin,auto competitors=0,1
+acts=f32act,q8act waits=spin,passive competitors=0,1
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2 ;;
@@ -40,7 +40,6 @@ trap 'rm -rf "$out"' EXIT
 wait_env() {  # the environment a wait mode means (kernels/thread_wait.h)
   case "$1" in
     spin) echo "" ;;
-    auto) echo "GOMP_SPINCOUNT=4000" ;;
     passive) echo "OMP_WAIT_POLICY=PASSIVE" ;;
     *) echo "run_decode_floor.sh: unknown wait mode $1" >&2; exit 2 ;;
   esac
@@ -73,7 +72,7 @@ for ((r = 1; r <= rounds; r++)); do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-printf "%-28s %-9s %-7s %-5s %-10s %9s %10s %8s %9s\n" model weights matvec wait competitor tok/s MiB/token GB/s x_floor
+printf "%-28s %-9s %-7s %-7s %-10s %9s %10s %8s %9s\n" model weights matvec wait competitor tok/s MiB/token GB/s x_floor
 for m in "${!model_list[@]}"; do
   for act in "${act_list[@]}"; do
     for w in "${wait_list[@]}"; do
@@ -88,7 +87,7 @@ for m in "${!model_list[@]}"; do
             for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (ms[j] < ms[i]) { t = ms[i]; ms[i] = ms[j]; ms[j] = t; t = fl[i]; fl[i] = fl[j]; fl[j] = t; t = b[i]; b[i] = b[j]; b[j] = t }
             k = int((n + 1) / 2); sub(/,$/, "", wt)
             bytes = fl[k] / 1e3 * b[k] * 1e9
-            printf "%-28s %-9s %-7s %-5s %-10s %9.1f %10.1f %8.1f %9.2f\n", model, wt, act, w, (c == 0 ? "none" : c " busy"),
+            printf "%-28s %-9s %-7s %-7s %-10s %9.1f %10.1f %8.1f %9.2f\n", model, wt, act, w, (c == 0 ? "none" : c " busy"),
                    1e3 / ms[k], bytes / 1048576, bytes / (ms[k] / 1e3) / 1e9, ms[k] / fl[k]
           }'
       done

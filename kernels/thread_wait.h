@@ -19,22 +19,31 @@ const char* threads_wait_name(ThreadsWait w);
 // The environment a mode asks for (empty value: leave that variable unset):
 //   spin:    libgomp's defaults (OMP_WAIT_POLICY unset, GOMP_SPINCOUNT unset)
 //   passive: OMP_WAIT_POLICY=PASSIVE (sleep at once)
-//   auto:    GOMP_SPINCOUNT=k_threads_wait_auto_spins: spin ~0.1 ms, then sleep
+//   auto:    resolved at start to spin or passive by threads_wait_resolve_auto()
 struct ThreadsWaitEnv {
   std::string wait_policy, spin_count;
 };
 ThreadsWaitEnv threads_wait_env(ThreadsWait w);
 
+// auto: passive when other runnable work + our threads exceed the cores (by more than 0.5),
+// else spin, so an idle machine decodes exactly as with libgomp's default. Measured on this
+// 2-core box at load ~9 (bench_generate, prompt 512, 2 threads): spin 337 ms/token, passive
+// 73; GOMP_SPINCOUNT=300/1000/4000 85/97/189, so no fixed spin count was as good as passive there.
+ThreadsWait threads_wait_resolve_auto(double others_runnable, int threads, int cores);
+// Other runnable work now: max(1-minute load, runnable tasks − this one) from /proc/loadavg.
+double threads_wait_others_runnable();
+
 // Call first thing in main(), before any OpenMP region. The mode comes from argv
 // (`--threads-wait MODE` or `--threads-wait=MODE`, anywhere), else env SNAP_THREADS_WAIT,
-// else auto. If the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT themselves, nothing changes.
+// else auto (resolved here, once, from the load at start and `--threads N`). If the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT themselves, nothing changes.
 // Otherwise, when the environment differs from what the mode asks for, it is set and the
 // program re-executes itself once (/proc/self/exe). Returns 0, or 2 after printing a one-line
 // error for an unknown mode (the caller exits with it).
 int threads_wait_setup(int argc, char** argv);
 
-// What this process runs with, for the startup line: e.g. "auto (GOMP_SPINCOUNT=4000)",
-// "spin (libgomp default)", "user (OMP_WAIT_POLICY=passive)".
+// What this process runs with, for the startup line: e.g. "spin (libgomp default)",
+// "auto: passive, 1.2 other runnable on 2 cores at start (OMP_WAIT_POLICY=PASSIVE)",
+// "user (OMP_WAIT_POLICY=active)".
 std::string threads_wait_describe();
 
 }  // namespace snap::kernels

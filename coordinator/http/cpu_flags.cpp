@@ -20,11 +20,12 @@ void add_cpu_flags(CLI::App* cmd) {
          "activations) or q8act (activations quantized to int8 blocks of 32 once per matvec, integer dot "
          "products; changes logits slightly, see README \"CPU decode\"); env SNAP_MATVEC sets the default")
       ->check(CLI::IsMember({"f32act", "q8act"}));
-  cmd->add_option("--threads-wait", "How idle compute threads wait between parallel regions: spin (libgomp's "
-                                    "default: fastest on an idle machine, collapses when other processes compete "
-                                    "for the cores), passive (sleep at once), auto (default: spin ~0.1 ms, then "
-                                    "sleep). Sets GOMP_SPINCOUNT / OMP_WAIT_POLICY and restarts the program once; "
-                                    "ignored when you set either variable yourself; env SNAP_THREADS_WAIT")
+  cmd->add_option("--threads-wait",
+                  "How idle compute threads wait between parallel regions: spin (libgomp's default: fastest on an "
+                  "idle machine, collapses when other processes compete for the cores), passive (sleep at once), "
+                  "auto (default: passive when, at start, other runnable work + --threads exceed the cores, else "
+                  "spin). Sets OMP_WAIT_POLICY and restarts the program once; ignored when you set "
+                  "OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself; env SNAP_THREADS_WAIT")
       ->type_name("TEXT")
       ->check(CLI::IsMember({"spin", "passive", "auto"}));
 }

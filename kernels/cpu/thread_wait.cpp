@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -19,11 +20,9 @@ namespace snap::kernels {
 
 namespace {
 
-// GOMP_SPINCOUNT for auto. One libgomp spin is a relaxed load + `pause` (~25 ns on this
-// AMD EPYC), so 4000 spins ≈ 0.1 ms: longer than the gaps between a decode step's regions on
-// an idle machine (tens of µs), far shorter than a scheduler time slice (~3 ms) spent spinning
-// for a thread that another process has pushed off its core. Measured by bench/run_decode_floor.sh.
-constexpr const char* k_threads_wait_auto_spins = "4000";
+// auto's margin: the cores count as taken when other runnable work + our threads exceeds
+// the cores by this much (the 1-minute load of an idle machine hovers at 0.1-0.3).
+constexpr double k_auto_margin = 0.5;
 
 constexpr const char* k_env_applied = "SNAP_THREADS_WAIT_APPLIED";
 constexpr const char* k_env_exec = "SNAP_THREADS_WAIT_EXEC";
@@ -61,14 +60,31 @@ ThreadsWaitEnv threads_wait_env(ThreadsWait w) {
   switch (w) {
     case ThreadsWait::spin: return {"", ""};
     case ThreadsWait::passive: return {"PASSIVE", ""};
-    case ThreadsWait::auto_: return {"", k_threads_wait_auto_spins};
+    case ThreadsWait::auto_: return {"", ""};  // resolved to spin or passive first
   }
   return {"", ""};
+}
+
+ThreadsWait threads_wait_resolve_auto(double others, int threads, int cores) {
+  return others + threads > cores + k_auto_margin ? ThreadsWait::passive : ThreadsWait::spin;
+}
+
+double threads_wait_others_runnable() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return 0.0;
+  double load1 = 0, load5 = 0, load15 = 0;
+  int running = 0, total = 0;
+  const int n = std::fscanf(f, "%lf %lf %lf %d/%d", &load1, &load5, &load15, &running, &total);
+  std::fclose(f);
+  if (n < 4) return n >= 1 ? load1 : 0.0;
+  return std::max(load1, static_cast<double>(running - 1));  // running counts this process
 }
 
 int threads_wait_setup(int argc, char** argv) {
   const bool reexecuted = std::getenv(k_env_exec) != nullptr;
   unsetenv(k_env_exec);
+  // The restarted program keeps what the first run decided (auto must not decide twice).
+  if (reexecuted && std::getenv(k_env_applied) != nullptr) return 0;
   std::string name = env_or_empty("SNAP_THREADS_WAIT");
   const char* source = "SNAP_THREADS_WAIT";
   for (int i = 1; i < argc; ++i) {
@@ -88,14 +104,22 @@ int threads_wait_setup(int argc, char** argv) {
   const std::string policy = env_or_empty("OMP_WAIT_POLICY"), spins = env_or_empty("GOMP_SPINCOUNT");
   const bool user_set = (!policy.empty() || !spins.empty()) && std::getenv(k_env_applied) == nullptr;
   if (user_set) return 0;  // the user's own libgomp settings win
-  const ThreadsWaitEnv want = threads_wait_env(mode);
-  setenv(k_env_applied, threads_wait_name(mode), 1);
-  if (policy == want.wait_policy && spins == want.spin_count) return 0;
-  if (reexecuted) {  // the exec did not bring the environment: do not loop
-    std::fprintf(stderr, "warning: --threads-wait %s: environment not applied, running with libgomp's\n",
-                 threads_wait_name(mode));
-    return 0;
+  std::string applied = threads_wait_name(mode);
+  if (mode == ThreadsWait::auto_) {
+    int threads = 0;  // --threads N as the subcommand will read it; else OpenMP's default, the cores
+    for (int i = 1; i + 1 < argc; ++i)
+      if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
+    const int cores = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+    const double others = threads_wait_others_runnable();
+    mode = threads_wait_resolve_auto(others, threads > 0 ? threads : cores, cores);
+    char why[96];
+    std::snprintf(why, sizeof why, "auto: %s, %.1f other runnable on %d cores at start", threads_wait_name(mode),
+                  others, cores);
+    applied = why;
   }
+  const ThreadsWaitEnv want = threads_wait_env(mode);
+  setenv(k_env_applied, applied.c_str(), 1);
+  if (policy == want.wait_policy && spins == want.spin_count) return 0;
   set_or_unset("OMP_WAIT_POLICY", want.wait_policy);
   set_or_unset("GOMP_SPINCOUNT", want.spin_count);
   setenv(k_env_exec, "1", 1);

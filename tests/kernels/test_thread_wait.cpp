@@ -65,12 +65,26 @@ std::pair<int, std::string> run_child(const std::vector<std::string>& extra, con
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
 }
 
-TEST(ThreadsWait, AutoSetsASpinCountLibgompReads) {
-  const auto [rc, out] = run_child({"--threads-wait", "auto"});
+// auto resolves from the load at start: whichever it picked, libgomp must run with it.
+TEST(ThreadsWait, AutoAppliesWhatItResolved) {
+  const auto [rc, out] = run_child({"--threads-wait", "auto", "--threads", "2"});
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("GOMP_SPINCOUNT = '4000'"), std::string::npos) << out;
-  EXPECT_NE(out.find("describe: auto (GOMP_SPINCOUNT=4000)"), std::string::npos) << out;
-  EXPECT_EQ(out.find("no re-exec"), std::string::npos) << out;
+  const bool passive = out.find("auto: passive") != std::string::npos;
+  const bool spin = out.find("no re-exec, rc 0") != std::string::npos;
+  EXPECT_TRUE(passive != spin) << out;
+  if (passive) {
+    EXPECT_NE(out.find("OMP_WAIT_POLICY = 'PASSIVE'"), std::string::npos) << out;
+    EXPECT_NE(out.find("GOMP_SPINCOUNT = '0'"), std::string::npos) << out;
+  }
+}
+
+TEST(ThreadsWait, AutoResolvesFromTheLoad) {
+  EXPECT_EQ(threads_wait_resolve_auto(0.2, 2, 2), ThreadsWait::spin);     // idle
+  EXPECT_EQ(threads_wait_resolve_auto(1.0, 2, 2), ThreadsWait::passive);  // one busy competitor
+  EXPECT_EQ(threads_wait_resolve_auto(1.0, 1, 2), ThreadsWait::spin);     // a core left for us
+  EXPECT_EQ(threads_wait_resolve_auto(9.0, 16, 32), ThreadsWait::spin);
+  EXPECT_EQ(threads_wait_resolve_auto(20.0, 16, 32), ThreadsWait::passive);
+  EXPECT_GE(threads_wait_others_runnable(), 0.0);
 }
 
 TEST(ThreadsWait, PassiveSleepsAtOnce) {
@@ -106,7 +120,7 @@ TEST(ThreadsWait, Names) {
   EXPECT_EQ(w, ThreadsWait::passive);
   EXPECT_FALSE(threads_wait_from_name("Passive", &w));
   EXPECT_STREQ(threads_wait_name(ThreadsWait::spin), "spin");
-  EXPECT_EQ(threads_wait_env(ThreadsWait::auto_).spin_count, "4000");
+  EXPECT_EQ(threads_wait_env(ThreadsWait::spin).wait_policy, "");
   EXPECT_EQ(threads_wait_env(ThreadsWait::passive).wait_policy, "PASSIVE");
 }
 
