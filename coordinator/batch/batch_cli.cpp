@@ -227,6 +227,8 @@ struct Counters {
   int64_t completion_tokens = 0;
   int64_t kv_full_bytes = 0;
   int64_t kv_resident_bytes = 0;
+  int64_t layerwise_lines = 0;       // lines whose prompt was prefilled layer by layer
+  int64_t layerwise_auto_lines = 0;  // of which the engine chose it (EngineConfig::auto_layerwise)
 };
 
 std::string format_seconds(double s) {
@@ -534,6 +536,10 @@ int run_batch(const BatchArgs& a) {
       c.kv_full_bytes += ev.kv_full_equivalent_bytes;
       c.kv_resident_bytes += ev.kv_resident_bytes;
     }
+    if (!p.choices.empty() && p.choices[0].finished.prefill_kind != "chunked") {
+      ++c.layerwise_lines;
+      c.layerwise_auto_lines += p.choices[0].finished.prefill_kind == "layerwise_auto";
+    }
     if (p.error) return write_error(p.in, api_error_from_status(*p.error), p.truncated);
     if (p.truncated) ++c.truncated;
     if (!p.echo_prompts.empty()) {  // the echoed prompt's logprobs first, as over HTTP
@@ -687,6 +693,10 @@ int run_batch(const BatchArgs& a) {
     std::snprintf(buf, sizeof buf, " (%.2fx)", static_cast<double>(c.kv_full_bytes) / c.kv_resident_bytes);
     kv = "; KV cache: " + mib(c.kv_resident_bytes) + " resident at the ends of lines vs " + mib(c.kv_full_bytes) +
          " uncompressed" + buf + ", " + mib(c.kv_full_bytes - c.kv_resident_bytes) + " saved";
+  }
+  if (c.layerwise_lines > 0) {
+    kv += "; " + std::to_string(c.layerwise_lines) + " lines prefilled layer by layer (" +
+          std::to_string(c.layerwise_auto_lines) + " chosen automatically: lower peak)";
   }
   std::fprintf(stderr,
                "snapserve batch: shard %s: %lld records written this run (%lld errors, %lld truncated), %lld were already "

@@ -543,7 +543,8 @@ json kv_json(const ApiResponseMeta& meta, const std::vector<ApiChoice>& choices)
   return {{"policy", kv_policy_name(meta.policy)},
           {"resident_bytes", resident},
           {"full_equivalent_bytes", full},
-          {"compression_ratio", ratio}};
+          {"compression_ratio", ratio},
+          {"prefill", choices.empty() ? std::string("chunked") : choices[0].finished.prefill_kind}};
 }
 
 json kv_json(const ApiResponseMeta& meta, const EngineEvent& f) { return kv_json(meta, std::vector<ApiChoice>{{"", f, {}}}); }

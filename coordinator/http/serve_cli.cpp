@@ -126,11 +126,12 @@ void add_tp_options(CLI::App* cmd, TpFlags& f, const std::string& subcommand) {
 
 void add_kv_dtype_option(CLI::App* cmd, std::string& dtype) {
   cmd->add_option("--kv-dtype", dtype,
-                  std::string("Element type of the cached keys and values: f32, bf16 or f16 (default ") +
+                  std::string("Element type of the cached keys and values: f32, bf16, f16 or q8_0 (default ") +
                       dtype_name(k_default_kv_dtype) +
                       "); attention converts them to f32 in registers and accumulates in f32. 16 bits halve the KV "
-                      "memory; see README, \"KV cache dtype\", for the accuracy measured")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+                      "memory; q8_0 (int8 values, one f16 scale per 32 of a head's row) takes 0.27x of f32; see "
+                      "README, \"KV cache dtype\", for the accuracy measured")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0"}));
 }
 
 void add_kv_options(CLI::App* cmd, KvFlags& f) {
@@ -144,7 +145,8 @@ void add_kv_options(CLI::App* cmd, KvFlags& f) {
   cmd->add_option("--kv-sinks", f.sinks, "streaming: attention-sink tokens kept (default 4)")->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--kv-layerwise", f.layerwise,
                 "Prefill one layer at a time and compress it at once (peak memory: one layer's full KV); "
-                "`generate` does so by itself for a compressing policy when that peaks lower, and says so");
+                "`generate`, `serve` and `batch` do so by themselves for a compressing policy over the whole prompt "
+                "when that peaks lower, and say so");
   add_kv_dtype_option(cmd, f.dtype);
 }
 
@@ -162,6 +164,10 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   add_kv_dtype_option(s, a.kv_dtype);
+  s->add_flag("--no-auto-layerwise", a.no_auto_layerwise,
+              "Never choose layer-wise prefill by itself (by default a request with a compressing kv policy over its "
+              "whole prompt and no prompt logprobs is prefilled layer by layer when that peaks lower in KV memory; "
+              "the response's kv.prefill says chunked, layerwise or layerwise_auto)");
   s->add_option("--max-num-seqs", a.max_num_seqs, "Sequences running at once (default 16)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   s->add_option("--max-waiting", a.max_waiting, "Requests that may wait for a sequence slot (or KV room) before more get 429; requests a free slot takes at once never count (default 64; 0: never queue)")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   s->add_option("--max-model-len", a.max_model_len, "Context length: prompt + max_tokens (default 0 = the model's)")
@@ -222,6 +228,7 @@ int run_serve(const ServeArgs& a) {
   cfg.threads = threads;
   cfg.kv_cache_bytes = a.kv_cache_mib << 20;
   cfg.kv_dtype = kv_dtype_from_name(a.kv_dtype).value();  // checked by the flag
+  cfg.auto_layerwise = !a.no_auto_layerwise;
   cfg.max_num_seqs = a.max_num_seqs;
   cfg.max_waiting = a.max_waiting;
   cfg.prefill_chunk = a.prefill_chunk;

@@ -25,6 +25,7 @@ struct ServeArgs {
   int http_threads = 2;
   int64_t kv_cache_mib = 512;
   std::string kv_dtype;  // --kv-dtype; empty: k_default_kv_dtype
+  bool no_auto_layerwise = false;  // --no-auto-layerwise (EngineConfig::auto_layerwise = false)
   int64_t max_num_seqs = 16;
   int64_t max_waiting = 64;
   int64_t max_model_len = 0;
@@ -54,7 +55,7 @@ struct KvFlags {
   std::string gqa = "mean";
   int sinks = 4;
   bool layerwise = false;
-  std::string dtype;  // --kv-dtype: f32, bf16, f16; empty: k_default_kv_dtype
+  std::string dtype;  // --kv-dtype: f32, bf16, f16, q8_0; empty: k_default_kv_dtype
 };
 // --kv-budget, --kv-window, --kv-kernel, --kv-pooling, --kv-gqa, --kv-sinks, --kv-layerwise,
 // --kv-dtype.

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "common/sys.h"
+#include "coordinator/engine/prefill_choice.h"
 #include "coordinator/scheduler/group_watchdog.h"
 #include "coordinator/scheduler/logits_processing.h"
 #include "worker/kv/block_pool.h"
@@ -99,6 +100,7 @@ struct Sequence {
   std::string text;          // generated text not yet emitted (held back for stop strings)
   int64_t reserved_blocks = 0;
   bool compressed = false;
+  bool layerwise_auto = false;  // req.kv_policy.layerwise was set by the engine (EngineConfig::auto_layerwise)
   bool forked = false;       // choice 0 of n > 1: the other choices exist (fork_choices ran)
   double arrival = 0, admitted = 0, first_token = 0, last_token = 0;
   double prefill_seconds = 0;
@@ -232,6 +234,8 @@ class EngineImpl final : public Engine {
     }
     SNAP_RETURN_IF_ERROR(req.kv_policy.validate());
     if (req.kv_policy.context_tokens > n) return invalid_argument("kv context_tokens is longer than the prompt");
+    const bool layerwise_auto = choose_layerwise(req);
+    if (layerwise_auto) req.kv_policy.layerwise = true;
     const int64_t need = peak_blocks(req);
     if (need > pool_->num_blocks()) {
       return invalid_argument("request needs " + std::to_string(need) + " KV blocks at its peak but the pool has " +
@@ -258,6 +262,7 @@ class EngineImpl final : public Engine {
     seq->group = seq->id;
     auto gate = std::make_shared<SinkGate>(std::move(sink), req.n);
     seq->req = std::move(req);
+    seq->layerwise_auto = layerwise_auto;
     seq->arrival = now_seconds();
     const uint64_t id = seq->id;
     seq->sink = [this, gate, id](const EngineEvent& ev) {
@@ -374,6 +379,33 @@ class EngineImpl final : public Engine {
   }
 
   // --- reservations ---------------------------------------------------------------------
+
+  // The automatic choice (EngineConfig::auto_layerwise): a compressing policy over the whole
+  // prompt, no prompt logprobs, and layer-wise's peak below chunked's by generate's rule
+  // (prefill_choice.h), with the largest layer budget bounded as after_compression_blocks does.
+  bool choose_layerwise(const EngineRequest& req) const {
+    if (!cfg_.auto_layerwise || req.kv_policy.layerwise || req.kv_policy.kind == KvPolicyKind::full ||
+        req.kv_policy.context_tokens > 0 || req.prompt_logprobs >= 0) {
+      return false;
+    }
+    PrefillPeakInputs in;
+    in.prompt_tokens = static_cast<int64_t>(req.prompt_ids.size());
+    in.num_layers = model_->config.num_layers;
+    in.kv_heads = model_->shard.num_kv_heads;  // this rank's
+    in.block_size = cfg_.kv_block_size;
+    in.block_bytes = pool_->block_bytes();
+    in.max_layer_budget =
+        req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget : req.kv_policy.budget;
+    in.prefill_chunk = cfg_.prefill_chunk;
+    in.hidden_size = model_->config.hidden_size;
+    return layerwise_prefill_is_cheaper(in);
+  }
+
+  // The prefill a sequence runs (step() takes the layer-wise path under the same conditions).
+  static bool runs_layerwise(const Sequence& s) {
+    return s.req.kv_policy.layerwise && s.req.kv_policy.kind != KvPolicyKind::full &&
+           s.req.kv_policy.context_tokens == 0;
+  }
 
   // Blocks the request holds at its peak: the uncompressed prompt (all layers) during
   // prefill — one layer of it with layer-wise prefill — or its compressed size + max_tokens.
@@ -678,6 +710,7 @@ class EngineImpl final : public Engine {
         k->group = s.id;
         k->choice = c;
         k->req = s.req;
+        k->layerwise_auto = s.layerwise_auto;
         k->req.sampling.seed = s.req.sampling.seed + static_cast<uint64_t>(c);
         k->sink = s.sink;
         k->compress_at = s.compress_at;
@@ -853,6 +886,7 @@ class EngineImpl final : public Engine {
         ev.kv_resident_bytes = ws->cache->resident_bytes();
         ev.kv_full_equivalent_bytes = ws->cache->full_equivalent_bytes();
       }
+      ev.prefill_kind = prefill_kind_name(runs_layerwise(s), s.layerwise_auto);
       StepPlan close;  // blocks back to every rank's pool before the event goes out
       close.close.push_back(s.id);
       Status st = run_plan(close);

@@ -32,7 +32,11 @@ struct EngineConfig {
   int threads = 0;                // 0: all cores
   int64_t kv_cache_bytes = 512LL << 20;  // block pool size
   int kv_block_size = 16;
-  DType kv_dtype = k_default_kv_dtype;  // K/V element type: f32, bf16 or f16 (--kv-dtype)
+  DType kv_dtype = k_default_kv_dtype;  // K/V element type: f32, bf16, f16 or q8_0 (--kv-dtype)
+  // A compressing request over its whole prompt that did not ask for layer-wise prefill
+  // gets it when that peaks lower (coordinator/engine/prefill_choice.h), unless it wants
+  // prompt logprobs; its finished event says which (prefill_kind).
+  bool auto_layerwise = true;
   int64_t max_num_seqs = 16;      // sequences running at once
   int64_t max_waiting = 64;       // requests queued beyond the free sequence slots; more are refused
   int64_t prefill_chunk = 256;    // prompt tokens per sequence per step
@@ -114,6 +118,7 @@ struct EngineEvent {
   std::vector<PromptLogprob> prompt_logprobs;
   int64_t kv_resident_bytes = 0;         // at the end of the request
   int64_t kv_full_equivalent_bytes = 0;  // what the uncompressed cache would have held
+  std::string prefill_kind = "chunked";  // "chunked", "layerwise" (asked) or "layerwise_auto"
 };
 
 // Called on the engine thread, in order, ending with exactly one `finished` event. Must
