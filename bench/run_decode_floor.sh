@@ -80,7 +80,7 @@ for m in "${!model_list[@]}"; do
         key="$m.$act.$w.$c"
         # per round: weights type, decode ms, floor ms, bandwidth GB/s, model name
         cat "$out/$key".* | awk -v model="$(basename "${model_list[$m]}" .gguf)" -v act="$act" -v w="$w" -v c="$c" '
-          /^model / { for (i = 1; i <= NF; i++) { if ($i == "weights") wt = $(i + 1); if ($i == "bandwidth") bw = $(i + 1) } }
+          /^model / { wt = ""; for (i = 1; i <= NF; i++) { if ($i == "weights" && wt == "") wt = $(i + 1); if ($i == "bandwidth") bw = $(i + 1) } }
           $1 == "full" { n++; ms[n] = $4; fl[n] = $6; b[n] = bw }
           END {
             if (n == 0) { printf "%-28s no result\n", model; exit }
