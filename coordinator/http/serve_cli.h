@@ -50,7 +50,7 @@ struct KvFlags {
   std::string policy;
   int64_t budget = 1024;
   int window = 32;
-  int kernel = 7;
+  int kernel = 31;
   std::string pooling = "max";
   std::string gqa = "mean";
   int sinks = 4;

@@ -26,7 +26,7 @@ struct SweepFlags {
   std::string policies = "full,snapkv";
   std::string budgets = "1024";
   std::string windows = "32";
-  std::string kernels = "7";
+  std::string kernels = "31";
   std::string poolings = "max";
   std::string gqa = "mean";
   std::string sinks = "4";

@@ -24,7 +24,7 @@ struct KvPolicy {
   KvPolicyKind kind = KvPolicyKind::full;
   int64_t budget = 1024;  // B, tokens per KV head per layer (average for pyramidkv/adakv)
   int window = 32;        // W (snapkv, pyramidkv, adakv)
-  int kernel = 7;         // pooling kernel (odd)
+  int kernel = 31;        // pooling kernel (odd); 31, not the paper's 7: docs/eval.md (second sweep)
   KvPooling pooling = KvPooling::max;
   GqaAggregation aggregation = GqaAggregation::mean;
   int num_sink = 4;             // streaming

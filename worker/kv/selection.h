@@ -51,7 +51,7 @@ struct LayerSelection {
 struct SnapKvParams {
   int64_t budget = 1024;  // B: positions kept per KV head, window included
   int window = 32;        // W
-  int kernel = 7;         // k, odd
+  int kernel = 31;        // k, odd (default: docs/eval.md, second sweep)
   KvPooling pooling = KvPooling::max;
   GqaAggregation aggregation = GqaAggregation::mean;
   bool keep_scores = false;
