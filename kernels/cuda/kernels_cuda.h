@@ -100,7 +100,7 @@ void kv_gather_cuda(const int64_t* src_slots, const int64_t* dst_slots, int64_t 
 struct SnapKvCudaParams {
   int64_t budget = 1024;
   int window = 32;
-  int kernel = 7;
+  int kernel = 31;  // as SnapKvParams (worker/kv/selection.h)
   bool max_pooling = true;
   bool max_aggregation = false;
 };
