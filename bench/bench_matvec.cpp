@@ -2,9 +2,9 @@
 // stack of random block weights (30 layers × q/k/v/o/gate/up/down + the 49152×576 q8_0 LM
 // head, 92 MiB for q4_1, far beyond the caches, as in a real decode step), timed per pass,
 // against the memory-bandwidth floor: bytes of weights / measured bandwidth (STREAM triad and
-// a read-only sum, both over 3 × 128 MiB). f32act and q8act (kernels/matvec_act.h) run
+// a read-only sum, both over 3 × 128 MiB). f32act, q8act and q16act (kernels/matvec_act.h) run
 // interleaved round by round, so a noisy machine shifts both alike; medians are quoted.
-//   build/bench/bench_matvec [--threads 2] [--dtypes q4_1,q4_0,q8_0] [--acts f32act,q8act]
+//   build/bench/bench_matvec [--threads 2] [--dtypes q4_1,q4_0,q8_0] [--acts f32act,q8act,q16act]
 //       [--rounds 15] [--tokens 1] [--layers 30]
 #include <omp.h>
 
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   using namespace snap;
   int threads = 2, rounds = 15, layers = 30;
   int64_t tokens = 1;
-  std::string dtypes_arg = "q4_1,q4_0,q8_0", acts_arg = "f32act,q8act";
+  std::string dtypes_arg = "q4_1,q4_0,q8_0", acts_arg = "f32act,q8act,q16act";
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--help" || k == "-h") {
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
           "bench_matvec: one decode token's matvecs over a SmolLM2-135M-shaped weight stack vs the bandwidth floor\n"
           "  --threads N       OpenMP threads (2)\n"
           "  --dtypes LIST     layer weight types among q4_1,q4_0,q8_0 (all three); the LM head is q8_0\n"
-          "  --acts LIST       matvec activation modes among f32act,q8act (both), interleaved per round\n"
+          "  --acts LIST       matvec activation modes among f32act,q8act,q16act (all three), interleaved per round\n"
           "  --rounds N        timed passes per mode (15); the median is printed\n"
           "  --tokens N        rows per matvec call (1: one decode token)\n"
           "  --layers N        transformer layers in the stack (30, as SmolLM2-135M)\n");
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   for (const std::string& a : split(acts_arg)) {
     kernels::MatvecAct act;
     if (!kernels::matvec_act_from_name(a, &act)) {
-      std::fprintf(stderr, "bench_matvec: unknown activation mode '%s' (f32act|q8act)\n", a.c_str());
+      std::fprintf(stderr, "bench_matvec: unknown activation mode '%s' (f32act|q8act|q16act)\n", a.c_str());
       return 2;
     }
     acts.push_back(act);

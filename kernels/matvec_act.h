@@ -4,7 +4,9 @@
 //   q8act:  each activation row is quantized once per call to int8 blocks of 32 with an f32
 //           scale (d = max|x|/127, q = round(x/d)), and every block's dot product is an exact
 //           integer sum (AVX2 maddubs/madd) scaled by d_w·d_x: fewer instructions per weight byte.
-// Chosen process-wide: env SNAP_MATVEC=f32act|q8act (read once) or matvec_act_set() (CLIs).
+//   q16act: as q8act with int16 activation blocks (d = max|x|/32767) and the weight quants
+//           widened to int16 in registers (AVX2 vpmaddwd): 1/258 of q8act's rounding error.
+// Chosen process-wide: env SNAP_MATVEC=f32act|q8act|q16act (read once) or matvec_act_set() (CLIs).
 #pragma once
 
 #include <cstdint>
@@ -14,13 +16,13 @@
 
 namespace snap::kernels {
 
-enum class MatvecAct : uint8_t { f32, q8 };
+enum class MatvecAct : uint8_t { f32, q8, q16 };
 
 // The current choice: matvec_act_set() if called, else SNAP_MATVEC, else f32act.
 MatvecAct matvec_act();
 void matvec_act_set(MatvecAct act);
-const char* matvec_act_name(MatvecAct act);  // "f32act" | "q8act"
-// "f32act" / "q8act" -> true and *out set; anything else -> false.
+const char* matvec_act_name(MatvecAct act);  // "f32act" | "q8act" | "q16act"
+// "f32act" / "q8act" / "q16act" -> true and *out set; anything else -> false.
 bool matvec_act_from_name(const std::string& name, MatvecAct* out);
 
 // The q8-activation matvec on its own (whatever matvec_act() says), for the tests and the
@@ -35,5 +37,13 @@ void matvec_q8act_cpu(const float* x, const WeightView& w, const float* bias, fl
 // q[cols] int8 in [-127, 127], d[cols/32] the block scales, s[cols/32] = d·Σq per block.
 // A block holding a NaN or an infinity gets d = s = NaN (and q = 0), so the outputs are NaN.
 void quantize_act_q8(const float* x, int64_t cols, int8_t* q, float* d, float* s);
+
+// The q16-activation matvec (kernels/cpu/matvec_q16act.cpp), with the same contract as the
+// q8act pair above: _ref scalar (exact integer block sums, f64 accumulation), _cpu AVX2 tiles.
+void matvec_q16act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
+void matvec_q16act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
+// Per token row of `cols` (a multiple of 32): q[cols] int16 in [-32767, 32767], d[cols/32] =
+// max|x|/32767 per block, s[cols/32] = d·Σq; a non-finite block gets d = s = NaN (and q = 0).
+void quantize_act_q16(const float* x, int64_t cols, int16_t* q, float* d, float* s);
 
 }  // namespace snap::kernels

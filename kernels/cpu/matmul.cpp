@@ -2,8 +2,8 @@
 // the ggml block formats q8_0, q4_0, q4_1 (common/dtype.h). matmul_ref: f64 dot products.
 // matmul_cpu: decode-sized batches go to a SIMD matvec (rows split across OpenMP threads,
 // 4 rows × up to 4 tokens per register block, so each weight byte is loaded once per 4
-// tokens; block formats are dequantized in registers, or with q8act multiplied as integers
-// against quantized activations, kernels/cpu/matvec_q8act.cpp); larger batches go to OpenBLAS
+// tokens; block formats are dequantized in registers, or with q8act/q16act multiplied as integers
+// against quantized activations, kernels/cpu/matvec_q8act.cpp, matvec_q16act.cpp); larger batches go to OpenBLAS
 // sgemm. matmul_multi_cpu runs several matrices' matvecs in one OpenMP region.
 #include "kernels/cpu/matmul.h"
 
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu/matvec_q16act.h"
 #include "kernels/cpu/matvec_q8act.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/matmul_multi.h"
@@ -372,10 +373,11 @@ struct MatvecPart {
   ScalarBlockFn scalar = nullptr;          // SIMD level scalar
   TileFn full = nullptr, tail = nullptr;   // f32 activations: 4 tokens, num_tokens % 4
   Q8TileFn qfull = nullptr, qtail = nullptr;  // q8act (kernels/cpu/matvec_q8act.cpp)
+  Q16TileFn q16full = nullptr, q16tail = nullptr;  // q16act (kernels/cpu/matvec_q16act.cpp)
 };
 
 template <DType D>
-MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel level, int rest, bool q8) {
+MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel level, int rest, MatvecAct act) {
   MatvecPart p;
   p.w = w;
   p.bias = bias;
@@ -384,9 +386,12 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
   if (level == SimdLevel::scalar) {
     if constexpr (dtype_is_quantized(D)) p.scalar = qmatvec_block_scalar<D>;
     else p.scalar = matvec_block_scalar<D>;
-  } else if (dtype_is_quantized(D) && q8) {
+  } else if (dtype_is_quantized(D) && act == MatvecAct::q8) {
     p.qfull = q8act_tile_avx2(D, k_block_tokens);
     p.qtail = rest ? q8act_tile_avx2(D, rest) : nullptr;
+  } else if (dtype_is_quantized(D) && act == MatvecAct::q16) {
+    p.q16full = q16act_tile_avx2(D, k_block_tokens);
+    p.q16tail = rest ? q16act_tile_avx2(D, rest) : nullptr;
   } else {
     p.full = pick_tile<D>(level, k_block_tokens);
     p.tail = rest ? pick_tile<D>(level, rest) : nullptr;
@@ -394,22 +399,23 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
   return p;
 }
 
-MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel level, int rest, bool q8) {
+MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel level, int rest, MatvecAct act) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matmul: empty weight";
   CHECK(w.cols % dtype_block_elems(w.dtype) == 0) << "matmul: " << dtype_name(w.dtype) << " cols " << w.cols;
   switch (w.dtype) {
-    case DType::f32: return make_part<DType::f32>(w, bias, y, level, rest, q8);
-    case DType::f16: return make_part<DType::f16>(w, bias, y, level, rest, q8);
-    case DType::bf16: return make_part<DType::bf16>(w, bias, y, level, rest, q8);
-    case DType::q8_0: return make_part<DType::q8_0>(w, bias, y, level, rest, q8);
-    case DType::q4_0: return make_part<DType::q4_0>(w, bias, y, level, rest, q8);
-    case DType::q4_1: return make_part<DType::q4_1>(w, bias, y, level, rest, q8);
+    case DType::f32: return make_part<DType::f32>(w, bias, y, level, rest, act);
+    case DType::f16: return make_part<DType::f16>(w, bias, y, level, rest, act);
+    case DType::bf16: return make_part<DType::bf16>(w, bias, y, level, rest, act);
+    case DType::q8_0: return make_part<DType::q8_0>(w, bias, y, level, rest, act);
+    case DType::q4_0: return make_part<DType::q4_0>(w, bias, y, level, rest, act);
+    case DType::q4_1: return make_part<DType::q4_1>(w, bias, y, level, rest, act);
   }
   return {};
 }
 
 // Token groups innermost: a block of 4 rows (≤ 4·cols·4 bytes) stays in L1 across groups.
-void run_block(const MatvecPart& p, const float* x, const ActQ8& act, int64_t num_tokens, int64_t b) {
+void run_block(const MatvecPart& p, const float* x, const ActQ8& act, const ActQ16& act16, int64_t num_tokens,
+               int64_t b) {
   const int64_t rows = p.w.rows, cols = p.w.cols, r = b * k_block_rows;
   if (p.scalar) return p.scalar(x, p.w.data, rows, cols, p.bias, p.y, num_tokens, r);
   const int64_t full_groups = num_tokens / k_block_tokens;
@@ -420,6 +426,12 @@ void run_block(const MatvecPart& p, const float* x, const ActQ8& act, int64_t nu
     if (p.qtail) p.qtail(act, t_rest, p.w.data, rows, p.bias, p.y + t_rest * rows, r);
     return;
   }
+  if (p.q16full) {
+    for (int64_t g = 0; g < full_groups; ++g)
+      p.q16full(act16, g * k_block_tokens, p.w.data, rows, p.bias, p.y + g * k_block_tokens * rows, r);
+    if (p.q16tail) p.q16tail(act16, t_rest, p.w.data, rows, p.bias, p.y + t_rest * rows, r);
+    return;
+  }
   for (int64_t g = 0; g < full_groups; ++g) {
     const int64_t t0 = g * k_block_tokens;
     p.full(x + t0 * cols, p.w.data, rows, cols, p.bias, p.y + t0 * rows, r);
@@ -428,36 +440,40 @@ void run_block(const MatvecPart& p, const float* x, const ActQ8& act, int64_t nu
 }
 
 // All parts' row blocks in one OpenMP region (static schedule over their concatenation: the
-// parts share cols, so blocks cost alike). x is quantized once when any part runs q8act.
+// parts share cols, so blocks cost alike). x is quantized once when any part runs q8act/q16act.
 void run_parts(const float* x, const MatvecPart* parts, int count, int64_t num_tokens) {
   thread_local ActQ8 act;  // the caller's thread only: filled before the parallel region
+  thread_local ActQ16 act16;
   int64_t total = 0, work = 0;
-  bool q8 = false;
+  bool q8 = false, q16 = false;
   for (int i = 0; i < count; ++i) {
     total += parts[i].num_blocks;
     work += parts[i].w.rows * parts[i].w.cols * num_tokens;
     q8 = q8 || parts[i].qfull != nullptr;
+    q16 = q16 || parts[i].q16full != nullptr;
   }
   if (q8) act.quantize(x, num_tokens, parts[0].w.cols, true);
+  if (q16) act16.quantize(x, num_tokens, parts[0].w.cols, true);
   const ActQ8& a = act;
+  const ActQ16& a16 = act16;
 #pragma omp parallel for schedule(static) if (work >= k_parallel_min_work)
   for (int64_t g = 0; g < total; ++g) {
     int i = 0;
     int64_t b = g;
     while (b >= parts[i].num_blocks) b -= parts[i++].num_blocks;
-    run_block(parts[i], x, a, num_tokens, b);
+    run_block(parts[i], x, a, a16, num_tokens, b);
   }
 }
 
-// q8act only for block formats on a SIMD level (the scalar level stays the f32 reference).
-bool use_q8act(DType d, SimdLevel level) {
-  return dtype_is_quantized(d) && level != SimdLevel::scalar && matvec_act() == MatvecAct::q8;
+// The integer paths only for block formats on a SIMD level (the scalar level stays the f32 reference).
+MatvecAct act_for(DType d, SimdLevel level) {
+  return dtype_is_quantized(d) && level != SimdLevel::scalar ? matvec_act() : MatvecAct::f32;
 }
 
 void matvec(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   const SimdLevel level = simd_level();
   const int rest = static_cast<int>(num_tokens % k_block_tokens);
-  const MatvecPart part = make_part(w, bias, y, level, rest, use_q8act(w.dtype, level));
+  const MatvecPart part = make_part(w, bias, y, level, rest, act_for(w.dtype, level));
   run_parts(x, &part, 1, num_tokens);
 }
 
@@ -644,7 +660,7 @@ void matmul_multi_cpu(const float* x, const MatmulOut* outs, int count, int64_t 
       matmul_gemm_cpu(x, o.w, o.bias, o.y, num_tokens);  // as matmul_cpu would
       continue;
     }
-    parts[n++] = make_part(o.w, o.bias, o.y, level, rest, use_q8act(o.w.dtype, level));
+    parts[n++] = make_part(o.w, o.bias, o.y, level, rest, act_for(o.w.dtype, level));
   }
   if (n > 0) run_parts(x, parts, n, num_tokens);
 }

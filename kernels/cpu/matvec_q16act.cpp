@@ -1,0 +1,315 @@
+// The q16-activation matvec for block-format weights (kernels/matvec_act.h): activations are
+// quantized once per call to int16 blocks of 32 (d = max|x|/32767, an f32 scale), weight quants
+// are widened to int16 in registers, and each block's dot product is an exact integer sum
+// (AVX2 vpmaddwd) scaled once: y = Σ_b d_w·d_x·Σ q_w·q_x (+ m_w·d_x·Σ q_x for q4_1; q4_0 is
+// q4_1 with m = −8·d_w, q8_0 has no m term). The activation rounding error is 127/32767 (1/258)
+// of q8act's. matvec_q16act_ref is the plain scalar version (f64 sums); matvec_q16act_cpu the
+// AVX2 tiles (4 rows × up to 4 tokens).
+#include "kernels/cpu/matvec_q16act.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/check.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/matvec_act.h"
+
+namespace snap::kernels {
+
+namespace {
+
+constexpr int64_t k_qk = 32;  // elements per block, weights and activations alike
+constexpr int k_q16_max = 32767;
+constexpr int k_block_rows = 4;
+constexpr int k_block_tokens = 4;
+// As matmul.cpp: below this many multiply-adds a parallel region costs more than it saves.
+constexpr int64_t k_parallel_min_work = 1 << 16;
+// Software prefetch ahead of each row stream (matmul.cpp measured 1 KiB best for the q8_0 LM head).
+constexpr int64_t k_prefetch_bytes = 1024;
+
+inline float load_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// --- activation quantization ------------------------------------------------------------
+// Scalar and AVX2 give bit-identical q, d, s: the same IEEE operations in the same order
+// (|x| max is exact, d = amax/32767, id = 1/d, q = round-to-nearest-even(x·id)). Σq ≤ 32·32767
+// < 2^24, so s = d·Σq is one rounding in both.
+void quantize_block_scalar(const float* x, int16_t* q, float* d, float* s) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int j = 0; j < k_qk; ++j) {
+    finite = finite && std::isfinite(x[j]);
+    amax = std::max(amax, std::fabs(x[j]));
+  }
+  if (!finite) {
+    std::memset(q, 0, k_qk * sizeof(int16_t));
+    *d = *s = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float dd = amax / static_cast<float>(k_q16_max);
+  const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+  int sum = 0;
+  for (int j = 0; j < k_qk; ++j) {
+    const int v = static_cast<int>(std::nearbyint(x[j] * id));
+    q[j] = static_cast<int16_t>(std::clamp(v, -k_q16_max, k_q16_max));
+    sum += q[j];
+  }
+  *d = dd;
+  *s = dd * static_cast<float>(sum);
+}
+
+SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q, float* d, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  for (int64_t b = 0; b < cols / k_qk; ++b) {
+    const float* xb = x + b * k_qk;
+    __m256 v[4], amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xb + 8 * j);
+      const __m256 a = _mm256_andnot_ps(sign, v[j]);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // NaN or ±inf
+      amax = _mm256_max_ps(amax, a);
+    }
+    if (_mm256_movemask_ps(bad) != 0) {
+      quantize_block_scalar(xb, q + b * k_qk, d + b, s + b);
+      continue;
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float dd = _mm_cvtss_f32(m) / static_cast<float>(k_q16_max);
+    const __m256 id = _mm256_set1_ps(dd != 0.0f ? 1.0f / dd : 0.0f);
+    __m256i i[4];
+    for (int j = 0; j < 4; ++j)
+      i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // |x·id| ≤ amax·(1/dd) rounds to ≤ 32767 (at most a few ulp above it), so the saturating
+    // pack changes nothing and equals the scalar clamp.
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    // packs interleaves the 128-bit lanes (a0-3 b0-3 | a4-7 b4-7); permute4x64 puts them in order.
+    const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xd8);
+    const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[2], i[3]), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * k_qk), p01);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * k_qk + 16), p23);
+    d[b] = dd;
+    s[b] = dd * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
+// --- weight blocks: scale, offset and the 32 quants in element order ------------------
+// q8_0: d, q ∈ [-128, 127]; q4_0: d, nibbles n ∈ [0, 15] with w = d·n − 8d (m = −8d);
+// q4_1: d, m, w = d·n + m. Byte j of the 16 nibble bytes holds element j (low) and j+16 (high).
+template <DType D>
+inline void block_scalar(const uint8_t* b, float* d, float* m, int* q) {
+  *d = load_f16(b);
+  if constexpr (D == DType::q8_0) {
+    *m = 0.0f;
+    for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(b[2 + j]);
+  } else {
+    constexpr int k_qs = D == DType::q4_1 ? 4 : 2;
+    *m = D == DType::q4_1 ? load_f16(b + 2) : -8.0f * *d;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = b[k_qs + j] & 0x0f;
+      q[j + 16] = b[k_qs + j] >> 4;
+    }
+  }
+}
+
+// --- reference ----------------------------------------------------------------------------
+template <DType D>
+void ref_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  ActQ16 a;
+  a.quantize(x, num_tokens, w.cols, false);
+  const int64_t bb = dtype_block_bytes(D);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + r * a.nb * bb;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      double acc = bias ? bias[r] : 0.0;
+      for (int64_t b = 0; b < a.nb; ++b) {
+        float dw, mw;
+        int qw[32];
+        block_scalar<D>(row + b * bb, &dw, &mw, qw);
+        int64_t sumi = 0;
+        for (int j = 0; j < 32; ++j) sumi += int64_t{qw[j]} * a.q[t * w.cols + b * k_qk + j];
+        acc += double{dw} * a.d[t * a.nb + b] * static_cast<double>(sumi);
+        if constexpr (D != DType::q8_0) acc += double{mw} * a.s[t * a.nb + b];
+      }
+      y[t * w.rows + r] = static_cast<float>(acc);
+    }
+  }
+}
+
+// --- AVX2 ----------------------------------------------------------------------------------
+SNAP_TARGET_AVX2 inline float load_f16_f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// One weight block's 32 quants as int16: lo = elements 0..15, hi = 16..31.
+template <DType D>
+SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, __m256i* lo, __m256i* hi) {
+  if constexpr (D == DType::q8_0) {
+    *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
+  } else {
+    constexpr int k_qs = D == DType::q4_1 ? 4 : 2;
+    // Byte j → int16 lane j: its low nibble is element j, its high nibble element j + 16.
+    const __m256i w16 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + k_qs)));
+    const __m256i nib = _mm256_set1_epi16(0x0f);
+    *lo = _mm256_and_si256(w16, nib);
+    *hi = _mm256_srli_epi16(w16, 4);  // the byte was zero-extended: nothing above the nibble
+  }
+}
+
+// 4 rows × NT tokens. Per block and row: two vpmaddwd (int16 pairs → int32, exact: the 4
+// products a lane gathers are at most 4·128·32767 < 2^24, so even the f32 conversion is exact),
+// their sum converted to f32 and FMA'd with d_w·d_x into the row's accumulator; q4's m_w·s_x goes to a scalar sum.
+// Every token's order of operations is the same whatever NT is, so rows stay batch-invariant.
+template <DType D, int NT>
+SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int64_t rows, const float* bias, float* y,
+                                int64_t r) {
+  constexpr int64_t bb = dtype_block_bytes(D);
+  const int64_t nb = a.nb, cols = a.cols;
+  const int nr = static_cast<int>(std::min<int64_t>(k_block_rows, rows - r));
+  const uint8_t* row[k_block_rows];  // rows past the end repeat the last one; results dropped
+  for (int k = 0; k < k_block_rows; ++k) row[k] = static_cast<const uint8_t*>(w) + std::min(r + k, rows - 1) * nb * bb;
+  const int16_t* xq = a.q.data() + t0 * cols;
+  const float* xd = a.d.data() + t0 * nb;
+  const float* xs = a.s.data() + t0 * nb;
+  __m256 acc[k_block_rows][NT];
+  float macc[k_block_rows][NT];
+  for (int k = 0; k < k_block_rows; ++k)
+    for (int t = 0; t < NT; ++t) {
+      acc[k][t] = _mm256_setzero_ps();
+      macc[k][t] = 0.0f;
+    }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int k = 0; k < k_block_rows; ++k) {
+      const uint8_t* blk = row[k] + b * bb;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + k_prefetch_bytes), _MM_HINT_T0);
+      const float dw = load_f16_f16c(blk);
+      __m256i wl, wh;
+      widen_block_avx2<D>(blk, &wl, &wh);
+      for (int t = 0; t < NT; ++t) {
+        const auto* xb = reinterpret_cast<const __m256i*>(xq + t * cols + b * k_qk);
+        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(wl, _mm256_loadu_si256(xb)),
+                                           _mm256_madd_epi16(wh, _mm256_loadu_si256(xb + 1)));
+        acc[k][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xd[t * nb + b]), acc[k][t]);
+      }
+      if constexpr (D != DType::q8_0) {
+        const float mw = D == DType::q4_1 ? load_f16_f16c(blk + 2) : -8.0f * dw;
+        // An explicit FMA, as in matvec_q8act.cpp: left to -ffp-contract, NT instantiations
+        // could differ and a token's result would depend on its batch.
+        for (int t = 0; t < NT; ++t) macc[k][t] = std::fma(mw, xs[t * nb + b], macc[k][t]);
+      }
+    }
+  }
+  for (int k = 0; k < nr; ++k)
+    for (int t = 0; t < NT; ++t)
+      y[t * rows + r + k] = hsum_avx2(acc[k][t]) + macc[k][t] + (bias ? bias[r + k] : 0.0f);
+}
+
+template <DType D>
+Q16TileFn pick(int nt) {
+  switch (nt) {
+    case 1: return tile_avx2<D, 1>;
+    case 2: return tile_avx2<D, 2>;
+    case 3: return tile_avx2<D, 3>;
+    default: return tile_avx2<D, 4>;
+  }
+}
+
+template <DType D>
+void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  thread_local ActQ16 a;  // the caller's thread only: filled before the parallel region
+  a.quantize(x, num_tokens, w.cols, true);
+  const int64_t rows = w.rows;
+  const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
+  const int64_t full_groups = num_tokens / k_block_tokens;
+  const int rest = static_cast<int>(num_tokens % k_block_tokens);
+  const Q16TileFn full = pick<D>(k_block_tokens);
+  const Q16TileFn tail = rest ? pick<D>(rest) : nullptr;
+  const ActQ16& act = a;
+  const bool parallel = rows * w.cols * num_tokens >= k_parallel_min_work;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    for (int64_t g = 0; g < full_groups; ++g) {
+      const int64_t t0 = g * k_block_tokens;
+      full(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
+    }
+    if (tail) {
+      const int64_t t0 = full_groups * k_block_tokens;
+      tail(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
+    }
+  }
+}
+
+void check_weight(const WeightView& w) {
+  CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matvec q16act: empty weight";
+  CHECK(dtype_is_quantized(w.dtype)) << "matvec q16act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1)";
+  CHECK(w.cols % k_qk == 0) << "matvec q16act: " << dtype_name(w.dtype) << " cols " << w.cols;
+}
+
+}  // namespace
+
+void ActQ16::quantize(const float* x, int64_t num_tokens, int64_t c, bool simd) {
+  cols = c;
+  nb = c / k_qk;
+  q.resize(static_cast<size_t>(num_tokens * cols));
+  d.resize(static_cast<size_t>(num_tokens * nb));
+  s.resize(static_cast<size_t>(num_tokens * nb));
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (simd) {
+      quantize_row_avx2(x + t * cols, cols, &q[t * cols], &d[t * nb], &s[t * nb]);
+    } else {
+      for (int64_t b = 0; b < nb; ++b)
+        quantize_block_scalar(x + t * cols + b * k_qk, &q[t * cols + b * k_qk], &d[t * nb + b], &s[t * nb + b]);
+    }
+  }
+}
+
+Q16TileFn q16act_tile_avx2(DType d, int nt) {
+  switch (d) {
+    case DType::q8_0: return pick<DType::q8_0>(nt);
+    case DType::q4_0: return pick<DType::q4_0>(nt);
+    default: return pick<DType::q4_1>(nt);
+  }
+}
+
+void quantize_act_q16(const float* x, int64_t cols, int16_t* q, float* d, float* s) {
+  CHECK(cols % k_qk == 0) << "quantize_act_q16: cols " << cols << " is not a multiple of 32";
+  if (simd_level() != SimdLevel::scalar) return quantize_row_avx2(x, cols, q, d, s);
+  for (int64_t b = 0; b < cols / k_qk; ++b) quantize_block_scalar(x + b * k_qk, q + b * k_qk, d + b, s + b);
+}
+
+void matvec_q16act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  check_weight(w);
+  switch (w.dtype) {
+    case DType::q8_0: return ref_typed<DType::q8_0>(x, w, bias, y, num_tokens);
+    case DType::q4_0: return ref_typed<DType::q4_0>(x, w, bias, y, num_tokens);
+    default: return ref_typed<DType::q4_1>(x, w, bias, y, num_tokens);
+  }
+}
+
+void matvec_q16act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  check_weight(w);
+  if (simd_level() == SimdLevel::scalar) return matvec_q16act_ref(x, w, bias, y, num_tokens);
+  switch (w.dtype) {
+    case DType::q8_0: return cpu_typed<DType::q8_0>(x, w, bias, y, num_tokens);
+    case DType::q4_0: return cpu_typed<DType::q4_0>(x, w, bias, y, num_tokens);
+    default: return cpu_typed<DType::q4_1>(x, w, bias, y, num_tokens);
+  }
+}
+
+}  // namespace snap::kernels

@@ -1,0 +1,368 @@
+// The q16-activation matvec (kernels/matvec_act.h, kernels/cpu/matvec_q16act.cpp): the int16
+// activation quantizer (SIMD equal to scalar bit for bit, |x − d·q| ≤ d/2, NaN/inf blocks
+// poisoned), a hand-computed block, the AVX2 tiles against the scalar q16act reference over a
+// table of awkward shapes, the whole kernel against the f32 reference within the bound its
+// activation rounding allows (and far inside q8act's error), batch invariance bitwise (alone vs
+// batched, and fused in matmul_multi vs alone), NaN per token, and the matvec dispatch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/kernels.h"
+#include "kernels/matmul_multi.h"
+#include "kernels/matvec_act.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace snap::kernels {
+namespace {
+
+using test::all_close;
+using test::random_floats;
+
+// Restores the process-wide choice on scope exit.
+struct ActGuard {
+  MatvecAct saved = matvec_act();
+  explicit ActGuard(MatvecAct a) { matvec_act_set(a); }
+  ~ActGuard() { matvec_act_set(saved); }
+};
+
+// Random blocks with scales so |w| ≲ 1: q8_0 d ≤ 1/127, q4_0 d ≤ 1/8, q4_1 d ≤ 2/15 and m
+// around −0.5; d and m are f16. Quant bytes are uniform, so q8_0 holds −128 too.
+std::vector<uint8_t> make_blocks(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<uint8_t> data(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
+  for (uint8_t& b : data) b = static_cast<uint8_t>(gen());
+  std::uniform_real_distribution<float> unit(0.5f, 1.0f);
+  const float d_max = dtype == DType::q8_0 ? 1.0f / 127 : dtype == DType::q4_0 ? 1.0f / 8 : 2.0f / 15;
+  for (size_t off = 0; off < data.size(); off += static_cast<size_t>(dtype_block_bytes(dtype))) {
+    const uint16_t d = f32_to_f16(d_max * unit(gen));
+    std::memcpy(&data[off], &d, 2);
+    if (dtype == DType::q4_1) {
+      const uint16_t m = f32_to_f16(-unit(gen) + 0.5f * unit(gen) - 0.25f);
+      std::memcpy(&data[off + 2], &m, 2);
+    }
+  }
+  return data;
+}
+
+// Element j of one block, decoded here from the ggml layout (common/dtype.h) on its own.
+double block_value(DType dtype, const uint8_t* b, int j) {
+  uint16_t h;
+  std::memcpy(&h, b, 2);
+  const double d = f16_to_f32(h);
+  if (dtype == DType::q8_0) return d * static_cast<int8_t>(b[2 + j]);
+  const uint8_t byte = b[(dtype == DType::q4_1 ? 4 : 2) + j % 16];
+  const int n = j < 16 ? byte & 0x0f : byte >> 4;
+  if (dtype == DType::q4_0) return d * (n - 8);
+  std::memcpy(&h, b + 2, 2);
+  return d * n + f16_to_f32(h);
+}
+
+struct Shape {
+  int64_t rows, cols, num_tokens;
+};
+
+// Every register-block tail (rows % 4 = 0..3, tokens 1..9 so every NT and a second group), one
+// row, one block, cols that are not multiples of 64, and the SmolLM2 shapes (the LM head's
+// 49152 rows are covered by 4099, which also leaves a row tail).
+const std::vector<Shape> k_shapes = {
+    {1, 32, 1},    {1, 576, 3},    {2, 96, 1},    {3, 32, 4},     {7, 32, 2},    {7, 64, 5},   {83, 576, 1},
+    {83, 1536, 4}, {769, 64, 3},   {769, 576, 1}, {576, 576, 2},  {1536, 576, 1}, {576, 1536, 5},
+    {5, 96, 9},    {4099, 576, 1}, {10, 160, 6},  {13, 224, 7},   {6, 32, 8},
+};
+
+const DType k_types[] = {DType::q8_0, DType::q4_0, DType::q4_1};
+
+// Activations like a transformer's: most blocks ~1, some with one large outlier, one zero block.
+std::vector<float> make_x(int64_t n, uint32_t seed) {
+  std::vector<float> x = random_floats(n, seed);
+  for (int64_t i = 0; i < n; i += 97) x[i] *= 20.0f;
+  for (int64_t i = 0; i < std::min<int64_t>(n, 32); ++i) x[i] = 0.0f;
+  return x;
+}
+
+TEST(QuantizeActQ16, SimdEqualsScalarAndStaysWithinHalfAStep) {
+  const int64_t cols = 32 * 41;
+  std::vector<float> x = make_x(cols, 3);
+  x[40] = 1e-30f;
+  for (int j = 64; j < 96; ++j) x[j] = 1e6f * (j - 80);  // a block of large values
+  for (int j = 96; j < 128; ++j) x[j] = (j % 2 ? 1.0f : -1.0f) * 3e-3f;  // ± amax alike: q = ±32767
+  std::vector<int16_t> q[2];
+  std::vector<float> d[2], s[2];
+  int i = 0;
+  for (SimdLevel level : test::supported_levels()) {
+    if (level > SimdLevel::avx2) continue;
+    test::LevelGuard guard(level);
+    q[i].resize(cols);
+    d[i].resize(cols / 32);
+    s[i].resize(cols / 32);
+    quantize_act_q16(x.data(), cols, q[i].data(), d[i].data(), s[i].data());
+    ++i;
+  }
+  for (int k = 1; k < i; ++k) {
+    EXPECT_EQ(0, std::memcmp(q[0].data(), q[k].data(), cols * 2)) << "int16 quants differ between SIMD levels";
+    EXPECT_EQ(0, std::memcmp(d[0].data(), d[k].data(), d[0].size() * 4)) << "scales differ between SIMD levels";
+    EXPECT_EQ(0, std::memcmp(s[0].data(), s[k].data(), s[0].size() * 4)) << "sums differ between SIMD levels";
+  }
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    float amax = 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    EXPECT_EQ(d[0][b], amax / 32767.0f) << "block " << b;
+    for (int j = 0; j < 32; ++j) {
+      const int64_t c = b * 32 + j;
+      ASSERT_GE(q[0][c], -32767) << c;
+      ASSERT_LE(q[0][c], 32767) << c;
+      // Half a step, plus the rounding of id = 1/d and of x·id: up to ~2 ulp of |q| ≤ 32767,
+      // i.e. 0.008 of a step (q8act's 127 makes that invisible there).
+      EXPECT_LE(std::fabs(double{x[c]} - double{d[0][b]} * q[0][c]), 0.508 * d[0][b]) << "element " << c;
+      sum += q[0][c];
+    }
+    EXPECT_EQ(s[0][b], d[0][b] * static_cast<float>(sum)) << "block " << b;
+  }
+  EXPECT_EQ(d[0][0], 0.0f) << "the zero block";
+  for (int j = 96; j < 128; ++j) EXPECT_EQ(q[0][j], j % 2 ? 32767 : -32767) << "element " << j;
+}
+
+TEST(QuantizeActQ16, NonFiniteBlockGetsNanScale) {
+  for (SimdLevel level : test::supported_levels()) {
+    test::LevelGuard guard(level);
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> x = random_floats(96, 5);
+      x[40] = bad;
+      std::vector<int16_t> q(96);
+      std::vector<float> d(3), s(3);
+      quantize_act_q16(x.data(), 96, q.data(), d.data(), s.data());
+      EXPECT_FALSE(std::isnan(d[0]));
+      EXPECT_TRUE(std::isnan(d[1]) && std::isnan(s[1])) << test::level_name(level) << " value " << bad;
+      EXPECT_FALSE(std::isnan(d[2]));
+    }
+  }
+}
+
+// One q4_1 block worked by hand: d = 0.5, m = −1 (exact in f16), byte j holds nibbles j (low,
+// element j) and 15 − j (high, element j + 16), so w_j = 0.5·n_j − 1. x_j = q_j·(2/32767) with
+// integer q_j and max q_j = 32767, so x quantizes back to those q_j (to within an ulp of d) and
+// the result must equal the f64 sum to ~1e-7: a swapped nibble half, a lost m term or a wrong
+// scale moves it by far more.
+TEST(MatvecQ16Act, HandComputedBlock) {
+  std::vector<uint8_t> blk(20);
+  const uint16_t d = f32_to_f16(0.5f), m = f32_to_f16(-1.0f);
+  std::memcpy(&blk[0], &d, 2);
+  std::memcpy(&blk[2], &m, 2);
+  for (int j = 0; j < 16; ++j) blk[4 + j] = static_cast<uint8_t>(j | ((15 - j) << 4));  // hi nibble 15 − j
+  const float dx = 2.0f / 32767.0f;
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = (j == 5 ? 32767 : 16000 - 1000 * (j % 7)) * dx;
+  // Σ w_j·x_j with w_j = 0.5·n_j − 1, n_j = j (j < 16), 31 − j (j ≥ 16), in f64.
+  double want = 0.0;
+  for (int j = 0; j < 32; ++j) want += (0.5 * (j < 16 ? j : 31 - j) - 1.0) * x[j];
+  const WeightView w{DType::q4_1, blk.data(), 1, 32};
+  for (SimdLevel level : test::supported_levels()) {
+    test::LevelGuard guard(level);
+    float got = 0.0f;
+    matvec_q16act_cpu(x.data(), w, nullptr, &got, 1);
+    EXPECT_NEAR(got, want, 2e-6 * std::fabs(want)) << test::level_name(level);
+  }
+  float ref = 0.0f;
+  matvec_q16act_ref(x.data(), w, nullptr, &ref, 1);
+  EXPECT_NEAR(ref, want, 2e-6 * std::fabs(want));
+}
+
+// The AVX2 tiles and the scalar reference quantize identically and sum the same exact
+// integers; only the f32 accumulation of the per-block terms differs from the f64 one, so the
+// matmul tests' bound (2e-5 of max(1, max|y|)) holds here too.
+TEST(MatvecQ16Act, CpuMatchesQ16ReferenceOnAwkwardShapes) {
+  for (DType dtype : k_types) {
+    for (const Shape& s : k_shapes) {
+      const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 29 + static_cast<uint32_t>(s.rows));
+      const WeightView w{dtype, blocks.data(), s.rows, s.cols};
+      const std::vector<float> x = make_x(s.num_tokens * s.cols, 31);
+      const std::vector<float> bias = random_floats(s.rows, 37);
+      for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+        std::vector<float> want(static_cast<size_t>(s.num_tokens * s.rows));
+        matvec_q16act_ref(x.data(), w, b, want.data(), s.num_tokens);
+        for (SimdLevel level : test::supported_levels()) {
+          test::LevelGuard guard(level);
+          std::vector<float> got(want.size(), -12345.0f);
+          matvec_q16act_cpu(x.data(), w, b, got.data(), s.num_tokens);
+          EXPECT_TRUE(all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 2e-5))
+              << dtype_name(dtype) << " rows " << s.rows << " cols " << s.cols << " tokens " << s.num_tokens
+              << (b ? " bias" : "") << " at " << test::level_name(level);
+        }
+      }
+    }
+  }
+}
+
+// Against the f32-activation reference (matmul_ref, f64): quantizing x moves each element by
+// at most d_x/2, so |y_q16 − y_f32| ≤ Σ_b (d_x,b / 2)·Σ_j |w_bj| plus the f32 summation slop
+// (1e-6 of max(1, |y|): this bound is 258× tighter than q8act's, so its slop is too). And the
+// error must be far below q8act's on the same inputs: the point of the mode.
+TEST(MatvecQ16Act, WithinActivationQuantizationBoundOfF32Reference) {
+  for (DType dtype : k_types) {
+    double worst = 0.0, err16 = 0.0, err8 = 0.0;
+    for (const Shape& s : k_shapes) {
+      const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 41 + static_cast<uint32_t>(s.cols));
+      const WeightView w{dtype, blocks.data(), s.rows, s.cols};
+      const std::vector<float> x = make_x(s.num_tokens * s.cols, 43);
+      std::vector<float> want(static_cast<size_t>(s.num_tokens * s.rows)), got(want.size()), q8(want.size());
+      matmul_ref(x.data(), w, nullptr, want.data(), s.num_tokens);
+      matvec_q16act_cpu(x.data(), w, nullptr, got.data(), s.num_tokens);
+      matvec_q8act_cpu(x.data(), w, nullptr, q8.data(), s.num_tokens);
+      const int64_t nb = s.cols / 32;
+      std::vector<int16_t> q(s.cols);
+      std::vector<float> dx(nb), sx(nb);
+      for (int64_t t = 0; t < s.num_tokens; ++t) {
+        quantize_act_q16(&x[t * s.cols], s.cols, q.data(), dx.data(), sx.data());
+        for (int64_t r = 0; r < s.rows; ++r) {
+          const uint8_t* row = blocks.data() + r * dtype_row_bytes(dtype, s.cols);
+          double bound = 0.0;
+          for (int64_t b = 0; b < nb; ++b) {
+            double abs_sum = 0.0;
+            for (int j = 0; j < 32; ++j) abs_sum += std::fabs(block_value(dtype, row + b * dtype_block_bytes(dtype), j));
+            bound += 0.5 * dx[b] * abs_sum;
+          }
+          const int64_t i = t * s.rows + r;
+          const double err = std::fabs(double{got[i]} - want[i]);
+          const double slop = 1e-6 * std::max(1.0, std::fabs(double{want[i]}));
+          ASSERT_LE(err, bound + slop) << dtype_name(dtype) << " rows " << s.rows << " cols " << s.cols << " token "
+                                       << t << " row " << r << ": got " << got[i] << " want " << want[i];
+          worst = std::max(worst, err / (bound + slop));
+          err16 = std::max(err16, err);
+          err8 = std::max(err8, std::fabs(double{q8[i]} - want[i]));
+        }
+      }
+    }
+    EXPECT_GT(worst, 0.0) << dtype_name(dtype) << ": q16act equal to f32 everywhere: is it really quantizing?";
+    EXPECT_LT(err16 * 30, err8) << dtype_name(dtype) << ": q16act max error " << err16 << " vs q8act " << err8;
+    std::printf("%s: largest error %.3f of its bound; max |err| q16act %.3g, q8act %.3g (ratio %.0f)\n",
+                dtype_name(dtype), worst, err16, err8, err8 / err16);
+  }
+}
+
+TEST(MatvecQ16Act, RowResultIndependentOfBatchSize) {
+  const ActGuard act(MatvecAct::q16);
+  const int64_t rows = 83, cols = 576, tokens = 13;
+  for (DType dtype : k_types) {
+    const std::vector<uint8_t> blocks = make_blocks(dtype, rows, cols, 47);
+    const WeightView w{dtype, blocks.data(), rows, cols};
+    const std::vector<float> x = make_x(tokens * cols, 53), bias = random_floats(rows, 59);
+    for (SimdLevel level : test::supported_levels()) {
+      test::LevelGuard guard(level);
+      std::vector<float> all(tokens * rows), one(rows), direct(tokens * rows);
+      matmul_rowwise_cpu(x.data(), w, bias.data(), all.data(), tokens);
+      for (int64_t t = 0; t < tokens; ++t) {
+        matmul_rowwise_cpu(&x[t * cols], w, bias.data(), one.data(), 1);
+        EXPECT_EQ(0, std::memcmp(one.data(), &all[t * rows], rows * sizeof(float)))
+            << dtype_name(dtype) << " at " << test::level_name(level) << ", token " << t;
+      }
+      if (level == SimdLevel::scalar) continue;  // the scalar level of matmul is the f32 reference
+      matvec_q16act_cpu(x.data(), w, bias.data(), direct.data(), tokens);
+      EXPECT_EQ(0, std::memcmp(direct.data(), all.data(), all.size() * sizeof(float)))
+          << dtype_name(dtype) << ": matmul's q16act tiles differ from matvec_q16act_cpu";
+    }
+  }
+}
+
+// q/k/v-shaped matrices of different formats fused in one matmul_multi call give each output
+// bitwise what the matrix gives alone, for every token count.
+TEST(MatvecQ16Act, FusedEqualsAlone) {
+  const ActGuard act(MatvecAct::q16);
+  const int64_t cols = 576;
+  const std::vector<uint8_t> wq = make_blocks(DType::q4_1, 576, cols, 81), wk = make_blocks(DType::q8_0, 195, cols, 82),
+                             wv = make_blocks(DType::q4_0, 192, cols, 83);
+  const WeightView views[3] = {{DType::q4_1, wq.data(), 576, cols}, {DType::q8_0, wk.data(), 195, cols},
+                               {DType::q4_0, wv.data(), 192, cols}};
+  for (int64_t tokens : {1, 2, 5}) {
+    const std::vector<float> x = make_x(tokens * cols, 85);
+    std::vector<float> fused[3], alone[3];
+    MatmulOut outs[3];
+    for (int i = 0; i < 3; ++i) {
+      fused[i].assign(tokens * views[i].rows, 0.0f);
+      alone[i].assign(tokens * views[i].rows, 1.0f);
+      outs[i] = {views[i], nullptr, fused[i].data()};
+      matmul_rowwise_cpu(x.data(), views[i], nullptr, alone[i].data(), tokens);
+    }
+    matmul_multi_cpu(x.data(), outs, 3, tokens, true);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(0, std::memcmp(fused[i].data(), alone[i].data(), fused[i].size() * 4))
+          << "matrix " << i << " tokens " << tokens;
+  }
+}
+
+TEST(MatvecQ16Act, NanOrInfInXReachesEveryOutputOfItsTokenOnly) {
+  const int64_t rows = 9, cols = 96, tokens = 3;
+  for (DType dtype : k_types) {
+    const std::vector<uint8_t> blocks = make_blocks(dtype, rows, cols, 61);
+    const WeightView w{dtype, blocks.data(), rows, cols};
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      std::vector<float> x = make_x(tokens * cols, 67);
+      x[cols + 50] = bad;
+      for (SimdLevel level : test::supported_levels()) {
+        test::LevelGuard guard(level);
+        std::vector<float> y(tokens * rows);
+        matvec_q16act_cpu(x.data(), w, nullptr, y.data(), tokens);
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_FALSE(std::isnan(y[r])) << "token 0 row " << r;
+          EXPECT_TRUE(std::isnan(y[rows + r])) << dtype_name(dtype) << " token 1 row " << r << " value " << bad;
+          EXPECT_FALSE(std::isnan(y[2 * rows + r])) << "token 2 row " << r;
+        }
+      }
+    }
+  }
+}
+
+// matmul's SIMD matvec takes the q16act kernel exactly when asked to (never at the scalar
+// level, which stays the f32 reference path); the sgemm path (8+ tokens) is untouched.
+TEST(MatvecQ16Act, MatvecDispatchFollowsTheChoice) {
+  const int64_t rows = 83, cols = 576, tokens = 3;
+  for (DType dtype : k_types) {
+    const std::vector<uint8_t> blocks = make_blocks(dtype, rows, cols, 71);
+    const WeightView w{dtype, blocks.data(), rows, cols};
+    const std::vector<float> x = make_x(tokens * cols, 73);
+    std::vector<float> q16(tokens * rows), q8(tokens * rows), f32(tokens * rows), got(tokens * rows);
+    matvec_q16act_cpu(x.data(), w, nullptr, q16.data(), tokens);
+    matvec_q8act_cpu(x.data(), w, nullptr, q8.data(), tokens);
+    {
+      const ActGuard act(MatvecAct::f32);
+      matmul_matvec_cpu(x.data(), w, nullptr, f32.data(), tokens);
+    }
+    EXPECT_NE(0, std::memcmp(q16.data(), f32.data(), q16.size() * 4)) << dtype_name(dtype);
+    EXPECT_NE(0, std::memcmp(q16.data(), q8.data(), q16.size() * 4)) << dtype_name(dtype);
+    {
+      const ActGuard act(MatvecAct::q16);
+      matmul_matvec_cpu(x.data(), w, nullptr, got.data(), tokens);
+      EXPECT_EQ(0, std::memcmp(got.data(), q16.data(), q16.size() * 4)) << dtype_name(dtype) << " q16act";
+      matmul_cpu(x.data(), w, nullptr, got.data(), tokens);
+      EXPECT_EQ(0, std::memcmp(got.data(), q16.data(), q16.size() * 4)) << dtype_name(dtype) << " matmul_cpu";
+      test::LevelGuard guard(SimdLevel::scalar);
+      std::vector<float> want(tokens * rows);
+      matmul_matvec_cpu(x.data(), w, nullptr, got.data(), tokens);
+      matmul_ref(x.data(), w, nullptr, want.data(), tokens);
+      EXPECT_TRUE(all_close(got.data(), want.data(), tokens * rows, 2e-5)) << "scalar level is f32act";
+    }
+  }
+}
+
+TEST(MatvecQ16Act, NamesAndBadWeights) {
+  MatvecAct a = MatvecAct::f32;
+  EXPECT_TRUE(matvec_act_from_name("q16act", &a));
+  EXPECT_EQ(a, MatvecAct::q16);
+  EXPECT_STREQ(matvec_act_name(MatvecAct::q16), "q16act");
+  EXPECT_FALSE(matvec_act_from_name("q16", &a));
+  EXPECT_EQ(a, MatvecAct::q16);
+  std::vector<float> f(64 * 2, 1.0f), x(64, 1.0f), y(2);
+  const WeightView wf{DType::f32, f.data(), 2, 64};
+  EXPECT_DEATH(matvec_q16act_cpu(x.data(), wf, nullptr, y.data(), 1), "q16act: f32 weights");
+}
+
+}  // namespace
+}  // namespace snap::kernels
