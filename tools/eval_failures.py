@@ -8,7 +8,8 @@ A needle answer is wrong in one of three ways that point to different causes:
   distractor the output holds another needle's value (multi-key tasks);
   absent     neither: the needle was not retrieved at all.
 Prints, per (task, placement, length, policy): n, correct, and the three counts, then the
-wrong records' depth/seed/expected/output lines with --list.
+wrong records' task/policy/depth/seed/expected/output lines with --list. A file that
+cannot be read or a line that is not an eval record ends it with one line naming both.
 
   python3 tools/eval_failures.py RUNS.jsonl [RUNS2.jsonl ...] [--list]
 """
@@ -16,6 +17,7 @@ import argparse
 import collections
 import json
 import re
+import sys
 
 
 def classify(rec):
@@ -47,18 +49,29 @@ def main():
     cells = collections.OrderedDict()
     wrong = []
     for path in a.inputs:
-        with open(path) as f:
-            for line in f:
+        try:
+            f = open(path)
+        except OSError as e:
+            sys.exit(f"eval_failures.py: {path}: cannot read it ({e.strerror})")
+        with f:
+            for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
-                r = json.loads(line)
-                key = (r["task"], r["placement"], r["length"], r["policy_label"])
+                try:
+                    r = json.loads(line)
+                    key = (r["task"], r["placement"], r["length"], r["policy_label"])
+                    kind = classify(r)
+                    item = (key, r["depth"], r["seed"], r["expected"], kind, r["output"])
+                except json.JSONDecodeError as e:
+                    sys.exit(f"eval_failures.py: {path}:{lineno}: not JSON ({e.msg})")
+                except (KeyError, TypeError) as e:
+                    sys.exit(f"eval_failures.py: {path}:{lineno}: not an eval run record (field {e} missing or "
+                             f"of the wrong type)")
                 c = cells.setdefault(key, collections.Counter())
-                kind = classify(r)
                 c["n"] += 1
                 c[kind] += 1
                 if kind != "correct":
-                    wrong.append((key, r["depth"], r["seed"], r["expected"], kind, r["output"]))
+                    wrong.append(item)
     print("| task | placement | length | policy | n | correct | partial | distractor | absent |")
     print("|---|---|---|---|---|---|---|---|---|")
     for (task, placement, length, label), c in sorted(cells.items()):
@@ -66,7 +79,7 @@ def main():
               f"{c['distractor']} | {c['absent']} |")
     if a.list:
         for key, depth, seed, exp, kind, out in sorted(wrong, key=lambda w: (w[0], w[1], w[2])):
-            print(f"{key[3]} L{key[2]} {key[1]} depth {depth} seed {seed}: {kind}, expected {exp}, "
+            print(f"{key[0]} {key[3]} L{key[2]} {key[1]} depth {depth} seed {seed}: {kind}, expected {exp}, "
                   f"output {out.strip()[:100]!r}")
 
 
