@@ -2,9 +2,9 @@
 // stack of random block weights (30 layers × q/k/v/o/gate/up/down + the 49152×576 q8_0 LM
 // head, 92 MiB for q4_1, far beyond the caches, as in a real decode step), timed per pass,
 // against the memory-bandwidth floor: bytes of weights / measured bandwidth (STREAM triad and
-// a read-only sum, both over 3 × 128 MiB). f32act, q8act and q16act (kernels/matvec_act.h) run
+// a read-only sum, both over 3 × 128 MiB). The --acts modes (kernels/matvec_act.h) run
 // interleaved round by round, so a noisy machine shifts both alike; medians are quoted.
-//   build/bench/bench_matvec [--threads 2] [--dtypes q4_1,q4_0,q8_0] [--acts f32act,q8act,q16act]
+//   build/bench/bench_matvec [--threads 2] [--dtypes q4_1,q4_0,q8_0] [--acts f32act,q8act,q16act,q16x2act]
 //       [--rounds 15] [--tokens 1] [--layers 30]
 #include <omp.h>
 
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   using namespace snap;
   int threads = 2, rounds = 15, layers = 30;
   int64_t tokens = 1;
-  std::string dtypes_arg = "q4_1,q4_0,q8_0", acts_arg = "f32act,q8act,q16act";
+  std::string dtypes_arg = "q4_1,q4_0,q8_0", acts_arg = "f32act,q8act,q16act,q16x2act";
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--help" || k == "-h") {
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
           "bench_matvec: one decode token's matvecs over a SmolLM2-135M-shaped weight stack vs the bandwidth floor\n"
           "  --threads N       OpenMP threads (2)\n"
           "  --dtypes LIST     layer weight types among q4_1,q4_0,q8_0 (all three); the LM head is q8_0\n"
-          "  --acts LIST       matvec activation modes among f32act,q8act,q16act (all three), interleaved per round\n"
+          "  --acts LIST       matvec activation modes among f32act,q8act,q16act,q16x2act (all), interleaved per round\n"
           "  --rounds N        timed passes per mode (15); the median is printed\n"
           "  --tokens N        rows per matvec call (1: one decode token)\n"
           "  --layers N        transformer layers in the stack (30, as SmolLM2-135M)\n");
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   for (const std::string& a : split(acts_arg)) {
     kernels::MatvecAct act;
     if (!kernels::matvec_act_from_name(a, &act)) {
-      std::fprintf(stderr, "bench_matvec: unknown activation mode '%s' (f32act|q8act|q16act)\n", a.c_str());
+      std::fprintf(stderr, "bench_matvec: unknown activation mode '%s' (f32act|q8act|q16act|q16x2act)\n", a.c_str());
       return 2;
     }
     acts.push_back(act);
@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
   const Bandwidth bw = measure_bandwidth();
   std::printf("threads %d, simd %s, tokens %lld, bandwidth triad %.1f GB/s, read %.1f GB/s\n", threads,
               kernels::simd_level_name(), (long long)tokens, bw.triad, bw.read);
-  std::printf("%-6s %-7s %9s %10s %8s %10s %10s\n", "dtype", "act", "MiB", "ms/token", "GB/s", "x_triad", "x_read");
+  std::printf("%-6s %-8s %9s %10s %8s %10s %10s\n", "dtype", "act", "MiB", "ms/token", "GB/s", "x_triad", "x_read");
   // [rows, cols] of one layer: q, k, v, o, gate, up, down (hidden 576, kv 192, ff 1536).
   const int64_t shapes[7][2] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};
   for (const std::string& name : split(dtypes_arg)) {
@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     for (size_t a = 0; a < acts.size(); ++a) {
       const double t = median(times[a]);
       const double gbs = bytes / t / 1e9;
-      std::printf("%-6s %-7s %9.1f %10.2f %8.1f %10.2f %10.2f\n", name.c_str(), kernels::matvec_act_name(acts[a]),
+      std::printf("%-6s %-8s %9.1f %10.2f %8.1f %10.2f %10.2f\n", name.c_str(), kernels::matvec_act_name(acts[a]),
                   bytes / 1048576.0, t * 1e3, gbs, bw.triad / gbs, bw.read / gbs);
     }
     std::fflush(stdout);

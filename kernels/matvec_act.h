@@ -6,7 +6,9 @@
 //           integer sum (AVX2 maddubs/madd) scaled by d_w·d_x: fewer instructions per weight byte.
 //   q16act: as q8act with int16 activation blocks (d = max|x|/32767) and the weight quants
 //           widened to int16 in registers (AVX2 vpmaddwd): 1/258 of q8act's rounding error.
-// Chosen process-wide: env SNAP_MATVEC=f32act|q8act|q16act (read once) or matvec_act_set() (CLIs).
+//   q16x2act: q16act plus a second int16 plane holding the rounding residual at scale d/32768
+//           (activations to ~2^-31 of each block's max|x|) and two more vpmaddwd per block.
+// Chosen process-wide: env SNAP_MATVEC=f32act|q8act|q16act|q16x2act (read once) or matvec_act_set() (CLIs).
 #pragma once
 
 #include <cstdint>
@@ -16,13 +18,13 @@
 
 namespace snap::kernels {
 
-enum class MatvecAct : uint8_t { f32, q8, q16 };
+enum class MatvecAct : uint8_t { f32, q8, q16, q16x2 };
 
 // The current choice: matvec_act_set() if called, else SNAP_MATVEC, else f32act.
 MatvecAct matvec_act();
 void matvec_act_set(MatvecAct act);
-const char* matvec_act_name(MatvecAct act);  // "f32act" | "q8act" | "q16act"
-// "f32act" / "q8act" / "q16act" -> true and *out set; anything else -> false.
+const char* matvec_act_name(MatvecAct act);  // "f32act" | "q8act" | "q16act" | "q16x2act"
+// "f32act" / "q8act" / "q16act" / "q16x2act" -> true and *out set; anything else -> false.
 bool matvec_act_from_name(const std::string& name, MatvecAct* out);
 
 // The q8-activation matvec on its own (whatever matvec_act() says), for the tests and the
@@ -45,5 +47,9 @@ void matvec_q16act_cpu(const float* x, const WeightView& w, const float* bias, f
 // Per token row of `cols` (a multiple of 32): q[cols] int16 in [-32767, 32767], d[cols/32] =
 // max|x|/32767 per block, s[cols/32] = d·Σq; a non-finite block gets d = s = NaN (and q = 0).
 void quantize_act_q16(const float* x, int64_t cols, int16_t* q, float* d, float* s);
+// q16x2act: the same q and d, plus q2 = round((x − d·q)·32768/d) and s = d·(Σq + Σq2/32768).
+void quantize_act_q16x2(const float* x, int64_t cols, int16_t* q, int16_t* q2, float* d, float* s);
+void matvec_q16x2act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
+void matvec_q16x2act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
 
 }  // namespace snap::kernels

@@ -18,9 +18,10 @@ void add_cpu_flags(CLI::App* cmd) {
          },
          "Decode matvec for q8_0/q4_0/q4_1 weights: f32act (default; weights dequantized in registers, f32 "
          "activations), q8act (activations quantized to int8 blocks of 32 once per matvec, integer dot "
-         "products; changes logits slightly) or q16act (int16 activation blocks, weights widened to int16: "
-         "1/258 of q8act's rounding error); see README \"CPU decode\"; env SNAP_MATVEC sets the default")
-      ->check(CLI::IsMember({"f32act", "q8act", "q16act"}));
+         "products; changes logits slightly), q16act (int16 activation blocks, weights widened to int16: "
+         "1/258 of q8act's rounding error) or q16x2act (q16act plus an int16 residual plane: activations as "
+         "exact as f32 for these sums); see README \"CPU decode\"; env SNAP_MATVEC sets the default")
+      ->check(CLI::IsMember({"f32act", "q8act", "q16act", "q16x2act"}));
   cmd->add_option("--threads-wait",
                   "How idle compute threads wait between parallel regions: spin (libgomp's default: fastest on an "
                   "idle machine, collapses when other processes compete for the cores), passive (sleep at once), "

@@ -373,7 +373,8 @@ struct MatvecPart {
   ScalarBlockFn scalar = nullptr;          // SIMD level scalar
   TileFn full = nullptr, tail = nullptr;   // f32 activations: 4 tokens, num_tokens % 4
   Q8TileFn qfull = nullptr, qtail = nullptr;  // q8act (kernels/cpu/matvec_q8act.cpp)
-  Q16TileFn q16full = nullptr, q16tail = nullptr;  // q16act (kernels/cpu/matvec_q16act.cpp)
+  Q16TileFn q16full = nullptr, q16tail = nullptr;  // q16act/q16x2act (kernels/cpu/matvec_q16act.cpp)
+  bool q16split = false;                           // q16x2act: the tiles read the residual plane
 };
 
 template <DType D>
@@ -389,9 +390,11 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
   } else if (dtype_is_quantized(D) && act == MatvecAct::q8) {
     p.qfull = q8act_tile_avx2(D, k_block_tokens);
     p.qtail = rest ? q8act_tile_avx2(D, rest) : nullptr;
-  } else if (dtype_is_quantized(D) && act == MatvecAct::q16) {
-    p.q16full = q16act_tile_avx2(D, k_block_tokens);
-    p.q16tail = rest ? q16act_tile_avx2(D, rest) : nullptr;
+  } else if (dtype_is_quantized(D) && (act == MatvecAct::q16 || act == MatvecAct::q16x2)) {
+    const bool split = act == MatvecAct::q16x2;
+    p.q16full = q16act_tile_avx2(D, k_block_tokens, split);
+    p.q16tail = rest ? q16act_tile_avx2(D, rest, split) : nullptr;
+    p.q16split = split;
   } else {
     p.full = pick_tile<D>(level, k_block_tokens);
     p.tail = rest ? pick_tile<D>(level, rest) : nullptr;
@@ -445,15 +448,16 @@ void run_parts(const float* x, const MatvecPart* parts, int count, int64_t num_t
   thread_local ActQ8 act;  // the caller's thread only: filled before the parallel region
   thread_local ActQ16 act16;
   int64_t total = 0, work = 0;
-  bool q8 = false, q16 = false;
+  bool q8 = false, q16 = false, q16split = false;
   for (int i = 0; i < count; ++i) {
     total += parts[i].num_blocks;
     work += parts[i].w.rows * parts[i].w.cols * num_tokens;
     q8 = q8 || parts[i].qfull != nullptr;
     q16 = q16 || parts[i].q16full != nullptr;
+    q16split = q16split || parts[i].q16split;
   }
   if (q8) act.quantize(x, num_tokens, parts[0].w.cols, true);
-  if (q16) act16.quantize(x, num_tokens, parts[0].w.cols, true);
+  if (q16) act16.quantize(x, num_tokens, parts[0].w.cols, true, q16split);
   const ActQ8& a = act;
   const ActQ16& a16 = act16;
 #pragma omp parallel for schedule(static) if (work >= k_parallel_min_work)

@@ -3,8 +3,10 @@
 // are widened to int16 in registers, and each block's dot product is an exact integer sum
 // (AVX2 vpmaddwd) scaled once: y = Σ_b d_w·d_x·Σ q_w·q_x (+ m_w·d_x·Σ q_x for q4_1; q4_0 is
 // q4_1 with m = −8·d_w, q8_0 has no m term). The activation rounding error is 127/32767 (1/258)
-// of q8act's. matvec_q16act_ref is the plain scalar version (f64 sums); matvec_q16act_cpu the
-// AVX2 tiles (4 rows × up to 4 tokens).
+// of q8act's. q16x2act adds a second int16 plane, the rounding residual at scale d/32768
+// (x ≈ d·(q + q2/32768), |error| ≤ d/65536, about 2^-31 of max|x|: as exact as f32 activations
+// for these sums) and two more vpmaddwd per block. *_ref is the plain scalar version (f64
+// sums); *_cpu the AVX2 tiles (4 rows × up to 4 tokens).
 #include "kernels/cpu/matvec_q16act.h"
 
 #include <omp.h>
@@ -25,6 +27,7 @@ namespace {
 
 constexpr int64_t k_qk = 32;  // elements per block, weights and activations alike
 constexpr int k_q16_max = 32767;
+constexpr float k_lo_scale = 1.0f / 32768.0f;  // the residual plane's step, in units of d
 constexpr int k_block_rows = 4;
 constexpr int k_block_tokens = 4;
 // As matmul.cpp: below this many multiply-adds a parallel region costs more than it saves.
@@ -41,8 +44,10 @@ inline float load_f16(const uint8_t* p) {
 // --- activation quantization ------------------------------------------------------------
 // Scalar and AVX2 give bit-identical q, d, s: the same IEEE operations in the same order
 // (|x| max is exact, d = amax/32767, id = 1/d, q = round-to-nearest-even(x·id)). Σq ≤ 32·32767
-// < 2^24, so s = d·Σq is one rounding in both.
-void quantize_block_scalar(const float* x, int16_t* q, float* d, float* s) {
+// < 2^24, so s = d·Σq is one rounding in both. With q2 (split): r = x − d·q in one rounding
+// (an FMA in both), q2 = round(r·32768/d) (|r| ≤ d/2 up to rounding, so |q2| ≤ ~16400), and
+// s = d·(Σq + Σq2/32768) (both sums exact in f32, one rounding for their sum, one for d·).
+void quantize_block_scalar(const float* x, int16_t* q, int16_t* q2, float* d, float* s) {
   float amax = 0.0f;
   bool finite = true;
   for (int j = 0; j < k_qk; ++j) {
@@ -51,22 +56,46 @@ void quantize_block_scalar(const float* x, int16_t* q, float* d, float* s) {
   }
   if (!finite) {
     std::memset(q, 0, k_qk * sizeof(int16_t));
+    if (q2) std::memset(q2, 0, k_qk * sizeof(int16_t));
     *d = *s = std::numeric_limits<float>::quiet_NaN();
     return;
   }
   const float dd = amax / static_cast<float>(k_q16_max);
   const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-  int sum = 0;
+  const float id2 = id * 32768.0f;  // exact: a power of two
+  int sum = 0, sum2 = 0;
   for (int j = 0; j < k_qk; ++j) {
     const int v = static_cast<int>(std::nearbyint(x[j] * id));
     q[j] = static_cast<int16_t>(std::clamp(v, -k_q16_max, k_q16_max));
     sum += q[j];
+    if (q2) {
+      const float r = std::fma(-dd, static_cast<float>(q[j]), x[j]);
+      const int v2 = static_cast<int>(std::nearbyint(r * id2));
+      q2[j] = static_cast<int16_t>(std::clamp(v2, -k_q16_max, k_q16_max));
+      sum2 += q2[j];
+    }
   }
   *d = dd;
-  *s = dd * static_cast<float>(sum);
+  *s = q2 ? dd * (static_cast<float>(sum) + static_cast<float>(sum2) * k_lo_scale) : dd * static_cast<float>(sum);
 }
 
-SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q, float* d, float* s) {
+SNAP_TARGET_AVX2 inline int hsum_epi32_avx2(__m256i v) {
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+  return _mm_cvtsi128_si32(s4);
+}
+
+// Four int32 vectors (elements 0..31 in order) → 32 int16 at q, saturating (never reached).
+SNAP_TARGET_AVX2 inline void store_i16_avx2(const __m256i i[4], int16_t* q) {
+  // packs interleaves the 128-bit lanes (a0-3 b0-3 | a4-7 b4-7); permute4x64 puts them in order.
+  const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xd8);
+  const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[2], i[3]), 0xd8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), p01);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), p23);
+}
+
+SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q, int16_t* q2, float* d, float* s) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   for (int64_t b = 0; b < cols / k_qk; ++b) {
@@ -79,7 +108,7 @@ SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q
       amax = _mm256_max_ps(amax, a);
     }
     if (_mm256_movemask_ps(bad) != 0) {
-      quantize_block_scalar(xb, q + b * k_qk, d + b, s + b);
+      quantize_block_scalar(xb, q + b * k_qk, q2 ? q2 + b * k_qk : nullptr, d + b, s + b);
       continue;
     }
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
@@ -92,17 +121,23 @@ SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q
       i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     // |x·id| ≤ amax·(1/dd) rounds to ≤ 32767 (at most a few ulp above it), so the saturating
     // pack changes nothing and equals the scalar clamp.
-    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-    // packs interleaves the 128-bit lanes (a0-3 b0-3 | a4-7 b4-7); permute4x64 puts them in order.
-    const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xd8);
-    const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[2], i[3]), 0xd8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * k_qk), p01);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * k_qk + 16), p23);
+    const int sum = hsum_epi32_avx2(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+    store_i16_avx2(i, q + b * k_qk);
     d[b] = dd;
-    s[b] = dd * static_cast<float>(_mm_cvtsi128_si32(s4));
+    if (q2 == nullptr) {
+      s[b] = dd * static_cast<float>(sum);
+      continue;
+    }
+    // The residual plane, as the scalar code: r = fma(−d, q, x), q2 = round(r·id·32768).
+    const __m256 dv = _mm256_set1_ps(dd), id2 = _mm256_mul_ps(id, _mm256_set1_ps(32768.0f));
+    __m256i i2[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 r = _mm256_fnmadd_ps(dv, _mm256_cvtepi32_ps(i[j]), v[j]);
+      i2[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(r, id2), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    const int sum2 = hsum_epi32_avx2(_mm256_add_epi32(_mm256_add_epi32(i2[0], i2[1]), _mm256_add_epi32(i2[2], i2[3])));
+    store_i16_avx2(i2, q2 + b * k_qk);
+    s[b] = dd * (static_cast<float>(sum) + static_cast<float>(sum2) * k_lo_scale);
   }
 }
 
@@ -127,9 +162,9 @@ inline void block_scalar(const uint8_t* b, float* d, float* m, int* q) {
 
 // --- reference ----------------------------------------------------------------------------
 template <DType D>
-void ref_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+void ref_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, bool split) {
   ActQ16 a;
-  a.quantize(x, num_tokens, w.cols, false);
+  a.quantize(x, num_tokens, w.cols, false, split);
   const int64_t bb = dtype_block_bytes(D);
   for (int64_t r = 0; r < w.rows; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + r * a.nb * bb;
@@ -139,9 +174,11 @@ void ref_typed(const float* x, const WeightView& w, const float* bias, float* y,
         float dw, mw;
         int qw[32];
         block_scalar<D>(row + b * bb, &dw, &mw, qw);
-        int64_t sumi = 0;
+        int64_t sumi = 0, sumi2 = 0;
         for (int j = 0; j < 32; ++j) sumi += int64_t{qw[j]} * a.q[t * w.cols + b * k_qk + j];
-        acc += double{dw} * a.d[t * a.nb + b] * static_cast<double>(sumi);
+        if (split)
+          for (int j = 0; j < 32; ++j) sumi2 += int64_t{qw[j]} * a.q2[t * w.cols + b * k_qk + j];
+        acc += double{dw} * a.d[t * a.nb + b] * (static_cast<double>(sumi) + static_cast<double>(sumi2) / 32768.0);
         if constexpr (D != DType::q8_0) acc += double{mw} * a.s[t * a.nb + b];
       }
       y[t * w.rows + r] = static_cast<float>(acc);
@@ -175,8 +212,10 @@ SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, __m256i* lo, _
 // 4 rows × NT tokens. Per block and row: two vpmaddwd (int16 pairs → int32, exact: the 4
 // products a lane gathers are at most 4·128·32767 < 2^24, so even the f32 conversion is exact),
 // their sum converted to f32 and FMA'd with d_w·d_x into the row's accumulator; q4's m_w·s_x goes to a scalar sum.
+// Split (q16x2act): the residual plane's two vpmaddwd give p2 (exact, < 2^24 too), and the
+// block's value is fma(p2, 2^-15, p1) before the same scaling FMA.
 // Every token's order of operations is the same whatever NT is, so rows stay batch-invariant.
-template <DType D, int NT>
+template <DType D, int NT, bool Split>
 SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int64_t rows, const float* bias, float* y,
                                 int64_t r) {
   constexpr int64_t bb = dtype_block_bytes(D);
@@ -185,6 +224,7 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
   const uint8_t* row[k_block_rows];  // rows past the end repeat the last one; results dropped
   for (int k = 0; k < k_block_rows; ++k) row[k] = static_cast<const uint8_t*>(w) + std::min(r + k, rows - 1) * nb * bb;
   const int16_t* xq = a.q.data() + t0 * cols;
+  const int16_t* xq2 = Split ? a.q2.data() + t0 * cols : nullptr;
   const float* xd = a.d.data() + t0 * nb;
   const float* xs = a.s.data() + t0 * nb;
   __m256 acc[k_block_rows][NT];
@@ -205,7 +245,14 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
         const auto* xb = reinterpret_cast<const __m256i*>(xq + t * cols + b * k_qk);
         const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(wl, _mm256_loadu_si256(xb)),
                                            _mm256_madd_epi16(wh, _mm256_loadu_si256(xb + 1)));
-        acc[k][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xd[t * nb + b]), acc[k][t]);
+        __m256 v = _mm256_cvtepi32_ps(p);
+        if constexpr (Split) {
+          const auto* xb2 = reinterpret_cast<const __m256i*>(xq2 + t * cols + b * k_qk);
+          const __m256i p2 = _mm256_add_epi32(_mm256_madd_epi16(wl, _mm256_loadu_si256(xb2)),
+                                              _mm256_madd_epi16(wh, _mm256_loadu_si256(xb2 + 1)));
+          v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p2), _mm256_set1_ps(k_lo_scale), v);
+        }
+        acc[k][t] = _mm256_fmadd_ps(v, _mm256_set1_ps(dw * xd[t * nb + b]), acc[k][t]);
       }
       if constexpr (D != DType::q8_0) {
         const float mw = D == DType::q4_1 ? load_f16_f16c(blk + 2) : -8.0f * dw;
@@ -220,26 +267,31 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
       y[t * rows + r + k] = hsum_avx2(acc[k][t]) + macc[k][t] + (bias ? bias[r + k] : 0.0f);
 }
 
-template <DType D>
+template <DType D, bool Split>
 Q16TileFn pick(int nt) {
   switch (nt) {
-    case 1: return tile_avx2<D, 1>;
-    case 2: return tile_avx2<D, 2>;
-    case 3: return tile_avx2<D, 3>;
-    default: return tile_avx2<D, 4>;
+    case 1: return tile_avx2<D, 1, Split>;
+    case 2: return tile_avx2<D, 2, Split>;
+    case 3: return tile_avx2<D, 3, Split>;
+    default: return tile_avx2<D, 4, Split>;
   }
 }
 
 template <DType D>
-void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+Q16TileFn pick(int nt, bool split) {
+  return split ? pick<D, true>(nt) : pick<D, false>(nt);
+}
+
+template <DType D>
+void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, bool split) {
   thread_local ActQ16 a;  // the caller's thread only: filled before the parallel region
-  a.quantize(x, num_tokens, w.cols, true);
+  a.quantize(x, num_tokens, w.cols, true, split);
   const int64_t rows = w.rows;
   const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
   const int64_t full_groups = num_tokens / k_block_tokens;
   const int rest = static_cast<int>(num_tokens % k_block_tokens);
-  const Q16TileFn full = pick<D>(k_block_tokens);
-  const Q16TileFn tail = rest ? pick<D>(rest) : nullptr;
+  const Q16TileFn full = pick<D>(k_block_tokens, split);
+  const Q16TileFn tail = rest ? pick<D>(rest, split) : nullptr;
   const ActQ16& act = a;
   const bool parallel = rows * w.cols * num_tokens >= k_parallel_min_work;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -263,53 +315,86 @@ void check_weight(const WeightView& w) {
 
 }  // namespace
 
-void ActQ16::quantize(const float* x, int64_t num_tokens, int64_t c, bool simd) {
+void ActQ16::quantize(const float* x, int64_t num_tokens, int64_t c, bool simd, bool with_split) {
   cols = c;
   nb = c / k_qk;
+  split = with_split;
   q.resize(static_cast<size_t>(num_tokens * cols));
+  q2.resize(split ? static_cast<size_t>(num_tokens * cols) : 0);
   d.resize(static_cast<size_t>(num_tokens * nb));
   s.resize(static_cast<size_t>(num_tokens * nb));
   for (int64_t t = 0; t < num_tokens; ++t) {
+    int16_t* q2t = split ? &q2[t * cols] : nullptr;
     if (simd) {
-      quantize_row_avx2(x + t * cols, cols, &q[t * cols], &d[t * nb], &s[t * nb]);
+      quantize_row_avx2(x + t * cols, cols, &q[t * cols], q2t, &d[t * nb], &s[t * nb]);
     } else {
       for (int64_t b = 0; b < nb; ++b)
-        quantize_block_scalar(x + t * cols + b * k_qk, &q[t * cols + b * k_qk], &d[t * nb + b], &s[t * nb + b]);
+        quantize_block_scalar(x + t * cols + b * k_qk, &q[t * cols + b * k_qk], q2t ? q2t + b * k_qk : nullptr,
+                              &d[t * nb + b], &s[t * nb + b]);
     }
   }
 }
 
-Q16TileFn q16act_tile_avx2(DType d, int nt) {
+Q16TileFn q16act_tile_avx2(DType d, int nt, bool split) {
   switch (d) {
-    case DType::q8_0: return pick<DType::q8_0>(nt);
-    case DType::q4_0: return pick<DType::q4_0>(nt);
-    default: return pick<DType::q4_1>(nt);
+    case DType::q8_0: return pick<DType::q8_0>(nt, split);
+    case DType::q4_0: return pick<DType::q4_0>(nt, split);
+    default: return pick<DType::q4_1>(nt, split);
   }
 }
 
+namespace {
+
+void quantize_row(const float* x, int64_t cols, int16_t* q, int16_t* q2, float* d, float* s, const char* what) {
+  CHECK(cols % k_qk == 0) << what << ": cols " << cols << " is not a multiple of 32";
+  if (simd_level() != SimdLevel::scalar) return quantize_row_avx2(x, cols, q, q2, d, s);
+  for (int64_t b = 0; b < cols / k_qk; ++b)
+    quantize_block_scalar(x + b * k_qk, q + b * k_qk, q2 ? q2 + b * k_qk : nullptr, d + b, s + b);
+}
+
+void ref_any(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, bool split) {
+  check_weight(w);
+  switch (w.dtype) {
+    case DType::q8_0: return ref_typed<DType::q8_0>(x, w, bias, y, num_tokens, split);
+    case DType::q4_0: return ref_typed<DType::q4_0>(x, w, bias, y, num_tokens, split);
+    default: return ref_typed<DType::q4_1>(x, w, bias, y, num_tokens, split);
+  }
+}
+
+void cpu_any(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, bool split) {
+  check_weight(w);
+  if (simd_level() == SimdLevel::scalar) return ref_any(x, w, bias, y, num_tokens, split);
+  switch (w.dtype) {
+    case DType::q8_0: return cpu_typed<DType::q8_0>(x, w, bias, y, num_tokens, split);
+    case DType::q4_0: return cpu_typed<DType::q4_0>(x, w, bias, y, num_tokens, split);
+    default: return cpu_typed<DType::q4_1>(x, w, bias, y, num_tokens, split);
+  }
+}
+
+}  // namespace
+
 void quantize_act_q16(const float* x, int64_t cols, int16_t* q, float* d, float* s) {
-  CHECK(cols % k_qk == 0) << "quantize_act_q16: cols " << cols << " is not a multiple of 32";
-  if (simd_level() != SimdLevel::scalar) return quantize_row_avx2(x, cols, q, d, s);
-  for (int64_t b = 0; b < cols / k_qk; ++b) quantize_block_scalar(x + b * k_qk, q + b * k_qk, d + b, s + b);
+  quantize_row(x, cols, q, nullptr, d, s, "quantize_act_q16");
+}
+
+void quantize_act_q16x2(const float* x, int64_t cols, int16_t* q, int16_t* q2, float* d, float* s) {
+  quantize_row(x, cols, q, q2, d, s, "quantize_act_q16x2");
 }
 
 void matvec_q16act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
-  check_weight(w);
-  switch (w.dtype) {
-    case DType::q8_0: return ref_typed<DType::q8_0>(x, w, bias, y, num_tokens);
-    case DType::q4_0: return ref_typed<DType::q4_0>(x, w, bias, y, num_tokens);
-    default: return ref_typed<DType::q4_1>(x, w, bias, y, num_tokens);
-  }
+  ref_any(x, w, bias, y, num_tokens, false);
 }
 
 void matvec_q16act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
-  check_weight(w);
-  if (simd_level() == SimdLevel::scalar) return matvec_q16act_ref(x, w, bias, y, num_tokens);
-  switch (w.dtype) {
-    case DType::q8_0: return cpu_typed<DType::q8_0>(x, w, bias, y, num_tokens);
-    case DType::q4_0: return cpu_typed<DType::q4_0>(x, w, bias, y, num_tokens);
-    default: return cpu_typed<DType::q4_1>(x, w, bias, y, num_tokens);
-  }
+  cpu_any(x, w, bias, y, num_tokens, false);
+}
+
+void matvec_q16x2act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  ref_any(x, w, bias, y, num_tokens, true);
+}
+
+void matvec_q16x2act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  cpu_any(x, w, bias, y, num_tokens, true);
 }
 
 }  // namespace snap::kernels

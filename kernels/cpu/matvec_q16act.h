@@ -11,19 +11,23 @@
 namespace snap::kernels {
 
 // The quantized rows of every token of one call: [num_tokens] × (cols int16, cols/32 scales d,
-// cols/32 block sums s = d·Σq), as quantize_act_q16 produces them.
+// cols/32 block sums s), as quantize_act_q16 produces them. With split (q16x2act), q2 holds a
+// second int16 plane, the rounding residual at scale d/32768: x ≈ d·(q + q2/32768), and
+// s = d·(Σq + Σq2/32768); without it q2 is empty and s = d·Σq.
 struct ActQ16 {
-  std::vector<int16_t> q;
+  std::vector<int16_t> q, q2;
   std::vector<float> d, s;
   int64_t cols = 0, nb = 0;
+  bool split = false;
   // simd: the AVX2 quantizer (bit-identical to the scalar one, which simd = false runs).
-  void quantize(const float* x, int64_t num_tokens, int64_t cols, bool simd);
+  void quantize(const float* x, int64_t num_tokens, int64_t cols, bool simd, bool split);
 };
 
 // y rows r .. r+3 (those < rows) for NT tokens starting at token t0 of a; y points at token t0's row.
 using Q16TileFn = void (*)(const ActQ16& a, int64_t t0, const void* w, int64_t rows, const float* bias, float* y,
                            int64_t r);
-// The AVX2 tile for block format d and 1 ≤ nt ≤ 4 tokens (needs AVX2; d quantized).
-Q16TileFn q16act_tile_avx2(DType d, int nt);
+// The AVX2 tile for block format d and 1 ≤ nt ≤ 4 tokens (needs AVX2; d quantized); split:
+// the q16x2act tile, which reads both planes (the ActQ16 must have been quantized with split).
+Q16TileFn q16act_tile_avx2(DType d, int nt, bool split);
 
 }  // namespace snap::kernels

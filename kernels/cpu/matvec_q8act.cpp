@@ -44,13 +44,19 @@ MatvecAct matvec_act() {
 void matvec_act_set(MatvecAct act) { g_act.store(static_cast<int>(act), std::memory_order_relaxed); }
 
 const char* matvec_act_name(MatvecAct act) {
-  return act == MatvecAct::q8 ? "q8act" : act == MatvecAct::q16 ? "q16act" : "f32act";
+  switch (act) {
+    case MatvecAct::q8: return "q8act";
+    case MatvecAct::q16: return "q16act";
+    case MatvecAct::q16x2: return "q16x2act";
+    default: return "f32act";
+  }
 }
 
 bool matvec_act_from_name(const std::string& name, MatvecAct* out) {
   if (name == "f32act") *out = MatvecAct::f32;
   else if (name == "q8act") *out = MatvecAct::q8;
   else if (name == "q16act") *out = MatvecAct::q16;
+  else if (name == "q16x2act") *out = MatvecAct::q16x2;
   else return false;
   return true;
 }
