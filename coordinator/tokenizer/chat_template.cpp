@@ -55,6 +55,7 @@ Status check_alternation(const std::vector<ChatMessage>& msgs, size_t first) {
 
 ChatFamily chat_family(const std::string& src) {
   if (src.find("<|start_header_id|>") != std::string::npos) return ChatFamily::llama3;
+  if (src.find("<start_of_turn>") != std::string::npos) return ChatFamily::gemma;
   if (src.find("[INST]") != std::string::npos) {
     return src.find("<<SYS>>") != std::string::npos ? ChatFamily::llama2 : ChatFamily::mistral;
   }
@@ -67,7 +68,9 @@ Result<std::string> apply_chat_template(const Tokenizer& tokenizer, const std::v
   const std::string bos = token_or(tokenizer, tokenizer.bos_id());
   const std::string eos = token_or(tokenizer, tokenizer.eos_id());
   std::string out;
-  switch (chat_family(src)) {
+  ChatFamily family = chat_family(src);
+  if (src.empty() && tokenizer.token_id("<start_of_turn>") >= 0) family = ChatFamily::gemma;
+  switch (family) {
     case ChatFamily::chatml: {
       std::string sys = chatml_default_system(src);
       if (!sys.empty() && (messages.empty() || messages[0].role != "system")) {
@@ -115,6 +118,21 @@ Result<std::string> apply_chat_template(const Tokenizer& tokenizer, const std::v
           out += " " + trim(content) + " " + eos;
         }
       }
+      break;
+    }
+    case ChatFamily::gemma: {
+      // Gemma 3's template: a system message becomes a prefix of the first user turn, the
+      // assistant's role is "model", contents are trimmed, every turn ends "<end_of_turn>\n".
+      size_t first = !messages.empty() && messages[0].role == "system" ? 1 : 0;
+      SNAP_RETURN_IF_ERROR(check_alternation(messages, first));
+      out += bos;
+      for (size_t i = first; i < messages.size(); ++i) {
+        const auto& m = messages[i];
+        const std::string prefix = (first == 1 && i == 1) ? trim(messages[0].content) + "\n\n" : "";
+        out += "<start_of_turn>" + std::string(m.role == "assistant" ? "model" : m.role) + "\n" + prefix +
+               trim(m.content) + "<end_of_turn>\n";
+      }
+      if (add_generation_prompt) out += "<start_of_turn>model\n";
       break;
     }
   }

@@ -1,7 +1,8 @@
 // Chat templates without a Jinja interpreter: the family is detected from the template
-// source (ChatML, Llama-3, Mistral/Llama-2) and rendered by hand, byte-exact with what
+// source (ChatML, Llama-3, Mistral/Llama-2, Gemma) and rendered by hand, byte-exact with what
 // transformers' apply_chat_template produces for the known templates of each family.
-// An empty or unrecognised template renders as ChatML (llama.cpp's fallback as well).
+// An empty template renders as Gemma's when the vocabulary has <start_of_turn> (Gemma 3
+// GGUFs carry no template), else, like an unrecognised one, as ChatML (llama.cpp's fallback).
 #pragma once
 
 #include <string>
@@ -17,12 +18,12 @@ struct ChatMessage {
   std::string content;
 };
 
-enum class ChatFamily { chatml, llama3, mistral, llama2 };
+enum class ChatFamily { chatml, llama3, mistral, llama2, gemma };
 
 ChatFamily chat_family(const std::string& template_source);
 
 // The prompt text. It contains the BOS text when the template emits bos_token (Llama-3,
-// Mistral, Llama-2): encode it with add_special_tokens=false then.
+// Mistral, Llama-2, Gemma): encode it with add_special_tokens=false then.
 Result<std::string> apply_chat_template(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
                                         bool add_generation_prompt);
 

@@ -26,6 +26,14 @@ KvCompressor::KvCompressor(const KvPolicy& policy, CompressorShape shape, int64_
   if (policy.kind == KvPolicyKind::h2o) {
     for (auto& acc : h2o_) acc = std::make_unique<H2oAccumulator>(shape.num_heads, shape.num_kv_heads, shape.head_dim);
   }
+  CHECK(shape.layer_windows.empty() || static_cast<int>(shape.layer_windows.size()) == shape.num_layers);
+  for (size_t l = 0; l < shape.layer_windows.size(); ++l) {
+    if (shape.layer_windows[l] > 0) layer_budgets_[l] = shape.layer_windows[l];
+  }
+}
+
+bool KvCompressor::windowed(int layer) const {
+  return !shape_.layer_windows.empty() && shape_.layer_windows[layer] > 0;
 }
 
 int64_t KvCompressor::layer_budget(int layer) const { return layer_budgets_[layer]; }
@@ -114,6 +122,17 @@ Status KvCompressor::compress_layer(int layer, PagedKvCache& cache) {
       for (int64_t j = 0; j < n; ++j) h[j] = static_cast<int32_t>(j);
     }
     sel = std::move(all);
+  } else if (windowed(layer)) {
+    // A local layer: positions before n - budget (budget = its window) are never visible
+    // to a later query, so keeping the last `budget` is exact, whatever the policy.
+    LayerSelection last;
+    last.kept.assign(shape_.num_kv_heads, {});
+    for (auto& h : last.kept) {
+      h.resize(budget);
+      for (int64_t j = 0; j < budget; ++j) h[j] = static_cast<int32_t>(n - budget + j);
+    }
+    sel = std::move(last);
+    if (h2o_[layer]) h2o_[layer].reset();
   } else if (policy_.kind == KvPolicyKind::streaming) {
     StreamingParams p;
     p.budget = budget;

@@ -23,6 +23,10 @@ struct CompressorShape {
   int num_heads = 0;     // query heads held by this cache's owner
   int num_kv_heads = 0;  // KV heads held
   int head_dim = 0;
+  // [num_layers] or empty: a layer with a window w > 0 (gemma3's local layers) is not
+  // compressed by the policy but keeps the last w positions, all that later tokens can see
+  // (exact); the policy's budget applies to the other layers.
+  std::vector<int> layer_windows;
 };
 
 class KvCompressor {
@@ -35,6 +39,7 @@ class KvCompressor {
   int64_t compress_at() const { return compress_at_; }
   bool active() const { return policy_.kind != KvPolicyKind::full && compress_at_ > 0; }
   // Budget (tokens per KV head, window included) of a layer: pyramidkv varies by layer.
+  // A windowed layer (CompressorShape::layer_windows) keeps min(window, prompt) instead.
   int64_t layer_budget(int layer) const;
 
   // Called for each layer of each prefill chunk after its K/V were appended to the cache:
@@ -50,6 +55,7 @@ class KvCompressor {
   double selection_seconds() const { return selection_seconds_; }
 
  private:
+  bool windowed(int layer) const;  // keeps its window instead of the policy's selection
   // Keys of positions [0, n) of one layer, [num_kv_heads, n, head_dim] contiguous.
   void gather_keys(const PagedKvCache& cache, int layer, int64_t n);
   // gather_keys, then the scoring view of queries q [num_queries, num_heads, head_dim]

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "worker/model/gemma3_config.h"
 #include "worker/model/gguf.h"
 
 namespace snap {
@@ -242,6 +243,7 @@ const char* arch_name(Arch a) {
     case Arch::llama: return "llama";
     case Arch::mistral: return "mistral";
     case Arch::qwen2: return "qwen2";
+    case Arch::gemma3: return "gemma3";
   }
   return "?";
 }
@@ -257,6 +259,11 @@ Status ModelConfig::validate(const std::string& source) const {
   SNAP_RETURN_IF_ERROR(range(source, "num_heads*head_dim", int64_t{num_heads} * head_dim, 1, k_max_dim));
   SNAP_RETURN_IF_ERROR(range(source, "max_position", max_position, 1, int64_t{1} << 30));
   SNAP_RETURN_IF_ERROR(range(source, "sliding_window", sliding_window, 0, int64_t{1} << 30));
+  SNAP_RETURN_IF_ERROR(range(source, "sliding_window_pattern", sliding_window_pattern, 0, k_max_layers + 1));
+  if (!(rope_local_theta >= 0.0f) || !std::isfinite(rope_local_theta))
+    return invalid_argument(source + ": rope_local_theta must be positive (or 0: none)");
+  if (!(embed_scale > 0.0f) || !std::isfinite(embed_scale) || !(attn_scale >= 0.0f) || !std::isfinite(attn_scale))
+    return invalid_argument(source + ": embed_scale must be positive and attn_scale non-negative");
   if (num_heads % num_kv_heads != 0)
     return invalid_argument(source + ": num_heads " + std::to_string(num_heads) +
                             " is not a multiple of num_kv_heads " + std::to_string(num_kv_heads));
@@ -372,8 +379,11 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
     c.arch = Arch::llama;  // llama.cpp stores Mistral models as llama too
   } else if (arch == "qwen2") {
     c.arch = Arch::qwen2;
+  } else if (arch == "gemma3") {
+    c.arch = Arch::gemma3;
   } else {
-    return unimplemented(path + ": unsupported architecture '" + arch + "' (supported: llama, mistral, qwen2)");
+    return unimplemented(path + ": unsupported architecture '" + arch +
+                         "' (supported: llama, mistral, qwen2, gemma3)");
   }
   const std::string p = arch + ".";
   SNAP_ASSIGN_OR_RETURN(int64_t layers, gguf_req_int(g, p + "block_count"));
@@ -462,6 +472,7 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
   } else {
     c.name = std::filesystem::path(path).stem().string();
   }
+  if (c.arch == Arch::gemma3) SNAP_RETURN_IF_ERROR(gemma3_config_from_gguf(g, &c));
   SNAP_RETURN_IF_ERROR(c.validate(path));
   return c;
 }

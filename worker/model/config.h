@@ -1,6 +1,6 @@
-// Model hyper-parameters for Llama-family decoders (llama, mistral, qwen2), read from a
-// Hugging Face config.json or from GGUF metadata. Missing or out-of-range fields are a
-// one-line Status naming the file and the field.
+// Model hyper-parameters for Llama-family decoders (llama, mistral, qwen2) and Gemma 3,
+// read from a Hugging Face config.json or from GGUF metadata (gemma3: GGUF only). Missing or
+// out-of-range fields are a one-line Status naming the file and the field.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@ namespace snap {
 
 class GgufFile;
 
-enum class Arch : uint8_t { llama, mistral, qwen2 };
+enum class Arch : uint8_t { llama, mistral, qwen2, gemma3 };
 const char* arch_name(Arch a);
 
 struct ModelConfig {
@@ -35,6 +35,23 @@ struct ModelConfig {
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;  // generation stops at any of these
   std::string name;                    // human-readable, for logs and /v1/models
+
+  // Gemma 3 (worker/model/gemma3_config.cpp); the defaults are the Llama family's.
+  // > 0: layer l is global (full attention, rope.theta) iff (l + 1) % pattern == 0, the
+  // others local (sliding_window, rope_local_theta). 0: every layer uses sliding_window.
+  int sliding_window_pattern = 0;
+  float rope_local_theta = 0.0f;  // local layers' RoPE base (no scaling); 0: rope.theta
+  bool qk_norm = false;           // RMSNorm over head_dim on each q and k head, before RoPE
+  bool post_norms = false;        // RMSNorm on the attention and MLP outputs before each residual add
+  bool gelu_mlp = false;          // GeGLU (gelu tanh) instead of SwiGLU
+  float embed_scale = 1.0f;       // embeddings times this (gemma3: sqrt(hidden_size) in f32)
+  float attn_scale = 0.0f;        // attention logit scale; 0: 1/sqrt(head_dim)
+
+  // Whether layer l attends through a sliding window, and that window (0: none).
+  bool layer_is_local(int layer) const {
+    return sliding_window > 0 && (sliding_window_pattern == 0 || (layer + 1) % sliding_window_pattern != 0);
+  }
+  int layer_window(int layer) const { return layer_is_local(layer) ? sliding_window : 0; }
 
   // Checks internal consistency (divisibility, positivity); `source` names the file.
   Status validate(const std::string& source) const;

@@ -1,6 +1,9 @@
 // Llama-family forward pass: embed → L × (RMSNorm → QKV (+bias) → RoPE → append K/V to the
 // paged cache → causal GQA attention over it → o_proj → residual → RMSNorm → SwiGLU MLP →
 // residual) → final RMSNorm → LM head. Activations are f32, token-major [num_tokens, features].
+// Gemma 3 adds, as config options that are off for the Llama family: the embedding scale,
+// per-head q/k RMSNorm before RoPE, a per-layer window and RoPE base (local/global layers),
+// RMSNorm on the attention and MLP outputs before the residual adds, and GeGLU.
 #include "worker/model/llama.h"
 
 #include <algorithm>
@@ -8,6 +11,7 @@
 #include <cstring>
 
 #include "kernels/attention_paged.h"
+#include "kernels/cpu/geglu.h"
 #include "kernels/kernels.h"
 #include "worker/model/dequant.h"
 
@@ -23,11 +27,17 @@ LlamaForward::LlamaForward(const LoadedModel& model, comm::Communicator* comm) :
     CHECK_EQ(comm->group_rank(), s.tp_rank);
   }
   inv_freq_ = kernels::rope_inv_freq(c.rope);
+  if (c.rope_local_theta > 0.0f) {  // gemma3 local layers: their own base, no scaling
+    kernels::RopeConfig local;
+    local.theta = c.rope_local_theta;
+    local.head_dim = c.head_dim;
+    inv_freq_local_ = kernels::rope_inv_freq(local);
+  }
   attn_params_.num_heads = s.num_heads;
   attn_params_.num_kv_heads = s.num_kv_heads;
   attn_params_.head_dim = c.head_dim;
-  attn_params_.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  attn_params_.sliding_window = c.sliding_window;
+  attn_params_.scale = c.attn_scale > 0.0f ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  attn_params_.sliding_window = c.sliding_window;  // per layer in run_layer (layer_window)
   // The LM head: lm_head already holds this rank's rows; a tied f32 embed is whole.
   const Matrix& out = model.weights.output();
   head_w_ = out.view();
@@ -47,7 +57,12 @@ KvCacheShape LlamaForward::kv_shape() const {
 // replica selects what a single process would (project_queries).
 CompressorShape LlamaForward::compressor_shape() const {
   const ModelConfig& c = model_.config;
-  return {c.num_layers, model_.shard.q_load_heads, model_.shard.num_kv_heads, c.head_dim};
+  CompressorShape shape{c.num_layers, model_.shard.q_load_heads, model_.shard.num_kv_heads, c.head_dim, {}};
+  // gemma3: local layers keep their window, the policy compresses the global ones.
+  if (c.sliding_window_pattern > 0) {
+    for (int l = 0; l < c.num_layers; ++l) shape.layer_windows.push_back(c.layer_window(l));
+  }
+  return shape;
 }
 
 int64_t LlamaForward::scratch_bytes() const {
@@ -106,7 +121,18 @@ void LlamaForward::embed(const int32_t* tokens, int64_t n, float* x) const {
       const Status st = dequantize(ggml_type_of(table.dtype()), row, out, c.hidden_size);
       CHECK(st.ok()) << st.to_string();
     }
+    if (c.embed_scale != 1.0f) {
+      for (int64_t i = 0; i < c.hidden_size; ++i) out[i] *= c.embed_scale;
+    }
   }
+}
+
+void LlamaForward::rope_heads(int l, const Matrix& norm, float* x, const int32_t* positions, int64_t n,
+                              int heads) const {
+  const ModelConfig& c = model_.config;
+  if (!norm.empty()) kernels::rms_norm_cpu(x, norm.f32(), x, n * heads, c.head_dim, c.rms_norm_eps);
+  const bool local = !inv_freq_local_.empty() && c.layer_is_local(l);
+  kernels::rope_cpu(x, positions, n, heads, c.head_dim, local ? inv_freq_local_.data() : inv_freq_.data());
 }
 
 const float* LlamaForward::project_queries(int l, const float* h, const int32_t* positions, int64_t n,
@@ -117,7 +143,7 @@ const float* LlamaForward::project_queries(int l, const float* h, const int32_t*
   const float* bias = lw.q_bias.empty() ? nullptr : lw.q_bias.f32();
   if (s.q_load_heads == s.num_heads) {
     project(h, lw.q_proj.view(), bias, q_.data(), n);
-    kernels::rope_cpu(q_.data(), positions, n, s.num_heads, c.head_dim, inv_freq_.data());
+    rope_heads(l, lw.q_norm, q_.data(), positions, n, s.num_heads);
     return q_.data();
   }
   // Replicated KV head: q_proj holds the group's heads; ours start at head `own` of it.
@@ -126,7 +152,7 @@ const float* LlamaForward::project_queries(int l, const float* h, const int32_t*
   if (observed) {
     const int64_t qg_dim = int64_t{s.q_load_heads} * c.head_dim;
     project(h, lw.q_proj.view(), bias, qg_.data(), n);
-    kernels::rope_cpu(qg_.data(), positions, n, s.q_load_heads, c.head_dim, inv_freq_.data());
+    rope_heads(l, lw.q_norm, qg_.data(), positions, n, s.q_load_heads);
     for (int64_t t = 0; t < n; ++t) std::memcpy(&q_[t * q_dim], &qg_[t * qg_dim + own * c.head_dim], q_dim * sizeof(float));
     return qg_.data();
   }
@@ -134,7 +160,7 @@ const float* LlamaForward::project_queries(int l, const float* h, const int32_t*
   mine.data = static_cast<const uint8_t*>(mine.data) + own * c.head_dim * dtype_row_bytes(mine.dtype, mine.cols);
   mine.rows = q_dim;
   project(h, mine, bias ? bias + own * c.head_dim : nullptr, q_.data(), n);
-  kernels::rope_cpu(q_.data(), positions, n, s.num_heads, c.head_dim, inv_freq_.data());
+  rope_heads(l, lw.q_norm, q_.data(), positions, n, s.num_heads);
   return q_.data();
 }
 
@@ -159,7 +185,7 @@ Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_
                                        {lw.k_proj.view(), bias(lw.k_bias), k_.data()},
                                        {lw.v_proj.view(), bias(lw.v_bias), v_.data()}};
     project_multi(h_.data(), qkv, 3, n);
-    kernels::rope_cpu(q_.data(), positions, n, sh.num_heads, c.head_dim, inv_freq_.data());
+    rope_heads(l, lw.q_norm, q_.data(), positions, n, sh.num_heads);
   } else {
     q_obs = project_queries(l, h_.data(), positions, n, observed);
     const kernels::MatmulOut kv[2] = {{lw.k_proj.view(), bias(lw.k_bias), k_.data()},
@@ -167,7 +193,9 @@ Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_
     project_multi(h_.data(), kv, 2, n);
   }
   const int64_t q_obs_dim = q_obs == q_.data() ? q_dim : int64_t{sh.q_load_heads} * c.head_dim;
-  kernels::rope_cpu(k_.data(), positions, n, sh.num_kv_heads, c.head_dim, inv_freq_.data());
+  rope_heads(l, lw.k_norm, k_.data(), positions, n, sh.num_kv_heads);
+  kernels::AttentionParams attn_params = attn_params_;
+  attn_params.sliding_window = c.layer_window(l);
   // KV and attention: each sequence on its own cache.
   for (const Segment& s : segments) {
     const int32_t* pos = positions + s.offset;
@@ -177,17 +205,23 @@ Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_
       SNAP_RETURN_IF_ERROR(s.compressor->observe(l, q_obs + s.offset * q_obs_dim, pos, s.num_tokens, *s.cache));
     }
     kernels::attention_paged_cpu(q_.data() + s.offset * q_dim, pos, s.num_tokens, s.cache->layer_view(l),
-                                 attn_params_, attn_.data() + s.offset * q_dim);
+                                 attn_params, attn_.data() + s.offset * q_dim);
   }
   SNAP_RETURN_IF_ERROR(row_parallel(attn_.data(), lw.o_proj, h_.data(), n));
+  if (c.post_norms) kernels::rms_norm_cpu(h_.data(), lw.post_attn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
   for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
   // --- MLP block
   kernels::rms_norm_cpu(x, lw.ffn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
   const kernels::MatmulOut gate_up[2] = {{lw.gate_proj.view(), nullptr, gate_.data()},
                                          {lw.up_proj.view(), nullptr, up_.data()}};
   project_multi(h_.data(), gate_up, 2, n);
-  kernels::swiglu_cpu(gate_.data(), up_.data(), gate_.data(), n * sh.ff_size);
+  if (c.gelu_mlp) {
+    kernels::geglu_cpu(gate_.data(), up_.data(), gate_.data(), n * sh.ff_size);
+  } else {
+    kernels::swiglu_cpu(gate_.data(), up_.data(), gate_.data(), n * sh.ff_size);
+  }
   SNAP_RETURN_IF_ERROR(row_parallel(gate_.data(), lw.down_proj, h_.data(), n));
+  if (c.post_norms) kernels::rms_norm_cpu(h_.data(), lw.post_ffn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
   for (int64_t i = 0; i < n * hidden; ++i) x[i] += h_[i];
   return {};
 }

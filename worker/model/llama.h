@@ -1,4 +1,5 @@
-// The Llama-family forward pass (llama, mistral, qwen2) on CPU over a paged per-head KV
+// The Llama-family forward pass (llama, mistral, qwen2; gemma3's extra pieces as config
+// options, see llama.cpp) on CPU over a paged per-head KV
 // cache. Callers run a prompt as chunks through forward()/forward_batch() (bounded scratch
 // memory) — or, layer-wise, the whole prompt through one layer at a time so each layer can
 // be compressed before the next one fills — and decode one token at a time. K/V are cached after RoPE; every
@@ -107,10 +108,14 @@ class LlamaForward {
   // queries go to qg_ [n, group*head_dim] (the compressor's view) and q_ takes our share.
   // Returns the queries to show compressors.
   const float* project_queries(int layer, const float* h, const int32_t* positions, int64_t n, bool observed);
+  // In place on x [n, heads, head_dim]: the per-head RMSNorm `norm` (gemma3's q/k norm;
+  // none when empty), then RoPE with layer l's base (local layers' own base when set).
+  void rope_heads(int layer, const Matrix& norm, float* x, const int32_t* positions, int64_t n, int heads) const;
 
   const LoadedModel& model_;
   comm::Communicator* comm_ = nullptr;  // null or a group of one: no all-reduce
   std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<float> inv_freq_local_;  // [head_dim / 2] local layers' (gemma3), or empty
   kernels::AttentionParams attn_params_;
   kernels::WeightView head_w_;  // this rank's LM head rows [shard.vocab_size, hidden_size]
   // [rows, vocab_size of this shard], [rows, vocab_chunk], [tp, rows, vocab_chunk]

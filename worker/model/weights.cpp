@@ -37,7 +37,8 @@ int64_t ModelWeights::nbytes() const {
   int64_t n = embed.nbytes() + final_norm.nbytes() + lm_head.nbytes();
   for (const LayerWeights& l : layers) {
     for (const Matrix* m : {&l.attn_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.q_bias, &l.k_bias, &l.v_bias,
-                            &l.o_proj, &l.ffn_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+                            &l.o_proj, &l.ffn_norm, &l.gate_proj, &l.up_proj, &l.down_proj, &l.q_norm,
+                            &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm}) {
       n += m->nbytes();
     }
   }
@@ -86,13 +87,15 @@ struct Names {
   std::string embed, final_norm, lm_head;
   std::string layer_prefix;  // "blk." / "model.layers."
   std::string attn_norm, q, k, v, o, q_bias, k_bias, v_bias, ffn_norm, gate, up, down;
+  std::string q_norm, k_norm, post_attn_norm, post_ffn_norm;  // gemma3 (GGUF only)
 };
 
 Names gguf_names() {
   return {"token_embd.weight", "output_norm.weight", "output.weight", "blk.",
           "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
           "attn_q.bias", "attn_k.bias", "attn_v.bias", "ffn_norm.weight", "ffn_gate.weight",
-          "ffn_up.weight", "ffn_down.weight"};
+          "ffn_up.weight", "ffn_down.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+          "post_attention_norm.weight", "post_ffw_norm.weight"};
 }
 
 Names hf_names() {
@@ -100,7 +103,7 @@ Names hf_names() {
           "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
           "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_proj.bias",
           "self_attn.k_proj.bias", "self_attn.v_proj.bias", "post_attention_layernorm.weight",
-          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "", "", "", ""};
 }
 
 // Builds the job list of one shard and sizes `w` (matrices are allocated later, once
@@ -161,6 +164,14 @@ std::vector<Job> plan_jobs(const ModelConfig& c, const TpShard& sh, const Names&
     col_par(p + n.gate, &l.gate_proj, ff, h, sh.ff_begin, sh.ff_size);
     col_par(p + n.up, &l.up_proj, ff, h, sh.ff_begin, sh.ff_size);
     row_par(p + n.down, &l.down_proj, h, ff, sh.ff_begin, sh.ff_size);
+    if (c.qk_norm) {  // one weight for every head: whole on every shard
+      vec(p + n.q_norm, &l.q_norm, hd, 0, hd);
+      vec(p + n.k_norm, &l.k_norm, hd, 0, hd);
+    }
+    if (c.post_norms) {
+      vec(p + n.post_attn_norm, &l.post_attn_norm, h, 0, h);
+      vec(p + n.post_ffn_norm, &l.post_ffn_norm, h, 0, h);
+    }
   }
   return jobs;
 }

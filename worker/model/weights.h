@@ -64,6 +64,11 @@ struct LayerWeights {
   Matrix gate_proj;             // [ff, hidden_size]
   Matrix up_proj;               // [ff, hidden_size]
   Matrix down_proj;             // [hidden_size, ff]
+  // Gemma 3 only (empty otherwise): per-head q/k RMSNorm weights and the norms on the
+  // attention and MLP outputs; GGUF stores them as 1 + w (Gemma3RMSNorm's x * (1 + w)).
+  Matrix q_norm, k_norm;        // [1, head_dim] f32
+  Matrix post_attn_norm;        // [1, hidden_size] f32
+  Matrix post_ffn_norm;         // [1, hidden_size] f32
 };
 
 struct ModelWeights {
