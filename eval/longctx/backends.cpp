@@ -231,6 +231,7 @@ Result<std::unique_ptr<EvalBackend>> make_engine_backend(const EngineBackendOpti
   cfg.max_num_seqs = o.max_num_seqs;
   cfg.max_waiting = int64_t{1} << 40;  // the runner bounds what is in flight
   cfg.prefill_chunk = o.prefill_chunk;
+  cfg.kv_dtype = o.kv_dtype;
   SNAP_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(cfg, nullptr));
   return std::unique_ptr<EvalBackend>(new EngineBackend(std::move(engine)));
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "worker/kv/block_pool.h"
 #include "worker/kv/policy.h"
 
 namespace snap::eval {
@@ -48,6 +49,7 @@ struct EngineBackendOptions {
   int64_t kv_cache_mib = 1024;
   int64_t max_num_seqs = 4;
   int64_t prefill_chunk = 256;
+  DType kv_dtype = k_default_kv_dtype;  // the engine's KV pool element type (--kv-dtype)
 };
 Result<std::unique_ptr<EvalBackend>> make_engine_backend(const EngineBackendOptions& o);
 

@@ -79,6 +79,10 @@ void add_longctx_eval_commands(CLI::App& eval, int* rc) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   run->add_option("--prefill-chunk", run_args.prefill_chunk, "Engine prompt tokens per sequence per step (default 256)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  run->add_option("--kv-dtype", run_args.kv_dtype,
+                  "In process: element type of the engine's cached keys and values, f32, bf16, f16 or q8_0 "
+                  "(default f32); other than f32 it is part of each case's key and policy label (\"... kv=f16\"), "
+                  "so one JSONL file and report can hold several");
   run->add_option("--timeout", run_args.timeout_s, "--url: seconds per request (default 600)")->check(CLI::Range(1.0, 1e7));
   run->add_option("--progress-interval", run_args.progress_interval, "Seconds between progress lines on stderr (default 5)")
       ->check(CLI::Range(0.0, 1e6));

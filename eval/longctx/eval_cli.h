@@ -30,6 +30,7 @@ struct RunArgs {
   int threads = 0;
   int64_t kv_cache_mib = 1024;
   int64_t prefill_chunk = 256;
+  std::string kv_dtype = "f32";  // in process: the engine's KV element type; not f32 names the cases
   double timeout_s = 600;
   double progress_interval = 5;
 };

@@ -81,6 +81,11 @@ Result<std::set<std::string>> resume_keys(const std::string& path, int64_t* cut_
   return keys;
 }
 
+// " kv=f16" for a KV element type other than f32 (in process), appended to keys and labels.
+std::string kv_dtype_suffix(const RunArgs& a) {
+  return a.url.empty() && a.kv_dtype != "f32" ? " kv=" + a.kv_dtype : "";
+}
+
 struct Shared {
   const std::vector<EvalCase>* cases = nullptr;
   const Tokenizer* tok = nullptr;
@@ -128,8 +133,9 @@ void run_one(Shared& s, const EvalCase& c) {
             {"seed", c.task.seed},
             {"placement", placement_name(c.placement)},
             {"policy", policy_json(c.policy)},
-            {"policy_label", s.args->server_policy ? "server" : policy_label(c.policy)},
-            {"policy_family", s.args->server_policy ? "server" : policy_family(c.policy)},
+            {"policy_label", s.args->server_policy ? "server" : policy_label(c.policy) + kv_dtype_suffix(*s.args)},
+            {"policy_family", s.args->server_policy ? "server" : policy_family(c.policy) + kv_dtype_suffix(*s.args)},
+            {"kv_dtype", s.args->url.empty() ? s.args->kv_dtype : "server"},
             {"prompt_tokens", static_cast<int64_t>(task->prompt_ids.size())},
             {"context_tokens", task->context_tokens},
             {"served_prompt_tokens", done->prompt_tokens},
@@ -212,8 +218,16 @@ int run_eval(const RunArgs& args) {
   if (a.server_policy && a.url.empty()) return eval_fail("--server-policy needs --url");
   if (a.server_policy) a.sweep.policies = "full";  // one case per task: the server's own KV handling
   if (!a.url.empty() && a.url.rfind("http://", 0) != 0) return eval_fail("--url '" + a.url + "' must start with http://");
+  if (!a.url.empty() && a.kv_dtype != "f32") {
+    return eval_fail("--kv-dtype " + a.kv_dtype + " sets the in-process engine's KV type; with --url the server "
+                     "chooses its own (drop --kv-dtype, or start the server with it)");
+  }
+  auto kv_dtype = kv_dtype_from_name(a.kv_dtype);
+  if (!kv_dtype.ok()) return eval_fail("--kv-dtype: " + kv_dtype.status().message());
+  a.kv_dtype = dtype_name(*kv_dtype);  // "" is the default, f32
   auto prep = prepare(a);
   if (!prep.ok()) return eval_fail(prep.status().message());
+  for (auto& c : prep->cases) c.key += kv_dtype_suffix(a);
   if (!a.url.empty()) {
     for (const auto& c : prep->cases) {
       if (c.placement == Placement::context_only) {
@@ -250,6 +264,7 @@ int run_eval(const RunArgs& args) {
       o.kv_cache_mib = a.kv_cache_mib;
       o.max_num_seqs = a.concurrency;
       o.prefill_chunk = a.prefill_chunk;
+      o.kv_dtype = *kv_dtype;
       auto b = make_engine_backend(o);
       if (!b.ok()) return eval_fail(b.status().message());
       backend = std::move(b).value();

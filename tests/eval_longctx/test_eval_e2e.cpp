@@ -236,6 +236,42 @@ TEST_F(EvalE2e, UrlBackendGivesTheSameAnswers) {
   EXPECT_NE(ctx.err.find("context_only needs the in-process engine"), std::string::npos) << ctx.err;
 }
 
+// --kv-dtype reaches the in-process engine (q8_0 rows: 68 bytes per 64 values against f32's
+// 256, with each block's positions beside them) and names the cases, so records of several
+// KV types share a file and a report; full's answer is `generate --kv-dtype q8_0`'s.
+TEST_F(EvalE2e, KvDtypeNamesTheCasesAndReachesTheEngine) {
+  ASSERT_EQ(first_.rc, 0);
+  const std::string path = (work_dir() / "q8.jsonl").string();
+  Ran q = run("eval run --tasks niah_single --haystacks shakespeare --lengths 400 --depths 0 --seeds 0 "
+              "--policies full,snapkv --budgets 64 --windows 16 --max-tokens 24 -c 2 --kv-dtype q8_0 --output " + path);
+  ASSERT_EQ(q.rc, 0) << q.err;
+  std::map<std::string, json> f32;
+  for (const auto& r : read_jsonl(records_path_)) f32[r["key"].get<std::string>()] = r;
+  const auto recs = read_jsonl(path);
+  ASSERT_EQ(recs.size(), 2u);
+  for (const auto& r : recs) {
+    const std::string key = r["key"], label = r["policy_label"];
+    ASSERT_GT(key.size(), 8u);
+    EXPECT_EQ(key.substr(key.size() - 8), " kv=q8_0") << key;
+    EXPECT_EQ(label.substr(label.size() - 8), " kv=q8_0") << label;
+    EXPECT_EQ(r["kv_dtype"], "q8_0");
+    const json& base = f32[key.substr(0, key.size() - 8)];
+    ASSERT_TRUE(base.is_object()) << key;
+    EXPECT_EQ(base["kv_dtype"], "f32");
+    EXPECT_EQ(r["prompt_sha256"], base["prompt_sha256"]);
+    const double ratio = r["kv_resident_bytes"].get<double>() / base["kv_resident_bytes"].get<double>();
+    EXPECT_GT(ratio, 0.2) << key;
+    EXPECT_LT(ratio, 0.35) << key;
+    if (r["policy"]["name"] == "full") {
+      std::ofstream(work_dir() / "prompt_q8.txt", std::ios::binary) << task_at(0)["prompt"].get<std::string>();
+      Ran g = run("generate --prompt-file " + (work_dir() / "prompt_q8.txt").string() +
+                  " --chat --max-tokens 24 --prefill-chunk 256 --kv-dtype q8_0");
+      ASSERT_EQ(g.rc, 0) << g.err;
+      EXPECT_EQ(g.out, r["output"].get<std::string>() + "\n");
+    }
+  }
+}
+
 TEST_F(EvalE2e, BadInputIsOneLineNamingIt) {
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"eval run --lengths abc --output x.jsonl", "--lengths: 'abc' is not an integer"},
@@ -243,6 +279,9 @@ TEST_F(EvalE2e, BadInputIsOneLineNamingIt) {
            {"eval run --policies snapkv --budgets 8 --output x.jsonl", "budget"},
            {"eval run --haystack-dir /nonexistent --output x.jsonl", "/nonexistent"},
            {"eval run --url ftp://x --output " + (work_dir() / "bad.jsonl").string(), "must start with http://"},
+           {"eval run --kv-dtype q4_0 --output x.jsonl", "--kv-dtype: KV dtype 'q4_0': expected f32, bf16, f16 or q8_0"},
+           {"eval run --kv-dtype f16 --url http://127.0.0.1:9 --output " + (work_dir() / "bad.jsonl").string(),
+            "with --url the server chooses its own"},
            {"eval report --input /nonexistent.jsonl --output-dir " + (work_dir() / "r2").string(), "/nonexistent.jsonl"}}) {
     Ran r = run(args);
     EXPECT_EQ(r.rc, 1) << args << ": " << r.err;
