@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # Decode speed against the memory-bandwidth floor, idle and with one busy competitor.
-# For every model × matvec mode (f32act, q8act) × OpenMP wait policy (spin = libgomp's
+# For every model × thread count × matvec mode (f32act, q8act, q16act, q16x2act) × OpenMP wait policy (spin = libgomp's
 # default, passive; snapserve's --threads-wait auto picks one of the two at start) × competitor (none, one `yes`
 # pinned to the same cores), runs build*/bench/bench_generate (prompt 512, greedy decode) and
-# prints: model, weight type, matvec, wait, competitor, decode tok/s, bytes read per token
+# prints: model, weight type, threads, matvec, wait, competitor, decode tok/s, bytes read per token
 # (weights + KV), GB/s achieved, and the ratio to the floor (bytes / measured triad bandwidth).
 # The configurations run interleaved, round after round, and the medians are printed, so a
 # noisy machine shifts them alike. Not a test.
 #   bench/run_decode_floor.sh [--build DIR] [--rounds 3] [--decode 32] [--prompt 512]
-#       [--threads 2] [--models A.gguf,B.gguf] [--acts f32act,q8act] [--waits spin,passive]
+#       [--threads 2[,1]] [--models A.gguf,B.gguf] [--acts f32act,q8act,q16act,q16x2act] [--waits spin,passive]
 #       [--competitors 0,1]
 set -euo pipefail
 
 build=build rounds=3 decode=32 prompt=512 threads=2
 models="${SNAP_MODEL:-$HOME/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf}"
-acts=f32act,q8act waits=spin,passive competitors=0,1
+acts=f32act,q8act,q16act,q16x2act waits=spin,passive competitors=0,1
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2 ;;
@@ -46,12 +46,14 @@ wait_env() {  # the environment a wait mode means (kernels/thread_wait.h)
 }
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg), cores $cores, threads $threads, rounds $rounds"
+IFS=, read -r -a thread_list <<< "$threads"
 IFS=, read -r -a model_list <<< "$models"
 IFS=, read -r -a act_list <<< "$acts"
 IFS=, read -r -a wait_list <<< "$waits"
 IFS=, read -r -a comp_list <<< "$competitors"
 for ((r = 1; r <= rounds; r++)); do
   for m in "${!model_list[@]}"; do
+   for th in "${thread_list[@]}"; do
     for act in "${act_list[@]}"; do
       for w in "${wait_list[@]}"; do
         for c in "${comp_list[@]}"; do
@@ -59,27 +61,29 @@ for ((r = 1; r <= rounds; r++)); do
           if [ "$c" != 0 ]; then
             for ((k = 0; k < c; k++)); do taskset -c "$cores" yes > /dev/null & comp_pid="$comp_pid $!"; done
           fi
-          key="$m.$act.$w.$c"
+          key="$m.$th.$act.$w.$c"
           # shellcheck disable=SC2046
           env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT $(wait_env "$w") SNAP_MATVEC="$act" \
             taskset -c "$cores" "$bench" --model "${model_list[$m]}" --lengths "$prompt" --decode "$decode" \
-            --threads "$threads" > "$out/$key.$r" 2>&1 || echo "failed: $key round $r" >&2
+            --threads "$th" > "$out/$key.$r" 2>&1 || echo "failed: $key round $r" >&2
           [ -z "$comp_pid" ] || { kill $comp_pid; wait $comp_pid 2>/dev/null || true; }
         done
       done
     done
+   done
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-printf "%-28s %-9s %-7s %-7s %-10s %9s %10s %8s %9s\n" model weights matvec wait competitor tok/s MiB/token GB/s x_floor
+printf "%-28s %-9s %7s %-8s %-7s %-10s %9s %10s %8s %9s\n" model weights threads matvec wait competitor tok/s MiB/token GB/s x_floor
 for m in "${!model_list[@]}"; do
+ for th in "${thread_list[@]}"; do
   for act in "${act_list[@]}"; do
     for w in "${wait_list[@]}"; do
       for c in "${comp_list[@]}"; do
-        key="$m.$act.$w.$c"
+        key="$m.$th.$act.$w.$c"
         # per round: weights type, decode ms, floor ms, bandwidth GB/s, model name
-        cat "$out/$key".* | awk -v model="$(basename "${model_list[$m]}" .gguf)" -v act="$act" -v w="$w" -v c="$c" '
+        cat "$out/$key".* | awk -v model="$(basename "${model_list[$m]}" .gguf)" -v th="$th" -v act="$act" -v w="$w" -v c="$c" '
           /^model / { wt = ""; for (i = 1; i <= NF; i++) { if ($i == "weights" && wt == "") wt = $(i + 1); if ($i == "bandwidth") bw = $(i + 1) } }
           $1 == "full" { n++; ms[n] = $4; fl[n] = $6; b[n] = bw }
           END {
@@ -87,10 +91,11 @@ for m in "${!model_list[@]}"; do
             for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (ms[j] < ms[i]) { t = ms[i]; ms[i] = ms[j]; ms[j] = t; t = fl[i]; fl[i] = fl[j]; fl[j] = t; t = b[i]; b[i] = b[j]; b[j] = t }
             k = int((n + 1) / 2); sub(/,$/, "", wt)
             bytes = fl[k] / 1e3 * b[k] * 1e9
-            printf "%-28s %-9s %-7s %-7s %-10s %9.1f %10.1f %8.1f %9.2f\n", model, wt, act, w, (c == 0 ? "none" : c " busy"),
+            printf "%-28s %-9s %7s %-8s %-7s %-10s %9.1f %10.1f %8.1f %9.2f\n", model, wt, th, act, w, (c == 0 ? "none" : c " busy"),
                    1e3 / ms[k], bytes / 1048576, bytes / (ms[k] / 1e3) / 1e9, ms[k] / fl[k]
           }'
       done
     done
   done
+ done
 done

@@ -16,11 +16,11 @@ void add_cpu_flags(CLI::App* cmd) {
            kernels::matvec_act_from_name(v, &act);
            kernels::matvec_act_set(act);
          },
-         "Decode matvec for q8_0/q4_0/q4_1 weights: f32act (default; weights dequantized in registers, f32 "
-         "activations), q8act (activations quantized to int8 blocks of 32 once per matvec, integer dot "
-         "products; changes logits slightly), q16act (int16 activation blocks, weights widened to int16: "
-         "1/258 of q8act's rounding error) or q16x2act (q16act plus an int16 residual plane: activations as "
-         "exact as f32 for these sums); see README \"CPU decode\"; env SNAP_MATVEC sets the default")
+         "Decode matvec for q8_0/q4_0/q4_1 weights: q16x2act (default; activations quantized once per "
+         "matvec to two int16 planes per block of 32, value and rounding residual, integer dot products: "
+         "as accurate as f32act, faster), f32act (weights dequantized in registers, f32 activations: the "
+         "reference), q16act (one int16 plane: faster, logits move by up to ~7e-3) or q8act (int8 blocks: "
+         "fastest, logits move by up to ~1.6); see README \"CPU decode\"; env SNAP_MATVEC sets the default")
       ->check(CLI::IsMember({"f32act", "q8act", "q16act", "q16x2act"}));
   cmd->add_option("--threads-wait",
                   "How idle compute threads wait between parallel regions: spin (libgomp's default: fastest on an "

@@ -27,7 +27,7 @@ std::atomic<int> g_act{-1};  // -1: not set, read SNAP_MATVEC
 
 MatvecAct act_from_env() {
   const char* e = std::getenv("SNAP_MATVEC");
-  MatvecAct a = MatvecAct::f32;
+  MatvecAct a = MatvecAct::q16x2;  // the default (kernels/matvec_act.h)
   if (e != nullptr) matvec_act_from_name(e, &a);
   return a;
 }
