@@ -11,8 +11,9 @@
 //           (activations to ~2^-31 of each block's max|x|) and two more vpmaddwd per block.
 //           The default: SmolLM2 logits within 1.2e-4 of transformers at every golden position
 //           run through it (f32act 8.1e-5; tests/matvec_act), ~1.5x f32act's speed on AVX2.
-// On a CPU without AVX2 every mode runs the f32act scalar path; on AVX-512 the integer modes
-// run their AVX2 tiles.
+// On a CPU without AVX2 every mode runs the f32act scalar path; q8act runs its AVX2 tiles on
+// AVX-512 too; q16act/q16x2act take AVX-512 VNNI tiles where the CPU has avx512vnni (never run
+// where they were written: AVX2 only; kernels/cpu/matvec_q16act_vnni.cpp), else AVX2 tiles.
 // Chosen process-wide: env SNAP_MATVEC=f32act|q8act|q16act|q16x2act (read once) or matvec_act_set() (CLIs).
 #pragma once
 

@@ -392,8 +392,8 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
     p.qtail = rest ? q8act_tile_avx2(D, rest) : nullptr;
   } else if (dtype_is_quantized(D) && (act == MatvecAct::q16 || act == MatvecAct::q16x2)) {
     const bool split = act == MatvecAct::q16x2;
-    p.q16full = q16act_tile_avx2(D, k_block_tokens, split);
-    p.q16tail = rest ? q16act_tile_avx2(D, rest, split) : nullptr;
+    p.q16full = q16act_tile(D, k_block_tokens, split);
+    p.q16tail = rest ? q16act_tile(D, rest, split) : nullptr;
     p.q16split = split;
   } else {
     p.full = pick_tile<D>(level, k_block_tokens);

@@ -6,7 +6,8 @@
 // of q8act's. q16x2act adds a second int16 plane, the rounding residual at scale d/32768
 // (x ≈ d·(q + q2/32768), |error| ≤ d/65536, about 2^-31 of max|x|: as exact as f32 activations
 // for these sums) and two more vpmaddwd per block. *_ref is the plain scalar version (f64
-// sums); *_cpu the AVX2 tiles (4 rows × up to 4 tokens).
+// sums); *_cpu the AVX2 tiles (4 rows × up to 4 tokens), or on AVX-512 VNNI CPUs the tiles of
+// matvec_q16act_vnni.cpp (q16act_tile picks; never run on the AVX2 machine they were written on).
 #include "kernels/cpu/matvec_q16act.h"
 
 #include <omp.h>
@@ -290,8 +291,8 @@ void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y,
   const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
   const int64_t full_groups = num_tokens / k_block_tokens;
   const int rest = static_cast<int>(num_tokens % k_block_tokens);
-  const Q16TileFn full = pick<D>(k_block_tokens, split);
-  const Q16TileFn tail = rest ? pick<D>(rest, split) : nullptr;
+  const Q16TileFn full = q16act_tile(D, k_block_tokens, split);
+  const Q16TileFn tail = rest ? q16act_tile(D, rest, split) : nullptr;
   const ActQ16& act = a;
   const bool parallel = rows * w.cols * num_tokens >= k_parallel_min_work;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -341,6 +342,11 @@ Q16TileFn q16act_tile_avx2(DType d, int nt, bool split) {
     case DType::q4_0: return pick<DType::q4_0>(nt, split);
     default: return pick<DType::q4_1>(nt, split);
   }
+}
+
+Q16TileFn q16act_tile(DType d, int nt, bool split) {
+  if (simd_level() == SimdLevel::avx512 && q16act_vnni_supported()) return q16act_tile_avx512vnni(d, nt, split);
+  return q16act_tile_avx2(d, nt, split);
 }
 
 namespace {
