@@ -12,8 +12,9 @@
 //           The default: SmolLM2 logits within 1.2e-4 of transformers at every golden position
 //           run through it (f32act 8.1e-5; tests/matvec_act), ~1.5x f32act's speed on AVX2.
 // On a CPU without AVX2 every mode runs the f32act scalar path; q8act runs its AVX2 tiles on
-// AVX-512 too; q16act/q16x2act take AVX-512 VNNI tiles where the CPU has avx512vnni (never run
-// where they were written: AVX2 only; kernels/cpu/matvec_q16act_vnni.cpp), else AVX2 tiles.
+// AVX-512 too; q16act/q16x2act run AVX2 tiles there unless env SNAP_MATVEC_VNNI=1 selects
+// their AVX-512 VNNI tiles on a CPU with avx512vnni (never run where they were written, an AVX2
+// machine: kernels/cpu/matvec_q16act_vnni.cpp).
 // Chosen process-wide: env SNAP_MATVEC=f32act|q8act|q16act|q16x2act (read once) or matvec_act_set() (CLIs).
 #pragma once
 

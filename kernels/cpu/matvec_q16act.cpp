@@ -345,7 +345,8 @@ Q16TileFn q16act_tile_avx2(DType d, int nt, bool split) {
 }
 
 Q16TileFn q16act_tile(DType d, int nt, bool split) {
-  if (simd_level() == SimdLevel::avx512 && q16act_vnni_supported()) return q16act_tile_avx512vnni(d, nt, split);
+  if (simd_level() == SimdLevel::avx512 && q16act_vnni_enabled() && q16act_vnni_supported())
+    return q16act_tile_avx512vnni(d, nt, split);
   return q16act_tile_avx2(d, nt, split);
 }
 

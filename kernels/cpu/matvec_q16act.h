@@ -30,11 +30,14 @@ using Q16TileFn = void (*)(const ActQ16& a, int64_t t0, const void* w, int64_t r
 // the q16x2act tile, which reads both planes (the ActQ16 must have been quantized with split).
 Q16TileFn q16act_tile_avx2(DType d, int nt, bool split);
 // The tile the matvec runs: the AVX-512 VNNI one (kernels/cpu/matvec_q16act_vnni.cpp, never run
-// on the machine it was written on) when simd_level() is avx512 and the CPU has avx512vnni,
-// else the AVX2 one.
+// on the machine it was written on) when it is enabled, simd_level() is avx512 and the CPU has
+// avx512vnni, else the AVX2 one. Because it has never run, it is off unless env
+// SNAP_MATVEC_VNNI=1 or q16act_vnni_enable(true) (its tests) turns it on.
 Q16TileFn q16act_tile(DType d, int nt, bool split);
-// The VNNI tiles and whether this CPU can run them (AVX-512 F/BW/VL/DQ level + avx512vnni).
+// Whether this CPU can run the VNNI tiles (AVX-512 F/BW/VL/DQ level + avx512vnni).
 bool q16act_vnni_supported();
+void q16act_vnni_enable(bool on);
+bool q16act_vnni_enabled();
 Q16TileFn q16act_tile_avx512vnni(DType d, int nt, bool split);
 
 }  // namespace snap::kernels

@@ -5,11 +5,15 @@
 // NEVER RUN: the machine this was written on has AVX2 + FMA + F16C only, so this code has been
 // compiled but not executed; tests/kernels/test_matvec_q16act_vnni.cpp checks it against the
 // scalar reference (and batch invariance) on a machine that has AVX-512 VNNI and skips
-// elsewhere. q16act_tile_avx2's dispatch picks it only when simd_level() is avx512 and the CPU
-// reports avx512vnni, so an AVX2 machine (or SNAP_SIMD=avx2) never reaches it.
+// elsewhere. q16act_tile's dispatch picks it only when it is enabled (env SNAP_MATVEC_VNNI=1 or
+// q16act_vnni_enable: off by default until it has run somewhere), simd_level() is avx512 and
+// the CPU reports avx512vnni, so an AVX2 machine (or SNAP_SIMD=avx2) never reaches it.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "kernels/cpu/matvec_q16act.h"
 #include "kernels/cpu/simd.h"
@@ -110,6 +114,16 @@ Q16TileFn pick(int nt, bool split) {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<bool> g_vnni_on{[] {
+  const char* e = std::getenv("SNAP_MATVEC_VNNI");
+  return e != nullptr && std::string_view(e) == "1";
+}()};
+}  // namespace
+
+void q16act_vnni_enable(bool on) { g_vnni_on.store(on, std::memory_order_relaxed); }
+bool q16act_vnni_enabled() { return g_vnni_on.load(std::memory_order_relaxed); }
 
 bool q16act_vnni_supported() {
   static const bool ok = simd_level_supported() == SimdLevel::avx512 && __builtin_cpu_supports("avx512vnni");

@@ -1,6 +1,6 @@
 // The AVX-512 VNNI tiles of q16act / q16x2act (kernels/cpu/matvec_q16act_vnni.cpp). The
-// dispatch checks run everywhere: below the avx512 level, or on a CPU without avx512vnni, the
-// matvec takes the AVX2 tiles. The kernel checks (against the scalar reference over awkward
+// dispatch checks run everywhere: unless enabled (SNAP_MATVEC_VNNI=1 / q16act_vnni_enable),
+// below the avx512 level, or on a CPU without avx512vnni, the matvec takes the AVX2 tiles. The kernel checks (against the scalar reference over awkward
 // shapes, batch invariance bitwise, NaN per token) need AVX-512 VNNI and are skipped, saying
 // so, elsewhere: on the machine this was written on (AVX2 only) they have never run.
 #include <gtest/gtest.h>
@@ -48,11 +48,14 @@ std::vector<float> make_x(int64_t n, uint32_t seed) {
   return x;
 }
 
-TEST(MatvecQ16ActVnni, DispatchTakesAvx2TilesBelowAvx512OrWithoutVnni) {
+TEST(MatvecQ16ActVnni, DispatchTakesAvx2TilesUnlessEnabledOnAvx512Vnni) {
+  const bool saved = q16act_vnni_enabled();
+  for (bool on : {false, true})
   for (SimdLevel level : test::supported_levels()) {
     if (level == SimdLevel::scalar) continue;
     test::LevelGuard guard(level);
-    const bool vnni = level == SimdLevel::avx512 && q16act_vnni_supported();
+    q16act_vnni_enable(on);
+    const bool vnni = on && level == SimdLevel::avx512 && q16act_vnni_supported();
     for (DType d : k_types)
       for (int nt = 1; nt <= 4; ++nt)
         for (bool split : {false, true}) {
@@ -61,6 +64,7 @@ TEST(MatvecQ16ActVnni, DispatchTakesAvx2TilesBelowAvx512OrWithoutVnni) {
                                                       << test::level_name(level);
         }
   }
+  q16act_vnni_enable(saved);
   if (simd_level_supported() < SimdLevel::avx512) {
     EXPECT_FALSE(q16act_vnni_supported());
   }
@@ -70,7 +74,11 @@ class VnniKernel : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!q16act_vnni_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: the VNNI tiles are not run here";
+    saved_ = q16act_vnni_enabled();
+    q16act_vnni_enable(true);
   }
+  void TearDown() override { q16act_vnni_enable(saved_); }
+  bool saved_ = false;
   test::LevelGuard guard_{SimdLevel::avx512};
 };
 
