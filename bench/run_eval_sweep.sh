@@ -15,6 +15,26 @@
 #          multikey2k  niah_multikey, full vs snapkv 1024, 2K
 #          vt2k        variable tracking, full vs snapkv 1024, 2K, seeds 0-5
 #          report      eval report over every JSONL in OUT_DIR -> OUT_DIR/report
+#        Third sweep (docs/eval.md "Third sweep"; OUT_DIR bench/results/eval13, which also holds
+#        the second sweep's kernel-31 / full / streaming / h2o records of seeds 0-1 for the
+#        same keys), the default kernel 31, niah_single unless said, listed in the order run;
+#        the cells are as small as the load (~1 case a minute at 2K) forced:
+#          p2k3        2K, seed 0, depths 0-100: full; snapkv, streaming, pyramidkv, adakv, h2o at 1024
+#          context2k3  snapkv 1024, question unseen by compression (context_only), 2K, seed 0, depths 0-100
+#          multikey2k3 niah_multikey at 2K, seed 0, depths 25/75: full, snapkv 1024, streaming 1024
+#          dtype2k3    --kv-dtype f16 and q8_0: full and snapkv 1024 at 2K, seed 0, depths 25/75
+#          len8k3      8K, depth 25, seed 0: full, snapkv 1024, streaming 1024 (3 in flight)
+#          grid1k3     SnapKV one factor at a time against W 32 / max / mean: window 16 and 64,
+#                      avg pooling, GQA max; budget 256, 1K, seed 0, depths 0-75
+#          vt2k3       variable tracking at 2K, seeds 0-1: full, snapkv 1024, streaming 1024
+#          p4k3        4K, seed 0, depths 25/75/100: full, snapkv 1024, streaming 1024
+#          noise2k3    the noise haystack at 2K, depth 50, seed 0: full, snapkv 1024, streaming 1024
+#          p2k3b       2K, seed 0, depths 0-100: snapkv 128/256/512, then budget 256 for streaming,
+#                      pyramidkv, adakv, h2o (snapkv 2048 at 2K would be full: not run)
+#          p2k3s1      p2k3 and context2k3 again with seed 1 (2 seeds per depth)
+#          multikey2k3b niah_multikey at 2K, depths 0/50/100 seed 0 and 25/75 seed 1: full, snapkv 1024, streaming 1024
+#          grid1k3full the whole window 16/32/64 x pooling max/avg x GQA mean/max grid of grid1k3
+#          report3     eval report over every JSONL in OUT_DIR -> OUT_DIR/report
 # Depth 100 % is left out: a needle there lies inside the observation window / the recent
 # tokens and every policy found it in every earlier run (1K-2K: docs/eval.md), so it only
 # dilutes the differences. The cell sizes are what a shared, loaded 2-core machine
@@ -30,6 +50,7 @@ mkdir -p "$out"
 S="$build/snapserve"
 common=(--haystacks shakespeare -c 4 --kv-cache-mib 1200 --progress-interval 60)
 d4=(--depths 0,25,50,75)
+d5=(--depths 0,25,50,75,100)
 for step in "${steps[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S), $(uptime | sed 's/.*load/load/'))" >&2
   case "$step" in
@@ -63,6 +84,64 @@ for step in "${steps[@]}"; do
     vt2k)
       "$S" eval run "${common[@]}" --seeds 0-5 --tasks vt --lengths 2048 \
         --policies full,snapkv --budgets 1024 --output "$out/vt.jsonl" ;;
+    p2k3)
+      "$S" eval run "${common[@]}" "${d5[@]}" --seeds 0 --tasks niah_single --lengths 2048 \
+        --policies full,snapkv,streaming,pyramidkv,adakv,h2o --budgets 1024 --output "$out/p2k.jsonl" ;;
+    p2k3b)
+      "$S" eval run "${common[@]}" "${d5[@]}" --seeds 0 --tasks niah_single --lengths 2048 \
+        --policies snapkv --budgets 128,256,512 --output "$out/p2k.jsonl"
+      "$S" eval run "${common[@]}" "${d5[@]}" --seeds 0 --tasks niah_single --lengths 2048 \
+        --policies streaming,pyramidkv,adakv,h2o --budgets 256 --output "$out/p2k.jsonl" ;;
+    context2k3)
+      "$S" eval run "${common[@]}" "${d5[@]}" --seeds 0 --tasks niah_single --lengths 2048 \
+        --policies snapkv --budgets 1024 --placements context_only --output "$out/context_only.jsonl" ;;
+    multikey2k3)
+      "$S" eval run "${common[@]}" --depths 25,75 --seeds 0 --tasks niah_multikey --lengths 2048 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/multikey.jsonl" ;;
+    vt2k3)
+      "$S" eval run "${common[@]}" --seeds 0-1 --tasks vt --lengths 2048 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/vt.jsonl" ;;
+    p4k3)
+      "$S" eval run "${common[@]}" --depths 25,75,100 --seeds 0 --tasks niah_single --lengths 4096 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/p4k.jsonl" ;;
+    len8k3)
+      "$S" eval run --haystacks shakespeare -c 3 --kv-cache-mib 2000 --progress-interval 60 \
+        --depths 25 --seeds 0 --tasks niah_single --lengths 8192 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/len8k.jsonl" ;;
+    dtype2k3)
+      for dt in f16 q8_0; do
+        "$S" eval run "${common[@]}" --depths 25,75 --seeds 0 --tasks niah_single --lengths 2048 \
+          --policies full,snapkv --budgets 1024 --kv-dtype "$dt" --output "$out/dtype.jsonl"
+      done ;;
+    grid1k3)
+      for v in "--windows 16,64" "--poolings avg" "--gqa max"; do
+        # shellcheck disable=SC2086
+        "$S" eval run "${common[@]}" "${d4[@]}" --seeds 0 --tasks niah_single --lengths 1024 \
+          --policies snapkv --budgets 256 $v --output "$out/grid1k.jsonl"
+      done ;;
+    p2k3s1)
+      "$S" eval run "${common[@]}" "${d5[@]}" --seeds 1 --tasks niah_single --lengths 2048 \
+        --policies full,snapkv,streaming,pyramidkv,adakv,h2o --budgets 1024 --output "$out/p2k.jsonl"
+      "$S" eval run "${common[@]}" "${d5[@]}" --seeds 1 --tasks niah_single --lengths 2048 \
+        --policies snapkv --budgets 1024 --placements context_only --output "$out/context_only.jsonl" ;;
+    multikey2k3b)
+      "$S" eval run "${common[@]}" --depths 0,50,100 --seeds 0 --tasks niah_multikey --lengths 2048 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/multikey.jsonl"
+      "$S" eval run "${common[@]}" --depths 25,75 --seeds 1 --tasks niah_multikey --lengths 2048 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/multikey.jsonl" ;;
+    grid1k3full)
+      "$S" eval run "${common[@]}" "${d4[@]}" --seeds 0-1 --tasks niah_single --lengths 1024 \
+        --policies snapkv --budgets 256 --windows 16,32,64 --poolings max,avg --gqa mean,max \
+        --output "$out/grid1k.jsonl" ;;
+    noise2k3)
+      "$S" eval run --haystacks noise -c 4 --kv-cache-mib 1200 --progress-interval 60 \
+        --depths 50 --seeds 0 --tasks niah_single --lengths 2048 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/noise.jsonl" ;;
+    report3)
+      inputs=()
+      for f in "$out"/*.jsonl; do inputs+=(--input "$f"); done
+      "$S" eval report --title "SmolLM2-135M-Instruct Q4_1: third sweep (kernel 31 default)" \
+        --output-dir "$out/report" "${inputs[@]}" ;;
     report)
       inputs=()
       for f in "$out"/*.jsonl; do inputs+=(--input "$f"); done
