@@ -97,7 +97,7 @@ maxlen=${len_list[-1]}
 for L in "${len_list[@]}"; do words_text $((L * 9 / 10)) > "$out/prompt_$L.txt"; done
 
 rss_mib() { awk -F': ' '/Maximum resident set size/ {printf "%.1f", $2 / 1024}' "$1"; }
-record() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$res"; }
+record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$res"; }
 
 # llama-bench, one test per process; $1 tag, $2 length, $3 round, rest: llama-bench args
 run_llama() {
