@@ -14,35 +14,6 @@ namespace {
 
 constexpr uint64_t k_seq = 1;  // generate runs one sequence at a time
 
-Status validate(const ModelConfig& c, const GenerateRequest& req) {
-  const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
-  if (n == 0) return invalid_argument("prompt is empty (0 tokens)");
-  if (req.max_tokens < 0) return invalid_argument("max_tokens must be >= 0, got " + std::to_string(req.max_tokens));
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t id = req.prompt_ids[i];
-    if (id < 0 || id >= c.vocab_size) {
-      return invalid_argument("prompt token " + std::to_string(i) + " has id " + std::to_string(id) +
-                              " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
-    }
-  }
-  const int64_t context = req.context_limit > 0 ? req.context_limit : c.max_position;
-  if (context > 0 && n > context) {
-    return invalid_argument("prompt has " + std::to_string(n) + " tokens, more than the model's context of " +
-                            std::to_string(context));
-  }
-  const KvPolicy& policy = req.kv_policy;
-  SNAP_RETURN_IF_ERROR(policy.validate());
-  if (policy.context_tokens > n) {
-    return invalid_argument("context of " + std::to_string(policy.context_tokens) + " tokens is longer than the prompt (" +
-                            std::to_string(n) + ")");
-  }
-  if (policy.layerwise && policy.context_tokens > 0) {
-    return invalid_argument("layer-wise prefill compresses the whole prompt; it cannot be combined with context-only compression");
-  }
-  if (req.prefill_chunk <= 0) return invalid_argument("prefill chunk must be > 0");
-  return {};
-}
-
 // Prefill, decode loop and stats; the caller opened the sequence and closes it.
 Status run_sequence(StepDriver& driver, const GenerateRequest& req, const GenerateHooks& hooks, int64_t limit,
                     int64_t compress_at, GenerateResult& result) {
@@ -143,10 +114,39 @@ Status run_sequence(StepDriver& driver, const GenerateRequest& req, const Genera
 
 }  // namespace
 
+Status validate_generate_request(const ModelConfig& c, const GenerateRequest& req) {
+  const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
+  if (n == 0) return invalid_argument("prompt is empty (0 tokens)");
+  if (req.max_tokens < 0) return invalid_argument("max_tokens must be >= 0, got " + std::to_string(req.max_tokens));
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = req.prompt_ids[i];
+    if (id < 0 || id >= c.vocab_size) {
+      return invalid_argument("prompt token " + std::to_string(i) + " has id " + std::to_string(id) +
+                              " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+    }
+  }
+  const int64_t context = req.context_limit > 0 ? req.context_limit : c.max_position;
+  if (context > 0 && n > context) {
+    return invalid_argument("prompt has " + std::to_string(n) + " tokens, more than the model's context of " +
+                            std::to_string(context));
+  }
+  const KvPolicy& policy = req.kv_policy;
+  SNAP_RETURN_IF_ERROR(policy.validate());
+  if (policy.context_tokens > n) {
+    return invalid_argument("context of " + std::to_string(policy.context_tokens) + " tokens is longer than the prompt (" +
+                            std::to_string(n) + ")");
+  }
+  if (policy.layerwise && policy.context_tokens > 0) {
+    return invalid_argument("layer-wise prefill compresses the whole prompt; it cannot be combined with context-only compression");
+  }
+  if (req.prefill_chunk <= 0) return invalid_argument("prefill chunk must be > 0");
+  return {};
+}
+
 Result<GenerateResult> generate(StepDriver& driver, const GenerateRequest& req, const GenerateHooks& hooks) {
   Worker& local = driver.local();
   const ModelConfig& c = local.config();
-  SNAP_RETURN_IF_ERROR(validate(c, req));
+  SNAP_RETURN_IF_ERROR(validate_generate_request(c, req));
   const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
   const int64_t context = req.context_limit > 0 ? req.context_limit : c.max_position;
   // Positions up to the prompt and every new token, capped by the context.

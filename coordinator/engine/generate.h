@@ -77,6 +77,11 @@ struct GenerateHooks {
   std::function<void(const PagedKvCache&)> on_prefilled;
 };
 
+// The checks every backend makes before it runs a request (prompt ids in the vocabulary, the
+// context, the policy's own validate(), context-only vs layer-wise, the chunk): a one-line
+// invalid_argument naming what is wrong. A backend adds its own refusals after these.
+Status validate_generate_request(const ModelConfig& config, const GenerateRequest& request);
+
 // Runs the request through `driver` (rank 0 of its group). The sequence is closed on
 // every rank before this returns, also on error.
 Result<GenerateResult> generate(StepDriver& driver, const GenerateRequest& request, const GenerateHooks& hooks = {});

@@ -396,6 +396,9 @@ class EngineImpl final : public Engine {
     in.block_bytes = pool_->block_bytes();
     in.max_layer_budget =
         req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget : req.kv_policy.budget;
+    if (model_->config.sliding_window_pattern > 0) {  // gemma3's local layers keep their window
+      in.max_layer_budget = std::max<int64_t>(in.max_layer_budget, model_->config.sliding_window);
+    }
     in.prefill_chunk = cfg_.prefill_chunk;
     in.hidden_size = model_->config.hidden_size;
     return layerwise_prefill_is_cheaper(in);
@@ -432,10 +435,13 @@ class EngineImpl final : public Engine {
     const int64_t compress_at = req.kv_policy.context_tokens > 0 ? req.kv_policy.context_tokens : n;
     int64_t blocks = 0;
     for (int l = 0; l < c.num_layers; ++l) {
-      // pyramidkv layer budgets vary (up to ~2x the average): bound by twice the budget.
-      const int64_t budget = comp ? comp->layer_budget(l)
-                                  : (req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget
-                                                                                   : req.kv_policy.budget);
+      // pyramidkv layer budgets vary (up to ~2x the average): bound by twice the budget. A
+      // windowed layer (gemma3's local layers) keeps its window instead, as the compressor does.
+      const bool windowed = c.sliding_window_pattern > 0 && c.layer_window(l) > 0;
+      const int64_t budget = comp       ? comp->layer_budget(l)
+                             : windowed ? int64_t{c.layer_window(l)}
+                             : (req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget
+                                                                                : req.kv_policy.budget);
       const int64_t kept = std::min(compress_at, budget) + (n - compress_at) + req.max_tokens;
       // adakv heads differ in size: each head may use one partly filled block more.
       const int64_t per_head = ceil_div(kept, bs) + (req.kv_policy.kind == KvPolicyKind::adakv ? 1 : 0);

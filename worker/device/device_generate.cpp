@@ -117,34 +117,14 @@ class CudaGenerator final : public DeviceGenerator {
 };
 
 Status CudaGenerator::validate(const GenerateRequest& req) const {
-  const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
-  if (n == 0) return invalid_argument("prompt is empty (0 tokens)");
-  if (req.max_tokens < 0) return invalid_argument("max_tokens must be >= 0, got " + std::to_string(req.max_tokens));
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t id = req.prompt_ids[i];
-    if (id < 0 || id >= config_.vocab_size) {
-      return invalid_argument("prompt token " + std::to_string(i) + " has id " + std::to_string(id) +
-                              " outside the vocabulary [0, " + std::to_string(config_.vocab_size) + ")");
-    }
-  }
-  const int64_t context = req.context_limit > 0 ? req.context_limit : config_.max_position;
-  if (context > 0 && n > context) {
-    return invalid_argument("prompt has " + std::to_string(n) + " tokens, more than the model's context of " +
-                            std::to_string(context));
-  }
+  SNAP_RETURN_IF_ERROR(validate_generate_request(config_, req));
   const KvPolicy& p = req.kv_policy;
-  SNAP_RETURN_IF_ERROR(p.validate());
   if (p.kind != KvPolicyKind::full && p.kind != KvPolicyKind::snapkv && p.kind != KvPolicyKind::pyramidkv &&
       p.kind != KvPolicyKind::streaming) {
     return unimplemented(std::string("kv policy ") + kv_policy_name(p.kind) + " is not on the device yet (--device " +
                          spec_.name() + " runs full, snapkv, pyramidkv, streaming)");
   }
   if (p.layerwise) return unimplemented("layer-wise prefill (--kv-layerwise) is not on the device yet");
-  if (p.context_tokens > n) {
-    return invalid_argument("context of " + std::to_string(p.context_tokens) + " tokens is longer than the prompt (" +
-                            std::to_string(n) + ")");
-  }
-  if (req.prefill_chunk <= 0) return invalid_argument("prefill chunk must be > 0");
   if (req.kv_block_size != 16) return invalid_argument("the device KV pool has 16-token blocks");
   return {};
 }
@@ -307,6 +287,11 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
 
 Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model) {
   if (spec.kind != DeviceKind::cuda) return invalid_argument("open_device_generator: " + spec.name() + " is not a device");
+  // DeviceForward is the Llama-family forward (one window for every layer, no QK-norm, post-norms
+  // or GeGLU): a gemma3 model would run wrong, so it is refused.
+  if (model.config.arch == Arch::gemma3) {
+    return unimplemented("--device " + spec.name() + ": the gemma3 architecture is not on the device yet (use --device cpu)");
+  }
   SNAP_RETURN_IF_ERROR(check_device(spec));
   SNAP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> weights, DeviceWeights::upload(model));
   cudaStream_t stream = nullptr;
