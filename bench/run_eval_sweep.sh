@@ -35,6 +35,22 @@
 #          multikey2k3b niah_multikey at 2K, depths 0/50/100 seed 0 and 25/75 seed 1: full, snapkv 1024, streaming 1024
 #          grid1k3full the whole window 16/32/64 x pooling max/avg x GQA mean/max grid of grid1k3
 #          report3     eval report over every JSONL in OUT_DIR -> OUT_DIR/report
+#        Fourth sweep (docs/eval.md "Fourth sweep"; OUT_DIR bench/results/eval14, which starts as
+#        a copy of eval13's JSONL files so that cases measured there are skipped), ONE engine
+#        thread and one request in flight (-c 1: the records' seconds are one case's own time),
+#        run under `nice -n 5`:
+#          p4k4        4K, seed 0, depths 0-100: snapkv 128/256/512/2048; then full and every
+#                      policy at 1024 (full/snapkv/streaming 1024 are already in eval13)
+#          tasks2k4    2K: niah_multivalue (depths 25/75, seeds 0-1), cwe (seeds 0-2), vt (seeds 2-3):
+#                      full, snapkv 1024, streaming 1024
+#          len8k4      8K, seed 0, depths 25/75: full, snapkv 256/1024, streaming, pyramidkv, adakv 1024
+#          gemma4      Gemma 3 270M (plain prompts, --no-chat), 4K and 8K, depths 25/75, seed 0:
+#                      full, snapkv 1024, streaming 1024 -> OUT_DIR/gemma/gemma.jsonl
+#          context4k4  snapkv 1024 context_only at 4K, seed 0, depths 0-100 (p4k's prompts)
+#          gemma16k4   Gemma 3 at 16K, depth 25, seed 0: full, snapkv 1024, streaming 1024
+#          p4k4s1      p4k4's cells with seed 1
+#          report4     eval report over OUT_DIR/*.jsonl -> OUT_DIR/report, and over
+#                      OUT_DIR/gemma/*.jsonl -> OUT_DIR/gemma/report (the report does not split by model)
 # Depth 100 % is left out: a needle there lies inside the observation window / the recent
 # tokens and every policy found it in every earlier run (1K-2K: docs/eval.md), so it only
 # dilutes the differences. The cell sizes are what a shared, loaded 2-core machine
@@ -51,6 +67,8 @@ S="$build/snapserve"
 common=(--haystacks shakespeare -c 4 --kv-cache-mib 1200 --progress-interval 60)
 d4=(--depths 0,25,50,75)
 d5=(--depths 0,25,50,75,100)
+one=(--haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 1200 --progress-interval 60)
+gemma=${SNAP_GEMMA_MODEL:-$HOME/.cache/snapserve/gemma-3-270m-q4_k_m.gguf}
 for step in "${steps[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S), $(uptime | sed 's/.*load/load/'))" >&2
   case "$step" in
@@ -147,6 +165,45 @@ for step in "${steps[@]}"; do
       for f in "$out"/*.jsonl; do inputs+=(--input "$f"); done
       "$S" eval report --title "SmolLM2-135M-Instruct Q4_1: long-context tasks in Shakespeare" \
         --output-dir "$out/report" "${inputs[@]}" ;;
+    p4k4|p4k4s1)
+      sd=0; [ "$step" = p4k4s1 ] && sd=1
+      "$S" eval run "${one[@]}" "${d5[@]}" --seeds "$sd" --tasks niah_single --lengths 4096 \
+        --policies snapkv --budgets 128,256,512,2048 --output "$out/p4k.jsonl"
+      "$S" eval run "${one[@]}" "${d5[@]}" --seeds "$sd" --tasks niah_single --lengths 4096 \
+        --policies full,snapkv,streaming,pyramidkv,adakv,h2o --budgets 1024 --output "$out/p4k.jsonl" ;;
+    tasks2k4)
+      "$S" eval run "${one[@]}" --depths 25,75 --seeds 0-1 --tasks niah_multivalue --lengths 2048 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/multivalue.jsonl"
+      "$S" eval run "${one[@]}" --seeds 0-2 --tasks cwe --lengths 2048 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/cwe.jsonl"
+      "$S" eval run "${one[@]}" --seeds 2-3 --tasks vt --lengths 2048 \
+        --policies full,snapkv,streaming --budgets 1024 --output "$out/vt.jsonl" ;;
+    len8k4)
+      "$S" eval run --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 2000 --progress-interval 60 \
+        --depths 25,75 --seeds 0 --tasks niah_single --lengths 8192 \
+        --policies full,snapkv,streaming,pyramidkv,adakv --budgets 1024 --output "$out/len8k.jsonl"
+      "$S" eval run --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 2000 --progress-interval 60 \
+        --depths 25,75 --seeds 0 --tasks niah_single --lengths 8192 \
+        --policies snapkv --budgets 256 --output "$out/len8k.jsonl" ;;
+    gemma4|gemma16k4)
+      mkdir -p "$out/gemma"
+      if [ "$step" = gemma4 ]; then gl=(--lengths 4096,8192 --depths 25,75); else gl=(--lengths 16384 --depths 25); fi
+      "$S" eval run --model "$gemma" --no-chat "${one[@]}" --kv-cache-mib 3000 "${gl[@]}" --seeds 0 \
+        --tasks niah_single --policies full,snapkv,streaming --budgets 1024 --output "$out/gemma/gemma.jsonl" ;;
+    context4k4)
+      "$S" eval run "${one[@]}" "${d5[@]}" --seeds 0 --tasks niah_single --lengths 4096 \
+        --policies snapkv --budgets 1024 --placements context_only --output "$out/context_only.jsonl" ;;
+    report4)
+      inputs=()
+      for f in "$out"/*.jsonl; do inputs+=(--input "$f"); done
+      "$S" eval report --title "SmolLM2-135M-Instruct Q4_1: fourth sweep" \
+        --output-dir "$out/report" "${inputs[@]}"
+      if compgen -G "$out/gemma/*.jsonl" > /dev/null; then
+        inputs=()
+        for f in "$out"/gemma/*.jsonl; do inputs+=(--input "$f"); done
+        "$S" eval report --title "Gemma 3 270M Q4_K_M (plain prompts): fourth sweep" \
+          --output-dir "$out/gemma/report" "${inputs[@]}"
+      fi ;;
     *) echo "run_eval_sweep.sh: unknown step '$step'" >&2; exit 2 ;;
   esac
 done
