@@ -62,14 +62,18 @@ for t in "${targets[@]}"; do
   [ $fresh = 1 ] && corpus=$work/$t/corpus
   mkdir -p "$corpus" "$artifacts"
   cp -rn "$root/tests/fixtures/fuzz/$t/." "$corpus/" 2>/dev/null
+  # tokenizer_json's seeds are the tokenizer fixtures shrunk to a few KB (tools/gen_fuzz_seeds.py)
+  # and its inputs stay under 8 KiB: on the 55 KB fixtures themselves it ran 140-250 exec/s
+  # and covered fewer edges in 20 minutes (3,772) than the small seeds do in one (3,921).
+  max_len=262144
   case $t in
     gguf) cp -n "$root"/tests/fixtures/gguf/tiny.gguf "$root"/tests/fixtures/tokenizer/spm.gguf "$corpus/" ;;
-    tokenizer_json) cp -n "$root"/tests/fixtures/tokenizer/bytebpe/tokenizer.json "$corpus/bytebpe.json" ;;
+    tokenizer_json) max_len=8192 ;;
   esac
   limit=(-runs="$runs")
   [ "$seconds" != 0 ] && limit=(-max_total_time="$seconds")
   start=$SECONDS
-  "$build/fuzz/fuzz_$t" "$corpus" "${limit[@]}" -max_len=262144 -timeout=10 -rss_limit_mb=4096 \
+  "$build/fuzz/fuzz_$t" "$corpus" "${limit[@]}" -max_len=$max_len -timeout=10 -rss_limit_mb=4096 \
     -artifact_prefix="$artifacts" -print_final_stats=1 >"$work/$t.log" 2>&1
   rc=$?
   secs=$((SECONDS - start))
