@@ -49,7 +49,7 @@
 #          context4k4  snapkv 1024 context_only at 4K, seed 0, depths 0-100 (p4k's prompts)
 #          gemma16k4   Gemma 3 at 16K, depth 25, seed 0: full, snapkv 1024, streaming 1024
 #          p4k4s1      p4k4's cells with seed 1
-#          report4     eval report over OUT_DIR/*.jsonl -> OUT_DIR/report, and over
+#          report4     eval report over OUT_DIR/*.jsonl but grid1k/dtype -> OUT_DIR/report, and over
 #                      OUT_DIR/gemma/*.jsonl -> OUT_DIR/gemma/report (the report does not split by model)
 # Depth 100 % is left out: a needle there lies inside the observation window / the recent
 # tokens and every policy found it in every earlier run (1K-2K: docs/eval.md), so it only
@@ -194,8 +194,13 @@ for step in "${steps[@]}"; do
       "$S" eval run "${one[@]}" "${d5[@]}" --seeds 0 --tasks niah_single --lengths 4096 \
         --policies snapkv --budgets 1024 --placements context_only --output "$out/context_only.jsonl" ;;
     report4)
+      # The 1K SnapKV-parameter grid and the KV-dtype records are sweep 3's, unchanged (its report
+      # has them); left out here, each of their labels would add a heatmap panel (SVG < 100 KB).
       inputs=()
-      for f in "$out"/*.jsonl; do inputs+=(--input "$f"); done
+      for f in "$out"/*.jsonl; do
+        case "$(basename "$f")" in grid1k.jsonl|dtype.jsonl) continue ;; esac
+        inputs+=(--input "$f")
+      done
       "$S" eval report --title "SmolLM2-135M-Instruct Q4_1: fourth sweep" \
         --output-dir "$out/report" "${inputs[@]}"
       if compgen -G "$out/gemma/*.jsonl" > /dev/null; then
