@@ -431,7 +431,7 @@ int main(int argc, char** argv) {
   add_tp_options(gen, g.parallel, "generate");
   gen->add_option("--device", g.device,
                   "Where the model runs: cpu (default; the reference) or cuda / cuda:N (the whole model on GPU N: "
-                  "bf16 weights and KV cache, kv policies full, snapkv, pyramidkv, streaming; fails at once "
+                  "bf16 weights and KV cache, every kv policy; fails at once "
                   "without a GPU or in a build without CUDA)");
   gen->add_option("--prefill-chunk", g.prefill_chunk, "Prompt tokens per prefill step (default 512)")->check(CLI::Range(1, 1 << 20));
   gen->add_option("--weight-dtype", g.weight_dtype,

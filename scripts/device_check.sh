@@ -5,7 +5,8 @@
 # the CUDA twins + tests/cuda, needing only OpenMP, OpenBLAS and GoogleTest, brought as .debs),
 # runs every CUDA test (each kernel against its CPU twin, case by case), then every GPU
 # benchmark that exists (bench_cuda_* targets), and writes a summary table. Then, only if the
-# machine can configure the whole project, the full-project CUDA targets (test_comm_nccl).
+# machine can configure the whole project, the full-project CUDA targets (test_comm_nccl, and
+# test_device_serve: `serve --device cuda` over HTTP).
 #
 # How a GPU session runs it (the .debs are made HERE first; they are git-ignored, so carried):
 #   bash scripts/device_deps.sh                      # on the CPU machine: fills .device-deps/ (13 MB)
@@ -172,19 +173,22 @@ fi
 
 # --- 6. full-project CUDA targets, only where the whole project configures --------------------
 # The bare machine lacks MPI, Boost, prometheus-cpp, ... so this normally reports why it is
-# skipped (not a failure of the CUDA code); on a fully provisioned GPU host it runs them.
+# skipped (not a failure of the CUDA code); on a fully provisioned GPU host it runs them:
+# NCCL, and `serve --device cuda` over HTTP (test_device_serve needs the server and snapserve).
 full=${build}-full
 if [ "$(left)" -gt 60 ] && timeout 60 cmake -S . -B "$full" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="${SNAP_CUDA_ARCH:-90}" -DSNAP_BUILD_BENCH=OFF >"$out/full_configure.log" 2>&1; then
-  if timeout "$(left)" cmake --build "$full" -j "$(nproc)" --target test_comm_nccl >>"$log" 2>&1; then
-    timeout "$(left)" "$(find "$full" -type f -name test_comm_nccl -perm -u+x | head -1)" >>"$log" 2>&1
-    rc=$?
-    case $rc in 0) row "test_comm_nccl" PASS "" ;; 77) row "test_comm_nccl" SKIP "no GPU" ;; *) row "test_comm_nccl" FAIL "rc $rc" ;; esac
-  else
-    row "test_comm_nccl" FAIL "build failed (see $log)"
-  fi
+  for t in test_comm_nccl test_device_serve; do
+    if timeout "$(left)" cmake --build "$full" -j "$(nproc)" --target "$t" >>"$log" 2>&1; then
+      timeout "$(left)" "$(find "$full" -type f -name "$t" -perm -u+x | head -1)" >>"$log" 2>&1
+      rc=$?
+      case $rc in 0) row "$t" PASS "" ;; 77) row "$t" SKIP "no GPU" ;; *) row "$t" FAIL "rc $rc" ;; esac
+    else
+      row "$t" FAIL "build failed (see $log)"
+    fi
+  done
 else
   why=$(grep -m1 -E "Could NOT find|not found|No package" "$out/full_configure.log" 2>/dev/null | sed 's/^ *//')
-  row "full project (test_comm_nccl)" INFO "not configurable here: ${why:-no time left}"
+  row "full project (test_comm_nccl, test_device_serve)" INFO "not configurable here: ${why:-no time left}"
 fi
 finish

@@ -1,9 +1,12 @@
 // parse_device and, in a build without CUDA, the device functions' refusals. With CUDA
 // (SNAP_HAVE_CUDA, set on this library by the root CMakeLists.txt), check_device and
-// open_device_generator come from worker/device/device_generate.cpp (library snap_device).
+// open_device_generator come from worker/device/device_generate.cpp, open_device_engine from
+// worker/device/device_engine.cpp (library snap_device).
 #include "coordinator/engine/device_spec.h"
 
 #include <cctype>
+
+#include "coordinator/scheduler/engine.h"
 
 namespace snap {
 
@@ -37,6 +40,10 @@ Status check_device(const DeviceSpec& spec) {
 }
 
 Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel&) {
+  return no_cuda(spec);
+}
+
+Result<std::unique_ptr<Engine>> open_device_engine(const DeviceSpec& spec, const EngineConfig&, ServerMetrics*) {
   return no_cuda(spec);
 }
 

@@ -36,9 +36,10 @@ bool build_has_cuda();
 Status check_device(const DeviceSpec& spec);
 
 // generate() on one device: the model uploaded once (bf16), one request at a time, each on a
-// fresh device KV pool sized as the CPU sizes its pool. Policies on the device: full and
-// snapkv (others end with "kv policy X is not on the device yet"). hooks.on_prefilled is
-// not called (there is no host PagedKvCache); every other hook is, as on the CPU.
+// fresh device KV pool sized as the CPU sizes its pool. Every KV policy runs on the device
+// (full, snapkv, pyramidkv, adakv, h2o, streaming), selecting what the CPU selects on the same
+// K/V (near-ties excepted). hooks.on_prefilled is not called (there is no host PagedKvCache);
+// every other hook is, as on the CPU.
 class DeviceGenerator {
  public:
   virtual ~DeviceGenerator() = default;
@@ -51,5 +52,18 @@ class DeviceGenerator {
 // Uploads `model` (tp 1, loaded with keep_quantized = false) to the device check_device chose.
 // `model` must outlive the generator (its config is read).
 Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model);
+
+struct EngineConfig;
+class Engine;
+class ServerMetrics;
+
+// `serve --device cuda[:N]`: the serving Engine (coordinator/scheduler/engine.h) over the
+// device forward (worker/device/device_engine.cpp): the same interface, continuous batching
+// (one prompt chunk + one decode row per running sequence each step), admission by the
+// device pool's blocks, cancel, drain, and the device's memory in /metrics. Checks the device
+// first (check_device), then loads the model (tp 1) and uploads it. Refused in one line:
+// tensor parallelism (cfg.comm), n > 1, prompt logprobs and layer-wise prefill per request.
+Result<std::unique_ptr<Engine>> open_device_engine(const DeviceSpec& spec, const EngineConfig& cfg,
+                                                   ServerMetrics* metrics);
 
 }  // namespace snap

@@ -22,6 +22,7 @@
 #include <memory>
 #include <thread>
 
+#include "coordinator/engine/device_spec.h"
 #include "coordinator/http/cpu_flags.h"
 #include "coordinator/engine/model_path.h"
 #include "coordinator/engine/tp_launch.h"
@@ -160,6 +161,11 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
       ->envname("SNAPSERVE_API_KEY");
   s->add_option("--served-model-name", a.served_model_name, "Model id in the API (default: the model file's name)");
   add_tp_options(s, a.parallel, "serve");
+  s->add_option("--device", a.device,
+                "Where the model runs: cpu (default; the reference) or cuda / cuda:N (the whole model on GPU N: bf16 "
+                "weights and KV cache in a device pool of --kv-cache-mib, every kv policy, continuous batching; no "
+                "--tp, n > 1, echo logprobs or layer-wise prefill there yet; fails at once, before the model is read, "
+                "without a GPU or in a build without CUDA)");
   s->add_option("--http-threads", a.http_threads, "HTTP I/O threads (default 2)")->check(CLI::Range(1, 256));
   s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -214,6 +220,16 @@ int run_serve(const ServeArgs& a) {
 
   // Tensor parallelism: the launcher's processes form one group. Worker ranks keep the
   // signal mask above: they stop when rank 0 tells them, after draining.
+  // --device cuda: checked before anything is loaded, so a machine without a GPU fails at once.
+  auto device = parse_device(a.device);
+  if (!device.ok()) return serve_fail(device.status().message());
+  if (device->kind == DeviceKind::cuda) {
+    if (a.parallel.tp > 1 || a.parallel.world_size > 1)
+      return serve_fail("--device " + device->name() + " runs the model on one GPU; --tp/--world-size are CPU-only for now");
+    if (!a.kv_dtype.empty() && a.kv_dtype != "bf16")
+      return serve_fail("--device " + device->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv_dtype + " is CPU-only");
+    if (Status st = check_device(*device); !st.ok()) return serve_fail(st.message());
+  }
   auto launch = start_tensor_parallel("serve", a.parallel);
   if (!launch.ok()) return serve_fail(launch.status().message());
   const comm::World* world = &launch->world();
@@ -253,7 +269,8 @@ int run_serve(const ServeArgs& a) {
   const std::string metrics_name =
       a.served_model_name.empty() ? std::filesystem::path(a.model).filename().string() : a.served_model_name;
   auto metrics = std::make_unique<ServerMetrics>(metrics_name);
-  auto engine = Engine::create(cfg, metrics.get());
+  auto engine = device->kind == DeviceKind::cuda ? open_device_engine(*device, cfg, metrics.get())
+                                                 : Engine::create(cfg, metrics.get());
   if (!engine.ok()) return serve_fail(engine.status().message());
   // "serving" below means ready: wait for the scheduler thread's first heartbeat.
   const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);

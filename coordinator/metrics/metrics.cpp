@@ -74,6 +74,7 @@ struct ServerMetrics::Impl {
   Family<Counter>* http_requests = nullptr;
   Family<Counter>* request_rejected = nullptr;
   Family<Gauge>* rank_last_report = nullptr;
+  Family<Gauge>* device_memory_bytes = nullptr;
   Family<Histogram>* inter_token_latency = nullptr;
   Family<Histogram>* time_to_first_token = nullptr;
   Family<Histogram>* time_per_output_token = nullptr;
@@ -123,6 +124,11 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
               "Bytes the KV cache of the running sequences would take on this rank uncompressed" + k_lag);
   m.process_resident_memory_bytes = m.gauge("snapserve_process_resident_memory_bytes",
                                             "Resident set size of the rank's process in bytes" + k_lag);
+  // No series until a device engine sets one (a family without series is not exported).
+  m.device_memory_bytes = m.gauge("snapserve_device_memory_bytes",
+                                  "GPU memory of the rank's device in bytes, by kind: kv_pool_used, kv_pool_free, "
+                                  "kv_pool_peak (most KV blocks ever in use), weights, scratch, in_use (all of "
+                                  "this device's memory in use), total (serve --device cuda)");
 
   // prometheus-cpp 1.0.1 exposes a counter under exactly the family name, so the
   // _total suffix belongs in the name (tested in test_metrics.cpp).
@@ -249,6 +255,9 @@ void ServerMetrics::add_request_rejected(const std::string& reason) {
 }
 void ServerMetrics::set_rank_last_report_time(int rank, double unix_seconds) {
   impl_->rank_last_report->Add({{"rank", std::to_string(rank)}}).Set(unix_seconds);
+}
+void ServerMetrics::set_device_memory_bytes(int rank, const std::string& kind, int64_t bytes) {
+  impl_->device_memory_bytes->Add({{"rank", std::to_string(rank)}, {"kind", kind}}).Set(static_cast<double>(bytes));
 }
 
 // --- histograms --------------------------------------------------------------------

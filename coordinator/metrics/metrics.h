@@ -42,6 +42,9 @@ class ServerMetrics {
   // Unix time at which rank 0 last received a rank's report (rank 0's own included): a
   // rank whose value stops advancing is silent (hung, or the group is stuck).
   void set_rank_last_report_time(int rank, double unix_seconds);
+  // GPU memory of a rank's device (serve --device cuda), label kind: kv_pool_used,
+  // kv_pool_free, kv_pool_peak, weights, scratch, in_use, total.
+  void set_device_memory_bytes(int rank, const std::string& kind, int64_t bytes);
   // --- histograms (seconds unless named otherwise)
   void observe_time_to_first_token(double s);
   // Per request: decode time / (generated tokens - 1), as `vllm bench serve`'s TPOT.

@@ -115,4 +115,44 @@ cudaError_t snapkv_select_cuda(const float* q_window, const PagedKvCuda& kv, int
                                const AttentionParams& p, const SnapKvCudaParams& sp, float* scores, int32_t* kept,
                                void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// The pooled scores alone (steps 1-4 of snapkv_select_cuda; what AdaKV selects on): needs
+// N > W >= 1, k odd, head_dim <= 256 (budget unused); else cudaErrorInvalidValue / size 0.
+size_t snapkv_scores_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp);
+cudaError_t snapkv_scores_cuda(const float* q_window, const PagedKvCuda& kv, int64_t num_tokens,
+                               const AttentionParams& p, const SnapKvCudaParams& sp, float* scores, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream);
+
+// --- AdaKV selection (one layer): the twin of adakv_select (worker/kv/selection.h) ----------
+// SnapKV's scores, then each KV head's own top floor(alpha·(B−W)) prefix positions (the
+// safeguard), then the layer's remaining num_kv_heads·(B−W) − safeguards slots to the best
+// remaining (score desc, KV head asc, position asc) over all heads. kept_ids: [num_kv_heads·
+// (B−W)] ascending, each g·(N−W) + j for prefix position j of head g (heads hold different
+// counts; the window N−W..N−1 is kept by every head and not listed). scores as
+// snapkv_select_cuda. Needs N > B > W >= 1, alpha in [0, 1]; else cudaErrorInvalidValue.
+size_t adakv_select_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp);
+cudaError_t adakv_select_cuda(const float* q_window, const PagedKvCuda& kv, int64_t num_tokens,
+                              const AttentionParams& p, const SnapKvCudaParams& sp, double alpha, float* scores,
+                              int32_t* kept_ids, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// --- H2O (one layer): the twins of H2oAccumulator::add / select ------------------------------
+// Accumulation over a prefill chunk: q [num_queries, num_heads, head_dim] f32 (after RoPE) at
+// positions first_position .. first_position + num_queries − 1; kv holds keys 0 .. the last
+// of them at logical index = position (a fresh prefill). For each query head h and key j:
+// acc[h·acc_stride + j] += Σ over the chunk's rows i with position ≥ j of softmax_i(j), rows
+// in ascending order onto the running value (the CPU's order). workspace: the rows' softmax
+// statistics. Needs head_dim <= 256 and acc_stride >= first_position + num_queries.
+size_t h2o_accumulate_cuda_workspace_bytes(int64_t num_queries, const AttentionParams& p);
+cudaError_t h2o_accumulate_cuda(const float* q, int64_t num_queries, int64_t first_position, const PagedKvCuda& kv,
+                                const AttentionParams& p, float* acc, int64_t acc_stride, void* workspace,
+                                size_t workspace_bytes, cudaStream_t stream);
+// Selection over N accumulated positions: per KV head the group's scores (mean or max over
+// its query heads, in order; NaN -> −inf) into scores [num_kv_heads][N], then the top
+// (B − recent) of positions 0 .. N−recent−1 by (score desc, position asc). kept_ids:
+// [num_kv_heads·(B − recent)] ascending, each g·N + j (the recent N−recent..N−1 not listed).
+// Needs N > B >= recent >= 0; else cudaErrorInvalidValue (and a workspace size of 0).
+size_t h2o_select_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t budget, int64_t recent);
+cudaError_t h2o_select_cuda(const float* acc, int64_t acc_stride, int64_t num_tokens, const AttentionParams& p,
+                            int64_t budget, int64_t recent, bool max_aggregation, float* scores, int32_t* kept_ids,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 }  // namespace snap::kernels

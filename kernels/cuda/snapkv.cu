@@ -20,39 +20,19 @@
 #include <cmath>
 
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/selection_common.cuh"
 
 namespace snap::kernels {
 
+using selection::dot_as_cpu;
+using selection::k_qrows;
+using selection::k_tile;
+using selection::load_key_tile;
+using selection::warp_max;
+using selection::warp_sum;
+
 namespace {
-constexpr int k_tile = 64;        // keys per block
-constexpr int k_qrows = 32;       // query rows per shared-memory chunk
-constexpr int k_part_warps = 4;   // warps of the partials kernel
-
-__device__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// q · k, d ascending, every product and sum rounded separately (no FMA), as the CPU's qk_tile.
-__device__ float dot_as_cpu(const float* q, const float* k, int hd) {
-  float acc = 0.0f;
-  for (int d = 0; d < hd; ++d) acc = __fadd_rn(acc, __fmul_rn(q[d], k[d]));
-  return acc;
-}
-
-// Loads keys [j0, j0 + n) of head g into k_s[k_tile][hd + 1] as f32.
-__device__ void load_key_tile(const PagedKvCuda& kv, const PagedKvHead& head, int64_t j0, int n, int hd, float* k_s) {
-  for (int idx = threadIdx.x; idx < n * hd; idx += blockDim.x) {
-    const int jj = idx / hd, d = idx % hd;
-    const int64_t j = j0 + jj;
-    const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
-    k_s[jj * (hd + 1) + d] = __bfloat162float(kv.k_base[blk * kv.k_block_stride + slot * hd + d]);
-  }
-}
+constexpr int k_part_warps = 4;  // warps of the partials kernel
 
 // Query row r of KV head g: query head g·group + r / W, window row r % W; into q_s[rr][hd].
 __device__ void load_query_rows(const float* q_window, int g, int group, int window, int num_heads, int hd,
@@ -183,7 +163,7 @@ __global__ void snapkv_pool_kernel(const float* agg, int64_t prefix, int num_kv_
     v = __fdiv_rn(sum, static_cast<float>(kernel));
   }
   pooled[idx] = isnan(v) ? -INFINITY : v;
-  positions[idx] = static_cast<int32_t>(j);
+  if (positions) positions[idx] = static_cast<int32_t>(j);
 }
 
 // kept[g·budget + m] for m < keep: the first keep sorted positions; then the window.
@@ -214,9 +194,10 @@ __global__ void snapkv_copy_top_kernel(const int32_t* top_sorted, int64_t keep, 
 }
 
 namespace {
-// The workspace, carved in this order; every piece 256-byte aligned.
+// The workspace, carved in this order; every piece 256-byte aligned. The first three pieces
+// (part, stats, agg) are all that snapkv_scores_cuda needs.
 struct Layout {
-  size_t part, stats, agg, pos_in, keys_out, pos_out, top, top_sorted, offsets, cub, total;
+  size_t part, stats, agg, pos_in, keys_out, pos_out, top, top_sorted, offsets, cub, total, scores_total;
 };
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -247,6 +228,7 @@ Layout layout(int64_t num_tokens, int num_heads, int num_kv_heads, const SnapKvC
   l.part = take(sizeof(float2) * rows * tiles);
   l.stats = take(sizeof(float2) * rows);
   l.agg = take(sizeof(float) * items);
+  l.scores_total = off;
   l.pos_in = take(sizeof(int32_t) * items);
   l.keys_out = take(sizeof(float) * items);
   l.pos_out = take(sizeof(int32_t) * items);
@@ -258,12 +240,63 @@ Layout layout(int64_t num_tokens, int num_heads, int num_kv_heads, const SnapKvC
   return l;
 }
 
-bool valid(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp) {
+bool common_valid(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp) {
   return p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.head_dim > 0 && p.head_dim <= 256 &&
-         sp.window >= 1 && sp.budget > sp.window && num_tokens > sp.budget && sp.kernel >= 1 && sp.kernel % 2 == 1 &&
+         sp.window >= 1 && num_tokens > sp.window && sp.kernel >= 1 && sp.kernel % 2 == 1 &&
          num_tokens * p.num_kv_heads < (int64_t{1} << 31);  // CUB's int item counts
 }
+bool valid(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp) {
+  return common_valid(num_tokens, p, sp) && sp.budget > sp.window && num_tokens > sp.budget;
+}
+// The scores need no budget: any B with W < B < N gives the same layout's first pieces.
+SnapKvCudaParams scores_only(int64_t num_tokens, SnapKvCudaParams sp) {
+  sp.budget = num_tokens - 1;
+  return sp;
+}
+
+// Steps 1-4: partials, row stats, group scores, pooling -> scores [nkv][N−W] (NaN -> −inf)
+// and, when positions is not null, positions[g·prefix + j] = j (the sort's values).
+void launch_scores(const float* q_window, const PagedKvCuda& kv, int64_t num_tokens, const AttentionParams& p,
+                   const SnapKvCudaParams& sp, char* ws, const Layout& l, float* scores, int32_t* positions,
+                   cudaStream_t stream) {
+  auto* part = reinterpret_cast<float2*>(ws + l.part);
+  auto* stats = reinterpret_cast<float2*>(ws + l.stats);
+  auto* agg = reinterpret_cast<float*>(ws + l.agg);
+  const int hd = p.head_dim, nkv = p.num_kv_heads;
+  const int64_t prefix = num_tokens - sp.window;
+  const int64_t tiles = (num_tokens + k_tile - 1) / k_tile;
+  const int64_t rows = static_cast<int64_t>(p.num_heads) * sp.window;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));  // as the CPU computes it
+  const size_t smem = selection::tile_smem_bytes(hd);
+  if (smem > 48 * 1024) {  // head_dim > 96 needs the opt-in (at most 99 KB at head_dim 256)
+    cudaFuncSetAttribute(snapkv_partials_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaFuncSetAttribute(snapkv_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  }
+  snapkv_partials_kernel<<<dim3(static_cast<unsigned>(tiles), nkv), k_part_warps * 32, smem, stream>>>(
+      q_window, kv, num_tokens, p.num_heads, nkv, hd, sp.window, scale, tiles, part);
+  snapkv_row_stats_kernel<<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream>>>(part, rows, tiles, stats);
+  snapkv_scores_kernel<<<dim3(static_cast<unsigned>((prefix + k_tile - 1) / k_tile), nkv), k_tile, smem, stream>>>(
+      q_window, kv, num_tokens, p.num_heads, nkv, hd, sp.window, scale, stats, sp.max_aggregation, agg);
+  const int64_t items = prefix * nkv;
+  snapkv_pool_kernel<<<static_cast<unsigned>((items + 255) / 256), 256, 0, stream>>>(agg, prefix, nkv, sp.kernel,
+                                                                                   sp.max_pooling, scores, positions);
+}
 }  // namespace
+
+size_t snapkv_scores_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp) {
+  if (!common_valid(num_tokens, p, sp)) return 0;
+  return layout(num_tokens, p.num_heads, p.num_kv_heads, scores_only(num_tokens, sp)).scores_total;
+}
+
+cudaError_t snapkv_scores_cuda(const float* q_window, const PagedKvCuda& kv, int64_t num_tokens,
+                               const AttentionParams& p, const SnapKvCudaParams& sp, float* scores, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream) {
+  if (!common_valid(num_tokens, p, sp)) return cudaErrorInvalidValue;
+  const Layout l = layout(num_tokens, p.num_heads, p.num_kv_heads, scores_only(num_tokens, sp));
+  if (workspace_bytes < l.scores_total) return cudaErrorInvalidValue;
+  launch_scores(q_window, kv, num_tokens, p, sp, static_cast<char*>(workspace), l, scores, nullptr, stream);
+  return cudaGetLastError();
+}
 
 size_t snapkv_select_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp) {
   if (!valid(num_tokens, p, sp)) return 0;
@@ -277,9 +310,6 @@ cudaError_t snapkv_select_cuda(const float* q_window, const PagedKvCuda& kv, int
   const Layout l = layout(num_tokens, p.num_heads, p.num_kv_heads, sp);
   if (workspace_bytes < l.total) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(workspace);
-  auto* part = reinterpret_cast<float2*>(ws + l.part);
-  auto* stats = reinterpret_cast<float2*>(ws + l.stats);
-  auto* agg = reinterpret_cast<float*>(ws + l.agg);
   auto* pos_in = reinterpret_cast<int32_t*>(ws + l.pos_in);
   auto* keys_out = reinterpret_cast<float*>(ws + l.keys_out);
   auto* pos_out = reinterpret_cast<int32_t*>(ws + l.pos_out);
@@ -289,24 +319,10 @@ cudaError_t snapkv_select_cuda(const float* q_window, const PagedKvCuda& kv, int
   void* cub_tmp = ws + l.cub;
   size_t cub_size = workspace_bytes - l.cub;
 
-  const int hd = p.head_dim, nkv = p.num_kv_heads;
+  const int nkv = p.num_kv_heads;
   const int64_t prefix = num_tokens - sp.window, keep = sp.budget - sp.window;
-  const int64_t tiles = (num_tokens + k_tile - 1) / k_tile;
-  const int64_t rows = static_cast<int64_t>(p.num_heads) * sp.window;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));  // as the CPU computes it
-  const size_t smem = sizeof(float) * (static_cast<size_t>(k_tile) * (hd + 1) + static_cast<size_t>(k_qrows) * hd);
-  if (smem > 48 * 1024) {  // head_dim > 96 needs the opt-in (at most 99 KB at head_dim 256)
-    cudaFuncSetAttribute(snapkv_partials_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    cudaFuncSetAttribute(snapkv_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  }
-  snapkv_partials_kernel<<<dim3(static_cast<unsigned>(tiles), nkv), k_part_warps * 32, smem, stream>>>(
-      q_window, kv, num_tokens, p.num_heads, nkv, hd, sp.window, scale, tiles, part);
-  snapkv_row_stats_kernel<<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream>>>(part, rows, tiles, stats);
-  snapkv_scores_kernel<<<dim3(static_cast<unsigned>((prefix + k_tile - 1) / k_tile), nkv), k_tile, smem, stream>>>(
-      q_window, kv, num_tokens, p.num_heads, nkv, hd, sp.window, scale, stats, sp.max_aggregation, agg);
+  launch_scores(q_window, kv, num_tokens, p, sp, ws, l, scores, pos_in, stream);
   const int64_t items = prefix * nkv;
-  snapkv_pool_kernel<<<static_cast<unsigned>((items + 255) / 256), 256, 0, stream>>>(agg, prefix, nkv, sp.kernel,
-                                                                                   sp.max_pooling, scores, pos_in);
   int* seg_begin = offsets;
   int* seg_end = offsets + nkv;
   int* top_begin = offsets + 2 * nkv;

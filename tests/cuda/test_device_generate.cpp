@@ -10,7 +10,8 @@
 //   prompt logits: at every position the CPU's top 5 within 0.1 on the device;
 //   greedy tokens: equal at every step whose CPU top-2 margin is >= 0.1; at a closer step the
 //     two may part, and the check ends there (a documented near-tie);
-//   selections (snapkv, pyramidkv, streaming, snapkv over a context): the kept positions of
+//   selections (snapkv, pyramidkv, adakv, h2o, streaming; snapkv, adakv and h2o over a
+//     context too): the kept positions of
 //     every layer and KV head (the --dump-kv-selection files) equal the CPU's (CPU KV in bf16
 //     too), except near-ties at the cut-off: at most 2% of the kept entries (streaming: none).
 // Exits 77 without a usable GPU.
@@ -204,7 +205,9 @@ TEST_P(DeviceGenerateTest, PolicySelectionsAndTokensMatchCpu) {
     int64_t context;  // context_tokens (0: whole prompt)
   };
   for (const Case& k : {Case{"snapkv", KvPolicyKind::snapkv, 0}, Case{"pyramidkv", KvPolicyKind::pyramidkv, 0},
-                        Case{"streaming", KvPolicyKind::streaming, 0}, Case{"snapkv_context", KvPolicyKind::snapkv, 160}}) {
+                        Case{"streaming", KvPolicyKind::streaming, 0}, Case{"snapkv_context", KvPolicyKind::snapkv, 160},
+                        Case{"adakv", KvPolicyKind::adakv, 0}, Case{"adakv_context", KvPolicyKind::adakv, 160},
+                        Case{"h2o", KvPolicyKind::h2o, 0}, Case{"h2o_context", KvPolicyKind::h2o, 160}}) {
     SCOPED_TRACE(k.name);
     GenerateRequest req = request(200, 10);
     req.kv_policy.kind = k.kind;
@@ -243,13 +246,13 @@ TEST_P(DeviceGenerateTest, PolicySelectionsAndTokensMatchCpu) {
   }
 }
 
-TEST_P(DeviceGenerateTest, OtherPoliciesAreRefusedInOneLine) {
+TEST_P(DeviceGenerateTest, BadRequestsAreRefusedInOneLine) {
   GenerateRequest req = request(40, 2);
-  req.kv_policy.kind = KvPolicyKind::h2o;
+  req.kv_block_size = 32;
   auto r = dev_->generate(req, {});
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("kv policy h2o is not on the device yet"), std::string::npos) << r.status().message();
-  req.kv_policy.kind = KvPolicyKind::full;
+  EXPECT_NE(r.status().message().find("16-token blocks"), std::string::npos) << r.status().message();
+  req.kv_block_size = 16;
   req.prompt_ids[3] = static_cast<int32_t>(model_->config.vocab_size);  // out of range
   r = dev_->generate(req, {});
   ASSERT_FALSE(r.ok());

@@ -4,6 +4,7 @@
 // hidden with CUDA_VISIBLE_DEVICES="", so the test means the same on a GPU host), "this build
 // has no CUDA (configure with -DSNAP_ENABLE_CUDA=ON)" in a build without; a malformed device
 // and --tp with a device are refused; --device cpu is the default path, token for token.
+// `serve --device` meets the same contract (and refuses --kv-dtype other than bf16 there).
 // The GPU side (--device cuda equals --device cpu) is tests/cuda/test_device_generate.cpp.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -87,6 +88,54 @@ TEST(DeviceCli, MalformedDeviceAndTpAreRefused) {
   const Out r = run(dir, "generate --device cuda --tp 2 --prompt hi");
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find("--device cuda:0 runs the model on one GPU"), std::string::npos) << r.err;
+}
+
+// serve --device: the same fail-fast contract as generate, before the model is read and before
+// any port is bound, and the device's one-line refusals of what it does not run.
+TEST(DeviceCli, ServeHelpExplainsDevice) {
+  snap::testing::TempDir dir("devcli_serve_help");
+  const Out r = run(dir, "serve --help");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("--device"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cuda:N"), std::string::npos) << r.out;
+}
+
+TEST(DeviceCli, ServeCudaWithoutDeviceFailsFastInOneLine) {
+  snap::testing::TempDir dir("devcli_serve_nogpu");
+  for (const std::string dev : {"cuda", "cuda:2"}) {
+    const Out r = run(dir, "serve --device " + dev + " --port 0 --model " + (dir / "absent.gguf"), "CUDA_VISIBLE_DEVICES=");
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    const std::string name = dev == "cuda" ? "cuda:0" : dev;
+#if SNAP_TEST_BUILD_HAS_CUDA
+    EXPECT_NE(r.err.find("snapserve: error: --device " + name + ": no CUDA device (cudaGetDeviceCount: error "),
+              std::string::npos)
+        << r.err;
+#else
+    EXPECT_NE(r.err.find("snapserve: error: --device " + name +
+                         ": this build has no CUDA (configure with -DSNAP_ENABLE_CUDA=ON)"),
+              std::string::npos)
+        << r.err;
+#endif
+    EXPECT_EQ(r.err.find("absent.gguf"), std::string::npos) << "the model was read before the device was checked: " << r.err;
+    EXPECT_EQ(r.err.find("serving"), std::string::npos) << r.err;
+  }
+}
+
+TEST(DeviceCli, ServeRefusesMalformedDeviceTpAndKvDtype) {
+  snap::testing::TempDir dir("devcli_serve_bad");
+  Out r = run(dir, "serve --device cuda:x --port 0");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--device 'cuda:x': expected cpu, cuda or cuda:N"), std::string::npos) << r.err;
+  r = run(dir, "serve --device cuda --tp 2 --port 0");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--device cuda:0 runs the model on one GPU"), std::string::npos) << r.err;
+  r = run(dir, "serve --device cuda --kv-dtype q8_0 --port 0");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--device cuda:0 keeps the KV cache in bf16; --kv-dtype q8_0 is CPU-only"), std::string::npos)
+      << r.err;
 }
 
 TEST(DeviceCli, CpuIsTheDefaultPath) {

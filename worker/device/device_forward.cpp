@@ -48,99 +48,8 @@ void DeviceForward::free_scratch() {
 DeviceForward::~DeviceForward() {
   free_scratch();
   for (float* p : win_q_) cudaFree(p);
+  observe_h2o(0);
   if (cublas_) cublasDestroy(cublas_);
-}
-
-void DeviceForward::observe_window(int window) {
-  cudaStreamSynchronize(stream_);
-  for (float* p : win_q_) cudaFree(p);
-  win_q_.assign(static_cast<size_t>(config_.num_layers), nullptr);
-  window_ = window > 0 ? window : 0;
-  window_rows_ = 0;
-  if (window_ == 0) return;
-  const size_t bytes = sizeof(float) * window_ * config_.num_heads * config_.head_dim;
-  for (float*& p : win_q_)
-    if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr;  // compress_snapkv reports it
-}
-
-const float* DeviceForward::window_queries(int layer) const {
-  return layer >= 0 && layer < static_cast<int>(win_q_.size()) ? win_q_[layer] : nullptr;
-}
-
-Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaParams& sp_all,
-                                      std::vector<std::vector<std::vector<int32_t>>>* kept,
-                                      const std::vector<int64_t>& layer_budgets) {
-  const int nkv = config_.num_kv_heads;
-  if (kept) kept->assign(static_cast<size_t>(config_.num_layers), {});
-  if (!layer_budgets.empty() && static_cast<int>(layer_budgets.size()) != config_.num_layers)
-    return invalid_argument("device forward: " + std::to_string(layer_budgets.size()) + " layer budgets for " +
-                            std::to_string(config_.num_layers) + " layers");
-  const int64_t n = pool_.appended(seq, 0);
-  auto budget_of = [&](int l) { return layer_budgets.empty() ? sp_all.budget : layer_budgets[l]; };
-  int64_t max_budget = 0;
-  for (int l = 0; l < config_.num_layers; ++l) max_budget = std::max(max_budget, std::min(budget_of(l), n));
-  if (n <= max_budget) return Status::ok_status();  // nothing to drop in any layer
-  const kernels::SnapKvCudaParams& sp = sp_all;
-  if (window_ != sp.window || window_rows_ < sp.window)
-    return invalid_argument("device forward: snapkv window " + std::to_string(sp.window) + " was not observed (observe_window(" +
-                            std::to_string(window_) + "), last chunk " + std::to_string(window_rows_) + " rows)");
-  const int64_t prefix = n - sp.window;
-  size_t ws_bytes = 0;
-  for (int l = 0; l < config_.num_layers; ++l) {
-    if (budget_of(l) >= n) continue;
-    kernels::SnapKvCudaParams spl = sp;
-    spl.budget = budget_of(l);
-    const size_t b = kernels::snapkv_select_cuda_workspace_bytes(n, attn_, spl);
-    if (b == 0)
-      return invalid_argument("device forward: snapkv budget " + std::to_string(spl.budget) + ", window " +
-                              std::to_string(sp.window) + ", kernel " + std::to_string(sp.kernel) + " refused");
-    ws_bytes = std::max(ws_bytes, b);
-  }
-  void *ws = nullptr, *scores = nullptr, *kept_dev = nullptr;
-  cudaError_t e = cudaMalloc(&ws, ws_bytes);
-  if (e == cudaSuccess) e = cudaMalloc(&scores, sizeof(float) * prefix * nkv);
-  if (e == cudaSuccess) e = cudaMalloc(&kept_dev, sizeof(int32_t) * max_budget * nkv);
-  Status st = cuda_status("snapkv buffers", e);
-  std::vector<int32_t> host(static_cast<size_t>(max_budget * nkv));
-  for (int l = 0; st.ok() && l < config_.num_layers; ++l) {
-    if (budget_of(l) >= n) {  // this layer keeps everything
-      if (kept) {
-        (*kept)[l].assign(static_cast<size_t>(nkv), std::vector<int32_t>(static_cast<size_t>(n)));
-        for (auto& h : (*kept)[l])
-          for (int64_t j = 0; j < n; ++j) h[j] = static_cast<int32_t>(j);
-      }
-      continue;
-    }
-    kernels::SnapKvCudaParams spl = sp;
-    spl.budget = budget_of(l);
-    if (win_q_[l] == nullptr) {
-      st = resource_exhausted("device forward: no window-query buffer for layer " + std::to_string(l));
-      break;
-    }
-    auto view = pool_.view(seq, l);
-    if (!view.ok()) {
-      st = view.status();
-      break;
-    }
-    st = cuda_status("snapkv_select_cuda",
-                     kernels::snapkv_select_cuda(win_q_[l], *view, n, attn_, spl, static_cast<float*>(scores),
-                                                 static_cast<int32_t*>(kept_dev), ws, ws_bytes, stream_));
-    const int64_t b = spl.budget;
-    if (st.ok())
-      st = cuda_status("kept positions", cudaMemcpyAsync(host.data(), kept_dev, sizeof(int32_t) * b * nkv,
-                                                         cudaMemcpyDeviceToHost, stream_));
-    if (st.ok()) st = cuda_status("snapkv", cudaStreamSynchronize(stream_));
-    if (!st.ok()) break;
-    std::vector<std::vector<int32_t>> lists(static_cast<size_t>(nkv));
-    for (int g = 0; g < nkv; ++g) lists[g].assign(host.begin() + g * b, host.begin() + (g + 1) * b);
-    st = pool_.compact(seq, l, lists);  // a fresh prefill: position j is logical entry j
-    if (kept && st.ok()) (*kept)[l] = std::move(lists);
-  }
-  cudaStreamSynchronize(stream_);
-  cudaFree(ws);
-  cudaFree(scores);
-  cudaFree(kept_dev);
-  return st;
 }
 
 Status DeviceForward::ensure_scratch(int64_t n) {
@@ -311,6 +220,7 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
                                                 cudaMemcpyDeviceToDevice, stream_));
     }
     SNAP_RETURN_IF_ERROR(pool_.append(seq, l, k_, v_, positions_, n));
+    if (start < h2o_tokens_) SNAP_RETURN_IF_ERROR(accumulate_h2o(seq, l, start, std::min(n, h2o_tokens_ - start)));
     SNAP_RETURN_IF_ERROR(attend(seq, l, q_, positions_, n, attn_out_));
     SNAP_RETURN_IF_ERROR(project(L.o, nullptr, attn_out_, h_, n));
     kernels::residual_add_cuda(x_, h_, n * hidden, stream_);

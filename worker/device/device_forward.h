@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "worker/device/device_kv_pool.h"
 #include "worker/device/device_weights.h"
+#include "worker/kv/policy.h"
 #include "worker/model/config.h"
 
 namespace snap {
@@ -59,6 +60,29 @@ class DeviceForward {
                          std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr,
                          const std::vector<int64_t>& layer_budgets = {});
 
+  // AdaKV (adakv_select_cuda): after observe_window(W) as for SnapKV; heads keep different
+  // counts (the layer's total is num_kv_heads·B), every head the window.
+  Status compress_adakv(int32_t seq, const kernels::SnapKvCudaParams& sp, double alpha,
+                        std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr);
+  // H2O: observe_h2o(n) before the prompt's first chunk makes forward() accumulate, in every
+  // layer, the attention the queries of positions < n pay each key (h2o_accumulate_cuda, a
+  // device [num_heads, n] buffer per layer; 0 stops it and frees them). compress_h2o then
+  // keeps per layer and KV head the `recent` last positions plus the top budget − recent
+  // older ones (h2o_select_cuda) and compacts; the sequence must hold exactly n positions.
+  void observe_h2o(int64_t num_tokens);
+  Status compress_h2o(int32_t seq, int64_t budget, int64_t recent, bool max_aggregation,
+                      std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr);
+
+  // A request's policy in one call each (what generate and the serving engine run):
+  // prepare_compression before the prompt's first chunk sets up the capture the policy needs
+  // (window queries: snapkv, pyramidkv, adakv; H2O scores) and returns the rows the chunk
+  // ending at compress_at must hold (the window; 0 for the others). compress then runs the
+  // policy's selection + compaction once the first compress_at tokens are in the pool; kept
+  // (per layer, per KV head) stays empty when nothing was dropped or the policy is full.
+  int prepare_compression(const KvPolicy& policy, int64_t compress_at);
+  Status compress(int32_t seq, const KvPolicy& policy, int64_t compress_at,
+                  std::vector<std::vector<std::vector<int32_t>>>* kept);
+
   // Bytes of device scratch held now (activations for the largest chunk seen + workspaces).
   int64_t scratch_bytes() const { return scratch_bytes_; }
 
@@ -68,6 +92,12 @@ class DeviceForward {
   Status project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status project_rows(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status attend(int32_t seq, int layer, const float* q, const int32_t* positions, int64_t n, float* out);
+  // device_compress.cpp: H2O accumulation of one chunk's rows [0, m) of q_ (positions start..).
+  Status accumulate_h2o(int32_t seq, int layer, int64_t start, int64_t m);
+  // Kept prefix ids (g·stride + j, ascending) + the positions [tail, n) of every head -> the
+  // per-head lists, compacted into the pool (a fresh prefill: logical entry j = position j).
+  Status compact_ids(int32_t seq, int layer, const std::vector<int32_t>& ids, int64_t stride, int64_t tail, int64_t n,
+                     std::vector<std::vector<int32_t>>* kept);
 
   const ModelConfig& config_;
   const DeviceWeights& w_;
@@ -87,6 +117,11 @@ class DeviceForward {
   int window_ = 0;               // observed window W (0: none)
   int64_t window_rows_ = 0;      // rows the last observed chunk had (must be >= W)
   std::vector<float*> win_q_;    // [layer] device [W, num_heads, head_dim]
+  int64_t h2o_tokens_ = 0;       // H2O: positions < this are accumulated (0: off)
+  std::vector<float*> h2o_acc_;  // [layer] device [num_heads, h2o_tokens_]
+  std::vector<int64_t> h2o_seen_;  // [layer] positions accumulated so far
+  void* h2o_ws_ = nullptr;       // row statistics of one chunk
+  size_t h2o_ws_bytes_ = 0;
 };
 
 }  // namespace snap

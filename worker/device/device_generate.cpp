@@ -3,8 +3,10 @@
 // cross the compression point, compress, then sample and decode one token per forward — with
 // the KV pool, weights and activations on the device and sampling on the host from the logits
 // (greedy: the device's argmax, same tie rule as sample_cpu, so only 4 bytes cross per token).
-// Policies: full, snapkv, pyramidkv (snapkv_select_cuda per layer with the CPU's layer budgets)
-// and streaming (positions only: the CPU's streaming_select, compaction on the device).
+// Policies, every one the CPU has: full, snapkv, pyramidkv (snapkv_select_cuda per layer with
+// the CPU's layer budgets), adakv (adakv_select_cuda), h2o (scores accumulated on the device
+// during prefill, h2o_select_cuda) and streaming (positions only: the CPU's streaming_select,
+// compaction on the device).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -119,11 +121,6 @@ class CudaGenerator final : public DeviceGenerator {
 Status CudaGenerator::validate(const GenerateRequest& req) const {
   SNAP_RETURN_IF_ERROR(validate_generate_request(config_, req));
   const KvPolicy& p = req.kv_policy;
-  if (p.kind != KvPolicyKind::full && p.kind != KvPolicyKind::snapkv && p.kind != KvPolicyKind::pyramidkv &&
-      p.kind != KvPolicyKind::streaming) {
-    return unimplemented(std::string("kv policy ") + kv_policy_name(p.kind) + " is not on the device yet (--device " +
-                         spec_.name() + " runs full, snapkv, pyramidkv, streaming)");
-  }
   if (p.layerwise) return unimplemented("layer-wise prefill (--kv-layerwise) is not on the device yet");
   if (req.kv_block_size != 16) return invalid_argument("the device KV pool has 16-token blocks");
   return {};
@@ -165,13 +162,7 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
   const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
   const int64_t vocab = config_.vocab_size;
   const int64_t compress_at = policy.context_tokens > 0 ? policy.context_tokens : n;
-  const bool by_attention = policy.kind == KvPolicyKind::snapkv || policy.kind == KvPolicyKind::pyramidkv;
-  std::vector<int64_t> budgets(static_cast<size_t>(config_.num_layers), policy.budget);
-  if (policy.kind == KvPolicyKind::pyramidkv) {
-    SNAP_ASSIGN_OR_RETURN(budgets, pyramid_budgets(config_.num_layers, policy.budget, policy.window, policy.pyramid_beta));
-  }
-  const int window = by_attention ? policy.window : 0;
-  fwd.observe_window(window);
+  const int window = fwd.prepare_compression(policy, compress_at);
   std::vector<float> logits(static_cast<size_t>(vocab)), rows;
   int64_t peak_blocks = 0;
   auto forward = [&](int64_t start, int64_t len) -> Status {
@@ -199,29 +190,12 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
   double t0 = now_seconds();
   SNAP_RETURN_IF_ERROR(prefill(0, compress_at, window));
   std::vector<std::vector<std::vector<int32_t>>> kept;
-  bool compressed = false;
   if (policy.kind != KvPolicyKind::full) {
     const double ts = now_seconds();
-    if (by_attention) {
-      kernels::SnapKvCudaParams sp;
-      sp.budget = policy.budget;
-      sp.window = policy.window;
-      sp.kernel = policy.kernel;
-      sp.max_pooling = policy.pooling == KvPooling::max;
-      sp.max_aggregation = policy.aggregation == GqaAggregation::max;
-      SNAP_RETURN_IF_ERROR(fwd.compress_snapkv(seq, sp, &kept, budgets));
-      compressed = true;
-    } else if (compress_at > policy.budget) {  // streaming: sinks + recent, the same for every head
-      StreamingParams sp;
-      sp.budget = policy.budget;
-      sp.num_sink = policy.num_sink;
-      SNAP_ASSIGN_OR_RETURN(LayerSelection sel, streaming_select(compress_at, config_.num_kv_heads, sp));
-      kept.assign(static_cast<size_t>(config_.num_layers), sel.kept);
-      for (int l = 0; l < config_.num_layers; ++l) SNAP_RETURN_IF_ERROR(pool.compact(seq, l, sel.kept));
-      compressed = true;
-    }
+    SNAP_RETURN_IF_ERROR(fwd.compress(seq, policy, compress_at, &kept));
     result.stats.selection_seconds = now_seconds() - ts;
   }
+  const bool compressed = !kept.empty();
   if (compress_at < n) SNAP_RETURN_IF_ERROR(prefill(compress_at, n, 0));
   result.stats.prefill_seconds = now_seconds() - t0;
 

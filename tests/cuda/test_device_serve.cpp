@@ -1,0 +1,192 @@
+// `snapserve serve --device cuda` end to end over HTTP, on a random tiny-llama3 model
+// (tools/make_random_model.py: 2 layers, 2 KV heads, head_dim 32, its own tokenizer), with a
+// 1 MiB device KV pool (496 blocks of 16 tokens × one KV head). Checked as a client sees it:
+//   - /health, and /metrics with the device's memory (weights, pool used/free, in use, total);
+//   - batch invariance through the service: three greedy completions sent at once give the
+//     texts each gives alone;
+//   - every kv policy answers, compressing (resident < full-equivalent bytes);
+//   - admission by the device pool's blocks: two prompts that fit one at a time but not
+//     together both finish (the second waits), each with its text alone; one that can never
+//     fit gets 400 naming the device KV blocks;
+//   - cancel: a stream closed by its client frees its blocks (kv_pool_used back to 0);
+//   - SIGTERM drain: a running request finishes ("length"), then the server exits 0.
+// Exits 77 without a usable GPU (the no-GPU contract is tests/device/test_device_cli.cpp).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/e2e/http_client.h"
+#include "tests/e2e/server_process.h"
+
+namespace snap {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using snap::testing::Reply;
+using snap::testing::ServerProcess;
+
+const std::string k_bin = std::string(SNAP_BINARY_DIR) + "/snapserve";
+
+// The value of a /metrics series, -1 when absent: name{labels} value.
+double metric(const std::string& text, const std::string& name, const std::string& label) {
+  const std::regex re(name + R"(\{[^}]*)" + label + R"([^}]*\} ([0-9.e+-]+))");
+  std::smatch m;
+  return std::regex_search(text, m, re) ? std::stod(m[1]) : -1.0;
+}
+
+class DeviceServe : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("snap_devserve_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    const std::string cmd = std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/make_random_model.py --shape tiny-llama3 " +
+                            "--dtype bf16 --seed 3 --out " + (dir_ / "m").string() + " >/dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::unique_ptr<ServerProcess> start(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {k_bin, "serve", "--device", "cuda", "--model", (dir_ / "m").string(), "--port", "0",
+                                     "--kv-cache-mib", "1", "--prefill-chunk", "64", "--shutdown-timeout", "30"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<ServerProcess>(argv);
+  }
+  static json completion(const std::string& prompt, int max_tokens, const json& kv = nullptr) {
+    json b = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
+    if (!kv.is_null()) b["kv_compression"] = kv;
+    return b;
+  }
+  static std::string words(int n, int seed) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += "w" + std::to_string((i * 7919 + seed) % 97) + " ";
+    return s;
+  }
+  static inline fs::path dir_;
+};
+
+TEST_F(DeviceServe, HealthMetricsAndBatchInvariance) {
+  auto srv = start();
+  ASSERT_GT(srv->port(), 0) << srv->log();
+  EXPECT_EQ(snap::testing::call(srv->port(), boost::beast::http::verb::get, "/health").status, 200);
+  const std::vector<std::string> prompts = {words(40, 1), words(90, 2), words(15, 3)};
+  std::vector<std::future<Reply>> together;
+  for (const auto& p : prompts)
+    together.push_back(std::async(std::launch::async, [&, p] { return snap::testing::post(srv->port(), "/v1/completions", completion(p, 16)); }));
+  std::vector<std::string> texts;
+  for (auto& f : together) {
+    const Reply r = f.get();
+    ASSERT_EQ(r.status, 200) << r.body << r.error;
+    texts.push_back(r.j()["choices"][0]["text"].get<std::string>());
+    EXPECT_EQ(r.j()["usage"]["completion_tokens"], 16);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Reply r = snap::testing::post(srv->port(), "/v1/completions", completion(prompts[i], 16));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.j()["choices"][0]["text"].get<std::string>(), texts[i]) << "prompt " << i << " alone vs batched";
+  }
+  const std::string m = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+  EXPECT_GT(metric(m, "snapserve_device_memory_bytes", "kind=\"weights\""), 0) << m;
+  EXPECT_GT(metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_free\""), 0) << m;
+  EXPECT_GT(metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_peak\""), 0) << m;
+  EXPECT_GT(metric(m, "snapserve_device_memory_bytes", "kind=\"total\""), 0) << m;
+  EXPECT_EQ(metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_used\""), 0) << m;
+}
+
+TEST_F(DeviceServe, EveryPolicyCompresses) {
+  auto srv = start();
+  ASSERT_GT(srv->port(), 0) << srv->log();
+  for (const char* policy : {"snapkv", "pyramidkv", "adakv", "h2o", "streaming"}) {
+    const json kv = {{"policy", policy}, {"budget", 64}, {"window", 16}, {"kernel", 5}};
+    const Reply r = snap::testing::post(srv->port(), "/v1/completions", completion(words(150, 4), 8, kv));
+    ASSERT_EQ(r.status, 200) << policy << ": " << r.body;
+    const json k = r.j()["kv"];
+    EXPECT_EQ(k["policy"], policy);
+    EXPECT_LT(k["resident_bytes"].get<int64_t>(), k["full_equivalent_bytes"].get<int64_t>()) << policy << ": " << k.dump();
+  }
+}
+
+TEST_F(DeviceServe, AdmissionByDeviceBlocks) {
+  auto srv = start();
+  ASSERT_GT(srv->port(), 0) << srv->log();
+  // Tokens per word of this tokenizer, to size prompts against the 496-block pool
+  // (2 layers x 2 KV heads = 4 blocks per 16 tokens, full policy).
+  const Reply probe = snap::testing::post(srv->port(), "/v1/completions", completion(words(100, 5), 1));
+  ASSERT_EQ(probe.status, 200) << probe.body;
+  const double per_word = probe.j()["usage"]["prompt_tokens"].get<double>() / 100.0;
+  const int fits_alone = static_cast<int>(1300 / per_word);  // ~1300 tokens: ~328 blocks, two need ~656 > 496
+  const std::string a = words(fits_alone, 6), b = words(fits_alone, 7);
+  auto fa = std::async(std::launch::async, [&] { return snap::testing::post(srv->port(), "/v1/completions", completion(a, 8)); });
+  auto fb = std::async(std::launch::async, [&] { return snap::testing::post(srv->port(), "/v1/completions", completion(b, 8)); });
+  const Reply ra = fa.get(), rb = fb.get();
+  ASSERT_EQ(ra.status, 200) << ra.body;
+  ASSERT_EQ(rb.status, 200) << rb.body;
+  const Reply ra1 = snap::testing::post(srv->port(), "/v1/completions", completion(a, 8));
+  EXPECT_EQ(ra1.j()["choices"][0]["text"], ra.j()["choices"][0]["text"]);
+  const Reply big = snap::testing::post(srv->port(), "/v1/completions", completion(words(2 * fits_alone, 8), 8));
+  EXPECT_EQ(big.status, 400) << big.body;
+  EXPECT_NE(big.body.find("device KV blocks"), std::string::npos) << big.body;
+}
+
+TEST_F(DeviceServe, CancelFreesBlocksAndSigtermDrains) {
+  auto srv = start();
+  ASSERT_GT(srv->port(), 0) << srv->log();
+  {  // a stream the client closes after its first bytes
+    namespace net = boost::asio;
+    net::io_context ioc;
+    net::ip::tcp::socket sock(ioc);
+    sock.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(srv->port())});
+    json body = completion(words(60, 9), 4000);
+    body["stream"] = true;
+    const std::string b = body.dump();
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                            std::to_string(b.size()) + "\r\n\r\n" + b;
+    net::write(sock, net::buffer(req));
+    char buf[256];
+    sock.read_some(net::buffer(buf));
+    sock.close();
+  }
+  double used = -1;
+  for (int i = 0; i < 200 && used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    used = metric(snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body,
+                  "snapserve_device_memory_bytes", "kind=\"kv_pool_used\"");
+  }
+  EXPECT_EQ(used, 0) << "the cancelled stream's blocks were not freed";
+  // A request running when SIGTERM arrives finishes within --shutdown-timeout.
+  auto running = std::async(std::launch::async, [&] {
+    return snap::testing::post(srv->port(), "/v1/completions", completion(words(30, 10), 300));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int rc = srv->terminate(60);
+  const Reply r = running.get();
+  EXPECT_EQ(rc, 0) << srv->log();
+  ASSERT_EQ(r.status, 200) << r.body << r.error;
+  EXPECT_EQ(r.j()["choices"][0]["finish_reason"], "length");
+}
+
+}  // namespace
+}  // namespace snap
+
+int main(int argc, char** argv) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("test_device_serve: no CUDA device (%s): skipped\n", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

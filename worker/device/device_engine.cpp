@@ -1,0 +1,609 @@
+// `serve --device cuda`: the serving Engine (coordinator/scheduler/engine.h) over DeviceForward
+// on one GPU — the device twin of the CPU engine (coordinator/scheduler/engine.cpp) behind the
+// same interface, so the HTTP front-end does not know which one it drives. One scheduler
+// thread owns the device, the pool and every sequence. Each step: take new requests and
+// cancellations, admit waiting requests whose KV reservation fits the device pool's blocks,
+// run one prompt chunk of the oldest prefilling sequence (forward) and one decode row of every
+// decoding sequence (decode_batch: row-invariant, so a stream's tokens do not depend on what
+// shares its step), compress a sequence the step its context is complete, then sample on the
+// host (penalties, logit_bias, logprobs as on the CPU), detokenize, cut stop strings, stream.
+// Reservations: max(the prompt uncompressed + one layer's compaction copy, the compressed size
+// + max_tokens), shrunk to the second once compressed. Prefill is one sequence at a time (the
+// forward's window/H2O capture is per prefill), decode rows of all of them every step.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/sys.h"
+#include "coordinator/engine/device_spec.h"
+#include "coordinator/scheduler/engine.h"
+#include "coordinator/scheduler/logits_processing.h"
+#include "coordinator/tokenizer/tokenizer.h"
+#include "worker/device/device_forward.h"
+#include "worker/device/device_kv_pool.h"
+#include "worker/device/device_weights.h"
+#include "worker/model/weights.h"
+
+namespace snap {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct DevSeq {
+  uint64_t id = 0;
+  EngineRequest req;
+  EventSink sink;
+  int32_t pool_seq = -1;  // the device pool's sequence (-1: not opened)
+  int64_t compress_at = 0;
+  int window = 0;          // rows the chunk ending at compress_at must hold
+  std::unique_ptr<StreamDecoder> decoder;
+  kernels::Rng rng{0};
+  std::vector<float> logits, processed;
+  TokenHistory history;
+  int64_t prefilled = 0, generated = 0;
+  int32_t next_token = -1;
+  std::string text;  // generated text held back for stop strings
+  int64_t reserved_blocks = 0;
+  bool compressed = false;
+  double arrival = 0, admitted = 0, first_token = 0, last_token = 0, prefill_seconds = 0;
+  std::string done_reason, stop_string;
+  bool stopped_by_string = false;
+  int32_t stop_token_id = -1;
+  Status error;
+  int64_t prompt_len() const { return static_cast<int64_t>(req.prompt_ids.size()); }
+  bool prefilling() const { return prefilled < prompt_len(); }
+};
+
+// Where the earliest stop string starts (npos: none); `matched` gets it.
+size_t first_stop(const std::string& text, const std::vector<std::string>& stops, std::string* matched) {
+  size_t cut = std::string::npos;
+  for (const std::string& stop : stops) {
+    if (stop.empty()) continue;
+    const size_t at = text.find(stop);
+    if (at != std::string::npos && (cut == std::string::npos || at < cut)) {
+      cut = at;
+      *matched = stop;
+    }
+  }
+  return cut;
+}
+
+class DeviceEngine final : public Engine {
+ public:
+  DeviceEngine(const DeviceSpec& spec, const EngineConfig& cfg, ServerMetrics* metrics)
+      : spec_(spec), cfg_(cfg), metrics_(metrics) {}
+  ~DeviceEngine() override {
+    shutdown(0);
+    fwd_.reset();
+    pool_.reset();
+    weights_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Status init() {
+    if (cfg_.comm && cfg_.comm->group_size() > 1)
+      return unimplemented("--device " + spec_.name() + " runs one GPU; tensor parallelism is CPU-only for now");
+    if (cfg_.kv_block_size != 16) return invalid_argument("the device KV pool has 16-token blocks");
+    SNAP_RETURN_IF_ERROR(check_device(spec_));
+    LoadOptions opts;  // dequantized at load; bf16 on the host too (the device stores bf16)
+    opts.keep_quantized = false;
+    opts.weight_dtype = DType::bf16;
+    SNAP_ASSIGN_OR_RETURN(LoadedModel model, load_model(cfg_.model_path, opts));
+    model_ = std::make_unique<LoadedModel>(std::move(model));
+    if (model_->config.arch == Arch::gemma3)
+      return unimplemented("--device " + spec_.name() + ": the gemma3 architecture is not on the device yet (use --device cpu)");
+    SNAP_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load_for_model(cfg_.model_path));
+    tokenizer_ = std::make_unique<Tokenizer>(std::move(tok));
+    SNAP_ASSIGN_OR_RETURN(weights_, DeviceWeights::upload(*model_));
+    const cudaError_t e = cudaStreamCreate(&stream_);
+    if (e != cudaSuccess) return unavailable("--device " + spec_.name() + ": cudaStreamCreate: " + cudaGetErrorString(e));
+    const ModelConfig& c = model_->config;
+    const DeviceKvShape shape{c.num_layers, c.num_kv_heads, c.head_dim, cfg_.kv_block_size};
+    SNAP_ASSIGN_OR_RETURN(pool_, DeviceKvPool::create(shape, cfg_.kv_cache_bytes, stream_));
+    fwd_ = std::make_unique<DeviceForward>(c, *weights_, *pool_);
+    context_ = c.max_position > 0 ? c.max_position : (int64_t{1} << 30);
+    max_prompt_ = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, context_) : context_;
+    max_tokens_limit_ = cfg_.max_tokens_limit > 0 ? cfg_.max_tokens_limit : context_;
+    name_ = cfg_.served_model_name;
+    if (name_.empty()) {
+      name_ = cfg_.model_path;
+      while (!name_.empty() && name_.back() == '/') name_.pop_back();
+      name_ = name_.substr(name_.find_last_of('/') + 1);
+    }
+    for (int32_t id : tokenizer_->eos_ids()) eos_.push_back(id);
+    for (int32_t id : c.eos_token_ids) eos_.push_back(id);
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, spec_.ordinal) == cudaSuccess) device_name_ = prop.name;
+    std::fprintf(stderr, "snapserve: --device %s (%s): weights %.1f MiB bf16, KV pool %lld blocks of %lld bytes\n",
+                 spec_.name().c_str(), device_name_.c_str(), weights_->bytes / 1048576.0,
+                 static_cast<long long>(pool_->num_blocks()), static_cast<long long>(pool_->block_bytes()));
+    alive_ = true;
+    heartbeat_ = now_seconds();
+    thread_ = std::thread([this] { loop(); });
+    return {};
+  }
+
+  // --- Engine -------------------------------------------------------------------------
+
+  Result<uint64_t> submit(EngineRequest req, EventSink sink) override {
+    const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
+    const int64_t vocab = model_->config.vocab_size;
+    if (n == 0) return invalid_argument("prompt is empty");
+    if (n > max_prompt_)
+      return invalid_argument("prompt has " + std::to_string(n) + " tokens, more than the limit of " +
+                              std::to_string(max_prompt_));
+    for (int32_t id : req.prompt_ids)
+      if (id < 0 || id >= vocab) return invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary");
+    if (req.max_tokens < 1 || req.max_tokens > max_tokens_limit_)
+      return invalid_argument("max_tokens must be in [1, " + std::to_string(max_tokens_limit_) + "], got " +
+                              std::to_string(req.max_tokens));
+    const std::string dev = " is not on the device yet (--device " + spec_.name() + ")";
+    if (req.n != 1) return invalid_argument("n > 1" + dev);
+    if (req.prompt_logprobs >= 0) return invalid_argument("prompt logprobs (echo)" + dev);
+    if (req.kv_policy.layerwise) return invalid_argument("layer-wise prefill (kv layerwise)" + dev);
+    if (req.min_tokens < 0 || req.min_tokens > req.max_tokens)
+      return invalid_argument("min_tokens must be in [0, max_tokens = " + std::to_string(req.max_tokens) + "], got " +
+                              std::to_string(req.min_tokens));
+    if (!(req.repetition_penalty > 0.0f)) return invalid_argument("repetition_penalty must be greater than 0");
+    if (req.logprobs > 20) return invalid_argument("logprobs: at most 20 alternatives, got " + std::to_string(req.logprobs));
+    for (int32_t id : req.stop_token_ids)
+      if (id < 0 || id >= vocab) return invalid_argument("stop_token_ids: " + std::to_string(id) + " is outside the vocabulary");
+    for (const auto& [id, bias] : req.logit_bias)
+      if (id < 0 || id >= vocab) return invalid_argument("logit_bias: token " + std::to_string(id) + " is outside the vocabulary");
+    SNAP_RETURN_IF_ERROR(req.kv_policy.validate());
+    if (req.kv_policy.context_tokens > n) return invalid_argument("kv context_tokens is longer than the prompt");
+    const int64_t need = peak_blocks(req);
+    if (need > pool_->num_blocks())
+      return invalid_argument("request needs " + std::to_string(need) + " device KV blocks at its peak but the pool has " +
+                              std::to_string(pool_->num_blocks()) + " (shorten it, raise --kv-cache-mib, or use a compressing kv policy)");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      if (metrics_) metrics_->add_request_rejected("shutting_down");
+      return unavailable("server is shutting down");
+    }
+    const int64_t queued = static_cast<int64_t>(incoming_.size()) + waiting_count_;
+    const int64_t free_slots = std::max<int64_t>(0, cfg_.max_num_seqs - static_cast<int64_t>(running_.size()));
+    if (queued + 1 > free_slots + cfg_.max_waiting) {
+      if (metrics_) metrics_->add_request_rejected("queue_full");
+      return resource_exhausted("too many requests waiting (" + std::to_string(cfg_.max_waiting) + "); retry later");
+    }
+    auto s = std::make_unique<DevSeq>();
+    s->id = next_id_++;
+    s->req = std::move(req);
+    s->sink = std::move(sink);
+    s->arrival = now_seconds();
+    const uint64_t id = s->id;
+    incoming_.push_back(std::move(s));
+    cv_.notify_one();
+    return id;
+  }
+
+  void cancel(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(id);
+    cv_.notify_one();
+  }
+
+  const Tokenizer& tokenizer() const override { return *tokenizer_; }
+  const ModelConfig& model_config() const override { return model_->config; }
+  const std::string& model_name() const override { return name_; }
+  bool healthy() const override { return alive_.load() && now_seconds() - heartbeat_.load() < 30.0; }
+  EngineStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+  void shutdown(double deadline_seconds) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!thread_.joinable()) return;
+      stopping_ = true;
+      stop_deadline_ = now_seconds() + std::max(0.0, deadline_seconds);
+      cv_.notify_one();
+    }
+    thread_.join();
+  }
+
+ private:
+  // --- reservations (in device blocks) ----------------------------------------------------
+
+  int64_t after_compression_blocks(const EngineRequest& req) const {
+    const ModelConfig& c = model_->config;
+    const int64_t bs = cfg_.kv_block_size, kvh = c.num_kv_heads, n = static_cast<int64_t>(req.prompt_ids.size());
+    const int64_t compress_at = req.kv_policy.context_tokens > 0 ? req.kv_policy.context_tokens : n;
+    // pyramidkv layer budgets reach ~2x the average; adakv moves a layer's slots between heads
+    // (one head may hold them all) and each head may use one partly filled block more.
+    const int64_t budget = req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget : req.kv_policy.budget;
+    const int64_t kept = std::min(compress_at, budget) + (n - compress_at) + req.max_tokens;
+    if (req.kv_policy.kind == KvPolicyKind::adakv)
+      return int64_t{c.num_layers} * (ceil_div(kvh * kept, bs) + kvh);
+    return int64_t{c.num_layers} * kvh * ceil_div(kept, bs);
+  }
+
+  // The most blocks a request holds: the prompt uncompressed, plus one layer's fresh blocks
+  // during its compaction; or, after compression, its compressed size + max_tokens.
+  int64_t peak_blocks(const EngineRequest& req) const {
+    const ModelConfig& c = model_->config;
+    const int64_t bs = cfg_.kv_block_size, kvh = c.num_kv_heads, n = static_cast<int64_t>(req.prompt_ids.size());
+    const int64_t heads = int64_t{c.num_layers} * kvh;
+    if (req.kv_policy.kind == KvPolicyKind::full) return heads * ceil_div(n + req.max_tokens, bs);
+    const int64_t copy = after_compression_blocks(req) / c.num_layers;  // one layer's kept blocks, bounded
+    return std::max(heads * ceil_div(n, bs) + copy, after_compression_blocks(req));
+  }
+
+  // --- the scheduler loop -----------------------------------------------------------------
+
+  void loop() {
+    cudaSetDevice(spec_.ordinal);  // this thread drives the device
+    while (true) {
+      bool exit_loop = false;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
+          return stopping_ || !incoming_.empty() || !cancels_.empty() || !running_.empty() || !waiting_.empty();
+        });
+        for (auto& s : incoming_) waiting_.push_back(std::move(s));
+        incoming_.clear();
+        for (uint64_t id : cancels_) cancel_now(id);
+        cancels_.clear();
+        if (stopping_) {  // nothing new starts; running ones may finish until the deadline
+          while (!waiting_.empty()) {
+            finish(*waiting_.front(), "abort");
+            waiting_.pop_front();
+          }
+          if (running_.empty() || now_seconds() >= stop_deadline_) {
+            for (auto& s : running_) finish(*s, "abort");
+            running_.clear();
+            exit_loop = true;
+          }
+        }
+        waiting_count_ = static_cast<int64_t>(waiting_.size());
+      }
+      if (exit_loop) break;
+      heartbeat_ = now_seconds();
+      expire_timeouts();
+      admit();
+      if (!running_.empty()) step();
+      reap();
+      publish_stats();
+    }
+    publish_stats();
+    alive_ = false;
+  }
+
+  // Caller holds mu_.
+  void cancel_now(uint64_t id) {
+    for (auto* list : {&waiting_, &running_}) {
+      for (auto it = list->begin(); it != list->end(); ++it) {
+        if ((*it)->id == id) {
+          finish(**it, "abort");
+          list->erase(it);
+          return;
+        }
+      }
+    }
+  }
+
+  void expire_timeouts() {
+    const double now = now_seconds();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* list : {&waiting_, &running_}) {
+      for (auto it = list->begin(); it != list->end();) {
+        if ((*it)->req.timeout_seconds > 0 && now - (*it)->arrival > (*it)->req.timeout_seconds) {
+          finish(**it, "timeout");
+          it = list->erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  void admit() {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
+      DevSeq& s = *waiting_.front();
+      const int64_t need = peak_blocks(s.req);
+      if (reserved_blocks_ + need > pool_->num_blocks()) break;  // FIFO: wait for room
+      s.reserved_blocks = need;
+      reserved_blocks_ += need;
+      s.admitted = now_seconds();
+      s.compress_at = s.req.kv_policy.context_tokens > 0 ? s.req.kv_policy.context_tokens : s.prompt_len();
+      s.decoder = std::make_unique<StreamDecoder>(*tokenizer_, true);
+      s.rng = kernels::Rng(s.req.sampling.seed);
+      s.logits.resize(static_cast<size_t>(model_->config.vocab_size));
+      if (s.req.repetition_penalty != 1.0f) {
+        s.history.prompt_unique = s.req.prompt_ids;
+        std::sort(s.history.prompt_unique.begin(), s.history.prompt_unique.end());
+        s.history.prompt_unique.erase(std::unique(s.history.prompt_unique.begin(), s.history.prompt_unique.end()),
+                                      s.history.prompt_unique.end());
+      }
+      if (metrics_) metrics_->observe_request_queue_time(s.admitted - s.arrival);
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+    }
+    waiting_count_ = static_cast<int64_t>(waiting_.size());
+  }
+
+  // One step: a prompt chunk of the oldest prefilling sequence, then one decode row of
+  // every decoding sequence (those that were decoding before this step's chunk).
+  void step() {
+    const double t0 = now_seconds();
+    std::vector<DevSeq*> decoding;
+    DevSeq* prefill = nullptr;
+    for (auto& s : running_) {
+      if (!s->done_reason.empty()) continue;
+      if (!s->prefilling()) {
+        decoding.push_back(s.get());
+      } else if (prefill == nullptr) {
+        prefill = s.get();
+      }
+    }
+    if (prefill) run_prefill_chunk(*prefill, t0);
+    if (!decoding.empty()) run_decode(decoding);
+    peak_step_sequences_ = std::max<int64_t>(peak_step_sequences_, static_cast<int64_t>(decoding.size()) + (prefill ? 1 : 0));
+    if (metrics_) metrics_->observe_step_latency(prefill ? "prefill" : "decode", 0, now_seconds() - t0);
+  }
+
+  void run_prefill_chunk(DevSeq& s, double t0) {
+    const KvPolicy& policy = s.req.kv_policy;
+    if (s.pool_seq < 0) {
+      s.pool_seq = pool_->add_sequence();
+      s.window = fwd_->prepare_compression(policy, s.compress_at);
+    }
+    // A chunk never crosses the compression point, and the one ending there holds >= window rows.
+    const int64_t end = s.prefilled < s.compress_at ? s.compress_at : s.prompt_len();
+    const int64_t rem = end - s.prefilled;
+    const int64_t tail = end == s.compress_at ? s.window : 0;
+    int64_t len = std::min(cfg_.prefill_chunk, rem);
+    if (rem > std::max<int64_t>(cfg_.prefill_chunk, tail) && rem - len < tail) len = rem - tail;
+    if (rem <= std::max<int64_t>(cfg_.prefill_chunk, tail)) len = rem;
+    Status st = fwd_->forward(s.pool_seq, s.req.prompt_ids.data() + s.prefilled, len, s.logits.data(), false, nullptr);
+    if (!st.ok()) return fail(s, st);
+    s.prefilled += len;
+    if (policy.kind != KvPolicyKind::full && !s.compressed && s.prefilled == s.compress_at) {
+      const double ts = now_seconds();
+      std::vector<std::vector<std::vector<int32_t>>> kept;
+      st = fwd_->compress(s.pool_seq, policy, s.compress_at, &kept);
+      if (!st.ok()) return fail(s, st);
+      s.compressed = true;
+      if (metrics_) metrics_->observe_snapkv_selection(now_seconds() - ts);
+      const int64_t after = after_compression_blocks(s.req);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (after < s.reserved_blocks) {
+        reserved_blocks_ -= s.reserved_blocks - after;
+        s.reserved_blocks = after;
+      }
+    }
+    if (!s.prefilling()) {
+      s.prefill_seconds = now_seconds() - s.admitted;
+      if (metrics_) metrics_->observe_request_prefill_time(s.prefill_seconds);
+      sample_and_emit(s);
+    }
+    (void)t0;
+  }
+
+  void run_decode(const std::vector<DevSeq*>& rows) {
+    const int64_t vocab = model_->config.vocab_size, n = static_cast<int64_t>(rows.size());
+    std::vector<int32_t> seqs(static_cast<size_t>(n)), tokens(static_cast<size_t>(n));
+    for (int64_t b = 0; b < n; ++b) {
+      seqs[b] = rows[b]->pool_seq;
+      tokens[b] = rows[b]->next_token;
+    }
+    batch_logits_.resize(static_cast<size_t>(n * vocab));
+    const Status st = fwd_->decode_batch(seqs.data(), tokens.data(), n, batch_logits_.data(), nullptr);
+    for (int64_t b = 0; b < n; ++b) {
+      if (!st.ok()) {
+        fail(*rows[b], st);
+        continue;
+      }
+      std::copy_n(batch_logits_.data() + b * vocab, vocab, rows[b]->logits.data());
+      sample_and_emit(*rows[b]);
+    }
+  }
+
+  void fail(DevSeq& s, const Status& st) {
+    s.done_reason = "error";
+    s.error = st;
+  }
+
+  // Samples the next token from s.logits and streams it, as the CPU engine does.
+  void sample_and_emit(DevSeq& s) {
+    const int64_t vocab = model_->config.vocab_size;
+    const float* dist = s.logits.data();
+    if (logits_processing_active(s.req)) {
+      s.processed.assign(s.logits.begin(), s.logits.end());
+      apply_logits_processing(s.processed.data(), vocab, s.req, s.history, s.generated, eos_);
+      dist = s.processed.data();
+    }
+    const int32_t id = kernels::sample_cpu(dist, vocab, s.req.sampling, s.rng);
+    ++s.history.output_counts[id];
+    const double now = now_seconds();
+    if (s.generated == 0) {
+      s.first_token = now;
+      if (metrics_) metrics_->observe_time_to_first_token(now - s.arrival);
+    } else if (metrics_) {
+      metrics_->observe_inter_token_latency(now - s.last_token);
+    }
+    s.last_token = now;
+    ++s.generated;
+    const bool stop_id = std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), id) != s.req.stop_token_ids.end();
+    const bool eos = (!s.req.ignore_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end()) || stop_id;
+    EngineEvent ev;
+    ev.kind = EngineEvent::Kind::token;
+    ev.token_id = id;
+    ev.stop_token = eos;
+    if (s.req.logprobs >= 0) {
+      TokenLogprobs lp = token_logprobs(s.logits.data(), vocab, id, s.req.logprobs);
+      ev.logprob = lp.logprob;
+      ev.top_logprobs = std::move(lp.top);
+    }
+    if (!eos) {
+      s.text += s.decoder->push(id);
+      const size_t cut = first_stop(s.text, s.req.stop, &s.stop_string);
+      if (cut != std::string::npos) {
+        ev.text = s.text.substr(0, cut);
+        s.text.clear();
+        s.sink(ev);
+        s.done_reason = "stop";
+        s.stopped_by_string = true;
+        return;
+      }
+      size_t hold = 0;  // a tail that may start a stop string, never splitting a UTF-8 character
+      for (const std::string& stop : s.req.stop)
+        for (size_t k = std::min(stop.size() - 1, s.text.size()); k > hold; --k)
+          if (s.text.compare(s.text.size() - k, k, stop, 0, k) == 0) {
+            hold = k;
+            break;
+          }
+      while (hold < s.text.size() && (static_cast<unsigned char>(s.text[s.text.size() - hold]) & 0xC0) == 0x80) ++hold;
+      ev.text = s.text.substr(0, s.text.size() - hold);
+      s.text.erase(0, s.text.size() - hold);
+    }
+    s.sink(ev);
+    if (eos) {
+      s.done_reason = "stop";
+      if (stop_id) s.stop_token_id = id;
+    } else if (s.generated >= s.req.max_tokens || s.prompt_len() + s.generated >= context_) {
+      s.done_reason = "length";
+    } else {
+      s.next_token = id;
+    }
+  }
+
+  void reap() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (!(*it)->done_reason.empty()) {
+        finish(**it, (*it)->done_reason);
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // The final event; the sequence's device blocks and reservation go back first. Caller holds mu_.
+  void finish(DevSeq& s, const std::string& reason) {
+    EngineEvent ev;
+    ev.kind = EngineEvent::Kind::finished;
+    ev.finish_reason = reason;
+    ev.error = s.error;
+    if (reason != "error" && !s.stopped_by_string && s.decoder) {
+      ev.text = s.text + s.decoder->flush();
+      const size_t cut = first_stop(ev.text, s.req.stop, &s.stop_string);
+      if (cut != std::string::npos) {
+        ev.text.resize(cut);
+        ev.finish_reason = "stop";
+      }
+      s.text.clear();
+    }
+    ev.prompt_tokens = s.prompt_len();
+    ev.completion_tokens = s.generated;
+    if (ev.finish_reason == "stop") {
+      ev.stop_string = s.stop_string;
+      ev.stop_token_id = s.stop_token_id;
+    }
+    if (s.pool_seq >= 0) {
+      ev.kv_resident_bytes = pool_->resident_bytes(s.pool_seq);
+      ev.kv_full_equivalent_bytes = pool_->full_equivalent_bytes(s.pool_seq);
+      const Status st = pool_->release(s.pool_seq);
+      if (!st.ok()) std::fprintf(stderr, "snapserve: error: releasing device sequence: %s\n", st.message().c_str());
+      s.pool_seq = -1;
+      // A sequence cancelled during its prefill leaves the forward's capture armed: disarm it.
+      if (s.prefilling()) fwd_->prepare_compression(KvPolicy{}, 0);
+    }
+    reserved_blocks_ -= s.reserved_blocks;
+    s.reserved_blocks = 0;
+    if (metrics_) {
+      const double now = now_seconds();
+      metrics_->add_generation_tokens(s.generated);
+      metrics_->add_prompt_tokens(s.prefilled);
+      metrics_->add_request_success(ev.finish_reason);
+      metrics_->observe_e2e_request_latency(now - s.arrival);
+      if (s.generated > 1) metrics_->observe_time_per_output_token((s.last_token - s.first_token) / (s.generated - 1));
+      if (ev.kv_resident_bytes > 0 && s.compressed)
+        metrics_->observe_kv_compression_ratio(kv_policy_name(s.req.kv_policy.kind),
+                                               static_cast<double>(ev.kv_full_equivalent_bytes) / ev.kv_resident_bytes);
+    }
+    s.sink(ev);
+  }
+
+  void publish_stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t used = pool_->used_blocks();
+    peak_blocks_ = std::max(peak_blocks_, used);
+    stats_.running = static_cast<int64_t>(running_.size());
+    stats_.waiting = static_cast<int64_t>(waiting_.size() + incoming_.size());
+    stats_.kv_blocks_used = used;
+    stats_.kv_blocks_total = pool_->num_blocks();
+    stats_.peak_step_sequences = peak_step_sequences_;
+    stats_.peak_kv_blocks_used = peak_blocks_;
+    if (!metrics_) return;
+    int64_t full = 0;
+    for (auto& s : running_)
+      if (s->pool_seq >= 0) full += pool_->full_equivalent_bytes(s->pool_seq);
+    const int64_t bb = pool_->block_bytes();
+    metrics_->set_num_requests_running(stats_.running);
+    metrics_->set_num_requests_waiting(stats_.waiting);
+    metrics_->set_kv_cache_usage_ratio(static_cast<double>(used) / std::max<int64_t>(1, pool_->num_blocks()));
+    metrics_->set_kv_cache_resident_bytes(0, used * bb);
+    metrics_->set_kv_cache_full_equivalent_bytes(0, full);
+    metrics_->set_process_resident_memory_bytes(0, current_rss_bytes());
+    metrics_->set_device_memory_bytes(0, "kv_pool_used", used * bb);
+    metrics_->set_device_memory_bytes(0, "kv_pool_free", pool_->free_blocks() * bb);
+    metrics_->set_device_memory_bytes(0, "kv_pool_peak", peak_blocks_ * bb);
+    metrics_->set_device_memory_bytes(0, "weights", weights_->bytes);
+    metrics_->set_device_memory_bytes(0, "scratch", fwd_->scratch_bytes());
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      metrics_->set_device_memory_bytes(0, "in_use", static_cast<int64_t>(total_b - free_b));
+      metrics_->set_device_memory_bytes(0, "total", static_cast<int64_t>(total_b));
+    }
+  }
+
+  DeviceSpec spec_;
+  EngineConfig cfg_;
+  ServerMetrics* metrics_;
+  std::unique_ptr<LoadedModel> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<DeviceWeights> weights_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<DeviceKvPool> pool_;
+  std::unique_ptr<DeviceForward> fwd_;
+  std::string name_, device_name_ = "?";
+  std::vector<int32_t> eos_;
+  std::vector<float> batch_logits_;  // [decode rows, vocab]
+  int64_t context_ = 0, max_prompt_ = 0, max_tokens_limit_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<DevSeq>> incoming_, waiting_, running_;
+  std::vector<uint64_t> cancels_;
+  int64_t waiting_count_ = 0, reserved_blocks_ = 0, peak_step_sequences_ = 0, peak_blocks_ = 0;
+  uint64_t next_id_ = 1;
+  bool stopping_ = false;
+  double stop_deadline_ = 0;
+  EngineStats stats_;
+  std::atomic<bool> alive_{false};
+  std::atomic<double> heartbeat_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> open_device_engine(const DeviceSpec& spec, const EngineConfig& cfg, ServerMetrics* metrics) {
+  if (spec.kind != DeviceKind::cuda) return invalid_argument("open_device_engine: " + spec.name() + " is not a device");
+  auto engine = std::make_unique<DeviceEngine>(spec, cfg, metrics);
+  SNAP_RETURN_IF_ERROR(engine->init());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace snap
