@@ -163,6 +163,8 @@ int run_generate_device(const GenerateArgs& a) {
   if (!dev.ok()) return fail(dev.status().message());
   if (a.parallel.tp > 1 || a.parallel.world_size > 1)
     return fail("--device " + dev->name() + " runs the model on one GPU; --tp/--world-size are CPU-only for now");
+  if (!a.kv.dtype.empty() && a.kv.dtype != "bf16")
+    return fail("--device " + dev->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv.dtype + " is CPU-only");
   const Status usable = check_device(*dev);
   if (!usable.ok()) return fail(usable.message());
   auto policy = kv_policy_from_args(a);

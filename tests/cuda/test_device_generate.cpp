@@ -13,7 +13,9 @@
 //   selections (snapkv, pyramidkv, adakv, h2o, streaming; snapkv, adakv and h2o over a
 //     context too): the kept positions of
 //     every layer and KV head (the --dump-kv-selection files) equal the CPU's (CPU KV in bf16
-//     too), except near-ties at the cut-off: at most 2% of the kept entries (streaming: none).
+//     too), except near-ties at the cut-off: at most 2% of the kept entries (streaming: none);
+//   layer-wise prefill (snapkv, adakv, h2o, streaming): the same against the CPU's layer-wise
+//     prefill, and the device pool's peak below its own chunked prefill of the same request.
 // Exits 77 without a usable GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -202,14 +204,18 @@ TEST_P(DeviceGenerateTest, PolicySelectionsAndTokensMatchCpu) {
   struct Case {
     const char* name;
     KvPolicyKind kind;
-    int64_t context;  // context_tokens (0: whole prompt)
+    int64_t context;      // context_tokens (0: whole prompt)
+    int64_t prompt = 200;  // prompt tokens
   };
   for (const Case& k : {Case{"snapkv", KvPolicyKind::snapkv, 0}, Case{"pyramidkv", KvPolicyKind::pyramidkv, 0},
                         Case{"streaming", KvPolicyKind::streaming, 0}, Case{"snapkv_context", KvPolicyKind::snapkv, 160},
                         Case{"adakv", KvPolicyKind::adakv, 0}, Case{"adakv_context", KvPolicyKind::adakv, 160},
-                        Case{"h2o", KvPolicyKind::h2o, 0}, Case{"h2o_context", KvPolicyKind::h2o, 160}}) {
+                        Case{"h2o", KvPolicyKind::h2o, 0}, Case{"h2o_context", KvPolicyKind::h2o, 160},
+                        // 2 layers, budget 64, window 16: layer budgets 110 and 18, so layer 0 keeps
+                        // all 100 positions while layer 1 drops (the CPU's per-layer rule).
+                        Case{"pyramidkv_layer0_keeps_all", KvPolicyKind::pyramidkv, 0, 100}}) {
     SCOPED_TRACE(k.name);
-    GenerateRequest req = request(200, 10);
+    GenerateRequest req = request(k.prompt, 10);
     req.kv_policy.kind = k.kind;
     req.kv_policy.budget = 64;
     req.kv_policy.window = 16;
@@ -243,6 +249,56 @@ TEST_P(DeviceGenerateTest, PolicySelectionsAndTokensMatchCpu) {
     }
     EXPECT_LT(dev.result.stats.kv_resident_bytes, dev.result.stats.kv_full_equivalent_bytes);
     if (differ == 0) compare_tokens(cpu, dev);  // the same cache: the same greedy tokens
+  }
+}
+
+// Layer-wise prefill on the device against the CPU's layer-wise prefill: the same selections
+// (near-ties excepted, as above) and, with the same cache, the same greedy tokens; and its pool
+// peak below the device's own chunked prefill of the same request (one layer's full KV + the
+// compressed rest, against every layer's full KV).
+TEST_P(DeviceGenerateTest, LayerwisePrefillMatchesCpuAndPeaksLower) {
+  for (const KvPolicyKind kind : {KvPolicyKind::snapkv, KvPolicyKind::adakv, KvPolicyKind::h2o, KvPolicyKind::streaming}) {
+    const std::string name = kv_policy_name(kind);
+    SCOPED_TRACE(name);
+    GenerateRequest req = request(400, 8);
+    req.kv_policy.kind = kind;
+    req.kv_policy.budget = 64;
+    req.kv_policy.window = 16;
+    req.kv_policy.kernel = 5;
+    req.kv_policy.layerwise = true;
+    const fs::path cpu_dump = dir_ / (name + ".lw.cpu.json"), dev_dump = dir_ / (name + ".lw.dev.json");
+    GenerateRequest dreq = req;
+    req.kv_selection_dump = cpu_dump.string();
+    dreq.kv_selection_dump = dev_dump.string();
+    Outcome cpu, dev;
+    const int64_t vocab = model_->config.vocab_size;
+    GenerateHooks hc, hd;
+    hc.on_step_logits = [&](const float* row) { cpu.step_logits.emplace_back(row, row + vocab); };
+    hd.on_step_logits = [&](const float* row) { dev.step_logits.emplace_back(row, row + vocab); };
+    auto rc = generate(*cpu_, req, hc);
+    ASSERT_TRUE(rc.ok()) << rc.status().to_string();
+    auto rd = dev_->generate(dreq, hd);
+    ASSERT_TRUE(rd.ok()) << rd.status().to_string();
+    cpu.result = std::move(rc).value();
+    dev.result = std::move(rd).value();
+    EXPECT_TRUE(cpu.result.stats.layerwise);
+    EXPECT_TRUE(dev.result.stats.layerwise);
+    const auto [differ, total] = compare_selection(cpu_dump, dev_dump);
+    std::printf("[ info ] %s layer-wise %s: %lld of %lld kept entries differ\n", GetParam().name, name.c_str(),
+                static_cast<long long>(differ), static_cast<long long>(total));
+    ASSERT_GT(total, 0);
+    EXPECT_LE(differ, (kind == KvPolicyKind::streaming ? 0.0 : k_selection_mismatch) * total);
+    if (differ == 0) compare_tokens(cpu, dev);
+    GenerateRequest chunked = req;
+    chunked.kv_policy.layerwise = false;
+    chunked.auto_layerwise = false;
+    chunked.kv_selection_dump.clear();
+    auto rch = dev_->generate(chunked, {});
+    ASSERT_TRUE(rch.ok()) << rch.status().to_string();
+    EXPECT_FALSE(rch->stats.layerwise);
+    EXPECT_LT(dev.result.stats.kv_pool_peak_bytes, rch->stats.kv_pool_peak_bytes)
+        << "layer-wise peak " << dev.result.stats.kv_pool_peak_bytes << " vs chunked " << rch->stats.kv_pool_peak_bytes;
+    EXPECT_EQ(dev.result.stats.kv_resident_bytes, rch->stats.kv_resident_bytes);
   }
 }
 

@@ -88,6 +88,11 @@ TEST(DeviceCli, MalformedDeviceAndTpAreRefused) {
   const Out r = run(dir, "generate --device cuda --tp 2 --prompt hi");
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find("--device cuda:0 runs the model on one GPU"), std::string::npos) << r.err;
+  // The device's KV cache is bf16: another --kv-dtype is refused, not silently replaced.
+  const Out d = run(dir, "generate --device cuda --kv-dtype f16 --prompt hi");
+  EXPECT_EQ(d.rc, 1) << d.err;
+  EXPECT_EQ(lines(d.err), 1) << d.err;
+  EXPECT_NE(d.err.find("--device cuda:0 keeps the KV cache in bf16; --kv-dtype f16 is CPU-only"), std::string::npos) << d.err;
 }
 
 // serve --device: the same fail-fast contract as generate, before the model is read and before

@@ -63,8 +63,9 @@ const float* DeviceForward::window_queries(int layer) const {
 
 Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaParams& sp_all,
                                       std::vector<std::vector<std::vector<int32_t>>>* kept,
-                                      const std::vector<int64_t>& layer_budgets) {
+                                      const std::vector<int64_t>& layer_budgets, int layer) {
   const int nkv = config_.num_kv_heads;
+  auto wanted = [&](int l) { return layer < 0 || l == layer; };
   if (kept) kept->assign(static_cast<size_t>(config_.num_layers), {});
   if (!layer_budgets.empty() && static_cast<int>(layer_budgets.size()) != config_.num_layers)
     return invalid_argument("device forward: " + std::to_string(layer_budgets.size()) + " layer budgets for " +
@@ -72,8 +73,12 @@ Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaPara
   const int64_t n = pool_.appended(seq, 0);
   auto budget_of = [&](int l) { return layer_budgets.empty() ? sp_all.budget : layer_budgets[l]; };
   int64_t max_budget = 0;
-  for (int l = 0; l < config_.num_layers; ++l) max_budget = std::max(max_budget, std::min(budget_of(l), n));
-  if (n <= max_budget) return Status::ok_status();  // nothing to drop in any layer
+  bool drops = false;  // pyramidkv: layer 0 may keep everything while deeper layers drop
+  for (int l = 0; l < config_.num_layers; ++l) {
+    max_budget = std::max(max_budget, std::min(budget_of(l), n));
+    drops = drops || (wanted(l) && budget_of(l) < n);
+  }
+  if (!drops) return Status::ok_status();  // nothing to drop in any (wanted) layer
   const kernels::SnapKvCudaParams& sp = sp_all;
   if (window_ != sp.window || window_rows_ < sp.window)
     return invalid_argument("device forward: snapkv window " + std::to_string(sp.window) + " was not observed (observe_window(" +
@@ -81,7 +86,7 @@ Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaPara
   const int64_t prefix = n - sp.window;
   size_t ws_bytes = 0;
   for (int l = 0; l < config_.num_layers; ++l) {
-    if (budget_of(l) >= n) continue;
+    if (budget_of(l) >= n || !wanted(l)) continue;
     kernels::SnapKvCudaParams spl = sp;
     spl.budget = budget_of(l);
     const size_t b = kernels::snapkv_select_cuda_workspace_bytes(n, attn_, spl);
@@ -91,12 +96,13 @@ Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaPara
     ws_bytes = std::max(ws_bytes, b);
   }
   void *ws = nullptr, *scores = nullptr, *kept_dev = nullptr;
-  cudaError_t e = cudaMalloc(&ws, ws_bytes);
+  cudaError_t e = cudaMalloc(&ws, std::max<size_t>(ws_bytes, 1));
   if (e == cudaSuccess) e = cudaMalloc(&scores, sizeof(float) * prefix * nkv);
   if (e == cudaSuccess) e = cudaMalloc(&kept_dev, sizeof(int32_t) * max_budget * nkv);
   Status st = cuda_status("snapkv buffers", e);
   std::vector<int32_t> host(static_cast<size_t>(max_budget * nkv));
   for (int l = 0; st.ok() && l < config_.num_layers; ++l) {
+    if (!wanted(l)) continue;
     if (budget_of(l) >= n) {  // this layer keeps everything
       if (kept) {
         (*kept)[l].assign(static_cast<size_t>(nkv), std::vector<int32_t>(static_cast<size_t>(n)));
@@ -156,7 +162,7 @@ Status DeviceForward::compact_ids(int32_t seq, int layer, const std::vector<int3
 
 // --- AdaKV --------------------------------------------------------------------------------------
 Status DeviceForward::compress_adakv(int32_t seq, const kernels::SnapKvCudaParams& sp, double alpha,
-                                     std::vector<std::vector<std::vector<int32_t>>>* kept) {
+                                     std::vector<std::vector<std::vector<int32_t>>>* kept, int layer) {
   const int nkv = config_.num_kv_heads;
   if (kept) kept->assign(static_cast<size_t>(config_.num_layers), {});
   const int64_t n = pool_.appended(seq, 0);
@@ -182,6 +188,7 @@ Status DeviceForward::compress_adakv(int32_t seq, const kernels::SnapKvCudaParam
   SNAP_RETURN_IF_ERROR(s.alloc(&ids_dev, sizeof(int32_t) * count));
   std::vector<int32_t> ids(static_cast<size_t>(count));
   for (int l = 0; l < config_.num_layers; ++l) {
+    if (layer >= 0 && l != layer) continue;
     if (win_q_[l] == nullptr)
       return resource_exhausted("device forward: no window-query buffer for layer " + std::to_string(l));
     SNAP_ASSIGN_OR_RETURN(kernels::PagedKvCuda view, pool_.view(seq, l));
@@ -207,22 +214,17 @@ void DeviceForward::observe_h2o(int64_t num_tokens) {
   h2o_ws_bytes_ = 0;
   h2o_tokens_ = num_tokens > 0 ? num_tokens : 0;
   if (h2o_tokens_ == 0) return;
-  h2o_acc_.assign(static_cast<size_t>(config_.num_layers), nullptr);
+  h2o_acc_.assign(static_cast<size_t>(config_.num_layers), nullptr);  // allocated by each layer's first chunk
   h2o_seen_.assign(static_cast<size_t>(config_.num_layers), 0);
-  const size_t bytes = sizeof(float) * config_.num_heads * h2o_tokens_;
-  for (float*& p : h2o_acc_) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      p = nullptr;  // accumulate_h2o reports it
-      continue;
-    }
-    cudaMemsetAsync(p, 0, bytes, stream_);
-  }
 }
 
 Status DeviceForward::accumulate_h2o(int32_t seq, int layer, int64_t start, int64_t m) {
-  if (h2o_acc_[layer] == nullptr)
-    return resource_exhausted("device forward: no H2O score buffer for layer " + std::to_string(layer));
-  if (start != h2o_seen_[layer])
+  if (h2o_acc_[layer] == nullptr && start == 0) {  // [num_heads, h2o_tokens_], zeroed
+    const size_t bytes = sizeof(float) * config_.num_heads * h2o_tokens_;
+    SNAP_RETURN_IF_ERROR(cuda_status("H2O score buffer", cudaMalloc(&h2o_acc_[layer], bytes)));
+    SNAP_RETURN_IF_ERROR(cuda_status("H2O score buffer", cudaMemsetAsync(h2o_acc_[layer], 0, bytes, stream_)));
+  }
+  if (h2o_acc_[layer] == nullptr || start != h2o_seen_[layer])
     return invalid_argument("device forward: h2o chunk starts at position " + std::to_string(start) + ", expected " +
                             std::to_string(h2o_seen_[layer]));
   const size_t ws = kernels::h2o_accumulate_cuda_workspace_bytes(m, attn_);
@@ -243,7 +245,7 @@ Status DeviceForward::accumulate_h2o(int32_t seq, int layer, int64_t start, int6
 }
 
 Status DeviceForward::compress_h2o(int32_t seq, int64_t budget, int64_t recent, bool max_aggregation,
-                                   std::vector<std::vector<std::vector<int32_t>>>* kept) {
+                                   std::vector<std::vector<std::vector<int32_t>>>* kept, int layer) {
   const int nkv = config_.num_kv_heads;
   if (kept) kept->assign(static_cast<size_t>(config_.num_layers), {});
   const int64_t n = pool_.appended(seq, 0);
@@ -270,6 +272,7 @@ Status DeviceForward::compress_h2o(int32_t seq, int64_t budget, int64_t recent, 
     if (st.ok()) st = s.alloc(&ids_dev, sizeof(int32_t) * std::max<int64_t>(count, 1));
     std::vector<int32_t> ids(static_cast<size_t>(count));
     for (int l = 0; st.ok() && l < config_.num_layers; ++l) {
+      if (layer >= 0 && l != layer) continue;
       if (h2o_seen_[l] != n) {
         st = internal_error("device forward: layer " + std::to_string(l) + " accumulated " +
                             std::to_string(h2o_seen_[l]) + " of " + std::to_string(n) + " positions");
@@ -285,7 +288,13 @@ Status DeviceForward::compress_h2o(int32_t seq, int64_t budget, int64_t recent, 
       if (st.ok()) st = compact_ids(seq, l, ids, n, n - recent, n, kept ? &(*kept)[l] : nullptr);
     }
   }
-  observe_h2o(0);  // the scores are spent: free them, and later chunks do not accumulate
+  if (layer < 0 || layer == config_.num_layers - 1 || !st.ok()) {
+    observe_h2o(0);  // the scores are spent: free them, and later chunks do not accumulate
+  } else {           // layer-wise: this layer's scores are spent
+    cudaStreamSynchronize(stream_);
+    cudaFree(h2o_acc_[layer]);
+    h2o_acc_[layer] = nullptr;
+  }
   return st;
 }
 
@@ -300,7 +309,7 @@ int DeviceForward::prepare_compression(const KvPolicy& policy, int64_t compress_
 }
 
 Status DeviceForward::compress(int32_t seq, const KvPolicy& policy, int64_t compress_at,
-                               std::vector<std::vector<std::vector<int32_t>>>* kept) {
+                               std::vector<std::vector<std::vector<int32_t>>>* kept, int layer) {
   kept->clear();
   switch (policy.kind) {
     case KvPolicyKind::full:
@@ -314,23 +323,25 @@ Status DeviceForward::compress(int32_t seq, const KvPolicy& policy, int64_t comp
       sp.kernel = policy.kernel;
       sp.max_pooling = policy.pooling == KvPooling::max;
       sp.max_aggregation = policy.aggregation == GqaAggregation::max;
-      if (policy.kind == KvPolicyKind::adakv) return compress_adakv(seq, sp, policy.adakv_alpha, kept);
+      if (policy.kind == KvPolicyKind::adakv) return compress_adakv(seq, sp, policy.adakv_alpha, kept, layer);
       std::vector<int64_t> budgets;
       if (policy.kind == KvPolicyKind::pyramidkv) {
         SNAP_ASSIGN_OR_RETURN(budgets,
                               pyramid_budgets(config_.num_layers, policy.budget, policy.window, policy.pyramid_beta));
       }
-      return compress_snapkv(seq, sp, kept, budgets);
+      return compress_snapkv(seq, sp, kept, budgets, layer);
     }
     case KvPolicyKind::h2o:  // H2oParams' default: half heavy hitters, half recent
-      return compress_h2o(seq, policy.budget, policy.budget / 2, policy.aggregation == GqaAggregation::max, kept);
+      return compress_h2o(seq, policy.budget, policy.budget / 2, policy.aggregation == GqaAggregation::max, kept,
+                          layer);
     case KvPolicyKind::streaming: {  // sinks + recent, the same for every head
       if (compress_at <= policy.budget) return Status::ok_status();
       StreamingParams sp;
       sp.budget = policy.budget;
       sp.num_sink = policy.num_sink;
       SNAP_ASSIGN_OR_RETURN(LayerSelection sel, streaming_select(compress_at, config_.num_kv_heads, sp));
-      for (int l = 0; l < config_.num_layers; ++l) SNAP_RETURN_IF_ERROR(pool_.compact(seq, l, sel.kept));
+      for (int l = 0; l < config_.num_layers; ++l)
+        if (layer < 0 || l == layer) SNAP_RETURN_IF_ERROR(pool_.compact(seq, l, sel.kept));
       kept->assign(static_cast<size_t>(config_.num_layers), sel.kept);
       return Status::ok_status();
     }

@@ -147,7 +147,9 @@ class DeviceEngine final : public Engine {
     const std::string dev = " is not on the device yet (--device " + spec_.name() + ")";
     if (req.n != 1) return invalid_argument("n > 1" + dev);
     if (req.prompt_logprobs >= 0) return invalid_argument("prompt logprobs (echo)" + dev);
-    if (req.kv_policy.layerwise) return invalid_argument("layer-wise prefill (kv layerwise)" + dev);
+    // Layer-wise prefill runs under generate --device cuda; in the service it would hold the
+    // device for a whole prompt in one step, which this scheduler does not do yet.
+    if (req.kv_policy.layerwise) return invalid_argument("layer-wise prefill in serve" + dev);
     if (req.min_tokens < 0 || req.min_tokens > req.max_tokens)
       return invalid_argument("min_tokens must be in [0, max_tokens = " + std::to_string(req.max_tokens) + "], got " +
                               std::to_string(req.min_tokens));

@@ -185,6 +185,39 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
   return Status::ok_status();
 }
 
+// Layer l over the n rows of x_ (positions_ = start..start+n-1 of `seq`): its K/V appended to
+// the pool, the policy's capture (window queries, H2O scores) taken, x_ updated in place.
+Status DeviceForward::run_layer(int32_t seq, int l, int64_t n, int64_t start) {
+  const int64_t hidden = config_.hidden_size, ff = config_.intermediate_size;
+  const int hd = config_.head_dim;
+  const DeviceLayer& L = w_.layers[l];
+  kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
+  SNAP_RETURN_IF_ERROR(project(L.q, L.q_bias.f32(), h_, q_, n));
+  SNAP_RETURN_IF_ERROR(project(L.k, L.k_bias.f32(), h_, k_, n));
+  SNAP_RETURN_IF_ERROR(project(L.v, L.v_bias.f32(), h_, v_, n));
+  kernels::rope_cuda(q_, positions_, n, config_.num_heads, hd, inv_freq_, stream_);
+  kernels::rope_cuda(k_, positions_, n, config_.num_kv_heads, hd, inv_freq_, stream_);
+  DEV_TRY("rope", cudaGetLastError());
+  if (window_ > 0 && n >= window_ && win_q_[l] != nullptr) {  // this chunk's last W queries
+    const int64_t qd = int64_t{config_.num_heads} * hd;
+    DEV_TRY("window queries", cudaMemcpyAsync(win_q_[l], q_ + (n - window_) * qd, sizeof(float) * window_ * qd,
+                                              cudaMemcpyDeviceToDevice, stream_));
+  }
+  SNAP_RETURN_IF_ERROR(pool_.append(seq, l, k_, v_, positions_, n));
+  if (start < h2o_tokens_) SNAP_RETURN_IF_ERROR(accumulate_h2o(seq, l, start, std::min(n, h2o_tokens_ - start)));
+  SNAP_RETURN_IF_ERROR(attend(seq, l, q_, positions_, n, attn_out_));
+  SNAP_RETURN_IF_ERROR(project(L.o, nullptr, attn_out_, h_, n));
+  kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
+  kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
+  SNAP_RETURN_IF_ERROR(project(L.gate, nullptr, h_, gate_, n));
+  SNAP_RETURN_IF_ERROR(project(L.up, nullptr, h_, up_, n));
+  kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
+  SNAP_RETURN_IF_ERROR(project(L.down, nullptr, gate_, h_, n));
+  kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
+  DEV_TRY("layer", cudaGetLastError());
+  return Status::ok_status();
+}
+
 Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits,
                               int32_t* greedy) {
   if (n <= 0) return invalid_argument("device forward: no tokens");
@@ -195,8 +228,7 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
                               std::to_string(config_.vocab_size) + ")");
   SNAP_RETURN_IF_ERROR(ensure_scratch(n));
   if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed");
-  const int64_t hidden = config_.hidden_size, ff = config_.intermediate_size, vocab = config_.vocab_size;
-  const int hd = config_.head_dim;
+  const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
   const int64_t start = pool_.appended(seq, 0);
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(start + i);
@@ -205,33 +237,7 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
   kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens_, n, hidden, vocab, x_, stream_);
   DEV_TRY("embedding", cudaGetLastError());
 
-  for (int l = 0; l < config_.num_layers; ++l) {
-    const DeviceLayer& L = w_.layers[l];
-    kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-    SNAP_RETURN_IF_ERROR(project(L.q, L.q_bias.f32(), h_, q_, n));
-    SNAP_RETURN_IF_ERROR(project(L.k, L.k_bias.f32(), h_, k_, n));
-    SNAP_RETURN_IF_ERROR(project(L.v, L.v_bias.f32(), h_, v_, n));
-    kernels::rope_cuda(q_, positions_, n, config_.num_heads, hd, inv_freq_, stream_);
-    kernels::rope_cuda(k_, positions_, n, config_.num_kv_heads, hd, inv_freq_, stream_);
-    DEV_TRY("rope", cudaGetLastError());
-    if (window_ > 0 && n >= window_ && win_q_[l] != nullptr) {  // this chunk's last W queries
-      const int64_t qd = int64_t{config_.num_heads} * hd;
-      DEV_TRY("window queries", cudaMemcpyAsync(win_q_[l], q_ + (n - window_) * qd, sizeof(float) * window_ * qd,
-                                                cudaMemcpyDeviceToDevice, stream_));
-    }
-    SNAP_RETURN_IF_ERROR(pool_.append(seq, l, k_, v_, positions_, n));
-    if (start < h2o_tokens_) SNAP_RETURN_IF_ERROR(accumulate_h2o(seq, l, start, std::min(n, h2o_tokens_ - start)));
-    SNAP_RETURN_IF_ERROR(attend(seq, l, q_, positions_, n, attn_out_));
-    SNAP_RETURN_IF_ERROR(project(L.o, nullptr, attn_out_, h_, n));
-    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
-    kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-    SNAP_RETURN_IF_ERROR(project(L.gate, nullptr, h_, gate_, n));
-    SNAP_RETURN_IF_ERROR(project(L.up, nullptr, h_, up_, n));
-    kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
-    SNAP_RETURN_IF_ERROR(project(L.down, nullptr, gate_, h_, n));
-    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
-    DEV_TRY("layer", cudaGetLastError());
-  }
+  for (int l = 0; l < config_.num_layers; ++l) SNAP_RETURN_IF_ERROR(run_layer(seq, l, n, start));
 
   window_rows_ = n;
   // Final norm and the LM head: every row, or only the last (then as a single row, GEMV).
@@ -245,6 +251,79 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
   }
   if (logits) DEV_TRY("logits", cudaMemcpyAsync(logits, logits_, 4 * rows * vocab, cudaMemcpyDeviceToHost, stream_));
   DEV_TRY("forward", cudaStreamSynchronize(stream_));
+  return Status::ok_status();
+}
+
+// --- layer-wise prefill ------------------------------------------------------------------------
+Status DeviceForward::prefill_layerwise(int32_t seq, const int32_t* tokens, int64_t n, int64_t chunk,
+                                        const KvPolicy& policy, float* last_logits,
+                                        std::vector<std::vector<std::vector<int32_t>>>* kept) {
+  if (n <= 0 || chunk <= 0) return invalid_argument("device forward: layer-wise prefill needs tokens and a chunk size");
+  if (!pool_.is_open(seq) || pool_.appended(seq, 0) != 0)
+    return invalid_argument("device forward: a layer-wise prefill starts on an open, empty sequence");
+  if (policy.kind == KvPolicyKind::full || policy.context_tokens > 0)
+    return invalid_argument("device forward: layer-wise prefill compresses the whole prompt with a compressing kv policy");
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      return invalid_argument("device forward: token id " + std::to_string(tokens[i]) + " not in [0, " +
+                              std::to_string(config_.vocab_size) + ")");
+  if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed");
+  const int window = prepare_compression(policy, n);
+  // Chunks as chunked prefill cuts them: the last holds at least the window.
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // (start, length)
+  const int64_t last = std::min(n, std::max<int64_t>(window, std::min(chunk, n)));
+  for (int64_t s = 0; s < n - last;) {
+    const int64_t len = std::min(chunk, n - last - s);
+    chunks.emplace_back(s, len);
+    s += len;
+  }
+  chunks.emplace_back(n - last, last);
+  int64_t widest = 0;
+  for (const auto& c : chunks) widest = std::max(widest, c.second);
+  SNAP_RETURN_IF_ERROR(ensure_scratch(widest));
+  const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
+  // The hidden states of every prompt token between layers: [n, hidden] f32.
+  float* states = nullptr;
+  layerwise_state_bytes_ = 4 * n * hidden;
+  DEV_TRY("layer-wise hidden states", cudaMalloc(&states, static_cast<size_t>(layerwise_state_bytes_)));
+  struct Free {
+    cudaStream_t stream;
+    float* p;
+    ~Free() {
+      cudaStreamSynchronize(stream);
+      cudaFree(p);
+    }
+  } free_states{stream_, states};
+  std::vector<int32_t> pos(static_cast<size_t>(widest));
+  auto upload_chunk = [&](int64_t s, int64_t len, bool with_tokens) -> Status {
+    cudaStreamSynchronize(stream_);  // the host vectors below are reused chunk after chunk
+    for (int64_t i = 0; i < len; ++i) pos[i] = static_cast<int32_t>(s + i);
+    DEV_TRY("positions", cudaMemcpyAsync(positions_, pos.data(), 4 * len, cudaMemcpyHostToDevice, stream_));
+    if (with_tokens) DEV_TRY("tokens", cudaMemcpyAsync(tokens_, tokens + s, 4 * len, cudaMemcpyHostToDevice, stream_));
+    return Status::ok_status();
+  };
+  for (const auto& [s, len] : chunks) {
+    SNAP_RETURN_IF_ERROR(upload_chunk(s, len, true));
+    kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens_, len, hidden, vocab, states + s * hidden, stream_);
+    DEV_TRY("embedding", cudaGetLastError());
+  }
+  if (kept) kept->assign(static_cast<size_t>(config_.num_layers), {});
+  for (int l = 0; l < config_.num_layers; ++l) {
+    for (const auto& [s, len] : chunks) {
+      SNAP_RETURN_IF_ERROR(upload_chunk(s, len, false));
+      DEV_TRY("hidden states in", cudaMemcpyAsync(x_, states + s * hidden, 4 * len * hidden, cudaMemcpyDeviceToDevice, stream_));
+      SNAP_RETURN_IF_ERROR(run_layer(seq, l, len, s));
+      DEV_TRY("hidden states out", cudaMemcpyAsync(states + s * hidden, x_, 4 * len * hidden, cudaMemcpyDeviceToDevice, stream_));
+    }
+    window_rows_ = last;
+    std::vector<std::vector<std::vector<int32_t>>> layer_kept;
+    SNAP_RETURN_IF_ERROR(compress(seq, policy, n, &layer_kept, l));  // before the next layer fills
+    if (kept && l < static_cast<int>(layer_kept.size())) (*kept)[l] = std::move(layer_kept[l]);
+  }
+  kernels::rms_norm_cuda(states + (n - 1) * hidden, w_.final_norm.f32(), h_, 1, hidden, config_.rms_norm_eps, stream_);
+  SNAP_RETURN_IF_ERROR(project(w_.output(), nullptr, h_, logits_, 1));
+  if (last_logits) DEV_TRY("logits", cudaMemcpyAsync(last_logits, logits_, 4 * vocab, cudaMemcpyDeviceToHost, stream_));
+  DEV_TRY("layer-wise prefill", cudaStreamSynchronize(stream_));
   return Status::ok_status();
 }
 

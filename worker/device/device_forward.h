@@ -46,6 +46,19 @@ class DeviceForward {
   // All or nothing for the pool: refused before any work when the free blocks do not suffice.
   Status decode_batch(const int32_t* seqs, const int32_t* tokens, int64_t num_rows, float* logits, int32_t* greedy);
 
+  // Layer-wise prefill (the twin of LlamaForward::prefill_layerwise): the whole prompt through
+  // layer 0 in chunks of `chunk` tokens (the last holding at least the policy's window), that
+  // layer compressed by `policy` (compress(..., layer)), then layer 1, ... The hidden states of
+  // all n tokens stay on the device between layers ([n, hidden] f32, freed at the end), so the
+  // peak is the weights + one layer's full KV + the compressed rest + those states: prompts far
+  // beyond the pool's full-KV capacity fit. The sequence must be empty and the policy must
+  // compress the whole prompt (not full, no context_tokens). last_logits (host, may be null):
+  // [vocab] of the last token. kept as compress(), every layer.
+  Status prefill_layerwise(int32_t seq, const int32_t* tokens, int64_t n, int64_t chunk, const KvPolicy& policy,
+                           float* last_logits, std::vector<std::vector<std::vector<int32_t>>>* kept);
+  // Bytes the last layer-wise prefill held for the hidden states.
+  int64_t layerwise_state_bytes() const { return layerwise_state_bytes_; }
+
   // SnapKV on the device, after the prompt: observe_window(W) before the prompt's last chunk
   // (which must hold at least W tokens) keeps every layer's last W queries (after RoPE);
   // compress_snapkv then selects per layer and KV head (snapkv_select_cuda: top B−W prefix
@@ -56,22 +69,24 @@ class DeviceForward {
   const float* window_queries(int layer) const;  // device [W, num_heads, head_dim], or null
   // layer_budgets (optional, pyramidkv): layer l keeps layer_budgets[l] instead of sp.budget;
   // a layer whose budget is at least the length is left as it is.
+  // layer >= 0 (here and in compress_adakv, compress_h2o, compress): that layer only.
   Status compress_snapkv(int32_t seq, const kernels::SnapKvCudaParams& sp,
                          std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr,
-                         const std::vector<int64_t>& layer_budgets = {});
+                         const std::vector<int64_t>& layer_budgets = {}, int layer = -1);
 
   // AdaKV (adakv_select_cuda): after observe_window(W) as for SnapKV; heads keep different
   // counts (the layer's total is num_kv_heads·B), every head the window.
   Status compress_adakv(int32_t seq, const kernels::SnapKvCudaParams& sp, double alpha,
-                        std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr);
+                        std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr, int layer = -1);
   // H2O: observe_h2o(n) before the prompt's first chunk makes forward() accumulate, in every
   // layer, the attention the queries of positions < n pay each key (h2o_accumulate_cuda, a
-  // device [num_heads, n] buffer per layer; 0 stops it and frees them). compress_h2o then
+  // device [num_heads, n] buffer per layer, allocated at its first chunk; 0 stops it and frees
+  // them). compress_h2o then
   // keeps per layer and KV head the `recent` last positions plus the top budget − recent
   // older ones (h2o_select_cuda) and compacts; the sequence must hold exactly n positions.
   void observe_h2o(int64_t num_tokens);
   Status compress_h2o(int32_t seq, int64_t budget, int64_t recent, bool max_aggregation,
-                      std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr);
+                      std::vector<std::vector<std::vector<int32_t>>>* kept = nullptr, int layer = -1);
 
   // A request's policy in one call each (what generate and the serving engine run):
   // prepare_compression before the prompt's first chunk sets up the capture the policy needs
@@ -81,7 +96,7 @@ class DeviceForward {
   // (per layer, per KV head) stays empty when nothing was dropped or the policy is full.
   int prepare_compression(const KvPolicy& policy, int64_t compress_at);
   Status compress(int32_t seq, const KvPolicy& policy, int64_t compress_at,
-                  std::vector<std::vector<std::vector<int32_t>>>* kept);
+                  std::vector<std::vector<std::vector<int32_t>>>* kept, int layer = -1);
 
   // Bytes of device scratch held now (activations for the largest chunk seen + workspaces).
   int64_t scratch_bytes() const { return scratch_bytes_; }
@@ -92,6 +107,8 @@ class DeviceForward {
   Status project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status project_rows(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status attend(int32_t seq, int layer, const float* q, const int32_t* positions, int64_t n, float* out);
+  // Layer l over the n rows of x_ at positions_ (= start..): append, capture, attention, MLP.
+  Status run_layer(int32_t seq, int l, int64_t n, int64_t start);
   // device_compress.cpp: H2O accumulation of one chunk's rows [0, m) of q_ (positions start..).
   Status accumulate_h2o(int32_t seq, int layer, int64_t start, int64_t m);
   // Kept prefix ids (g·stride + j, ascending) + the positions [tail, n) of every head -> the
@@ -122,6 +139,7 @@ class DeviceForward {
   std::vector<int64_t> h2o_seen_;  // [layer] positions accumulated so far
   void* h2o_ws_ = nullptr;       // row statistics of one chunk
   size_t h2o_ws_bytes_ = 0;
+  int64_t layerwise_state_bytes_ = 0;
 };
 
 }  // namespace snap

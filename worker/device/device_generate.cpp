@@ -3,7 +3,8 @@
 // cross the compression point, compress, then sample and decode one token per forward — with
 // the KV pool, weights and activations on the device and sampling on the host from the logits
 // (greedy: the device's argmax, same tie rule as sample_cpu, so only 4 bytes cross per token).
-// Policies, every one the CPU has: full, snapkv, pyramidkv (snapkv_select_cuda per layer with
+// Layer-wise prefill (DeviceForward::prefill_layerwise) when asked or when it peaks lower, as on
+// the CPU. Policies, every one the CPU has: full, snapkv, pyramidkv (snapkv_select_cuda per layer with
 // the CPU's layer budgets), adakv (adakv_select_cuda), h2o (scores accumulated on the device
 // during prefill, h2o_select_cuda) and streaming (positions only: the CPU's streaming_select,
 // compaction on the device).
@@ -18,6 +19,7 @@
 
 #include "common/sys.h"
 #include "coordinator/engine/device_spec.h"
+#include "coordinator/engine/prefill_choice.h"
 #include "kernels/kernels.h"
 #include "worker/device/device_forward.h"
 #include "worker/device/device_kv_pool.h"
@@ -119,9 +121,7 @@ class CudaGenerator final : public DeviceGenerator {
 };
 
 Status CudaGenerator::validate(const GenerateRequest& req) const {
-  SNAP_RETURN_IF_ERROR(validate_generate_request(config_, req));
-  const KvPolicy& p = req.kv_policy;
-  if (p.layerwise) return unimplemented("layer-wise prefill (--kv-layerwise) is not on the device yet");
+  SNAP_RETURN_IF_ERROR(validate_generate_request(config_, req));  // policies and layer-wise included
   if (req.kv_block_size != 16) return invalid_argument("the device KV pool has 16-token blocks");
   return {};
 }
@@ -162,7 +162,30 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
   const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
   const int64_t vocab = config_.vocab_size;
   const int64_t compress_at = policy.context_tokens > 0 ? policy.context_tokens : n;
-  const int window = fwd.prepare_compression(policy, compress_at);
+  // Layer-wise prefill when asked, or (auto_layerwise) when it peaks lower, by the CPU's rule
+  // (prefill_choice.h) with the device pool's block bytes: a compressing policy over the whole prompt.
+  bool layerwise = policy.layerwise && policy.kind != KvPolicyKind::full && compress_at == n;
+  if (!layerwise && req.auto_layerwise && policy.kind != KvPolicyKind::full && compress_at == n &&
+      !hooks.on_prompt_logits) {
+    PrefillPeakInputs in;
+    in.prompt_tokens = n;
+    in.num_layers = config_.num_layers;
+    in.kv_heads = config_.num_kv_heads;
+    in.block_size = pool.shape().block_size;
+    in.block_bytes = pool.block_bytes();
+    in.max_layer_budget = policy.budget;
+    if (policy.kind == KvPolicyKind::pyramidkv) {
+      SNAP_ASSIGN_OR_RETURN(auto budgets, pyramid_budgets(config_.num_layers, policy.budget, policy.window, policy.pyramid_beta));
+      in.max_layer_budget = *std::max_element(budgets.begin(), budgets.end());
+    }
+    in.prefill_chunk = req.prefill_chunk;
+    in.hidden_size = config_.hidden_size;
+    layerwise = layerwise_prefill_is_cheaper(in);
+  }
+  if (layerwise && hooks.on_prompt_logits)
+    return invalid_argument("layer-wise prefill does not produce per-position logits");
+  result.stats.layerwise = layerwise;
+  const int window = layerwise ? 0 : fwd.prepare_compression(policy, compress_at);
   std::vector<float> logits(static_cast<size_t>(vocab)), rows;
   int64_t peak_blocks = 0;
   auto forward = [&](int64_t start, int64_t len) -> Status {
@@ -188,9 +211,13 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
   };
 
   double t0 = now_seconds();
-  SNAP_RETURN_IF_ERROR(prefill(0, compress_at, window));
   std::vector<std::vector<std::vector<int32_t>>> kept;
-  if (policy.kind != KvPolicyKind::full) {
+  if (layerwise) {  // the whole prompt, one layer at a time, each compressed before the next fills
+    SNAP_RETURN_IF_ERROR(fwd.prefill_layerwise(seq, req.prompt_ids.data(), n, req.prefill_chunk, policy, logits.data(), &kept));
+  } else {
+    SNAP_RETURN_IF_ERROR(prefill(0, compress_at, window));
+  }
+  if (!layerwise && policy.kind != KvPolicyKind::full) {
     const double ts = now_seconds();
     SNAP_RETURN_IF_ERROR(fwd.compress(seq, policy, compress_at, &kept));
     result.stats.selection_seconds = now_seconds() - ts;
@@ -249,10 +276,9 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
     for (int g = 0; g < config_.num_kv_heads; ++g) stored += pool.length(seq, l, g);
   result.stats.kv_stored_bytes = stored * 4LL * config_.head_dim;  // bf16 K + V per entry
   result.stats.kv_full_equivalent_bytes = pool.full_equivalent_bytes(seq);
-  result.stats.kv_pool_peak_bytes = peak_blocks * pool.block_bytes();
+  result.stats.kv_pool_peak_bytes = std::max(peak_blocks, pool.peak_used_blocks()) * pool.block_bytes();
   result.stats.kv_dtype = DType::bf16;
-  result.stats.layerwise = false;
-  result.stats.scratch_peak_bytes = fwd.scratch_bytes();
+  result.stats.scratch_peak_bytes = fwd.scratch_bytes() + (layerwise ? fwd.layerwise_state_bytes() : 0);
   pool_peak_bytes_ = result.stats.kv_pool_peak_bytes;
   return {};
 }

@@ -138,6 +138,7 @@ Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float*
     s.lengths[layer][g] = len + num_tokens;
   }
   s.appended[layer] += num_tokens;
+  peak_used_ = std::max(peak_used_, used_blocks());
   SNAP_RETURN_IF_ERROR(stage(slots));
   kernels::kv_scatter_cuda(k, v, positions, num_tokens, nkv, shape_.head_dim, staging_, k_, v_, pos_, stream_);
   const cudaError_t e = cudaGetLastError();
@@ -180,6 +181,7 @@ Status DeviceKvPool::compact(int32_t seq, int layer, const std::vector<std::vect
       ++at;
     }
   }
+  peak_used_ = std::max(peak_used_, used_blocks());  // old and new blocks, both held for the copy
   SNAP_RETURN_IF_ERROR(stage(slots));
   kernels::kv_gather_cuda(staging_, staging_ + total, total, shape_.head_dim, k_, v_, pos_, stream_);
   const cudaError_t e = cudaGetLastError();

@@ -37,6 +37,8 @@ class DeviceKvPool {
   int64_t num_blocks() const { return num_blocks_; }
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
   int64_t used_blocks() const { return num_blocks_ - free_blocks(); }
+  // The most blocks ever in use at once (compaction's old + new blocks included).
+  int64_t peak_used_blocks() const { return peak_used_; }
 
   int32_t add_sequence();
   bool is_open(int32_t seq) const {
@@ -91,6 +93,7 @@ class DeviceKvPool {
   int64_t* staging_ = nullptr;  // slot lists for the scatter/gather kernels
   size_t staging_count_ = 0;
   std::vector<int32_t> free_;  // kept sorted descending: the lowest id is popped first
+  int64_t peak_used_ = 0;
   std::vector<Sequence> seqs_;
 };
 
