@@ -158,7 +158,10 @@ if [ -x "$build/bench_device_forward" ] && [ "$(left)" -gt 180 ]; then
   t0=$SECONDS
   if [ -f "$fwd_model/model.safetensors" ] ||
     timeout "$(left)" python3 tools/make_random_model.py --shape llama3-8b --layers 4 --out "$fwd_model" >>"$log" 2>&1; then
+    # Then layer-wise prefill + SnapKV at growing prompts, while the budget lasts (rows are
+    # flushed one by one, so a prompt cut by the timeout leaves the shorter ones' rows).
     if timeout "$(left)" "$build/bench_device_forward" --model "$fwd_model" --contexts 8192,32768 --decode 16 \
+      --layerwise-contexts 65536,131072,262144,524288,1048576 --time-budget $(($(left) > 240 ? ($(left) - 120) / 2 : 30)) \
       >>"$out/bench.txt" 2>>"$log"; then
       row "bench_device_forward" PASS "$((SECONDS - t0)) s incl. the model (table below)"
     else

@@ -10,7 +10,13 @@
 // measured / floor <= 1.5. Then the same contexts through the DeviceGenerator — what
 // `snapserve generate --device cuda` runs (host sampling loop, greedy on the device) — full
 // and snapkv 2048, decode ms/token from its own stats.
+// With --layerwise-contexts N1,N2,...: layer-wise prefill + SnapKV 2048 through the generator at
+// each N (ascending, until one fails or --time-budget seconds have passed): prefill tok/s, the
+// pool's peak and the device memory in use, decode ms/token, and the memory model that says how
+// far this device would go: per prompt token one layer's K/V (num_kv_heads blocks' worth) + its
+// f32 hidden state, on top of the weights and every layer's compressed 2048 + decode entries.
 //   usage: bench_device_forward --model DIR [--contexts 8192,32768] [--decode 16]
+//                               [--layerwise-contexts 131072,524288] [--time-budget 240]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,6 +51,8 @@ int main(int argc, char** argv) {
   std::string model_dir;
   std::vector<int64_t> contexts{8192, 32768};
   int decode = 16;
+  std::vector<int64_t> layerwise_contexts;
+  double time_budget = 240;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
@@ -55,8 +63,14 @@ int main(int argc, char** argv) {
       for (std::string t; std::getline(ss, t, ',');) contexts.push_back(std::atoll(t.c_str()));
     } else if (a == "--decode" && i + 1 < argc) {
       decode = std::atoi(argv[++i]);
+    } else if (a == "--layerwise-contexts" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string t; std::getline(ss, t, ',');) layerwise_contexts.push_back(std::atoll(t.c_str()));
+    } else if (a == "--time-budget" && i + 1 < argc) {
+      time_budget = std::atof(argv[++i]);
     } else {
-      return fail("unknown or incomplete argument '" + a + "' (usage: --model DIR [--contexts 8192,32768] [--decode 16])");
+      return fail("unknown or incomplete argument '" + a +
+                  "' (usage: --model DIR [--contexts 8192,32768] [--decode 16] [--layerwise-contexts N,...] [--time-budget S])");
     }
   }
   if (model_dir.empty()) return fail("--model DIR is required");
@@ -188,5 +202,62 @@ int main(int argc, char** argv) {
     std::printf("  %-8lld %12.2f %12.2f %14.1f\n", static_cast<long long>(ctx), gms[0], gms[1], ratio);
   }
   std::printf("  %s\n", (*gen)->describe_memory().c_str());
-  return 0;  // the stream, pool and weights go with the process
+  if (layerwise_contexts.empty()) return 0;  // the stream, pool and weights go with the process
+
+  // Layer-wise prefill + SnapKV 2048: how long a prompt this device holds.
+  const int64_t bs = 16, block = bs * (2 * c.head_dim * 2 + 4);  // device KV block bytes
+  const double per_token = static_cast<double>(c.num_kv_heads) * block / bs + 4.0 * c.hidden_size;
+  const int64_t kept_blocks = int64_t{c.num_layers} * c.num_kv_heads * ((2048 + decode + 2 * bs) / bs + 1);
+  const int64_t weight_bytes = (*weights)->bytes;  // the generator holds its own copy
+  pool->reset();     // the benchmark's pool and weights are not needed any more
+  weights->reset();
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  std::printf("  layer-wise prefill + snapkv 2048 (memory model: %.1f KB per prompt token = one layer's K/V %.1f KB + "
+              "the f32 hidden state %.1f KB; compressed layers %.2f GB; %.1f GB free now -> about %.2fM tokens, "
+              "before activations and workspaces)\n",
+              per_token / 1e3, static_cast<double>(c.num_kv_heads) * block / bs / 1e3, 4.0 * c.hidden_size / 1e3,
+              kept_blocks * block / 1e9, free_b / 1e9, (free_b - kept_blocks * static_cast<double>(block)) / per_token / 1e6);
+  std::printf("  %-9s %13s %11s %11s %13s %11s %14s %8s\n", "prompt", "prefill tok/s", "pool GB", "KV peak GB",
+              "scratch GB", "held GB", "snapkv ms/tok", "KV x");
+  std::fflush(stdout);
+  const double t_start = now_s();
+  std::sort(layerwise_contexts.begin(), layerwise_contexts.end());
+  double last_n = 0, last_s = 0;  // attention makes prefill time grow ~ n^2: predict the next one
+  for (int64_t n : layerwise_contexts) {
+    const double predicted = last_n > 0 ? last_s * (n / last_n) * (n / last_n) : 0;
+    if (now_s() - t_start + predicted > time_budget) {
+      std::printf("  %-9lld skipped: ~%.0f s predicted, over what is left of the %.0f s budget\n",
+                  static_cast<long long>(n), predicted, time_budget);
+      break;
+    }
+    const double t_req = now_s();
+    snap::GenerateRequest req;
+    for (int64_t i = 0; i < n; ++i) req.prompt_ids.push_back(static_cast<int32_t>((i * 7919 + 13) % c.vocab_size));
+    req.max_tokens = decode + 1;
+    req.prefill_chunk = 4096;
+    req.context_limit = n + decode + 1;
+    req.kv_policy.kind = snap::KvPolicyKind::snapkv;
+    req.kv_policy.budget = 2048;
+    req.kv_policy.layerwise = true;
+    // One layer's full KV + the compressed layers (+ a block per head of slack), not every layer's.
+    req.kv_pool_bytes = (int64_t{c.num_kv_heads} * ((n + decode) / bs + 2) + kept_blocks) * block;
+    auto r = (*gen)->generate(req, {});
+    if (!r.ok()) {
+      std::printf("  %-9lld failed: %s\n", static_cast<long long>(n), r.status().message().c_str());
+      break;
+    }
+    const double ratio = static_cast<double>(r->stats.kv_full_equivalent_bytes) / std::max<int64_t>(r->stats.kv_resident_bytes, 1);
+    // held = weights + the pool as allocated + the scratch at its largest (hidden states included):
+    // the device memory this request needed, cuBLAS's own workspace aside.
+    const double held = static_cast<double>(weight_bytes + req.kv_pool_bytes + r->stats.scratch_peak_bytes);
+    std::printf("  %-9lld %13.0f %11.2f %11.2f %13.2f %11.2f %14.2f %8.1f\n", static_cast<long long>(n),
+                n / r->stats.prefill_seconds, req.kv_pool_bytes / 1e9, r->stats.kv_pool_peak_bytes / 1e9,
+                r->stats.scratch_peak_bytes / 1e9, held / 1e9,
+                r->stats.decode_seconds * 1e3 / std::max<int64_t>(r->stats.generated_tokens - 1, 1), ratio);
+    std::fflush(stdout);  // a row survives a timeout that kills a longer prompt
+    last_n = static_cast<double>(n);
+    last_s = now_s() - t_req;
+  }
+  return 0;
 }
