@@ -97,7 +97,13 @@ TEST_F(DeviceServe, HealthMetricsAndBatchInvariance) {
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(r.j()["choices"][0]["text"].get<std::string>(), texts[i]) << "prompt " << i << " alone vs batched";
   }
-  const std::string m = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+  // The engine publishes its figures after each step: poll until the finished requests' blocks show as free.
+  std::string m;
+  for (int i = 0; i < 100; ++i) {
+    m = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+    if (metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_used\"") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   EXPECT_GT(metric(m, "snapserve_device_memory_bytes", "kind=\"weights\""), 0) << m;
   EXPECT_GT(metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_free\""), 0) << m;
   EXPECT_GT(metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_peak\""), 0) << m;
