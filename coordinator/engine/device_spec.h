@@ -62,7 +62,7 @@ class ServerMetrics;
 // (one prompt chunk + one decode row per running sequence each step), admission by the
 // device pool's blocks, cancel, drain, and the device's memory in /metrics. Checks the device
 // first (check_device), then loads the model (tp 1) and uploads it. Refused in one line:
-// tensor parallelism (cfg.comm), n > 1, prompt logprobs and layer-wise prefill per request.
+// tensor parallelism (cfg.comm), n > 1 and prompt logprobs per request.
 Result<std::unique_ptr<Engine>> open_device_engine(const DeviceSpec& spec, const EngineConfig& cfg,
                                                    ServerMetrics* metrics);
 

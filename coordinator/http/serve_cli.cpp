@@ -163,8 +163,8 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   add_tp_options(s, a.parallel, "serve");
   s->add_option("--device", a.device,
                 "Where the model runs: cpu (default; the reference) or cuda / cuda:N (the whole model on GPU N: bf16 "
-                "weights and KV cache in a device pool of --kv-cache-mib, every kv policy, continuous batching; no "
-                "--tp, n > 1, echo logprobs or layer-wise prefill there yet; fails at once, before the model is read, "
+                "weights and KV cache in a device pool of --kv-cache-mib, every kv policy, layer-wise prefill, continuous "
+                "batching; no --tp, n > 1 or echo logprobs there yet; fails at once, before the model is read, "
                 "without a GPU or in a build without CUDA)");
   s->add_option("--http-threads", a.http_threads, "HTTP I/O threads (default 2)")->check(CLI::Range(1, 256));
   s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")

@@ -4,7 +4,8 @@
 //   - /health, and /metrics with the device's memory (weights, pool used/free, in use, total);
 //   - batch invariance through the service: three greedy completions sent at once give the
 //     texts each gives alone;
-//   - every kv policy answers, compressing (resident < full-equivalent bytes);
+//   - every kv policy answers, compressing (resident < full-equivalent bytes), and a layer-wise
+//     prefill asked for says so in its response;
 //   - admission by the device pool's blocks: two prompts that fit one at a time but not
 //     together both finish (the second waits), each with its text alone; one that can never
 //     fit gets 400 naming the device KV blocks;
@@ -122,6 +123,13 @@ TEST_F(DeviceServe, EveryPolicyCompresses) {
     EXPECT_EQ(k["policy"], policy);
     EXPECT_LT(k["resident_bytes"].get<int64_t>(), k["full_equivalent_bytes"].get<int64_t>()) << policy << ": " << k.dump();
   }
+  // Layer-wise prefill asked for: the response says so, and the cache is compressed the same way.
+  const json kv = {{"policy", "snapkv"}, {"budget", 64}, {"window", 16}, {"kernel", 5}, {"layerwise", true}};
+  const Reply r = snap::testing::post(srv->port(), "/v1/completions", completion(words(150, 4), 8, kv));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j()["kv"]["prefill"], "layerwise") << r.body;
+  EXPECT_LT(r.j()["kv"]["resident_bytes"].get<int64_t>(), r.j()["kv"]["full_equivalent_bytes"].get<int64_t>());
+  EXPECT_EQ(r.j()["usage"]["completion_tokens"], 8);
 }
 
 TEST_F(DeviceServe, AdmissionByDeviceBlocks) {

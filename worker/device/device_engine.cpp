@@ -9,7 +9,9 @@
 // host (penalties, logit_bias, logprobs as on the CPU), detokenize, cut stop strings, stream.
 // Reservations: max(the prompt uncompressed + one layer's compaction copy, the compressed size
 // + max_tokens), shrunk to the second once compressed. Prefill is one sequence at a time (the
-// forward's window/H2O capture is per prefill), decode rows of all of them every step.
+// forward's window/H2O capture is per prefill), decode rows of all of them every step. A
+// layer-wise prefill (asked, or chosen as the CPU engine chooses it) runs the whole prompt in
+// its step and reserves one layer's full KV instead of every layer's.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 
 #include "common/sys.h"
 #include "coordinator/engine/device_spec.h"
+#include "coordinator/engine/prefill_choice.h"
 #include "coordinator/scheduler/engine.h"
 #include "coordinator/scheduler/logits_processing.h"
 #include "coordinator/tokenizer/tokenizer.h"
@@ -52,6 +55,7 @@ struct DevSeq {
   std::string text;  // generated text held back for stop strings
   int64_t reserved_blocks = 0;
   bool compressed = false;
+  bool layerwise = false, layerwise_auto = false;  // the whole prompt layer by layer, in one step
   double arrival = 0, admitted = 0, first_token = 0, last_token = 0, prefill_seconds = 0;
   std::string done_reason, stop_string;
   bool stopped_by_string = false;
@@ -147,9 +151,8 @@ class DeviceEngine final : public Engine {
     const std::string dev = " is not on the device yet (--device " + spec_.name() + ")";
     if (req.n != 1) return invalid_argument("n > 1" + dev);
     if (req.prompt_logprobs >= 0) return invalid_argument("prompt logprobs (echo)" + dev);
-    // Layer-wise prefill runs under generate --device cuda; in the service it would hold the
-    // device for a whole prompt in one step, which this scheduler does not do yet.
-    if (req.kv_policy.layerwise) return invalid_argument("layer-wise prefill in serve" + dev);
+    if (req.kv_policy.layerwise && req.kv_policy.context_tokens > 0)
+      return invalid_argument("layer-wise prefill compresses the whole prompt; it cannot be combined with context-only compression");
     if (req.min_tokens < 0 || req.min_tokens > req.max_tokens)
       return invalid_argument("min_tokens must be in [0, max_tokens = " + std::to_string(req.max_tokens) + "], got " +
                               std::to_string(req.min_tokens));
@@ -161,6 +164,8 @@ class DeviceEngine final : public Engine {
       if (id < 0 || id >= vocab) return invalid_argument("logit_bias: token " + std::to_string(id) + " is outside the vocabulary");
     SNAP_RETURN_IF_ERROR(req.kv_policy.validate());
     if (req.kv_policy.context_tokens > n) return invalid_argument("kv context_tokens is longer than the prompt");
+    const bool layerwise_auto = choose_layerwise(req);
+    if (layerwise_auto) req.kv_policy.layerwise = true;
     const int64_t need = peak_blocks(req);
     if (need > pool_->num_blocks())
       return invalid_argument("request needs " + std::to_string(need) + " device KV blocks at its peak but the pool has " +
@@ -181,6 +186,8 @@ class DeviceEngine final : public Engine {
     s->req = std::move(req);
     s->sink = std::move(sink);
     s->arrival = now_seconds();
+    s->layerwise = s->req.kv_policy.layerwise && s->req.kv_policy.kind != KvPolicyKind::full;
+    s->layerwise_auto = layerwise_auto;
     const uint64_t id = s->id;
     incoming_.push_back(std::move(s));
     cv_.notify_one();
@@ -229,15 +236,35 @@ class DeviceEngine final : public Engine {
     return int64_t{c.num_layers} * kvh * ceil_div(kept, bs);
   }
 
-  // The most blocks a request holds: the prompt uncompressed, plus one layer's fresh blocks
-  // during its compaction; or, after compression, its compressed size + max_tokens.
+  // The most blocks a request holds: the prompt uncompressed (one layer of it with layer-wise
+  // prefill), plus one layer's fresh blocks during its compaction; or, after compression, its
+  // compressed size + max_tokens.
   int64_t peak_blocks(const EngineRequest& req) const {
     const ModelConfig& c = model_->config;
     const int64_t bs = cfg_.kv_block_size, kvh = c.num_kv_heads, n = static_cast<int64_t>(req.prompt_ids.size());
     const int64_t heads = int64_t{c.num_layers} * kvh;
     if (req.kv_policy.kind == KvPolicyKind::full) return heads * ceil_div(n + req.max_tokens, bs);
-    const int64_t copy = after_compression_blocks(req) / c.num_layers;  // one layer's kept blocks, bounded
-    return std::max(heads * ceil_div(n, bs) + copy, after_compression_blocks(req));
+    const int64_t after = after_compression_blocks(req), copy = after / c.num_layers;  // one layer's kept blocks
+    const int64_t prompt = req.kv_policy.layerwise ? kvh * ceil_div(n, bs) + after : heads * ceil_div(n, bs);
+    return std::max(prompt + copy, after);
+  }
+
+  // The CPU engine's automatic choice (EngineConfig::auto_layerwise, prefill_choice.h) with the
+  // device pool's block bytes: a compressing policy over the whole prompt, when it peaks lower.
+  bool choose_layerwise(const EngineRequest& req) const {
+    if (!cfg_.auto_layerwise || req.kv_policy.layerwise || req.kv_policy.kind == KvPolicyKind::full ||
+        req.kv_policy.context_tokens > 0)
+      return false;
+    PrefillPeakInputs in;
+    in.prompt_tokens = static_cast<int64_t>(req.prompt_ids.size());
+    in.num_layers = model_->config.num_layers;
+    in.kv_heads = model_->config.num_kv_heads;
+    in.block_size = cfg_.kv_block_size;
+    in.block_bytes = pool_->block_bytes();
+    in.max_layer_budget = req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget : req.kv_policy.budget;
+    in.prefill_chunk = cfg_.prefill_chunk;
+    in.hidden_size = model_->config.hidden_size;
+    return layerwise_prefill_is_cheaper(in);
   }
 
   // --- the scheduler loop -----------------------------------------------------------------
@@ -356,6 +383,7 @@ class DeviceEngine final : public Engine {
 
   void run_prefill_chunk(DevSeq& s, double t0) {
     const KvPolicy& policy = s.req.kv_policy;
+    if (s.layerwise) return run_layerwise_prefill(s);
     if (s.pool_seq < 0) {
       s.pool_seq = pool_->add_sequence();
       s.window = fwd_->prepare_compression(policy, s.compress_at);
@@ -390,6 +418,31 @@ class DeviceEngine final : public Engine {
       sample_and_emit(s);
     }
     (void)t0;
+  }
+
+  // The whole prompt, one layer at a time, alone in its step (as on the CPU); the decode rows
+  // of the other sequences run after it in the same step.
+  void run_layerwise_prefill(DevSeq& s) {
+    s.pool_seq = pool_->add_sequence();
+    std::vector<std::vector<std::vector<int32_t>>> kept;
+    const double ts = now_seconds();
+    const Status st = fwd_->prefill_layerwise(s.pool_seq, s.req.prompt_ids.data(), s.prompt_len(), cfg_.prefill_chunk,
+                                              s.req.kv_policy, s.logits.data(), &kept);
+    if (!st.ok()) return fail(s, st);
+    s.prefilled = s.prompt_len();
+    s.compressed = true;
+    if (metrics_) metrics_->observe_snapkv_selection(now_seconds() - ts);
+    {
+      const int64_t after = after_compression_blocks(s.req);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (after < s.reserved_blocks) {
+        reserved_blocks_ -= s.reserved_blocks - after;
+        s.reserved_blocks = after;
+      }
+    }
+    s.prefill_seconds = now_seconds() - s.admitted;
+    if (metrics_) metrics_->observe_request_prefill_time(s.prefill_seconds);
+    sample_and_emit(s);
   }
 
   void run_decode(const std::vector<DevSeq*>& rows) {
@@ -513,6 +566,7 @@ class DeviceEngine final : public Engine {
       ev.stop_string = s.stop_string;
       ev.stop_token_id = s.stop_token_id;
     }
+    ev.prefill_kind = prefill_kind_name(s.layerwise, s.layerwise_auto);
     if (s.pool_seq >= 0) {
       ev.kv_resident_bytes = pool_->resident_bytes(s.pool_seq);
       ev.kv_full_equivalent_bytes = pool_->full_equivalent_bytes(s.pool_seq);
