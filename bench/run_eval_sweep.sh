@@ -188,7 +188,8 @@ for step in "${steps[@]}"; do
     gemma4|gemma16k4)
       mkdir -p "$out/gemma"
       if [ "$step" = gemma4 ]; then gl=(--lengths 4096,8192 --depths 25,75); else gl=(--lengths 16384 --depths 25); fi
-      "$S" eval run --model "$gemma" --no-chat "${one[@]}" --kv-cache-mib 3000 "${gl[@]}" --seeds 0 \
+      "$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 \
+        --progress-interval 60 "${gl[@]}" --seeds 0 \
         --tasks niah_single --policies full,snapkv,streaming --budgets 1024 --output "$out/gemma/gemma.jsonl" ;;
     context4k4)
       "$S" eval run "${one[@]}" "${d5[@]}" --seeds 0 --tasks niah_single --lengths 4096 \

@@ -21,6 +21,8 @@
 #include "eval/longctx/backends.h"
 #include "eval/longctx/eval_cli.h"
 #include "eval/longctx/report.h"
+#include "worker/model/config.h"
+#include "worker/model/gguf.h"
 #include "snap_git_commit.h"
 
 namespace snap::eval {
@@ -195,12 +197,37 @@ struct Prepared {
   std::unique_ptr<TextCorpus> corpus;
 };
 
+// The model's context in tokens (GGUF context_length / config.json max_position_embeddings),
+// 0 where the file does not say.
+Result<int64_t> model_context_tokens(const std::string& model) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(model, ec)) {
+    const std::string cfg = (std::filesystem::path(model) / "config.json").string();
+    if (!std::filesystem::exists(cfg, ec)) return int64_t{0};
+    SNAP_ASSIGN_OR_RETURN(ModelConfig c, config_from_hf_json(cfg));
+    return c.max_position;
+  }
+  SNAP_ASSIGN_OR_RETURN(GgufFile f, GgufFile::open(model));
+  SNAP_ASSIGN_OR_RETURN(ModelConfig c, config_from_gguf(f));
+  return c.max_position;
+}
+
 Result<Prepared> prepare(const RunArgs& a) {
   Prepared p;
   SNAP_ASSIGN_OR_RETURN(p.cases, sweep_cases(a.sweep));
   auto tok = Tokenizer::load_for_model(a.model);
   if (!tok.ok()) return tok.status();
   p.tok = std::make_unique<Tokenizer>(std::move(tok).value());
+  // A prompt fitted to the model's whole context would leave no room for the answer (the
+  // engine stops at the context: an 8,191-token SmolLM2 prompt got one new token). Fit each
+  // prompt to the context less its new tokens; shorter lengths are unaffected.
+  SNAP_ASSIGN_OR_RETURN(int64_t context, model_context_tokens(a.model));
+  if (context > 0) {
+    for (auto& c : p.cases) {
+      const int64_t new_tokens = a.max_tokens > 0 ? a.max_tokens : task_default_max_tokens(c.task.kind);
+      if (context > new_tokens) c.task.max_prompt_tokens = context - new_tokens;
+    }
+  }
   bool need_corpus = false;
   for (const auto& c : p.cases) need_corpus |= c.task.haystack == HaystackKind::shakespeare;
   if (need_corpus) {

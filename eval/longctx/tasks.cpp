@@ -188,21 +188,25 @@ struct Needle {
   double depth;  // 0..1 of the haystack's tokens
 };
 
-// Finds the most haystack units for which the whole prompt fits spec.length tokens.
-// build(n) returns the task with n units (or an error).
+// Finds the most haystack units for which the whole prompt fits prompt_token_bound(spec)
+// tokens. build(n) returns the task with n units (or an error).
 template <class Build>
 Result<EvalTask> fit_length(const TaskSpec& spec, size_t max_units, Build build) {
+  const int64_t bound = prompt_token_bound(spec);
   SNAP_ASSIGN_OR_RETURN(EvalTask smallest, build(0));
-  if (static_cast<int64_t>(smallest.prompt_ids.size()) > spec.length) {
-    return invalid_argument("length " + std::to_string(spec.length) + " is too short for task " + task_name(spec.kind) +
-                            ": its fixed parts take " + std::to_string(smallest.prompt_ids.size()) + " tokens");
+  if (static_cast<int64_t>(smallest.prompt_ids.size()) > bound) {
+    const std::string what = bound < spec.length ? "length " + std::to_string(spec.length) + " (at most " +
+                                                       std::to_string(bound) + " prompt tokens in the model's context)"
+                                                 : "length " + std::to_string(spec.length);
+    return invalid_argument(what + " is too short for task " + task_name(spec.kind) + ": its fixed parts take " +
+                            std::to_string(smallest.prompt_ids.size()) + " tokens");
   }
   size_t lo = 0, hi = max_units;  // invariant: build(lo) fits
   EvalTask best = std::move(smallest);
   while (lo < hi) {
     const size_t mid = lo + (hi - lo + 1) / 2;
     SNAP_ASSIGN_OR_RETURN(EvalTask t, build(mid));
-    if (static_cast<int64_t>(t.prompt_ids.size()) <= spec.length) {
+    if (static_cast<int64_t>(t.prompt_ids.size()) <= bound) {
       lo = mid;
       best = std::move(t);
     } else {
@@ -409,6 +413,10 @@ Result<EvalTask> make_task_text(const TaskSpec& spec, const Tokenizer& tok, cons
 }
 
 }  // namespace
+
+int64_t prompt_token_bound(const TaskSpec& spec) {
+  return spec.max_prompt_tokens > 0 ? std::min(spec.length, spec.max_prompt_tokens) : spec.length;
+}
 
 Result<EvalTask> make_task(const TaskSpec& spec, const Tokenizer& tok, const TextCorpus* corpus, bool chat) {
   SNAP_ASSIGN_OR_RETURN(EvalTask t, make_task_text(spec, tok, corpus, chat));

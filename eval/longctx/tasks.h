@@ -40,7 +40,15 @@ struct TaskSpec {
   int64_t length = 1024;   // prompt tokens at most (chat template and question included)
   int depth_percent = 50;  // 0..100, -1 for tasks that do not use it
   uint64_t seed = 0;
+  // A tighter bound than `length` for the fitted prompt, 0 for none: `eval run` sets it to
+  // the model's context less the answer's new tokens, so that a case at the model's whole
+  // context (SmolLM2 at 8192) leaves room for its answer. Only the fit reads it: the seed,
+  // needles and haystack cut stay those of `length`.
+  int64_t max_prompt_tokens = 0;
 };
+
+// The most prompt tokens a spec's prompt may have: length, or max_prompt_tokens if smaller.
+int64_t prompt_token_bound(const TaskSpec& spec);
 
 struct EvalTask {
   TaskSpec spec;

@@ -272,6 +272,29 @@ TEST_F(EvalE2e, KvDtypeNamesTheCasesAndReachesTheEngine) {
   }
 }
 
+// At the model's whole context (SmolLM2: 8192) each prompt leaves room for its new tokens:
+// an 8,191-token prompt once left one token for the answer, scored as a miss. `eval tasks`
+// fits prompts as `eval run` does (tokenizer only, no engine).
+TEST(EvalContext, PromptsAtTheModelContextLeaveRoomForTheAnswer) {
+  if (!fs::exists(default_model_path()) || !fs::is_directory(default_haystack_dir())) {
+    std::fprintf(stderr, "default model or haystack corpus absent: skipping\n");
+    std::exit(77);
+  }
+  fs::create_directories(work_dir());  // the fixture's tear-down may have removed it
+  const fs::path out = work_dir() / "ctx_tasks.jsonl";
+  Ran r = run("eval tasks --tasks niah_single,niah_multivalue --lengths 8192 --depths 75 --seeds 0 --output " +
+              out.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto tasks = read_jsonl(out);
+  ASSERT_EQ(tasks.size(), 2u);
+  for (const auto& t : tasks) {
+    const int64_t room = t["task"] == "niah_single" ? 32 : 64;  // task_default_max_tokens
+    EXPECT_LE(t["prompt_tokens"].get<int64_t>(), 8192 - room) << t["task"];
+    EXPECT_GE(t["prompt_tokens"].get<int64_t>(), 8192 - room - 80) << t["task"] << ": paragraphs are < 80 tokens";
+    EXPECT_EQ(t["length"], 8192);
+  }
+}
+
 TEST_F(EvalE2e, BadInputIsOneLineNamingIt) {
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"eval run --lengths abc --output x.jsonl", "--lengths: 'abc' is not an integer"},

@@ -140,6 +140,45 @@ TEST(EvalTasks, LengthIsFittedWithTheTokenizer) {
   EXPECT_NE(bad.status().message().find("length 40 is too short"), std::string::npos) << bad.status().message();
 }
 
+// A case at the model's whole context must leave room for its answer: eval run sets
+// max_prompt_tokens = context - new tokens. The bound changes only the fit: the needles
+// (seeded by length, depth, seed) stay the same, and without it the prompt exceeds it.
+TEST(EvalTasks, PromptBoundLeavesRoomForTheAnswer) {
+  NEED_TOKENIZER();
+  const TextCorpus corpus = small_corpus();
+  for (TaskKind k : {TaskKind::niah_single, TaskKind::niah_multivalue, TaskKind::cwe}) {
+    TaskSpec s;
+    s.kind = k;
+    s.haystack = HaystackKind::noise;
+    s.length = 1000;
+    s.depth_percent = 75;
+    auto whole = make_task(s, *tokenizer(), &corpus, true);
+    ASSERT_TRUE(whole.ok()) << whole.status().message();
+    s.max_prompt_tokens = 1000 - task_default_max_tokens(k);
+    EXPECT_EQ(prompt_token_bound(s), s.max_prompt_tokens);
+    auto bounded = make_task(s, *tokenizer(), &corpus, true);
+    ASSERT_TRUE(bounded.ok()) << bounded.status().message();
+    const int64_t n = static_cast<int64_t>(bounded->prompt_ids.size());
+    EXPECT_GT(static_cast<int64_t>(whole->prompt_ids.size()), s.max_prompt_tokens) << task_name(k);
+    EXPECT_LE(n, s.max_prompt_tokens) << task_name(k);
+    EXPECT_GE(n, s.max_prompt_tokens - 12) << task_name(k);
+    EXPECT_EQ(bounded->needles, whole->needles) << task_name(k);
+    EXPECT_EQ(bounded->expected, whole->expected) << task_name(k);
+    s.max_prompt_tokens = 5000;  // a looser bound than length changes nothing
+    auto loose = make_task(s, *tokenizer(), &corpus, true);
+    ASSERT_TRUE(loose.ok());
+    EXPECT_EQ(loose->prompt_sha256, whole->prompt_sha256) << task_name(k);
+  }
+  TaskSpec tiny;
+  tiny.length = 400;
+  tiny.max_prompt_tokens = 40;
+  auto bad = make_task(tiny, *tokenizer(), &corpus, true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("length 400 (at most 40 prompt tokens in the model's context) is too short"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 TEST(EvalTasks, DepthPlacesTheNeedle) {
   NEED_TOKENIZER();
   const TextCorpus corpus = small_corpus();
