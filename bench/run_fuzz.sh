@@ -84,7 +84,10 @@ for t in "${targets[@]}"; do
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$stats")
   corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$stats")
   crashes=$(find "$artifacts" -type f | wc -l)
-  if [ "$crashes" -gt 0 ] || [ $rc -ne 0 ]; then
+  # 72 is libFuzzer's exit code for an interrupt (SIGINT ends a long run early; its row counts).
+  if [ "$crashes" = 0 ] && [ $rc = 72 ]; then
+    echo "run_fuzz: $t interrupted after ${execs:-?} executions, no crash" >&2
+  elif [ "$crashes" -gt 0 ] || [ $rc -ne 0 ]; then
     status=1
     mkdir -p "$root/tests/fixtures/fuzz/$t"
     for f in "$artifacts"*; do [ -f "$f" ] && cp "$f" "$root/tests/fixtures/fuzz/$t/"; done
