@@ -11,29 +11,29 @@ build=${SNAP_BUILD:-build}
 status=0
 ctest --test-dir "$build" --output-on-failure -j 2 || status=1
 
-# Every unit test that starts no MPI ranks (tests/kernels, tests/worker, tests/coordinator,
-# tests/eval_scoring, the in-process and TCP communicator tests, the fuzz corpora) again
-# under AddressSanitizer + UBSan (Debug: an optimised sanitizer build took over 20 min on 2
-# cores).
-echo "test: unit tests under AddressSanitizer + UBSan" >&2
+# The tests that start no MPI ranks, again under AddressSanitizer + UBSan (Debug: an
+# optimised sanitizer build took over 20 min on 2 cores), all but the six slowest (below):
+# the unit tests (tests/kernels, tests/worker, tests/coordinator, tests/eval_scoring, the
+# in-process and TCP communicator tests, the fuzz corpora) and the e2e tests (tests/e2e, tests/gemma3, tests/matvec_act,
+# tests/eval_longctx, tests/random_model, tests/device), which run the snapserve binary built
+# here (its kernels stay optimised, see CMakeLists.txt) as generate, serve, batch and eval
+# processes driven over real HTTP and files. Left out: the tests that start MPI ranks
+# (tests/tp, test_comm_mpi*, test_comm_fault, the Slurm and deploy tests) and the CUDA ones
+# (not built here). What this stage costs is in the README (Tests).
+echo "test: the tests without MPI ranks under AddressSanitizer + UBSan" >&2
 asan=${build}-asan
 cuda_off=(-DSNAP_ENABLE_CUDA=OFF -DSNAP_BUILD_BENCH=OFF)
 cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON "${cuda_off[@]}" >/dev/null
-asan_tests=(test_comm_local test_comm_tcp test_eval_tasks)
-# test_engine runs SmolLM2 for minutes; its threads are covered here on a tiny model by
-# test_engine_threads (and under ThreadSanitizer below). test_eval_toxicity_cli generates
-# with SmolLM2 for over a minute in Release.
-for src in tests/kernels/test_*.cpp tests/worker/test_*.cpp tests/coordinator/test_*.cpp \
-           tests/eval_scoring/test_*.cpp; do
+asan_tests=(test_comm_local test_comm_tcp)
+# Not yet here, for CI's time (ASan ctest -j 2 on this machine at load ~3.4, 2026-12-01):
+# test_engine 500 s, test_batch 369 s, test_kv_dtype 206 s, test_server, test_eval_e2e and
+# test_eval_toxicity_cli; test_server and test_batch run their hostile-input, disconnect and
+# shutdown cases below.
+asan_slow='test_engine|test_batch|test_kv_dtype|test_server|test_eval_e2e|test_eval_toxicity_cli'
+for src in tests/{kernels,worker,coordinator,eval_scoring,e2e,gemma3,matvec_act,eval_longctx,random_model,device}/test_*.cpp; do
   t=$(basename "$src" .cpp)
-  case $t in test_engine|test_eval_toxicity_cli) ;; *) asan_tests+=("$t") ;; esac
+  [[ $t =~ ^($asan_slow)$ ]] || asan_tests+=("$t")
 done
-# e2e tests that start no MPI ranks: the snapserve binary itself (built here; its kernels
-# stay optimised, see CMakeLists.txt) runs under ASan + UBSan as generate, serve and batch
-# processes driven over real HTTP and files. Measured under ASan on 2 busy cores: these five
-# 4-73 s each; all of test_server ~20 min and test_batch ~10 min, so those two run their
-# hostile-input, disconnect and shutdown cases only (below).
-asan_tests+=(test_cli test_golden test_kv_policies test_prefill_memory test_prometheus)
 asan_server_cases='Server.HealthModelsAndMetricsAnswer:Server.BadInputs*:Server.Disconnect*'
 asan_server_cases+=':ServerLimits.ModelByIdHeadOptionsAndCors:ServerLimits.TimeoutIsVisibleAsSuch'
 asan_server_cases+=':ServerLimits.SigtermStopsWithinTheDeadline'
@@ -43,10 +43,12 @@ for src in fuzz/fuzz_*.cpp; do n=$(basename "$src" .cpp); replays+=("replay_${n#
 cmake --build "$asan" -j "$(nproc)" --target snapserve test_server test_batch "${asan_tests[@]}" "${replays[@]}"
 # UBSan halts too, so that a finding fails the test (in the snapserve children as well).
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+asan_start=$SECONDS
 ctest --test-dir "$asan" --output-on-failure -j 2 \
   -R "^($(IFS='|'; echo "${asan_tests[*]}")|fuzz_replay_.*)\$" || status=1
 OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE "$asan/tests/test_server" --gtest_filter="$asan_server_cases" || status=1
 OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE "$asan/tests/test_batch" --gtest_filter="$asan_batch_cases" || status=1
+echo "test: the ASan + UBSan tests took $((SECONDS - asan_start)) s" >&2
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
 # The engine's threads (the scheduler; clients submitting, cancelling and polling stats;

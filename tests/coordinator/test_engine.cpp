@@ -13,42 +13,13 @@
 
 #include "coordinator/engine/prompt.h"
 #include "coordinator/scheduler/engine.h"
+#include "tests/coordinator/event_collector.h"
 #include "tests/worker/tiny_checkpoint.h"
 
 namespace snap {
 namespace {
 
-// Collects one request's events; wait() blocks until the finished event.
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::string text;
-  bool done = false;
-  EngineEvent final_event;
-  std::chrono::steady_clock::time_point first_token_at, finished_at;
-
-  EventSink sink() {
-    return [this](const EngineEvent& ev) {
-      std::lock_guard<std::mutex> lock(mu);
-      text += ev.text;
-      if (ev.kind == EngineEvent::Kind::token) {
-        if (tokens.empty()) first_token_at = std::chrono::steady_clock::now();
-        tokens.push_back(ev.token_id);
-      }
-      if (ev.kind == EngineEvent::Kind::finished) {
-        finished_at = std::chrono::steady_clock::now();
-        done = true;
-        final_event = ev;
-        cv.notify_all();
-      }
-    };
-  }
-  bool wait(double seconds = 120) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; });
-  }
-};
+using snap::testing::Collector;
 
 EngineConfig config() {
   EngineConfig c;
@@ -137,8 +108,12 @@ TEST_F(EngineTest, ChoicesForkTheCompressedCache) {
       std::vector<std::vector<int32_t>> tokens = std::vector<std::vector<int32_t>>(3);
       std::vector<EngineEvent> finals = std::vector<EngineEvent>(3);
       int done = 0;
-    } m;
-    ASSERT_TRUE(engine_->submit(r, [&m](const EngineEvent& ev) {
+    };
+    // Shared with the sink, so that a failed ASSERT below cannot leave it writing to a dead frame.
+    auto shared_m = std::make_shared<Multi>();
+    Multi& m = *shared_m;
+    ASSERT_TRUE(engine_->submit(r, [shared_m](const EngineEvent& ev) {
+                  Multi& m = *shared_m;
                   std::lock_guard<std::mutex> lock(m.mu);
                   if (ev.kind == EngineEvent::Kind::token) m.tokens[ev.index].push_back(ev.token_id);
                   else {
@@ -171,15 +146,22 @@ TEST_F(EngineTest, ChoicesForkTheCompressedCache) {
   // Cancel the request mid-decode: all three choices end "abort", every block returns.
   EngineRequest r = request(2, KvPolicyKind::snapkv, 400);
   r.n = 3;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::string> reasons;
-  int tokens = 0;
-  auto id = engine_->submit(r, [&](const EngineEvent& ev) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (ev.kind == EngineEvent::Kind::token) ++tokens;
-    else reasons.push_back(ev.finish_reason);
-    cv.notify_all();
+  struct Cancelled {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::string> reasons;
+    int tokens = 0;
+  };
+  auto shared_c = std::make_shared<Cancelled>();
+  std::mutex& mu = shared_c->mu;
+  std::condition_variable& cv = shared_c->cv;
+  std::vector<std::string>& reasons = shared_c->reasons;
+  int& tokens = shared_c->tokens;
+  auto id = engine_->submit(r, [shared_c](const EngineEvent& ev) {
+    std::lock_guard<std::mutex> lock(shared_c->mu);
+    if (ev.kind == EngineEvent::Kind::token) ++shared_c->tokens;
+    else shared_c->reasons.push_back(ev.finish_reason);
+    shared_c->cv.notify_all();
   });
   ASSERT_TRUE(id.ok());
   {

@@ -12,33 +12,13 @@
 
 #include "coordinator/engine/prompt.h"
 #include "coordinator/scheduler/engine.h"
+#include "tests/coordinator/event_collector.h"
 #include "tests/worker/tiny_checkpoint.h"
 
 namespace snap {
 namespace {
 
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  bool done = false;
-  EngineEvent final_event;
-  EventSink sink() {
-    return [this](const EngineEvent& ev) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (ev.kind == EngineEvent::Kind::token) tokens.push_back(ev.token_id);
-      if (ev.kind == EngineEvent::Kind::finished) {
-        done = true;
-        final_event = ev;
-        cv.notify_all();
-      }
-    };
-  }
-  bool wait(double seconds = 300) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; });
-  }
-};
+using snap::testing::Collector;
 
 TEST(KvDtypeEngine, F16BatchedRequestsGiveTheSameTokensAsAlone) {
   EngineConfig cfg;
@@ -68,7 +48,7 @@ TEST(KvDtypeEngine, F16BatchedRequestsGiveTheSameTokensAsAlone) {
   for (int i = 0; i < 3; ++i) {
     Collector c;
     ASSERT_TRUE(engine->submit(request(i), c.sink()).ok());
-    ASSERT_TRUE(c.wait());
+    ASSERT_TRUE(c.wait(300));
     ASSERT_EQ(c.final_event.finish_reason, "length") << c.final_event.error.to_string();
     alone.push_back(c.tokens);
   }
@@ -78,7 +58,7 @@ TEST(KvDtypeEngine, F16BatchedRequestsGiveTheSameTokensAsAlone) {
     ASSERT_TRUE(engine->submit(request(i), together.back()->sink()).ok());
   }
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(together[i]->wait());
+    ASSERT_TRUE(together[i]->wait(300));
     EXPECT_EQ(together[i]->tokens, alone[i]) << kv_policy_name(kinds[i]);
     EXPECT_EQ(together[i]->final_event.completion_tokens, 8);
   }
