@@ -244,6 +244,9 @@ Result<json> read_json(const std::string& path) {
   return j;
 }
 
+// The most token ids a tokenizer.json may use (the largest vocabularies we know hold 262,144).
+constexpr int64_t k_max_vocab_ids = int64_t{1} << 24;
+
 Status parse_tokenizer_json(const std::string& where, const json& j, TokenizerData& d) {
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
     return data_loss(where + ": no 'model' object");
@@ -258,7 +261,9 @@ Status parse_tokenizer_json(const std::string& where, const json& j, TokenizerDa
 
   int64_t size = 0;
   for (const auto& [tok, id] : m["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0) return data_loss(where + ": vocab entry '" + tok + "' has a bad id");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= k_max_vocab_ids) {
+      return data_loss(where + ": vocab entry '" + tok + "' has a bad id");
+    }
     size = std::max(size, id.get<int64_t>() + 1);
   }
   const json added = j.value("added_tokens", json::array());
@@ -266,9 +271,17 @@ Status parse_tokenizer_json(const std::string& where, const json& j, TokenizerDa
     if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 || !a.contains("content")) {
       return data_loss(where + ": added_tokens entry without id/content");
     }
+    if (a["id"].get<int64_t>() >= k_max_vocab_ids) return data_loss(where + ": added_tokens entry has a bad id");
     size = std::max(size, a["id"].get<int64_t>() + 1);
   }
   if (size == 0) return data_loss(where + ": empty vocabulary");
+  // The ids index a table of size max id + 1: an id far beyond the number of tokens given
+  // (fuzzing found 2,233,333,335: a 71 GB table) is a corrupt file, not a vocabulary.
+  const int64_t entries = static_cast<int64_t>(m["vocab"].size() + added.size());
+  if (size > 2 * entries + 1024) {
+    return data_loss(where + ": vocabulary ids run to " + std::to_string(size - 1) + " for " + std::to_string(entries) +
+                     " tokens (ids must be dense and below " + std::to_string(k_max_vocab_ids) + ")");
+  }
   d.id_to_token.assign(size, std::string());
   d.special.assign(size, 0);
   for (const auto& [tok, id] : m["vocab"].items()) {
