@@ -76,7 +76,11 @@ struct GenerateArgs {
   TpFlags parallel;  // --tp, --threads, --rank, --world-size, --leader
   int64_t prefill_chunk = 512;
   std::string question;
-  KvFlags kv{"full"};  // --kv-policy and its parameters
+  KvFlags kv = [] {  // --kv-policy and its parameters
+    KvFlags k;
+    k.policy = "full";
+    return k;
+  }();
   int64_t kv_cache_mib = 0;
   std::string dump_kv_selection;
   std::string weight_dtype = "auto";

@@ -28,6 +28,7 @@
 #include "coordinator/engine/prefill_choice.h"
 #include "coordinator/scheduler/group_watchdog.h"
 #include "coordinator/scheduler/logits_processing.h"
+#include "coordinator/scheduler/token_stream.h"
 #include "worker/kv/block_pool.h"
 #include "worker/kv/compressor.h"
 #include "worker/kv/paged_kv_cache.h"
@@ -79,40 +80,20 @@ class SinkGate {
   int open_;
 };
 
-struct Sequence {
+struct Sequence : TokenStream {
   uint64_t id = 0;
   uint64_t group = 0;  // the request: the id of its choice 0 (cancel() takes it)
   int choice = 0;      // 0: the sequence that prefills; 1..n-1: forked from it
-  EngineRequest req;
-  EventSink sink;
   bool open = false;         // opened on the workers (its KV exists there)
   int64_t compress_at = 0;
-  std::unique_ptr<StreamDecoder> decoder;
-  kernels::Rng rng{0};
-  std::vector<float> logits;
-  std::vector<float> processed;  // logits after penalties/bias/masks (when the request has any)
   std::vector<float> chunk_logits;             // every position's logits of a prompt chunk (prompt_logprobs)
   std::vector<PromptLogprob> prompt_logprobs;  // prompt tokens scored so far
-  TokenHistory history;          // for the penalties
-  int64_t prefilled = 0;     // prompt tokens already in the cache
-  int64_t generated = 0;
-  int32_t next_token = -1;   // sampled, to be fed at the next decode step
-  std::string text;          // generated text not yet emitted (held back for stop strings)
   int64_t reserved_blocks = 0;
   bool compressed = false;
   bool layerwise_auto = false;  // req.kv_policy.layerwise was set by the engine (EngineConfig::auto_layerwise)
   bool forked = false;       // choice 0 of n > 1: the other choices exist (fork_choices ran)
-  double arrival = 0, admitted = 0, first_token = 0, last_token = 0;
-  double prefill_seconds = 0;
-  std::string done_reason;       // set when the sequence must finish this step
-  bool stopped_by_string = false;
-  std::string stop_string;   // the stop string that ended it
-  int32_t stop_token_id = -1;  // the stop_token_ids entry that ended it
-  Status error;
 
-  int64_t prompt_len() const { return static_cast<int64_t>(req.prompt_ids.size()); }
   bool child() const { return choice > 0; }
-  bool prefilling() const { return prefilled < prompt_len(); }
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -757,96 +738,16 @@ class EngineImpl final : public Engine {
   }
 
   // Samples the next token from s.logits and streams it; marks the sequence done when a
-  // stop condition holds.
+  // stop condition holds (coordinator/scheduler/token_stream.h).
   void sample_and_emit(Sequence& s) {
-    const int64_t vocab = model_->config.vocab_size;
-    const float* dist = s.logits.data();
-    if (logits_processing_active(s.req)) {
-      s.processed.assign(s.logits.begin(), s.logits.end());
-      apply_logits_processing(s.processed.data(), vocab, s.req, s.history, s.generated, eos_);
-      dist = s.processed.data();
-    }
-    const int32_t id = kernels::sample_cpu(dist, vocab, s.req.sampling, s.rng);
-    ++s.history.output_counts[id];
-    const double now = now_seconds();
-    if (s.generated == 0) {
-      s.first_token = now;
-      if (metrics_ && !s.child()) metrics_->observe_time_to_first_token(now - s.arrival);
-    } else if (metrics_) {
-      metrics_->observe_inter_token_latency(now - s.last_token);
-    }
-    s.last_token = now;
-    ++s.generated;
-    const bool eos = (!s.req.ignore_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end()) ||
-                     std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), id) != s.req.stop_token_ids.end();
-    EngineEvent ev;
-    ev.kind = EngineEvent::Kind::token;
-    ev.index = s.choice;
-    ev.token_id = id;
-    ev.stop_token = eos;
-    if (s.req.logprobs >= 0) {
-      TokenLogprobs lp = token_logprobs(s.logits.data(), vocab, id, s.req.logprobs);
-      ev.logprob = lp.logprob;
-      ev.top_logprobs = std::move(lp.top);
-    }
-    if (!eos) {
-      s.text += s.decoder->push(id);
-      // Stop strings: cut at the first match; hold back a tail that may start one.
-      const size_t cut = first_stop(s.text, s.req.stop, &s.stop_string);
-      if (cut != std::string::npos) {
-        ev.text = s.text.substr(0, cut);
-        s.text.clear();
-        s.sink(ev);
-        s.done_reason = "stop";
-        s.stopped_by_string = true;
-        return;
-      }
-      size_t hold = 0;
-      for (const std::string& stop : s.req.stop) {
-        for (size_t k = std::min(stop.size() - 1, s.text.size()); k > hold; --k) {
-          if (s.text.compare(s.text.size() - k, k, stop, 0, k) == 0) {
-            hold = k;
-            break;
-          }
-        }
-      }
-      hold = utf8_safe_hold(s.text, hold);
-      ev.text = s.text.substr(0, s.text.size() - hold);
-      s.text.erase(0, s.text.size() - hold);
-    }
-    s.sink(ev);
-    if (eos) {
-      s.done_reason = "stop";
-      if (std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), id) != s.req.stop_token_ids.end()) {
-        s.stop_token_id = id;
-      }
-    } else if (s.generated >= s.req.max_tokens || s.prompt_len() + s.generated >= context_) {
-      s.done_reason = "length";
-    } else {
-      s.next_token = id;
-    }
-  }
-
-  // Where the earliest stop string starts in `text`; npos when none does.
-  // `matched` (when given) gets the stop string found there (the first listed on a tie).
-  static size_t first_stop(const std::string& text, const std::vector<std::string>& stops, std::string* matched) {
-    size_t cut = std::string::npos;
-    for (const std::string& stop : stops) {
-      if (stop.empty()) continue;
-      const size_t at = text.find(stop);
-      if (at != std::string::npos && (cut == std::string::npos || at < cut)) {
-        cut = at;
-        if (matched) *matched = stop;
-      }
-    }
-    return cut;
-  }
-
-  // Keeps a held-back tail from splitting a UTF-8 character (the decoder's text is whole
-  // characters; a stop-string prefix may cut inside one only if the stop string does).
-  static size_t utf8_safe_hold(const std::string& text, size_t hold) {
-    while (hold < text.size() && (static_cast<unsigned char>(text[text.size() - hold]) & 0xC0) == 0x80) ++hold;
-    return hold;
+    EmitContext c;
+    c.vocab = model_->config.vocab_size;
+    c.context = context_;
+    c.eos = &eos_;
+    c.metrics = metrics_;
+    c.observe_first_token = !s.child();
+    c.index = s.choice;
+    snap::sample_and_emit(s, c);
   }
 
   // Finishes and removes every sequence marked done.
@@ -865,28 +766,9 @@ class EngineImpl final : public Engine {
   // Sends the final event and releases the sequence's blocks and reservation. Caller holds mu_.
   void finish(Sequence& s, const std::string& reason) {
     EngineEvent ev;
-    ev.kind = EngineEvent::Kind::finished;
     ev.index = s.choice;
-    ev.finish_reason = reason;
-    ev.error = s.error;
-    // The held-back tail (a prefix of some stop string that never completed) and the
-    // decoder's last bytes are part of the completion; a stop string they complete still cuts.
-    if (reason != "error" && !s.stopped_by_string && s.decoder) {
-      ev.text = s.text + s.decoder->flush();
-      const size_t cut = first_stop(ev.text, s.req.stop, &s.stop_string);
-      if (cut != std::string::npos) {
-        ev.text.resize(cut);
-        ev.finish_reason = "stop";
-      }
-      s.text.clear();
-    }
-    ev.prompt_tokens = s.prompt_len();
-    ev.completion_tokens = s.generated;
+    finish_stream(s, reason, &ev);
     if (!s.child()) ev.prompt_logprobs = std::move(s.prompt_logprobs);
-    if (ev.finish_reason == "stop") {
-      ev.stop_string = s.stop_string;
-      ev.stop_token_id = s.stop_token_id;
-    }
     if (s.open) {
       if (const Worker::Sequence* ws = worker_->sequence(s.id)) {
         ev.kv_resident_bytes = ws->cache->resident_bytes();

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/snapserve_binary.h"
 #include "tests/e2e/http_client.h"
 #include "tests/e2e/server_process.h"
 #include "tests/free_port.h"
@@ -46,7 +47,7 @@ std::string model_path() {
 }
 
 std::vector<std::string> serve_args(const std::vector<std::string>& extra) {
-  std::vector<std::string> a = {std::string(SNAP_BINARY_DIR) + "/snapserve", "serve", "--model", model_path(),
+  std::vector<std::string> a = {snapserve_binary(), "serve", "--model", model_path(),
                                 "--port", "0", "--threads", "1", "--shutdown-timeout", "120"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
@@ -285,7 +286,9 @@ TEST(TpFaults, TcpGroupHungRank) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(got, workers[1]);
-  if (got == workers[1]) EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (got == workers[1]) {
+    EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
   for (pid_t w : workers) {
     ::kill(w, SIGKILL);
     ::waitpid(w, nullptr, 0);

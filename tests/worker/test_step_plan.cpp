@@ -96,7 +96,9 @@ TEST(StepPlan, EveryTruncationIsRefused) {
   for (size_t n = 0; n < bytes.size(); ++n) {
     auto d = decode_step_plan(std::span<const uint8_t>(bytes.data(), n));
     EXPECT_FALSE(d.ok()) << "accepted " << n << " of " << bytes.size() << " bytes";
-    if (!d.ok()) EXPECT_NE(d.status().message().find("malformed step plan"), std::string::npos);
+    if (!d.ok()) {
+      EXPECT_NE(d.status().message().find("malformed step plan"), std::string::npos);
+    }
   }
   std::vector<uint8_t> padded = bytes;
   padded.push_back(0);

@@ -28,6 +28,7 @@
 #include "coordinator/engine/prefill_choice.h"
 #include "coordinator/scheduler/engine.h"
 #include "coordinator/scheduler/logits_processing.h"
+#include "coordinator/scheduler/token_stream.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "worker/device/device_forward.h"
 #include "worker/device/device_kv_pool.h"
@@ -39,45 +40,15 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-struct DevSeq {
+struct DevSeq : TokenStream {
   uint64_t id = 0;
-  EngineRequest req;
-  EventSink sink;
   int32_t pool_seq = -1;  // the device pool's sequence (-1: not opened)
   int64_t compress_at = 0;
   int window = 0;          // rows the chunk ending at compress_at must hold
-  std::unique_ptr<StreamDecoder> decoder;
-  kernels::Rng rng{0};
-  std::vector<float> logits, processed;
-  TokenHistory history;
-  int64_t prefilled = 0, generated = 0;
-  int32_t next_token = -1;
-  std::string text;  // generated text held back for stop strings
   int64_t reserved_blocks = 0;
   bool compressed = false;
   bool layerwise = false, layerwise_auto = false;  // the whole prompt layer by layer, in one step
-  double arrival = 0, admitted = 0, first_token = 0, last_token = 0, prefill_seconds = 0;
-  std::string done_reason, stop_string;
-  bool stopped_by_string = false;
-  int32_t stop_token_id = -1;
-  Status error;
-  int64_t prompt_len() const { return static_cast<int64_t>(req.prompt_ids.size()); }
-  bool prefilling() const { return prefilled < prompt_len(); }
 };
-
-// Where the earliest stop string starts (npos: none); `matched` gets it.
-size_t first_stop(const std::string& text, const std::vector<std::string>& stops, std::string* matched) {
-  size_t cut = std::string::npos;
-  for (const std::string& stop : stops) {
-    if (stop.empty()) continue;
-    const size_t at = text.find(stop);
-    if (at != std::string::npos && (cut == std::string::npos || at < cut)) {
-      cut = at;
-      *matched = stop;
-    }
-  }
-  return cut;
-}
 
 class DeviceEngine final : public Engine {
  public:
@@ -471,66 +442,12 @@ class DeviceEngine final : public Engine {
 
   // Samples the next token from s.logits and streams it, as the CPU engine does.
   void sample_and_emit(DevSeq& s) {
-    const int64_t vocab = model_->config.vocab_size;
-    const float* dist = s.logits.data();
-    if (logits_processing_active(s.req)) {
-      s.processed.assign(s.logits.begin(), s.logits.end());
-      apply_logits_processing(s.processed.data(), vocab, s.req, s.history, s.generated, eos_);
-      dist = s.processed.data();
-    }
-    const int32_t id = kernels::sample_cpu(dist, vocab, s.req.sampling, s.rng);
-    ++s.history.output_counts[id];
-    const double now = now_seconds();
-    if (s.generated == 0) {
-      s.first_token = now;
-      if (metrics_) metrics_->observe_time_to_first_token(now - s.arrival);
-    } else if (metrics_) {
-      metrics_->observe_inter_token_latency(now - s.last_token);
-    }
-    s.last_token = now;
-    ++s.generated;
-    const bool stop_id = std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), id) != s.req.stop_token_ids.end();
-    const bool eos = (!s.req.ignore_eos && std::find(eos_.begin(), eos_.end(), id) != eos_.end()) || stop_id;
-    EngineEvent ev;
-    ev.kind = EngineEvent::Kind::token;
-    ev.token_id = id;
-    ev.stop_token = eos;
-    if (s.req.logprobs >= 0) {
-      TokenLogprobs lp = token_logprobs(s.logits.data(), vocab, id, s.req.logprobs);
-      ev.logprob = lp.logprob;
-      ev.top_logprobs = std::move(lp.top);
-    }
-    if (!eos) {
-      s.text += s.decoder->push(id);
-      const size_t cut = first_stop(s.text, s.req.stop, &s.stop_string);
-      if (cut != std::string::npos) {
-        ev.text = s.text.substr(0, cut);
-        s.text.clear();
-        s.sink(ev);
-        s.done_reason = "stop";
-        s.stopped_by_string = true;
-        return;
-      }
-      size_t hold = 0;  // a tail that may start a stop string, never splitting a UTF-8 character
-      for (const std::string& stop : s.req.stop)
-        for (size_t k = std::min(stop.size() - 1, s.text.size()); k > hold; --k)
-          if (s.text.compare(s.text.size() - k, k, stop, 0, k) == 0) {
-            hold = k;
-            break;
-          }
-      while (hold < s.text.size() && (static_cast<unsigned char>(s.text[s.text.size() - hold]) & 0xC0) == 0x80) ++hold;
-      ev.text = s.text.substr(0, s.text.size() - hold);
-      s.text.erase(0, s.text.size() - hold);
-    }
-    s.sink(ev);
-    if (eos) {
-      s.done_reason = "stop";
-      if (stop_id) s.stop_token_id = id;
-    } else if (s.generated >= s.req.max_tokens || s.prompt_len() + s.generated >= context_) {
-      s.done_reason = "length";
-    } else {
-      s.next_token = id;
-    }
+    EmitContext c;
+    c.vocab = model_->config.vocab_size;
+    c.context = context_;
+    c.eos = &eos_;
+    c.metrics = metrics_;
+    snap::sample_and_emit(s, c);
   }
 
   void reap() {
@@ -548,24 +465,7 @@ class DeviceEngine final : public Engine {
   // The final event; the sequence's device blocks and reservation go back first. Caller holds mu_.
   void finish(DevSeq& s, const std::string& reason) {
     EngineEvent ev;
-    ev.kind = EngineEvent::Kind::finished;
-    ev.finish_reason = reason;
-    ev.error = s.error;
-    if (reason != "error" && !s.stopped_by_string && s.decoder) {
-      ev.text = s.text + s.decoder->flush();
-      const size_t cut = first_stop(ev.text, s.req.stop, &s.stop_string);
-      if (cut != std::string::npos) {
-        ev.text.resize(cut);
-        ev.finish_reason = "stop";
-      }
-      s.text.clear();
-    }
-    ev.prompt_tokens = s.prompt_len();
-    ev.completion_tokens = s.generated;
-    if (ev.finish_reason == "stop") {
-      ev.stop_string = s.stop_string;
-      ev.stop_token_id = s.stop_token_id;
-    }
+    finish_stream(s, reason, &ev);
     ev.prefill_kind = prefill_kind_name(s.layerwise, s.layerwise_auto);
     if (s.pool_seq >= 0) {
       ev.kv_resident_bytes = pool_->resident_bytes(s.pool_seq);

@@ -1,0 +1,120 @@
+#include "coordinator/scheduler/token_stream.h"
+
+#include <algorithm>
+
+#include "common/sys.h"
+
+namespace snap {
+
+size_t first_stop(const std::string& text, const std::vector<std::string>& stops, std::string* matched) {
+  size_t cut = std::string::npos;
+  for (const std::string& stop : stops) {
+    if (stop.empty()) continue;
+    const size_t at = text.find(stop);
+    if (at != std::string::npos && (cut == std::string::npos || at < cut)) {
+      cut = at;
+      if (matched) *matched = stop;
+    }
+  }
+  return cut;
+}
+
+size_t stop_prefix_hold(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const std::string& stop : stops) {
+    if (stop.empty()) continue;
+    for (size_t k = std::min(stop.size() - 1, text.size()); k > hold; --k) {
+      if (text.compare(text.size() - k, k, stop, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  // The decoder's text is whole characters; a stop-string prefix cuts inside one only if the
+  // stop string does, so widen the tail to the character's first byte.
+  while (hold < text.size() && (static_cast<unsigned char>(text[text.size() - hold]) & 0xC0) == 0x80) ++hold;
+  return hold;
+}
+
+void sample_and_emit(TokenStream& s, const EmitContext& c) {
+  const float* dist = s.logits.data();
+  if (logits_processing_active(s.req)) {
+    s.processed.assign(s.logits.begin(), s.logits.end());
+    apply_logits_processing(s.processed.data(), c.vocab, s.req, s.history, s.generated, *c.eos);
+    dist = s.processed.data();
+  }
+  const int32_t id = kernels::sample_cpu(dist, c.vocab, s.req.sampling, s.rng);
+  ++s.history.output_counts[id];
+  const double now = now_seconds();
+  if (s.generated == 0) {
+    s.first_token = now;
+    if (c.metrics && c.observe_first_token) c.metrics->observe_time_to_first_token(now - s.arrival);
+  } else if (c.metrics) {
+    c.metrics->observe_inter_token_latency(now - s.last_token);
+  }
+  s.last_token = now;
+  ++s.generated;
+  const std::vector<int32_t>& stop_ids = s.req.stop_token_ids;
+  const bool stop_id = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+  const bool eos = (!s.req.ignore_eos && std::find(c.eos->begin(), c.eos->end(), id) != c.eos->end()) || stop_id;
+  EngineEvent ev;
+  ev.kind = EngineEvent::Kind::token;
+  ev.index = c.index;
+  ev.token_id = id;
+  ev.stop_token = eos;
+  if (s.req.logprobs >= 0) {
+    TokenLogprobs lp = token_logprobs(s.logits.data(), c.vocab, id, s.req.logprobs);
+    ev.logprob = lp.logprob;
+    ev.top_logprobs = std::move(lp.top);
+  }
+  if (!eos) {
+    s.text += s.decoder->push(id);
+    // Stop strings: cut at the first match; hold back a tail that may start one.
+    const size_t cut = first_stop(s.text, s.req.stop, &s.stop_string);
+    if (cut != std::string::npos) {
+      ev.text = s.text.substr(0, cut);
+      s.text.clear();
+      s.sink(ev);
+      s.done_reason = "stop";
+      s.stopped_by_string = true;
+      return;
+    }
+    const size_t hold = stop_prefix_hold(s.text, s.req.stop);
+    ev.text = s.text.substr(0, s.text.size() - hold);
+    s.text.erase(0, s.text.size() - hold);
+  }
+  s.sink(ev);
+  if (eos) {
+    s.done_reason = "stop";
+    if (stop_id) s.stop_token_id = id;
+  } else if (s.generated >= s.req.max_tokens || s.prompt_len() + s.generated >= c.context) {
+    s.done_reason = "length";
+  } else {
+    s.next_token = id;
+  }
+}
+
+void finish_stream(TokenStream& s, const std::string& reason, EngineEvent* ev) {
+  ev->kind = EngineEvent::Kind::finished;
+  ev->finish_reason = reason;
+  ev->error = s.error;
+  // The held-back tail (a prefix of some stop string that never completed) and the
+  // decoder's last bytes are part of the completion; a stop string they complete still cuts.
+  if (reason != "error" && !s.stopped_by_string && s.decoder) {
+    ev->text = s.text + s.decoder->flush();
+    const size_t cut = first_stop(ev->text, s.req.stop, &s.stop_string);
+    if (cut != std::string::npos) {
+      ev->text.resize(cut);
+      ev->finish_reason = "stop";
+    }
+    s.text.clear();
+  }
+  ev->prompt_tokens = s.prompt_len();
+  ev->completion_tokens = s.generated;
+  if (ev->finish_reason == "stop") {
+    ev->stop_string = s.stop_string;
+    ev->stop_token_id = s.stop_token_id;
+  }
+}
+
+}  // namespace snap

@@ -1,0 +1,74 @@
+// A completion's stream, shared by the CPU engine (engine.cpp) and the device engine
+// (worker/device/device_engine.cpp): sampling the next token from a sequence's logits, the
+// stop conditions (EOS, stop_token_ids, stop strings, max_tokens, the context), the text
+// held back while it may start a stop string, and the text and counts of the final event.
+// Both engines keep their sequences in a struct derived from TokenStream and call these.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/scheduler/engine.h"
+#include "coordinator/scheduler/logits_processing.h"
+#include "coordinator/tokenizer/tokenizer.h"
+#include "kernels/kernels.h"
+
+namespace snap {
+
+// What one sequence's stream needs, whichever engine runs its forward.
+struct TokenStream {
+  EngineRequest req;
+  EventSink sink;
+  std::unique_ptr<StreamDecoder> decoder;
+  kernels::Rng rng{0};
+  std::vector<float> logits;
+  std::vector<float> processed;  // logits after penalties/bias/masks (when the request has any)
+  TokenHistory history;          // for the penalties
+  int64_t prefilled = 0;         // prompt tokens already in the cache
+  int64_t generated = 0;
+  int32_t next_token = -1;       // sampled, to be fed at the next decode step
+  std::string text;              // generated text not yet emitted (held back for stop strings)
+  double arrival = 0, admitted = 0, first_token = 0, last_token = 0;
+  double prefill_seconds = 0;
+  std::string done_reason;       // set when the sequence must finish this step
+  bool stopped_by_string = false;
+  std::string stop_string;       // the stop string that ended it
+  int32_t stop_token_id = -1;    // the stop_token_ids entry that ended it
+  Status error;
+
+  int64_t prompt_len() const { return static_cast<int64_t>(req.prompt_ids.size()); }
+  bool prefilling() const { return prefilled < prompt_len(); }
+};
+
+// The engine-wide facts sample_and_emit reads.
+struct EmitContext {
+  int64_t vocab = 0;
+  int64_t context = 0;                     // the model's context: prompt + generated stops there
+  const std::vector<int32_t>* eos = nullptr;  // the model's end-of-sequence ids
+  ServerMetrics* metrics = nullptr;        // may be null
+  bool observe_first_token = true;         // false for the extra choices of n > 1 (one TTFT a request)
+  int index = 0;                           // the choice index the events carry
+};
+
+// Samples the next token from s.logits (after the request's logits processing), streams it
+// through s.sink, and sets s.done_reason ("stop" or "length") when a stop condition holds,
+// else s.next_token.
+void sample_and_emit(TokenStream& s, const EmitContext& c);
+
+// Fills the final event's text (the held-back tail and the decoder's last bytes, cut at a stop
+// string they complete, which makes the reason "stop"), its finish reason, token counts and
+// what stopped it.
+void finish_stream(TokenStream& s, const std::string& reason, EngineEvent* ev);
+
+// Where the earliest stop string starts in `text` (npos: none); `matched` (when given) gets
+// it, the first listed on a tie.
+size_t first_stop(const std::string& text, const std::vector<std::string>& stops, std::string* matched);
+
+// How many bytes at the end of `text` must be held back: the longest tail that is a proper
+// prefix of a stop string, widened so as not to split a UTF-8 character.
+size_t stop_prefix_hold(const std::string& text, const std::vector<std::string>& stops);
+
+}  // namespace snap
