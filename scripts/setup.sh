@@ -12,7 +12,7 @@ build=${SNAP_BUILD:-build}
 sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
 
 # --- system packages ----------------------------------------------------------
-pkgs=(build-essential cmake pkg-config unzip python3-pip
+pkgs=(build-essential cmake pkg-config unzip python3-pip lld
       nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       libboost-dev libboost-system-dev prometheus-cpp-dev prometheus

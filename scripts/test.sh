@@ -12,42 +12,43 @@ status=0
 ctest --test-dir "$build" --output-on-failure -j 2 || status=1
 
 # The tests that start no MPI ranks, again under AddressSanitizer + UBSan (Debug: an
-# optimised sanitizer build took over 20 min on 2 cores), all but the six slowest (below):
-# the unit tests (tests/kernels, tests/worker, tests/coordinator, tests/eval_scoring, the
-# in-process and TCP communicator tests, the fuzz corpora) and the e2e tests (tests/e2e, tests/gemma3, tests/matvec_act,
-# tests/eval_longctx, tests/random_model, tests/device), which run the snapserve binary built
-# here (its kernels stay optimised, see CMakeLists.txt) as generate, serve, batch and eval
-# processes driven over real HTTP and files. Left out: the tests that start MPI ranks
-# (tests/tp, test_comm_mpi*, test_comm_fault, the Slurm and deploy tests) and the CUDA ones
-# (not built here). What this stage costs is in the README (Tests).
+# optimised sanitizer build took over 20 min on 2 cores): the unit tests (tests/kernels,
+# tests/worker, tests/coordinator, tests/eval_scoring, the in-process and TCP communicator
+# tests, the fuzz corpora) and the e2e tests (tests/e2e, tests/gemma3, tests/matvec_act,
+# tests/eval_longctx, tests/random_model, tests/device). Left out: the tests that start MPI
+# ranks (tests/tp, test_comm_mpi*, test_comm_fault, the Slurm and deploy tests) and the CUDA
+# ones (not built here). What this stage costs is in the README (Tests).
+# - In-process tests are built here: the code they call is instrumented, except that the
+#   model links the kernels uninstrumented (snap_kernels_e2e, see CMakeLists.txt); the kernel
+#   tests themselves link the instrumented kernels.
+# - The e2e drivers (a test that calls snapserve_binary(), tests/snapserve_binary.h) run from
+#   the Release build against this build's snapserve: the serve, batch, generate and eval
+#   processes under test are the instrumented ones, and the drivers are not rebuilt here.
 echo "test: the tests without MPI ranks under AddressSanitizer + UBSan" >&2
 asan=${build}-asan
 cuda_off=(-DSNAP_ENABLE_CUDA=OFF -DSNAP_BUILD_BENCH=OFF)
 cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON "${cuda_off[@]}" >/dev/null
 asan_tests=(test_comm_local test_comm_tcp)
-# Not yet here, for CI's time (ASan ctest -j 2 on this machine at load ~3.4, 2026-12-01):
-# test_engine 500 s, test_batch 369 s, test_kv_dtype 206 s, test_server, test_eval_e2e and
-# test_eval_toxicity_cli; test_server and test_batch run their hostile-input, disconnect and
-# shutdown cases below.
-asan_slow='test_engine|test_batch|test_kv_dtype|test_server|test_eval_e2e|test_eval_toxicity_cli'
+drivers=()
 for src in tests/{kernels,worker,coordinator,eval_scoring,e2e,gemma3,matvec_act,eval_longctx,random_model,device}/test_*.cpp; do
   t=$(basename "$src" .cpp)
-  [[ $t =~ ^($asan_slow)$ ]] || asan_tests+=("$t")
+  # test_device_cli expects what its own build has (CUDA or not), so it is built here too.
+  if grep -q 'snapserve_binary()' "$src" && ! grep -q SNAP_TEST_BUILD_HAS_CUDA "$src"; then
+    drivers+=("$t")
+  else
+    asan_tests+=("$t")
+  fi
 done
-asan_server_cases='Server.HealthModelsAndMetricsAnswer:Server.BadInputs*:Server.Disconnect*'
-asan_server_cases+=':ServerLimits.ModelByIdHeadOptionsAndCors:ServerLimits.TimeoutIsVisibleAsSuch'
-asan_server_cases+=':ServerLimits.SigtermStopsWithinTheDeadline'
-asan_batch_cases='Batch.EveryLineGetsOneRecordAndBadLinesNameTheirLine:Batch.BadFlagsEndWithOneLine'
 replays=()
 for src in fuzz/fuzz_*.cpp; do n=$(basename "$src" .cpp); replays+=("replay_${n#fuzz_}"); done
-cmake --build "$asan" -j "$(nproc)" --target snapserve test_server test_batch "${asan_tests[@]}" "${replays[@]}"
+cmake --build "$asan" -j "$(nproc)" --target snapserve "${asan_tests[@]}" "${replays[@]}"
 # UBSan halts too, so that a finding fails the test (in the snapserve children as well).
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 asan_start=$SECONDS
 ctest --test-dir "$asan" --output-on-failure -j 2 \
   -R "^($(IFS='|'; echo "${asan_tests[*]}")|fuzz_replay_.*)\$" || status=1
-OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE "$asan/tests/test_server" --gtest_filter="$asan_server_cases" || status=1
-OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE "$asan/tests/test_batch" --gtest_filter="$asan_batch_cases" || status=1
+SNAP_TEST_SNAPSERVE=$(cd "$asan" && pwd)/snapserve ctest --test-dir "$build" --output-on-failure -j 2 \
+  -R "^($(IFS='|'; echo "${drivers[*]}"))\$" || status=1
 echo "test: the ASan + UBSan tests took $((SECONDS - asan_start)) s" >&2
 unset ASAN_OPTIONS UBSAN_OPTIONS
 

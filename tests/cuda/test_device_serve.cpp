@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/snapserve_binary.h"
 #include "tests/e2e/http_client.h"
 #include "tests/e2e/server_process.h"
 
@@ -37,7 +38,7 @@ using nlohmann::json;
 using snap::testing::Reply;
 using snap::testing::ServerProcess;
 
-const std::string k_bin = std::string(SNAP_BINARY_DIR) + "/snapserve";
+const std::string k_bin = snapserve_binary();
 
 // The value of a /metrics series, -1 when absent: name{labels} value.
 double metric(const std::string& text, const std::string& name, const std::string& label) {

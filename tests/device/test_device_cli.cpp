@@ -14,11 +14,12 @@
 #include <sstream>
 #include <string>
 
+#include "tests/snapserve_binary.h"
 #include "tests/worker/tiny_checkpoint.h"
 
 namespace {
 
-const std::string k_bin = std::string(SNAP_BINARY_DIR) + "/snapserve";
+const std::string k_bin = snapserve_binary();
 
 struct Out {
   int rc = -1;

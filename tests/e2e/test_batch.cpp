@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/snapserve_binary.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -78,7 +80,7 @@ class Batch : public ::testing::Test {
   // `snapserve batch ARGS` (a shell fragment) with --model; stderr captured.
   BatchRun run(const std::string& args) const {
     const std::string err = path("stderr");
-    const std::string cmd = std::string(SNAP_BINARY_DIR) + "/snapserve batch " + args + " --model " + model_path() +
+    const std::string cmd = snapserve_binary() + " batch " + args + " --model " + model_path() +
                             " --threads 2 2>" + err;
     const int rc = std::system(cmd.c_str());
     BatchRun r;
@@ -89,7 +91,7 @@ class Batch : public ::testing::Test {
 
   // Starts `snapserve batch ARGS` in the background; returns its pid.
   pid_t start(const std::string& args) const {
-    const std::string cmd = "exec " + std::string(SNAP_BINARY_DIR) + "/snapserve batch " + args + " --model " +
+    const std::string cmd = "exec " + snapserve_binary() + " batch " + args + " --model " +
                             model_path() + " --threads 2 2>>" + path("bg.stderr");
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -272,13 +274,13 @@ TEST_F(Batch, ShardsAndMergeGiveInputOrder) {
   fs::remove(out + ".1-of-3");
   fs::remove(out + ".1-of-3.progress");
   const std::string cmd = "SLURM_ARRAY_TASK_ID=11 SLURM_ARRAY_TASK_MIN=10 SLURM_ARRAY_TASK_COUNT=3 " +
-                          std::string(SNAP_BINARY_DIR) + "/snapserve batch --input " + in + " --output " + out +
+                          snapserve_binary() + " batch --input " + in + " --output " + out +
                           " --model " + model_path() + flags + " 2>" + path("slurm.err");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(path("slurm.err"));
   EXPECT_NE(slurp(path("slurm.err")).find("shard 1/3: 2 records written this run"), std::string::npos)
       << slurp(path("slurm.err"));
 
-  const std::string merge = std::string(SNAP_BINARY_DIR) + "/snapserve batch merge --input " + in + " --output " + out +
+  const std::string merge = snapserve_binary() + " batch merge --input " + in + " --output " + out +
                             " --shards 3 2>" + path("merge.err");
   ASSERT_EQ(std::system(merge.c_str()), 0) << slurp(path("merge.err"));
   std::ifstream merged(out);

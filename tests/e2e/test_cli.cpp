@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include "tests/snapserve_binary.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -30,7 +32,7 @@ CliRun run(const std::string& args) {
   const fs::path dir = fs::temp_directory_path() / ("snap_cli_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string out = (dir / "out").string(), err = (dir / "err").string();
-  const std::string cmd = std::string(SNAP_BINARY_DIR) + "/snapserve " + args + " >" + out + " 2>" + err;
+  const std::string cmd = snapserve_binary() + " " + args + " >" + out + " 2>" + err;
   const int rc = std::system(cmd.c_str());
   CliRun r;
   r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/snapserve_binary.h"
 #include "tests/prom_text.h"
 
 namespace {
@@ -205,7 +206,7 @@ class Prometheus : public ::testing::Test {
 };
 
 TEST_F(Prometheus, ScrapesTheServerDuringALoad) {
-  const std::string binary = std::string(SNAP_BINARY_DIR) + "/snapserve";
+  const std::string binary = snapserve_binary();
   const fs::path server_log = tmp_ / "server.log";
   ChildGuard server({binary, "serve", "--model", model_path(), "--host", "127.0.0.1", "--port", "0"},
                     server_log);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/snapserve_binary.h"
 #include "tests/e2e/http_client.h"
 #include "tests/e2e/server_process.h"
 
@@ -35,7 +36,7 @@ constexpr int k_small_pool_mib = 24;
 constexpr int k_large_pool_mib = 96;
 
 std::unique_ptr<snap::testing::ServerProcess> start(int pool_mib, bool auto_layerwise) {
-  std::vector<std::string> args = {std::string(SNAP_BINARY_DIR) + "/snapserve", "serve", "--model", model_path(),
+  std::vector<std::string> args = {snapserve_binary(), "serve", "--model", model_path(),
                                    "--port", "0", "--threads", "2", "--max-model-len", "2048",
                                    "--kv-cache-mib", std::to_string(pool_mib), "--shutdown-timeout", "2"};
   if (!auto_layerwise) args.push_back("--no-auto-layerwise");

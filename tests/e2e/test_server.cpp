@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/snapserve_binary.h"
 #include "coordinator/engine/prompt.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "tests/e2e/http_client.h"
@@ -60,7 +61,7 @@ class ServerProcess : public snap::testing::ServerProcess {
 
  private:
   static std::vector<std::string> command(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {std::string(SNAP_BINARY_DIR) + "/snapserve", "serve", "--model", model_path(),
+    std::vector<std::string> args = {snapserve_binary(), "serve", "--model", model_path(),
                                      "--port", "0", "--threads", "2", "--read-timeout", "2",
                                      "--max-model-len", "1024", "--shutdown-timeout", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -430,7 +431,7 @@ std::vector<float> last_dumped_logits(const std::string& path) {
 TEST_F(Server, LogprobsAreTheModelsDistribution) {
   const std::string prompt = "The capital of France is";
   const std::string dump = (fs::temp_directory_path() / ("snap_lp_" + std::to_string(::getpid()))).string();
-  const std::string cmd = std::string(SNAP_BINARY_DIR) + "/snapserve generate --model " + model_path() + " --prompt '" +
+  const std::string cmd = snapserve_binary() + " generate --model " + model_path() + " --prompt '" +
                           prompt + "' --max-tokens 1 --threads 2 --dump-logits " + dump + " >/dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const std::vector<float> row = last_dumped_logits(dump);
@@ -551,7 +552,7 @@ TEST_F(Server, ChoicesAndPromptListsMatchSingleRequests) {
 TEST_F(Server, EchoScoresThePromptLikeTheDumpedLogits) {
   const std::string prompt = "The quick brown fox jumps over the lazy dog";
   const std::string dump = (fs::temp_directory_path() / ("snap_echo_" + std::to_string(::getpid()))).string();
-  const std::string cmd = std::string(SNAP_BINARY_DIR) + "/snapserve generate --model " + model_path() + " --prompt '" +
+  const std::string cmd = snapserve_binary() + " generate --model " + model_path() + " --prompt '" +
                           prompt + "' --max-tokens 1 --threads 2 --dump-logits " + dump + " >/dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream in(dump, std::ios::binary);

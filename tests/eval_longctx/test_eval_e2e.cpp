@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "tests/snapserve_binary.h"
 #include "coordinator/engine/model_path.h"
 #include "eval/longctx/answer_check.h"
 #include "eval/longctx/haystack.h"
@@ -25,7 +26,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using snap::testing::slurp_file;
 
-const std::string k_bin = std::string(SNAP_BINARY_DIR) + "/snapserve";
+const std::string k_bin = snapserve_binary();
 const std::string k_sweep =
     " --tasks niah_single --haystacks shakespeare --lengths 400 --depths 0,100 --seeds 0 --policies full,snapkv "
     "--budgets 64 --windows 16";

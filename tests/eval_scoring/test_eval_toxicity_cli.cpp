@@ -14,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/snapserve_binary.h"
 #include "eval/scoring/store.h"
 #include "tests/eval_scoring/scoring_test_paths.h"
 
@@ -43,7 +44,7 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& out, const 
     freopen(out.c_str(), "w", stdout);
     freopen(err.c_str(), "w", stderr);
     std::vector<char*> argv;
-    std::string bin = std::string(SNAP_BINARY_DIR) + "/snapserve";
+    std::string bin = snapserve_binary();
     argv.push_back(bin.data());
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/snapserve_binary.h"
 #include "eval/scoring/perspective_client.h"
 #include "eval/scoring/tox_bilstm.h"
 #include "tests/eval_scoring/scoring_test_paths.h"
@@ -44,7 +45,7 @@ class Server {
     pid_ = fork();
     if (pid_ == 0) {
       freopen(err_.c_str(), "w", stderr);
-      std::string bin = std::string(SNAP_BINARY_DIR) + "/snapserve";
+      std::string bin = snapserve_binary();
       std::vector<std::string> args = {bin, "serve", "--model", model_path(), "--port", std::to_string(port_),
                                        "--threads", "1", "--kv-cache-mib", "64", "--perspective-scorer", "tcc-toxic@0.3.0"};
       args.insert(args.end(), extra.begin(), extra.end());

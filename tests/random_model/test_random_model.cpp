@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/snapserve_binary.h"
 #include "tests/worker/tiny_checkpoint.h"
 
 namespace {
@@ -112,7 +113,7 @@ TEST_P(RandomModelEngine, GenerateMatchesNumpyReference) {
   ASSERT_EQ(sh(k_tool + " " + f.tool_args + " --out " + model + " >/dev/null"), 0);
   const std::string prompt = "the cat sat on the mat, and then it ran into the garden at night";
   const std::string dump = dir / "logits.bin", out = dir / "out.txt";
-  ASSERT_EQ(sh(std::string(SNAP_BINARY_DIR) + "/snapserve generate --model " + model + " --prompt '" + prompt +
+  ASSERT_EQ(sh(snapserve_binary() + " generate --model " + model + " --prompt '" + prompt +
                "' --max-tokens 4 --ignore-eos --dump-logits " + dump + " >" + out + " 2>" + (dir / "err")),
             0)
       << slurp(dir / "err");

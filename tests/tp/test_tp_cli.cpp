@@ -24,13 +24,14 @@
 #include <string>
 #include <thread>
 
+#include "tests/snapserve_binary.h"
 #include "tests/free_port.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string k_bin = std::string(SNAP_BINARY_DIR) + "/snapserve";
+const std::string k_bin = snapserve_binary();
 const std::string k_mpirun = std::string(SNAP_MPIEXEC) + " --allow-run-as-root --oversubscribe";
 constexpr double k_bound_seconds = 30.0;
 

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/snapserve_binary.h"
 #include "tests/prom_text.h"
 #include "tests/e2e/http_client.h"
 #include "tests/e2e/server_process.h"
@@ -47,7 +48,7 @@ std::string model_path() {
 // `launcher... snapserve serve` on a free port, one thread per rank.
 snap::testing::ServerProcess start_server(std::vector<std::string> launcher, const std::vector<std::string>& extra) {
   std::vector<std::string> args = std::move(launcher);
-  for (const std::string& a : {std::string(SNAP_BINARY_DIR) + "/snapserve", std::string("serve"), std::string("--model"),
+  for (const std::string& a : {snapserve_binary(), std::string("serve"), std::string("--model"),
                                model_path(), std::string("--port"), std::string("0"), std::string("--threads"),
                                std::string("1"), std::string("--shutdown-timeout"), std::string("5")}) {
     args.push_back(a);
@@ -172,7 +173,7 @@ TEST(TpServe, TcpGroupWithoutMpi) {
   const std::string dir = (fs::temp_directory_path() / ("snap_tp_tcp_" + std::to_string(::getpid()))).string();
   fs::create_directories(dir);
   for (int r = 1; r < 3; ++r) {
-    const std::string cmd = std::string(SNAP_BINARY_DIR) + "/snapserve serve --model " + model_path() +
+    const std::string cmd = snapserve_binary() + " serve --model " + model_path() +
                             " --threads 1 --tp 3 --rank " + std::to_string(r) + " --world-size 3 --leader " + leader +
                             " > " + dir + "/rank" + std::to_string(r) + ".log 2>&1; echo $? > " + dir + "/rank" +
                             std::to_string(r) + ".rc";
