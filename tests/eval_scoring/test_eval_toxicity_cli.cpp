@@ -96,15 +96,20 @@ TEST_F(EvalToxicityCli, KilledRunResumesEqualToUninterrupted) {
   const std::string db = p("killed.sqlite");
   pid_t pid = spawn(toxicity(db, "full", "tcc-toxic@0.3.0"), p("k_out.txt"), p("k_err.txt"));
   bool killed = false;
-  for (int i = 0; i < 600 && !killed; ++i) {
+  // Up to 5 min for the first prompt (an instrumented binary under load takes well over the
+  // 12 s it once had); the run ending first fails the test below.
+  int st = 0;
+  bool exited = false;
+  for (int i = 0; i < 15000 && !killed && !exited; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (slurp(p("k_err.txt")).find("1/8 prompts written") != std::string::npos) {
       kill(pid, SIGKILL);
       killed = true;
+    } else if (waitpid(pid, &st, WNOHANG) == pid) {
+      exited = true;
     }
   }
-  int st = 0;
-  waitpid(pid, &st, 0);
+  if (!exited) waitpid(pid, &st, 0);
   ASSERT_TRUE(killed && WIFSIGNALED(st)) << "could not kill the run part-way: " << slurp(p("k_err.txt"));
   const size_t partial = gens_of(db, "full").size();
   EXPECT_GT(partial, 0u);
