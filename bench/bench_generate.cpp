@@ -21,6 +21,7 @@
 #include "common/sys.h"
 #include "coordinator/engine/generate.h"
 #include "kernels/kernels.h"
+#include "kernels/matvec_act.h"
 #include "worker/model/weights.h"
 
 namespace snap {
@@ -133,8 +134,9 @@ int main(int argc, char** argv) {
   // (one row is looked up), plus the LM head (which is the embedding when tied).
   const ModelWeights& w = model->weights;
   const int64_t weight_bytes = w.nbytes() - w.embed.nbytes() + w.output().nbytes() * (w.lm_head.empty() ? 1 : 0);
-  std::printf("model %s, weights %s/%s, %d threads, simd %s, weights read per token %.1f MiB, bandwidth %.1f GB/s (triad)\n",
-              c.name.c_str(), dtype_name(w.layers[0].q_proj.dtype()), dtype_name(w.output().dtype()), threads, kernels::simd_level_name(), weight_bytes / 1048576.0, bw);
+  std::printf("model %s, weights %s/%s, %d threads, simd %s, matvec %s, weights read per token %.1f MiB, bandwidth %.1f GB/s (triad)\n",
+              c.name.c_str(), dtype_name(w.layers[0].q_proj.dtype()), dtype_name(w.output().dtype()), threads,
+              kernels::simd_level_name(), kernels::matvec_act_name(kernels::matvec_act()), weight_bytes / 1048576.0, bw);
   std::printf("%-14s %7s %11s %10s %10s %9s %12s %12s %8s %9s %8s\n", "policy", "prompt", "prefill_tps", "decode_ms",
               "decode_tps", "floor_ms", "kv_resident", "kv_full_eq", "ratio", "select_%", "rss_MiB");
   std::string json = "{\"model\":\"" + c.name + "\",\"threads\":" + std::to_string(threads) +

@@ -4,7 +4,10 @@
 // against the memory-bandwidth floor: bytes of weights / measured bandwidth (STREAM triad and
 // a read-only sum, both over 3 × 128 MiB). The --acts modes (kernels/matvec_act.h) run
 // interleaved round by round, so a noisy machine shifts both alike; medians are quoted.
-//   build/bench/bench_matvec [--threads 2] [--dtypes q4_1,q4_0,q8_0] [--acts f32act,q8act,q16act,q16x2act]
+// A mode with "+vnni" (q16act+vnni, q16x2act+vnni) runs the AVX-512 VNNI tiles of
+// kernels/cpu/matvec_q16act_vnni.cpp, the plain name the AVX2 tiles (on a CPU without AVX-512
+// VNNI, "+vnni" is refused).
+//   build/bench/bench_matvec [--threads 2] [--dtypes q4_1,q4_0,q8_0] [--acts f32act,q8act,q16act,q16x2act,q8x3act]
 //       [--rounds 15] [--tokens 1] [--layers 30]
 #include <omp.h>
 
@@ -19,6 +22,8 @@
 #include "common/dtype.h"
 #include "common/sys.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matvec_q16act.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 #include "kernels/matvec_act.h"
 
@@ -95,7 +100,7 @@ int main(int argc, char** argv) {
   using namespace snap;
   int threads = 2, rounds = 15, layers = 30;
   int64_t tokens = 1;
-  std::string dtypes_arg = "q4_1,q4_0,q8_0", acts_arg = "f32act,q8act,q16act,q16x2act";
+  std::string dtypes_arg = "q4_1,q4_0,q8_0", acts_arg = "f32act,q8act,q16act,q16x2act,q8x3act";
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--help" || k == "-h") {
@@ -103,7 +108,8 @@ int main(int argc, char** argv) {
           "bench_matvec: one decode token's matvecs over a SmolLM2-135M-shaped weight stack vs the bandwidth floor\n"
           "  --threads N       OpenMP threads (2)\n"
           "  --dtypes LIST     layer weight types among q4_1,q4_0,q8_0 (all three); the LM head is q8_0\n"
-          "  --acts LIST       matvec activation modes among f32act,q8act,q16act,q16x2act (all), interleaved per round\n"
+          "  --acts LIST       matvec activation modes among f32act,q8act,q16act,q16x2act,q8x3act (all), interleaved per round;\n"
+          "                    q16act+vnni / q16x2act+vnni: the AVX-512 VNNI tiles (the plain names: AVX2 tiles)\n"
           "  --rounds N        timed passes per mode (15); the median is printed\n"
           "  --tokens N        rows per matvec call (1: one decode token)\n"
           "  --layers N        transformer layers in the stack (30, as SmolLM2-135M)\n");
@@ -130,19 +136,32 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<kernels::MatvecAct> acts;
-  for (const std::string& a : split(acts_arg)) {
+  std::vector<bool> vnni;
+  for (std::string a : split(acts_arg)) {
+    const std::string suffix = "+vnni";
+    const bool v = a.size() > suffix.size() && a.compare(a.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (v) a.resize(a.size() - suffix.size());
     kernels::MatvecAct act;
-    if (!kernels::matvec_act_from_name(a, &act)) {
-      std::fprintf(stderr, "bench_matvec: unknown activation mode '%s' (f32act|q8act|q16act|q16x2act)\n", a.c_str());
+    if (!kernels::matvec_act_from_name(a, &act) ||
+        (v && act != kernels::MatvecAct::q16 && act != kernels::MatvecAct::q16x2)) {
+      std::fprintf(stderr,
+                   "bench_matvec: unknown activation mode '%s%s' (f32act|q8act|q16act|q16x2act|q8x3act|q16act+vnni|q16x2act+vnni)\n",
+                   a.c_str(), v ? suffix.c_str() : "");
+      return 2;
+    }
+    if (v && !(kernels::simd_level() == kernels::SimdLevel::avx512 && kernels::q16act_vnni_supported())) {
+      std::fprintf(stderr, "bench_matvec: %s+vnni needs AVX-512 VNNI (simd %s here)\n", a.c_str(),
+                   kernels::simd_level_name());
       return 2;
     }
     acts.push_back(act);
+    vnni.push_back(v);
   }
   omp_set_num_threads(threads);
   const Bandwidth bw = measure_bandwidth();
   std::printf("threads %d, simd %s, tokens %lld, bandwidth triad %.1f GB/s, read %.1f GB/s\n", threads,
               kernels::simd_level_name(), (long long)tokens, bw.triad, bw.read);
-  std::printf("%-6s %-8s %9s %10s %8s %10s %10s\n", "dtype", "act", "MiB", "ms/token", "GB/s", "x_triad", "x_read");
+  std::printf("%-6s %-13s %9s %10s %8s %10s %10s\n", "dtype", "act", "MiB", "ms/token", "GB/s", "x_triad", "x_read");
   // [rows, cols] of one layer: q, k, v, o, gate, up, down (hidden 576, kv 192, ff 1536).
   const int64_t shapes[7][2] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};
   for (const std::string& name : split(dtypes_arg)) {
@@ -172,6 +191,7 @@ int main(int argc, char** argv) {
     for (int r = -1; r < rounds; ++r) {  // round -1 warms up
       for (size_t a = 0; a < acts.size(); ++a) {
         kernels::matvec_act_set(acts[a]);
+        kernels::q16act_vnni_enable(vnni[a]);
         const double t0 = now_seconds();
         for (const Mat& m : mats) kernels::matmul_matvec_cpu(x.data(), m.view, nullptr, y.data(), tokens);
         if (r >= 0) times[a].push_back(now_seconds() - t0);
@@ -180,7 +200,8 @@ int main(int argc, char** argv) {
     for (size_t a = 0; a < acts.size(); ++a) {
       const double t = median(times[a]);
       const double gbs = bytes / t / 1e9;
-      std::printf("%-6s %-8s %9.1f %10.2f %8.1f %10.2f %10.2f\n", name.c_str(), kernels::matvec_act_name(acts[a]),
+      const std::string act_name = std::string(kernels::matvec_act_name(acts[a])) + (vnni[a] ? "+vnni" : "");
+      std::printf("%-6s %-13s %9.1f %10.2f %8.1f %10.2f %10.2f\n", name.c_str(), act_name.c_str(),
                   bytes / 1048576.0, t * 1e3, gbs, bw.triad / gbs, bw.read / gbs);
     }
     std::fflush(stdout);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Decode speed against the memory-bandwidth floor, idle and with one busy competitor.
-# For every model × thread count × matvec mode (f32act, q8act, q16act, q16x2act) × OpenMP wait policy (spin = libgomp's
+# For every model × thread count × matvec mode (f32act, q8act, q16act, q16x2act, q8x3act) × OpenMP wait policy (spin = libgomp's
 # default, passive; snapserve's --threads-wait auto picks one of the two at start) × competitor (none, one `yes`
 # pinned to the same cores), runs build*/bench/bench_generate (prompt 512, greedy decode) and
 # prints: model, weight type, threads, matvec, wait, competitor, decode tok/s, bytes read per token
@@ -8,13 +8,13 @@
 # The configurations run interleaved, round after round, and the medians are printed, so a
 # noisy machine shifts them alike. Not a test.
 #   bench/run_decode_floor.sh [--build DIR] [--rounds 3] [--decode 32] [--prompt 512]
-#       [--threads 2[,1]] [--models A.gguf,B.gguf] [--acts f32act,q8act,q16act,q16x2act] [--waits spin,passive]
+#       [--threads 2[,1]] [--models A.gguf,B.gguf] [--acts f32act,q8act,q16act,q16x2act,q8x3act] [--waits spin,passive]
 #       [--competitors 0,1]
 set -euo pipefail
 
 build=build rounds=3 decode=32 prompt=512 threads=2
 models="${SNAP_MODEL:-$HOME/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf}"
-acts=f32act,q8act,q16act,q16x2act waits=spin,passive competitors=0,1
+acts=f32act,q8act,q16act,q16x2act,q8x3act waits=spin,passive competitors=0,1
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2 ;;

@@ -9,13 +9,21 @@
 //           widened to int16 in registers (AVX2 vpmaddwd): 1/258 of q8act's rounding error.
 //   q16x2act: q16act plus a second int16 plane holding the rounding residual at scale d/32768
 //           (activations to ~2^-31 of each block's max|x|) and two more vpmaddwd per block.
-//           The default: SmolLM2 logits within 1.2e-4 of transformers at every golden position
-//           run through it (f32act 8.1e-5; tests/matvec_act), ~1.5x f32act's speed on AVX2.
+//           SmolLM2 logits within 1.2e-4 of transformers at every golden position run through
+//           it (f32act 8.1e-5; tests/matvec_act), ~1.5x f32act's speed on AVX2. The default on
+//           CPUs without AVX-512 VNNI.
+//   q8x3act: each activation block quantized to 22-bit integers (d = max|x|/(127·2^14), error
+//           ≤ 3/4·d ≈ 2^-21.4 of max|x|) held as three int8 digit planes, so every block's dot
+//           product is exact u8 × s8 integer sums: AVX-512 VNNI vpdpbusd, 4 blocks × 4 rows at
+//           a time (kernels/cpu/matvec_q8x3act.cpp). SmolLM2 logits within 1.4e-4 of
+//           transformers (tests/matvec_act). The default on CPUs with AVX-512 VNNI (at the
+//           avx512 SIMD level); elsewhere it runs scalar tiles (correct, slow).
 // On a CPU without AVX2 every mode runs the f32act scalar path; q8act runs its AVX2 tiles on
 // AVX-512 too; q16act/q16x2act run AVX2 tiles there unless env SNAP_MATVEC_VNNI=1 selects
-// their AVX-512 VNNI tiles on a CPU with avx512vnni (never run where they were written, an AVX2
-// machine: kernels/cpu/matvec_q16act_vnni.cpp).
-// Chosen process-wide: env SNAP_MATVEC=f32act|q8act|q16act|q16x2act (read once) or matvec_act_set() (CLIs).
+// their AVX-512 VNNI tiles on a CPU with avx512vnni (kernels/cpu/matvec_q16act_vnni.cpp: they
+// pass their tests on such a CPU but are no faster than the AVX2 tiles there).
+// Chosen process-wide: env SNAP_MATVEC=f32act|q8act|q16act|q16x2act|q8x3act (read once) or
+// matvec_act_set() (CLIs).
 #pragma once
 
 #include <cstdint>
@@ -25,13 +33,15 @@
 
 namespace snap::kernels {
 
-enum class MatvecAct : uint8_t { f32, q8, q16, q16x2 };
+enum class MatvecAct : uint8_t { f32, q8, q16, q16x2, q8x3 };
 
-// The current choice: matvec_act_set() if called, else SNAP_MATVEC, else q16x2act.
+// The current choice: matvec_act_set() if called, else SNAP_MATVEC, else matvec_act_default().
 MatvecAct matvec_act();
+// q8x3act where this CPU runs its AVX-512 VNNI tiles (and simd_level() is avx512), else q16x2act.
+MatvecAct matvec_act_default();
 void matvec_act_set(MatvecAct act);
-const char* matvec_act_name(MatvecAct act);  // "f32act" | "q8act" | "q16act" | "q16x2act"
-// "f32act" / "q8act" / "q16act" / "q16x2act" -> true and *out set; anything else -> false.
+const char* matvec_act_name(MatvecAct act);  // "f32act" | "q8act" | "q16act" | "q16x2act" | "q8x3act"
+// One of those names -> true and *out set; anything else -> false.
 bool matvec_act_from_name(const std::string& name, MatvecAct* out);
 
 // The q8-activation matvec on its own (whatever matvec_act() says), for the tests and the
@@ -58,5 +68,14 @@ void quantize_act_q16(const float* x, int64_t cols, int16_t* q, float* d, float*
 void quantize_act_q16x2(const float* x, int64_t cols, int16_t* q, int16_t* q2, float* d, float* s);
 void matvec_q16x2act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
 void matvec_q16x2act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
+
+// The q8x3-activation matvec (kernels/cpu/matvec_q8x3act.cpp), with the same contract: _ref
+// scalar (exact integer block sums, f64 accumulation), _cpu the AVX-512 VNNI tiles where the CPU
+// has them, else scalar tiles. Per token row of `cols` (a multiple of 32): v[cols] the 22-bit
+// integers V = round(x/d), |V| ≤ 127·2^14 + 8191, d[cols/32] = max|x|/(127·2^14) per block,
+// s[cols/32] = d·ΣV; a non-finite block gets d = s = NaN (and V = 0).
+void quantize_act_q8x3(const float* x, int64_t cols, int32_t* v, float* d, float* s);
+void matvec_q8x3act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
+void matvec_q8x3act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
 
 }  // namespace snap::kernels

@@ -16,12 +16,14 @@ void add_cpu_flags(CLI::App* cmd) {
            kernels::matvec_act_from_name(v, &act);
            kernels::matvec_act_set(act);
          },
-         "Decode matvec for q8_0/q4_0/q4_1 weights: q16x2act (default; activations quantized once per "
-         "matvec to two int16 planes per block of 32, value and rounding residual, integer dot products: "
-         "as accurate as f32act, faster), f32act (weights dequantized in registers, f32 activations: the "
+         "Decode matvec for q8_0/q4_0/q4_1 weights: q8x3act (the default on CPUs with AVX-512 VNNI; "
+         "activations quantized once per matvec to 22-bit integers per block of 32 in three int8 planes, "
+         "exact u8 x s8 dot products with vpdpbusd: as accurate as f32act, fastest there), q16x2act (the "
+         "default elsewhere; two int16 planes per block, value and rounding residual, integer dot products "
+         "with vpmaddwd: as accurate as f32act, faster), f32act (weights dequantized in registers, f32 activations: the "
          "reference), q16act (one int16 plane: faster, logits move by up to ~7e-3) or q8act (int8 blocks: "
          "fastest, logits move by up to ~1.6); see README \"CPU decode\"; env SNAP_MATVEC sets the default")
-      ->check(CLI::IsMember({"f32act", "q8act", "q16act", "q16x2act"}));
+      ->check(CLI::IsMember({"f32act", "q8act", "q16act", "q16x2act", "q8x3act"}));
   cmd->add_option("--threads-wait",
                   "How idle compute threads wait between parallel regions: spin (libgomp's default: fastest on an "
                   "idle machine, collapses when other processes compete for the cores), passive (sleep at once), "

@@ -16,6 +16,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/matvec_q16act.h"
+#include "kernels/cpu/matvec_q8x3act.h"
 #include "kernels/cpu/matvec_q8act.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/matmul_multi.h"
@@ -375,6 +376,7 @@ struct MatvecPart {
   Q8TileFn qfull = nullptr, qtail = nullptr;  // q8act (kernels/cpu/matvec_q8act.cpp)
   Q16TileFn q16full = nullptr, q16tail = nullptr;  // q16act/q16x2act (kernels/cpu/matvec_q16act.cpp)
   bool q16split = false;                           // q16x2act: the tiles read the residual plane
+  Q8x3TileFn x3full = nullptr, x3tail = nullptr;   // q8x3act (kernels/cpu/matvec_q8x3act.cpp)
 };
 
 template <DType D>
@@ -395,6 +397,9 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
     p.q16full = q16act_tile(D, k_block_tokens, split);
     p.q16tail = rest ? q16act_tile(D, rest, split) : nullptr;
     p.q16split = split;
+  } else if (dtype_is_quantized(D) && act == MatvecAct::q8x3) {
+    p.x3full = q8x3act_tile(D, k_block_tokens);
+    p.x3tail = rest ? q8x3act_tile(D, rest) : nullptr;
   } else {
     p.full = pick_tile<D>(level, k_block_tokens);
     p.tail = rest ? pick_tile<D>(level, rest) : nullptr;
@@ -417,8 +422,8 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
 }
 
 // Token groups innermost: a block of 4 rows (≤ 4·cols·4 bytes) stays in L1 across groups.
-void run_block(const MatvecPart& p, const float* x, const ActQ8& act, const ActQ16& act16, int64_t num_tokens,
-               int64_t b) {
+void run_block(const MatvecPart& p, const float* x, const ActQ8& act, const ActQ16& act16, const ActQ8x3& act8x3,
+               int64_t num_tokens, int64_t b) {
   const int64_t rows = p.w.rows, cols = p.w.cols, r = b * k_block_rows;
   if (p.scalar) return p.scalar(x, p.w.data, rows, cols, p.bias, p.y, num_tokens, r);
   const int64_t full_groups = num_tokens / k_block_tokens;
@@ -435,6 +440,12 @@ void run_block(const MatvecPart& p, const float* x, const ActQ8& act, const ActQ
     if (p.q16tail) p.q16tail(act16, t_rest, p.w.data, rows, p.bias, p.y + t_rest * rows, r);
     return;
   }
+  if (p.x3full) {
+    for (int64_t g = 0; g < full_groups; ++g)
+      p.x3full(act8x3, g * k_block_tokens, p.w.data, rows, p.bias, p.y + g * k_block_tokens * rows, r);
+    if (p.x3tail) p.x3tail(act8x3, t_rest, p.w.data, rows, p.bias, p.y + t_rest * rows, r);
+    return;
+  }
   for (int64_t g = 0; g < full_groups; ++g) {
     const int64_t t0 = g * k_block_tokens;
     p.full(x + t0 * cols, p.w.data, rows, cols, p.bias, p.y + t0 * rows, r);
@@ -447,25 +458,29 @@ void run_block(const MatvecPart& p, const float* x, const ActQ8& act, const ActQ
 void run_parts(const float* x, const MatvecPart* parts, int count, int64_t num_tokens) {
   thread_local ActQ8 act;  // the caller's thread only: filled before the parallel region
   thread_local ActQ16 act16;
+  thread_local ActQ8x3 act8x3;
   int64_t total = 0, work = 0;
-  bool q8 = false, q16 = false, q16split = false;
+  bool q8 = false, q16 = false, q16split = false, x3 = false;
   for (int i = 0; i < count; ++i) {
     total += parts[i].num_blocks;
     work += parts[i].w.rows * parts[i].w.cols * num_tokens;
     q8 = q8 || parts[i].qfull != nullptr;
     q16 = q16 || parts[i].q16full != nullptr;
     q16split = q16split || parts[i].q16split;
+    x3 = x3 || parts[i].x3full != nullptr;
   }
   if (q8) act.quantize(x, num_tokens, parts[0].w.cols, true);
   if (q16) act16.quantize(x, num_tokens, parts[0].w.cols, true, q16split);
+  if (x3) act8x3.quantize(x, num_tokens, parts[0].w.cols, simd_level() == SimdLevel::avx512);
   const ActQ8& a = act;
   const ActQ16& a16 = act16;
+  const ActQ8x3& a8x3 = act8x3;
 #pragma omp parallel for schedule(static) if (work >= k_parallel_min_work)
   for (int64_t g = 0; g < total; ++g) {
     int i = 0;
     int64_t b = g;
     while (b >= parts[i].num_blocks) b -= parts[i++].num_blocks;
-    run_block(parts[i], x, a, a16, num_tokens, b);
+    run_block(parts[i], x, a, a16, a8x3, num_tokens, b);
   }
 }
 

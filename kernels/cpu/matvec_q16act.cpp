@@ -7,7 +7,7 @@
 // (x ≈ d·(q + q2/32768), |error| ≤ d/65536, about 2^-31 of max|x|: as exact as f32 activations
 // for these sums) and two more vpmaddwd per block. *_ref is the plain scalar version (f64
 // sums); *_cpu the AVX2 tiles (4 rows × up to 4 tokens), or on AVX-512 VNNI CPUs the tiles of
-// matvec_q16act_vnni.cpp (q16act_tile picks; never run on the AVX2 machine they were written on).
+// matvec_q16act_vnni.cpp (q16act_tile picks them when enabled; off by default).
 #include "kernels/cpu/matvec_q16act.h"
 
 #include <omp.h>

@@ -29,10 +29,10 @@ using Q16TileFn = void (*)(const ActQ16& a, int64_t t0, const void* w, int64_t r
 // The AVX2 tile for block format d and 1 ≤ nt ≤ 4 tokens (needs AVX2; d quantized); split:
 // the q16x2act tile, which reads both planes (the ActQ16 must have been quantized with split).
 Q16TileFn q16act_tile_avx2(DType d, int nt, bool split);
-// The tile the matvec runs: the AVX-512 VNNI one (kernels/cpu/matvec_q16act_vnni.cpp, never run
-// on the machine it was written on) when it is enabled, simd_level() is avx512 and the CPU has
-// avx512vnni, else the AVX2 one. Because it has never run, it is off unless env
-// SNAP_MATVEC_VNNI=1 or q16act_vnni_enable(true) (its tests) turns it on.
+// The tile the matvec runs: the AVX-512 VNNI one (kernels/cpu/matvec_q16act_vnni.cpp) when it is
+// enabled, simd_level() is avx512 and the CPU has avx512vnni, else the AVX2 one. It is off
+// unless env SNAP_MATVEC_VNNI=1 or q16act_vnni_enable(true) (its tests, bench_matvec's +vnni
+// modes) turns it on: on the one VNNI machine it ran on it was no faster than the AVX2 tiles.
 Q16TileFn q16act_tile(DType d, int nt, bool split);
 // Whether this CPU can run the VNNI tiles (AVX-512 F/BW/VL/DQ level + avx512vnni).
 bool q16act_vnni_supported();

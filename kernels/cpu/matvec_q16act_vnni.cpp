@@ -2,12 +2,14 @@
 // weight block of 32 quants widened to 32 int16 in one zmm, and each block's integer dot
 // product one vpdpwssd (int16 pairs → int32, accumulated onto zero: the same exact sums as the
 // AVX2 tile's two vpmaddwd + add), then the same f32 scaling per block in 16 lanes.
-// NEVER RUN: the machine this was written on has AVX2 + FMA + F16C only, so this code has been
-// compiled but not executed; tests/kernels/test_matvec_q16act_vnni.cpp checks it against the
-// scalar reference (and batch invariance) on a machine that has AVX-512 VNNI and skips
-// elsewhere. q16act_tile's dispatch picks it only when it is enabled (env SNAP_MATVEC_VNNI=1 or
-// q16act_vnni_enable: off by default until it has run somewhere), simd_level() is avx512 and
-// the CPU reports avx512vnni, so an AVX2 machine (or SNAP_SIMD=avx2) never reaches it.
+// Run first on 2026-12-02, on a 2-core Xeon with AVX-512 VNNI: tests/kernels/
+// test_matvec_q16act_vnni.cpp (against the scalar reference over awkward shapes, batch
+// invariance bitwise, NaN per token) passes there, and skips on CPUs without AVX-512 VNNI. It
+// was no faster than the AVX2 tiles there (build/bench/bench_matvec --acts
+// q16x2act,q16x2act+vnni, q4_1 stack: 12.22 vs 12.34 ms per token), so it stays off by default:
+// q16act_tile's dispatch picks it only when it is enabled (env SNAP_MATVEC_VNNI=1 or
+// q16act_vnni_enable), simd_level() is avx512 and the CPU reports avx512vnni. On such CPUs the
+// default mode is q8x3act (kernels/cpu/matvec_q8x3act.cpp), which uses VNNI's u8 × s8 dot products.
 #include <algorithm>
 #include <atomic>
 #include <cmath>

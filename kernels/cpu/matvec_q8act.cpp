@@ -16,6 +16,7 @@
 #include "common/check.h"
 #include "kernels/cpu/matvec_q8act.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/matvec_q8x3act.h"
 #include "kernels/matvec_act.h"
 
 namespace snap::kernels {
@@ -25,20 +26,21 @@ namespace {
 
 std::atomic<int> g_act{-1};  // -1: not set, read SNAP_MATVEC
 
-MatvecAct act_from_env() {
+int act_from_env() {  // -1: SNAP_MATVEC unset or not a mode name
   const char* e = std::getenv("SNAP_MATVEC");
-  MatvecAct a = MatvecAct::q16x2;  // the default (kernels/matvec_act.h)
-  if (e != nullptr) matvec_act_from_name(e, &a);
-  return a;
+  MatvecAct a;
+  return e != nullptr && matvec_act_from_name(e, &a) ? static_cast<int>(a) : -1;
 }
 
 }  // namespace
 
+MatvecAct matvec_act_default() { return q8x3act_vnni_supported() ? MatvecAct::q8x3 : MatvecAct::q16x2; }
+
 MatvecAct matvec_act() {
   const int a = g_act.load(std::memory_order_relaxed);
   if (a >= 0) return static_cast<MatvecAct>(a);
-  static const MatvecAct from_env = act_from_env();
-  return from_env;
+  static const int from_env = act_from_env();
+  return from_env >= 0 ? static_cast<MatvecAct>(from_env) : matvec_act_default();
 }
 
 void matvec_act_set(MatvecAct act) { g_act.store(static_cast<int>(act), std::memory_order_relaxed); }
@@ -48,6 +50,7 @@ const char* matvec_act_name(MatvecAct act) {
     case MatvecAct::q8: return "q8act";
     case MatvecAct::q16: return "q16act";
     case MatvecAct::q16x2: return "q16x2act";
+    case MatvecAct::q8x3: return "q8x3act";
     default: return "f32act";
   }
 }
@@ -57,6 +60,7 @@ bool matvec_act_from_name(const std::string& name, MatvecAct* out) {
   else if (name == "q8act") *out = MatvecAct::q8;
   else if (name == "q16act") *out = MatvecAct::q16;
   else if (name == "q16x2act") *out = MatvecAct::q16x2;
+  else if (name == "q8x3act") *out = MatvecAct::q8x3;
   else return false;
   return true;
 }

@@ -2,10 +2,11 @@
 // position of the SmolLM2 golden prompts (tests/fixtures/golden/smollm2_q4_1.json) is computed
 // through the matvec path (prefill in chunks of 4 tokens, below matmul_cpu's sgemm threshold of
 // 8, so every q4_1 projection and the q8_0 LM head run the mode's kernel; test_golden's chunks
-// of 16 take the sgemm path for most positions). f32act and q16x2act must stay within
+// of 16 take the sgemm path for most positions). f32act, q16x2act and q8x3act must stay within
 // test_golden's tolerance (2e-3) at every checked logit, with the same argmax. q16act and q8act
 // are measured (here: 6.7e-3 and 1.6, over the tolerance) and q16act's error must be below 1/50
-// of q8act's (its activation step is 1/258 of q8act's), so a mode that does not switch fails.
+// of q8act's (its activation step is 1/258 of q8act's), so a mode that does not switch fails;
+// q16x2act's and q8x3act's (steps of 2^-31 and 2^-22 of max|x|) below 1/10 of q16act's.
 // Exits 77 when the default model is absent (scripts/setup.sh fetches it).
 #include <gtest/gtest.h>
 
@@ -101,20 +102,21 @@ TEST(MatvecActGolden, EveryPositionThroughTheMatvecAgainstTransformers) {
   for (const json& prompt : g["prompts"]) {
     const auto ids = prompt["ids"].get<std::vector<int32_t>>();
     ASSERT_EQ(prompt["positions"].size(), ids.size());
-    Diff by_mode[4];
-    const kernels::MatvecAct modes[4] = {kernels::MatvecAct::f32, kernels::MatvecAct::q16, kernels::MatvecAct::q8,
-                                         kernels::MatvecAct::q16x2};
-    for (int i = 0; i < 4; ++i) {
+    Diff by_mode[5];
+    const kernels::MatvecAct modes[5] = {kernels::MatvecAct::f32, kernels::MatvecAct::q16, kernels::MatvecAct::q8,
+                                         kernels::MatvecAct::q16x2, kernels::MatvecAct::q8x3};
+    for (int i = 0; i < 5; ++i) {
       by_mode[i] = compare(prompt, g["fixed_ids"], logits_with(*m, ids, modes[i]), vocab);
       std::printf("%s %s: %zu positions via the matvec, max |logit - transformers| = %.3g, argmax mismatches %d\n",
                   prompt["name"].get<std::string>().c_str(), kernels::matvec_act_name(modes[i]), ids.size(),
                   by_mode[i].max_diff, by_mode[i].argmax_mismatch);
     }
-    for (int i : {0, 3}) {
+    for (int i : {0, 3, 4}) {
       EXPECT_LE(by_mode[i].max_diff, k_tol) << prompt["name"] << " " << kernels::matvec_act_name(modes[i]);
       EXPECT_EQ(by_mode[i].argmax_mismatch, 0) << prompt["name"] << " " << kernels::matvec_act_name(modes[i]);
     }
     EXPECT_LT(by_mode[3].max_diff * 10, by_mode[1].max_diff) << prompt["name"] << ": q16x2act vs q16act";
+    EXPECT_LT(by_mode[4].max_diff * 10, by_mode[1].max_diff) << prompt["name"] << ": q8x3act vs q16act";
     EXPECT_GT(by_mode[1].max_diff, by_mode[0].max_diff) << prompt["name"] << ": q16act no worse than f32act?";
     EXPECT_LT(by_mode[1].max_diff * 50, by_mode[2].max_diff) << prompt["name"] << ": q16act vs q8act";
   }

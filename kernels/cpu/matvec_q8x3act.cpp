@@ -1,0 +1,503 @@
+// The q8x3-activation matvec for block-format weights (kernels/matvec_act.h): activations are
+// quantized once per call to 22-bit integers per block of 32 (V = round(x/d), d = max|x| /
+// (127·2^14)), held as three signed 8-bit digit planes V = a·2^14 + b·2^7 + c, so that each
+// block's dot product with the weight quants is an exact integer sum of u8 × s8 products: what
+// AVX-512 VNNI's vpdpbusd does, 64 of them per instruction. The activation rounding error is at
+// most 3/4·d ≈ 2^-21.4·max|x| per block (half a step, plus the f32 rounding of x·(1/d) near
+// 2^21; q16act: 2^-16, q16x2act: 2^-31, an f32 element's own rounding: 2^-24 of itself).
+//   q4_0 / q4_1: the nibbles are the u8 side as they are (q4_0's −8 and q4_1's m go to a
+//     per-block m·Σx term, as in q16act).
+//   q8_0: the quants + 128 (a sign-bit flip) are the u8 side; the 128·ΣV the flip adds is taken
+//     off in the integer domain (the activation's digit sums), so nothing cancels in f32.
+// The vector tile takes 4 rows × 4 blocks at a time: the 4 blocks' low-nibble halves in one
+// zmm and their high halves in another (the activation planes are stored in that order), six
+// vpdpbusd per row and token for the three planes, a 4 × 4 transpose-and-add that turns the
+// four rows' lanes into one int32 per (block, row), and one f32 scaling FMA for all 16 of them,
+// with the 16 weight scales fetched by one gather of the blocks' first 4 bytes.
+// *_ref is the plain scalar version (exact int64 block sums, f64 accumulation).
+#include "kernels/cpu/matvec_q8x3act.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/check.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/matvec_act.h"
+
+#define SNAP_TARGET_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+
+namespace snap::kernels {
+
+namespace {
+
+constexpr int64_t k_qk = 32;
+constexpr int64_t k_group = 4;                  // blocks per group
+constexpr int64_t k_group_bytes = 128;          // per plane and group
+constexpr int32_t k_vmax = 127 * 16384 + 8191;  // |V| clamp: keeps a within [-127, 127]
+constexpr float k_vscale = 127.0f * 16384.0f;   // d = max|x| / k_vscale
+constexpr int k_block_rows = 4;
+constexpr int k_block_tokens = 4;
+constexpr int64_t k_parallel_min_work = 1 << 16;  // as matmul.cpp
+// Software prefetch ahead of each row stream. bench_matvec, q4_1 stack, 2 threads, as a ratio to
+// q16x2act in the same run: 1 KiB (matvec_q16act.cpp's) 0.80, 3 KiB 0.47-0.65, 4 KiB 0.63, 6 KiB 0.60-0.64.
+constexpr int64_t k_prefetch_bytes = 4096;
+
+inline float load_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Byte offset, within a token's plane, of element e of block bi.
+inline int64_t plane_pos(int64_t bi, int e) {
+  return (bi / k_group) * k_group_bytes + (e < 16 ? 0 : 64) + (bi % k_group) * 16 + (e & 15);
+}
+
+// The digits of V, and the scales of one block, as the layout of ActQ8x3 says.
+inline void digits(int32_t v, int8_t* a, int8_t* b, int8_t* c) {
+  const int32_t da = (v + 8192) >> 14;  // arithmetic shift: floor
+  const int32_t rem = v - da * 16384;   // [-8192, 8191]
+  const int32_t db = (rem + 64) >> 7;   // [-64, 64]
+  *a = static_cast<int8_t>(da);
+  *b = static_cast<int8_t>(db);
+  *c = static_cast<int8_t>(rem - db * 128);  // [-64, 63]
+}
+
+// One block, scalar: V in v[32] (for the reference), the digits into the planes, d and s.
+void quantize_block_scalar(const float* x, int64_t bi, int8_t* pa, int8_t* pb, int8_t* pc, int32_t* v, float* d,
+                           float* s, int32_t sums[3]) {
+  sums[0] = sums[1] = sums[2] = 0;
+  float amax = 0.0f;
+  bool finite = true;
+  for (int j = 0; j < k_qk; ++j) {
+    finite = finite && std::isfinite(x[j]);
+    amax = std::max(amax, std::fabs(x[j]));
+  }
+  if (!finite) {
+    for (int j = 0; j < k_qk; ++j) {
+      v[j] = 0;
+      pa[plane_pos(bi, j)] = pb[plane_pos(bi, j)] = pc[plane_pos(bi, j)] = 0;
+    }
+    *d = *s = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float dd = amax / k_vscale;
+  const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+  int32_t sum = 0;
+  for (int j = 0; j < k_qk; ++j) {
+    const float p = x[j] * id;
+    v[j] = std::clamp(static_cast<int32_t>(std::nearbyint(p)), -k_vmax, k_vmax);
+    sum += v[j];
+    int8_t* qa = &pa[plane_pos(bi, j)];
+    int8_t* qb = &pb[plane_pos(bi, j)];
+    int8_t* qc = &pc[plane_pos(bi, j)];
+    digits(v[j], qa, qb, qc);
+    sums[0] += *qa;
+    sums[1] += *qb;
+    sums[2] += *qc;
+  }
+  *d = dd;
+  *s = dd * static_cast<float>(sum);
+}
+
+// The same block with AVX-512: the same IEEE operations (|x| max, one division, x·(1/d),
+// round to nearest even, the same clamp and integer digits), so bit-identical to the scalar one.
+SNAP_TARGET_AVX512 void quantize_block_avx512(const float* x, int64_t bi, int8_t* pa, int8_t* pb, int8_t* pc,
+                                              float* d, float* s, int32_t sums[3]) {
+  const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+  const __m512 alo = _mm512_abs_ps(lo), ahi = _mm512_abs_ps(hi);
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  if (_mm512_cmp_ps_mask(alo, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(ahi, inf, _CMP_NLT_UQ)) {
+    int32_t v[k_qk];
+    return quantize_block_scalar(x, bi, pa, pb, pc, v, d, s, sums);
+  }
+  const float dd = _mm512_reduce_max_ps(_mm512_max_ps(alo, ahi)) / k_vscale;
+  const __m512 id = _mm512_set1_ps(dd != 0.0f ? 1.0f / dd : 0.0f);
+  const __m512i vmax = _mm512_set1_epi32(k_vmax), vmin = _mm512_set1_epi32(-k_vmax);
+  __m512i sum = _mm512_setzero_si512(), sa = sum, sb = sum, sc = sum;
+  for (int half = 0; half < 2; ++half) {
+    __m512i v = _mm512_cvt_roundps_epi32(_mm512_mul_ps(half ? hi : lo, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_epi32(_mm512_max_epi32(v, vmin), vmax);
+    sum = _mm512_add_epi32(sum, v);
+    const __m512i da = _mm512_srai_epi32(_mm512_add_epi32(v, _mm512_set1_epi32(8192)), 14);
+    const __m512i rem = _mm512_sub_epi32(v, _mm512_slli_epi32(da, 14));
+    const __m512i db = _mm512_srai_epi32(_mm512_add_epi32(rem, _mm512_set1_epi32(64)), 7);
+    const __m512i dc = _mm512_sub_epi32(rem, _mm512_slli_epi32(db, 7));
+    sa = _mm512_add_epi32(sa, da);
+    sb = _mm512_add_epi32(sb, db);
+    sc = _mm512_add_epi32(sc, dc);
+    const int64_t pos = plane_pos(bi, half * 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pa + pos), _mm512_cvtepi32_epi8(da));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pb + pos), _mm512_cvtepi32_epi8(db));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + pos), _mm512_cvtepi32_epi8(dc));
+  }
+  *d = dd;
+  *s = dd * static_cast<float>(_mm512_reduce_add_epi32(sum));
+  sums[0] = _mm512_reduce_add_epi32(sa);
+  sums[1] = _mm512_reduce_add_epi32(sb);
+  sums[2] = _mm512_reduce_add_epi32(sc);
+}
+
+// --- weight blocks (the reference): d, m and the 32 quants as signed values --------------
+template <DType D>
+inline void block_scalar(const uint8_t* b, float* d, float* m, int* q) {
+  *d = load_f16(b);
+  if constexpr (D == DType::q8_0) {
+    *m = 0.0f;
+    for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(b[2 + j]);
+  } else {
+    constexpr int k_qs = D == DType::q4_1 ? 4 : 2;
+    *m = D == DType::q4_1 ? load_f16(b + 2) : -8.0f * *d;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = b[k_qs + j] & 0x0f;
+      q[j + 16] = b[k_qs + j] >> 4;
+    }
+  }
+}
+
+// The reference keeps V itself (the planes are checked against it by the quantizer's test).
+struct RefAct {
+  ActQ8x3 planes;
+  std::vector<int32_t> v;
+  std::vector<float> d, s;
+};
+
+void quantize_ref(const float* x, int64_t num_tokens, int64_t cols, RefAct* r) {
+  r->planes.quantize(x, num_tokens, cols, false);
+  const int64_t nb = cols / k_qk;
+  r->v.resize(static_cast<size_t>(num_tokens * cols));
+  r->d.resize(static_cast<size_t>(num_tokens * nb));
+  r->s.resize(static_cast<size_t>(num_tokens * nb));
+  std::vector<int8_t> scratch(static_cast<size_t>(r->planes.ng * k_group_bytes));
+  int32_t sums[3];
+  for (int64_t t = 0; t < num_tokens; ++t)
+    for (int64_t b = 0; b < nb; ++b)
+      quantize_block_scalar(x + t * cols + b * k_qk, b, scratch.data(), scratch.data(), scratch.data(),
+                            &r->v[t * cols + b * k_qk], &r->d[t * nb + b], &r->s[t * nb + b], sums);
+}
+
+template <DType D>
+void ref_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  RefAct a;
+  quantize_ref(x, num_tokens, w.cols, &a);
+  const int64_t nb = w.cols / k_qk, bb = dtype_block_bytes(D);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + r * nb * bb;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      double acc = bias ? bias[r] : 0.0;
+      for (int64_t b = 0; b < nb; ++b) {
+        float dw, mw;
+        int qw[32];
+        block_scalar<D>(row + b * bb, &dw, &mw, qw);
+        int64_t sumi = 0;
+        for (int j = 0; j < 32; ++j) sumi += int64_t{qw[j]} * a.v[t * w.cols + b * k_qk + j];
+        acc += double{dw} * a.d[t * nb + b] * static_cast<double>(sumi);
+        if constexpr (D != DType::q8_0) acc += double{mw} * a.s[t * nb + b];
+      }
+      y[t * w.rows + r] = static_cast<float>(acc);
+    }
+  }
+}
+
+// --- the scalar tile (CPUs without AVX-512 VNNI) ----------------------------------------------
+// Reads the planes as the vector tile does (V = a·2^14 + b·2^7 + c, exact int32 sums per block),
+// accumulating each row and token in f32 block by block.
+template <DType D, int NT>
+void tile_scalar(const ActQ8x3& a, int64_t t0, const void* w, int64_t rows, const float* bias, float* y, int64_t r) {
+  constexpr int64_t bb = dtype_block_bytes(D);
+  const int64_t nb = a.nb;
+  for (int k = 0; k < k_block_rows && r + k < rows; ++k) {
+    const auto* row = static_cast<const uint8_t*>(w) + (r + k) * nb * bb;
+    for (int t = 0; t < NT; ++t) {
+      const int64_t off = (t0 + t) * a.ng * k_group_bytes;
+      const int64_t soff = (t0 + t) * a.ng * 16;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        float dw, mw;
+        int qw[32];
+        block_scalar<D>(row + b * bb, &dw, &mw, qw);
+        int64_t sumi = 0;
+        for (int j = 0; j < 32; ++j) {
+          const int64_t p = off + plane_pos(b, j);
+          sumi += int64_t{qw[j]} * (a.qa[p] * 16384 + a.qb[p] * 128 + a.qc[p]);
+        }
+        const int64_t lane = soff + (b / k_group) * 16 + (b % k_group) * 4;
+        acc = std::fma(static_cast<float>(sumi), dw * a.xd[lane], acc);
+        if constexpr (D != DType::q8_0) acc = std::fma(mw, a.xs[lane], acc);
+      }
+      y[t * rows + r + k] = acc + (bias ? bias[r + k] : 0.0f);
+    }
+  }
+}
+
+// --- the AVX-512 VNNI tile ------------------------------------------------------------------
+// Lanes of a 16-int32 vector: 4j+k, j = block of the group, k = row of the tile.
+// R[k] holds row k's partial sums, 4 lanes per block: this sums each block's 4 lanes and puts
+// row k's sum at lane 4j+k (a 4 × 4 transpose-and-add inside each 128-bit lane).
+SNAP_TARGET_AVX512VNNI inline __m512i reduce_rows(const __m512i R[4]) {
+  const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(R[0], R[1]), _mm512_unpackhi_epi32(R[0], R[1]));
+  const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(R[2], R[3]), _mm512_unpackhi_epi32(R[2], R[3]));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+}
+
+// 16 bytes from each of p, p + stride, p + 2·stride, p + 3·stride into the four 128-bit lanes
+// (n < 4: only the first n, the rest zero).
+SNAP_TARGET_AVX512VNNI inline __m512i load_quarters(const uint8_t* p, int64_t stride, int n) {
+  const auto q = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + j * stride)); };
+  if (n == 4) {
+    const __m256i l = _mm256_inserti128_si256(_mm256_castsi128_si256(q(0)), q(1), 1);
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(q(2)), q(3), 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1);
+  }
+  // The last group of a row: only what is there is read (the lanes' indices must be constants).
+  __m512i v = _mm512_zextsi128_si512(q(0));
+  if (n > 1) v = _mm512_inserti32x4(v, q(1), 1);
+  if (n > 2) v = _mm512_inserti32x4(v, q(2), 2);
+  return v;
+}
+
+template <DType D, int NT>
+SNAP_TARGET_AVX512VNNI void tile_vnni(const ActQ8x3& a, int64_t t0, const void* w, int64_t rows, const float* bias,
+                                      float* y, int64_t r) {
+  constexpr int64_t bb = dtype_block_bytes(D);
+  constexpr int k_qs = D == DType::q4_1 ? 4 : 2;
+  const int64_t nb = a.nb, ng = a.ng, row_bytes = nb * bb;
+  const int nr = static_cast<int>(std::min<int64_t>(k_block_rows, rows - r));
+  const uint8_t* base = static_cast<const uint8_t*>(w) + r * row_bytes;
+  const uint8_t* row[k_block_rows];  // rows past the end repeat the last one; results dropped
+  for (int k = 0; k < k_block_rows; ++k) row[k] = static_cast<const uint8_t*>(w) + std::min(r + k, rows - 1) * row_bytes;
+  // Lane 4j+k gathers from block j of row min(k, rows − 1 − r): offset k'·row_bytes + j·bb.
+  const __m512i lane_k = _mm512_set_epi32(3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0);
+  const __m512i lane_j = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m512i kk = _mm512_min_epi32(lane_k, _mm512_set1_epi32(static_cast<int32_t>(nr - 1)));
+  const __m512i gather_off =
+      _mm512_add_epi32(_mm512_mullo_epi32(kk, _mm512_set1_epi32(static_cast<int32_t>(row_bytes))),
+                       _mm512_mullo_epi32(lane_j, _mm512_set1_epi32(static_cast<int32_t>(bb))));
+  const __m512i nib = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    const int64_t b0 = g * k_group;
+    const int nblk = static_cast<int>(std::min<int64_t>(k_group, nb - b0));
+    // The 16 weight scales (and q4_1's m): the first 4 bytes of each (block, row).
+    const __mmask16 lanes = nblk == 4 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (4 * nblk)) - 1);
+    const __m512i head = _mm512_mask_i32gather_epi32(zero, lanes, gather_off, base + b0 * bb, 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    __m512 mw = _mm512_setzero_ps();
+    if constexpr (D == DType::q4_1) mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+    else if constexpr (D == DType::q4_0) mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+    // Each row's 4 blocks: the quants of elements 0..15 (lo) and 16..31 (hi), as u8.
+    __m512i lo[k_block_rows], hi[k_block_rows];
+    for (int k = 0; k < k_block_rows; ++k) {
+      const uint8_t* blk = row[k] + b0 * bb;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + k_prefetch_bytes), _MM_HINT_T0);
+      const __m512i v = load_quarters(blk + k_qs, bb, nblk);
+      if constexpr (D == DType::q8_0) {
+        // A missing block reads 0x80 after the flip; its activation digits are 0, so it adds nothing.
+        const __m512i v2 = load_quarters(blk + 18, bb, nblk);
+        lo[k] = _mm512_xor_si512(v, flip);
+        hi[k] = _mm512_xor_si512(v2, flip);
+      } else {
+        lo[k] = _mm512_and_si512(v, nib);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const int64_t off8 = ((t0 + t) * ng + g) * k_group_bytes;
+      const int8_t* pa = a.qa.data() + off8;
+      const int8_t* pb = a.qb.data() + off8;
+      const int8_t* pc = a.qc.data() + off8;
+      const __m512i alo = _mm512_loadu_si512(pa), ahi = _mm512_loadu_si512(pa + 64);
+      const __m512i blo = _mm512_loadu_si512(pb), bhi = _mm512_loadu_si512(pb + 64);
+      const __m512i clo = _mm512_loadu_si512(pc), chi = _mm512_loadu_si512(pc + 64);
+      const int64_t off16 = ((t0 + t) * ng + g) * 16;
+      __m512 f;
+      if constexpr (D == DType::q8_0) {
+        // Two integer sums per row: a's (≤ 2^20 per lane) and 2^7·b's + c's (≤ 2^26); together
+        // at 2^14 they would overflow int32. The flip added 128·Σdigit per block: taken off here.
+        __m512i ra[k_block_rows], rbc[k_block_rows];
+        for (int k = 0; k < k_block_rows; ++k) {
+          ra[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[k], alo), hi[k], ahi);
+          __m512i x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[k], blo), hi[k], bhi);
+          x = _mm512_slli_epi32(x, 7);
+          rbc[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[k], clo), hi[k], chi);
+        }
+        const __m512i ta = _mm512_sub_epi32(reduce_rows(ra), _mm512_loadu_si512(a.ca.data() + off16));
+        const __m512i tbc = _mm512_sub_epi32(reduce_rows(rbc), _mm512_loadu_si512(a.cbc.data() + off16));
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ta), _mm512_set1_ps(16384.0f), _mm512_cvtepi32_ps(tbc));
+      } else {
+        // Nibbles ≤ 15: the whole V = (a·2^7 + b)·2^7 + c sum fits one int32 (≤ 2^30 after the
+        // 4 lanes of a block are added), built by shifting between the planes.
+        __m512i rv[k_block_rows];
+        for (int k = 0; k < k_block_rows; ++k) {
+          __m512i x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[k], alo), hi[k], ahi);
+          x = _mm512_slli_epi32(x, 7);
+          x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[k], blo), hi[k], bhi);
+          x = _mm512_slli_epi32(x, 7);
+          rv[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[k], clo), hi[k], chi);
+        }
+        f = _mm512_cvtepi32_ps(reduce_rows(rv));
+      }
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_loadu_ps(a.xd.data() + off16));
+      acc[t] = _mm512_fmadd_ps(f, scale, acc[t]);
+      if constexpr (D != DType::q8_0) acc[t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a.xs.data() + off16), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    // Lane 4j+k → row k: the four 128-bit lanes (blocks) summed.
+    const __m128 s = _mm_add_ps(_mm_add_ps(_mm512_extractf32x4_ps(acc[t], 0), _mm512_extractf32x4_ps(acc[t], 1)),
+                                _mm_add_ps(_mm512_extractf32x4_ps(acc[t], 2), _mm512_extractf32x4_ps(acc[t], 3)));
+    float out[4];
+    _mm_storeu_ps(out, s);
+    for (int k = 0; k < nr; ++k) y[t * rows + r + k] = out[k] + (bias ? bias[r + k] : 0.0f);
+  }
+}
+
+template <DType D>
+Q8x3TileFn pick(int nt, bool vnni) {
+  if (vnni) {
+    switch (nt) {
+      case 1: return tile_vnni<D, 1>;
+      case 2: return tile_vnni<D, 2>;
+      case 3: return tile_vnni<D, 3>;
+      default: return tile_vnni<D, 4>;
+    }
+  }
+  switch (nt) {
+    case 1: return tile_scalar<D, 1>;
+    case 2: return tile_scalar<D, 2>;
+    case 3: return tile_scalar<D, 3>;
+    default: return tile_scalar<D, 4>;
+  }
+}
+
+template <DType D>
+void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  thread_local ActQ8x3 a;  // the caller's thread only: filled before the parallel region
+  a.quantize(x, num_tokens, w.cols, simd_level() == SimdLevel::avx512);
+  const int64_t rows = w.rows;
+  const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
+  const int64_t full_groups = num_tokens / k_block_tokens;
+  const int rest = static_cast<int>(num_tokens % k_block_tokens);
+  const Q8x3TileFn full = q8x3act_tile(D, k_block_tokens);
+  const Q8x3TileFn tail = rest ? q8x3act_tile(D, rest) : nullptr;
+  const ActQ8x3& act = a;
+  const bool parallel = rows * w.cols * num_tokens >= k_parallel_min_work;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    for (int64_t g = 0; g < full_groups; ++g) {
+      const int64_t t0 = g * k_block_tokens;
+      full(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
+    }
+    if (tail) {
+      const int64_t t0 = full_groups * k_block_tokens;
+      tail(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
+    }
+  }
+}
+
+void check_weight(const WeightView& w) {
+  CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matvec q8x3act: empty weight";
+  CHECK(dtype_is_quantized(w.dtype)) << "matvec q8x3act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1)";
+  CHECK(w.cols % k_qk == 0) << "matvec q8x3act: " << dtype_name(w.dtype) << " cols " << w.cols;
+}
+
+}  // namespace
+
+void ActQ8x3::quantize(const float* x, int64_t num_tokens, int64_t c, bool simd) {
+  CHECK(c % k_qk == 0) << "quantize q8x3act: cols " << c << " is not a multiple of 32";
+  cols = c;
+  nb = c / k_qk;
+  ng = (nb + k_group - 1) / k_group;
+  const size_t plane = static_cast<size_t>(num_tokens * ng * k_group_bytes);
+  const size_t lanes = static_cast<size_t>(num_tokens * ng * 16);
+  qa.resize(plane);
+  qb.resize(plane);
+  qc.resize(plane);
+  xd.resize(lanes);
+  xs.resize(lanes);
+  ca.resize(lanes);
+  cbc.resize(lanes);
+  int32_t v[k_qk];
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    int8_t* pa = &qa[t * ng * k_group_bytes];
+    int8_t* pb = &qb[t * ng * k_group_bytes];
+    int8_t* pc = &qc[t * ng * k_group_bytes];
+    float* td = &xd[t * ng * 16];
+    float* ts = &xs[t * ng * 16];
+    int32_t* tca = &ca[t * ng * 16];
+    int32_t* tcbc = &cbc[t * ng * 16];
+    if (nb % k_group != 0) {  // the last group's missing blocks: zero digits and scales
+      const int64_t last = (ng - 1) * k_group_bytes;
+      std::memset(pa + last, 0, k_group_bytes);
+      std::memset(pb + last, 0, k_group_bytes);
+      std::memset(pc + last, 0, k_group_bytes);
+      std::fill(td + (ng - 1) * 16, td + ng * 16, 0.0f);
+      std::fill(ts + (ng - 1) * 16, ts + ng * 16, 0.0f);
+      std::fill(tca + (ng - 1) * 16, tca + ng * 16, 0);
+      std::fill(tcbc + (ng - 1) * 16, tcbc + ng * 16, 0);
+    }
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      float d, s;
+      int32_t sums[3];  // Σa, Σb, Σc: q8_0's sign flip adds 128·Σa and 128·(128·Σb + Σc)
+      if (simd) quantize_block_avx512(x + t * c + bi * k_qk, bi, pa, pb, pc, &d, &s, sums);
+      else quantize_block_scalar(x + t * c + bi * k_qk, bi, pa, pb, pc, v, &d, &s, sums);
+      const int64_t lane0 = (bi / k_group) * 16 + (bi % k_group) * 4;
+      for (int k = 0; k < 4; ++k) {
+        td[lane0 + k] = d;
+        ts[lane0 + k] = s;
+        tca[lane0 + k] = 128 * sums[0];
+        tcbc[lane0 + k] = 128 * (128 * sums[1] + sums[2]);
+      }
+    }
+  }
+}
+
+bool q8x3act_vnni_supported() {
+  static const bool cpu = simd_level_supported() == SimdLevel::avx512 && __builtin_cpu_supports("avx512vnni");
+  return cpu && simd_level() == SimdLevel::avx512;
+}
+
+Q8x3TileFn q8x3act_tile(DType d, int nt) {
+  const bool vnni = q8x3act_vnni_supported();
+  switch (d) {
+    case DType::q8_0: return pick<DType::q8_0>(nt, vnni);
+    case DType::q4_0: return pick<DType::q4_0>(nt, vnni);
+    default: return pick<DType::q4_1>(nt, vnni);
+  }
+}
+
+void quantize_act_q8x3(const float* x, int64_t cols, int32_t* v, float* d, float* s) {
+  CHECK(cols % k_qk == 0) << "quantize_act_q8x3: cols " << cols << " is not a multiple of 32";
+  std::vector<int8_t> scratch(static_cast<size_t>((cols / k_qk + k_group - 1) / k_group * k_group_bytes));
+  int32_t sums[3];
+  for (int64_t b = 0; b < cols / k_qk; ++b)
+    quantize_block_scalar(x + b * k_qk, b, scratch.data(), scratch.data(), scratch.data(), v + b * k_qk, d + b, s + b,
+                          sums);
+}
+
+void matvec_q8x3act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  check_weight(w);
+  switch (w.dtype) {
+    case DType::q8_0: return ref_typed<DType::q8_0>(x, w, bias, y, num_tokens);
+    case DType::q4_0: return ref_typed<DType::q4_0>(x, w, bias, y, num_tokens);
+    default: return ref_typed<DType::q4_1>(x, w, bias, y, num_tokens);
+  }
+}
+
+void matvec_q8x3act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  check_weight(w);
+  if (simd_level() == SimdLevel::scalar) return matvec_q8x3act_ref(x, w, bias, y, num_tokens);
+  switch (w.dtype) {
+    case DType::q8_0: return cpu_typed<DType::q8_0>(x, w, bias, y, num_tokens);
+    case DType::q4_0: return cpu_typed<DType::q4_0>(x, w, bias, y, num_tokens);
+    default: return cpu_typed<DType::q4_1>(x, w, bias, y, num_tokens);
+  }
+}
+
+}  // namespace snap::kernels
