@@ -33,8 +33,10 @@ constexpr int k_block_rows = 4;
 constexpr int k_block_tokens = 4;
 // As matmul.cpp: below this many multiply-adds a parallel region costs more than it saves.
 constexpr int64_t k_parallel_min_work = 1 << 16;
-// Software prefetch ahead of each row stream (matmul.cpp measured 1 KiB best for the q8_0 LM head).
-constexpr int64_t k_prefetch_bytes = 1024;
+// Software prefetch ahead of each row stream. bench_matvec (q4_1 stack / q8_0 stack, 2 threads,
+// AVX-512 Xeon, 2026-12-02, 3 alternating runs): 1 KiB 10.1-10.9 / 12.3-13.2 ms, 4 KiB 7.5-10.0 /
+// 9.6-9.8 ms (an earlier AVX2 machine had measured 1 KiB best for matmul.cpp's q8_0 LM head).
+constexpr int64_t k_prefetch_bytes = 4096;
 
 inline float load_f16(const uint8_t* p) {
   uint16_t h;
