@@ -11,6 +11,7 @@
 #include "common/dtype.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/kernels.h"
+#include "tests/kernels/block_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace snap::kernels {
@@ -18,6 +19,7 @@ namespace {
 
 using test::all_close;
 using test::random_floats;
+using test::make_blocks;
 
 // Error bound: f32 accumulation over cols terms of |x·w| ≤ 1 in unordered SIMD lanes (or
 // OpenBLAS blocking) has error ≲ cols·2^-24·mean|x·w| ≈ 5125·6e-8·0.25 ≈ 8e-5 absolute in the
@@ -88,25 +90,6 @@ TEST(Matmul, F16MatchesReferenceOnAwkwardShapes) { check_shapes(DType::f16, k_sh
 TEST(Matmul, Bf16MatchesReferenceOnAwkwardShapes) { check_shapes(DType::bf16, k_shapes); }
 
 // --- block formats ------------------------------------------------------------------
-
-// Random blocks: random quants, scales sized so |w| ≲ 1 like the float tests (q8_0
-// d ≤ 1/127, q4_0 d ≤ 1/8, q4_1 d ≤ 2/15 and m ∈ [-1, 0]); d and m are f16.
-std::vector<uint8_t> make_blocks(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<uint8_t> data(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
-  for (uint8_t& b : data) b = static_cast<uint8_t>(gen());
-  std::uniform_real_distribution<float> unit(0.5f, 1.0f);
-  const float d_max = dtype == DType::q8_0 ? 1.0f / 127 : dtype == DType::q4_0 ? 1.0f / 8 : 2.0f / 15;
-  for (size_t off = 0; off < data.size(); off += static_cast<size_t>(dtype_block_bytes(dtype))) {
-    const uint16_t d = f32_to_f16(d_max * unit(gen));
-    std::memcpy(&data[off], &d, 2);
-    if (dtype == DType::q4_1) {
-      const uint16_t m = f32_to_f16(-unit(gen) + 0.5f * unit(gen) - 0.25f);
-      std::memcpy(&data[off + 2], &m, 2);
-    }
-  }
-  return data;
-}
 
 // Shapes the brief asks for: every rows × cols (cols whole 32-blocks: 1, 2, 18, 48 blocks),
 // token counts cycling through 1..5 (each register-block tail), 17 and 128 (sgemm).

@@ -15,6 +15,7 @@
 #include "kernels/cpu/matvec_q16act.h"
 #include "kernels/kernels.h"
 #include "kernels/matvec_act.h"
+#include "tests/kernels/block_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace snap::kernels {
@@ -22,25 +23,9 @@ namespace {
 
 using test::all_close;
 using test::random_floats;
+using test::make_blocks;
 
 const DType k_types[] = {DType::q8_0, DType::q4_0, DType::q4_1};
-
-std::vector<uint8_t> make_blocks(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<uint8_t> data(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
-  for (uint8_t& b : data) b = static_cast<uint8_t>(gen());
-  std::uniform_real_distribution<float> unit(0.5f, 1.0f);
-  const float d_max = dtype == DType::q8_0 ? 1.0f / 127 : dtype == DType::q4_0 ? 1.0f / 8 : 2.0f / 15;
-  for (size_t off = 0; off < data.size(); off += static_cast<size_t>(dtype_block_bytes(dtype))) {
-    const uint16_t d = f32_to_f16(d_max * unit(gen));
-    std::memcpy(&data[off], &d, 2);
-    if (dtype == DType::q4_1) {
-      const uint16_t m = f32_to_f16(-unit(gen) + 0.5f * unit(gen) - 0.25f);
-      std::memcpy(&data[off + 2], &m, 2);
-    }
-  }
-  return data;
-}
 
 std::vector<float> make_x(int64_t n, uint32_t seed) {
   std::vector<float> x = random_floats(n, seed);

@@ -21,6 +21,7 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul_multi.h"
 #include "kernels/matvec_act.h"
+#include "tests/kernels/block_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace snap::kernels {
@@ -28,42 +29,9 @@ namespace {
 
 using test::all_close;
 using test::random_floats;
-
-struct ActGuard {
-  MatvecAct saved = matvec_act();
-  explicit ActGuard(MatvecAct a) { matvec_act_set(a); }
-  ~ActGuard() { matvec_act_set(saved); }
-};
-
-// As test_matvec_q16act.cpp: |w| ≲ 1, uniform quant bytes (q8_0 holds −128 too).
-std::vector<uint8_t> make_blocks(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<uint8_t> data(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
-  for (uint8_t& b : data) b = static_cast<uint8_t>(gen());
-  std::uniform_real_distribution<float> unit(0.5f, 1.0f);
-  const float d_max = dtype == DType::q8_0 ? 1.0f / 127 : dtype == DType::q4_0 ? 1.0f / 8 : 2.0f / 15;
-  for (size_t off = 0; off < data.size(); off += static_cast<size_t>(dtype_block_bytes(dtype))) {
-    const uint16_t d = f32_to_f16(d_max * unit(gen));
-    std::memcpy(&data[off], &d, 2);
-    if (dtype == DType::q4_1) {
-      const uint16_t m = f32_to_f16(-unit(gen) + 0.5f * unit(gen) - 0.25f);
-      std::memcpy(&data[off + 2], &m, 2);
-    }
-  }
-  return data;
-}
-
-double block_value(DType dtype, const uint8_t* b, int j) {
-  uint16_t h;
-  std::memcpy(&h, b, 2);
-  const double d = f16_to_f32(h);
-  if (dtype == DType::q8_0) return d * static_cast<int8_t>(b[2 + j]);
-  const uint8_t byte = b[(dtype == DType::q4_1 ? 4 : 2) + j % 16];
-  const int n = j < 16 ? byte & 0x0f : byte >> 4;
-  if (dtype == DType::q4_0) return d * (n - 8);
-  std::memcpy(&h, b + 2, 2);
-  return d * n + f16_to_f32(h);
-}
+using test::make_blocks;
+using test::block_value;
+using test::ActGuard;
 
 struct Shape {
   int64_t rows, cols, num_tokens;
