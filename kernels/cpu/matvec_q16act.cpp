@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu/matvec_tiles.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/matvec_act.h"
 
@@ -29,10 +30,7 @@ namespace {
 constexpr int64_t k_qk = 32;  // elements per block, weights and activations alike
 constexpr int k_q16_max = 32767;
 constexpr float k_lo_scale = 1.0f / 32768.0f;  // the residual plane's step, in units of d
-constexpr int k_block_rows = 4;
-constexpr int k_block_tokens = 4;
-// As matmul.cpp: below this many multiply-adds a parallel region costs more than it saves.
-constexpr int64_t k_parallel_min_work = 1 << 16;
+using tiles::k_block_rows;
 // Software prefetch ahead of each row stream. bench_matvec (q4_1 stack / q8_0 stack, 2 threads,
 // AVX-512 Xeon, 2026-12-02, 3 alternating runs): 1 KiB 10.1-10.9 / 12.3-13.2 ms, 4 KiB 7.5-10.0 /
 // 9.6-9.8 ms (an earlier AVX2 machine had measured 1 KiB best for matmul.cpp's q8_0 LM head).
@@ -289,25 +287,8 @@ template <DType D>
 void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, bool split) {
   thread_local ActQ16 a;  // the caller's thread only: filled before the parallel region
   a.quantize(x, num_tokens, w.cols, true, split);
-  const int64_t rows = w.rows;
-  const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
-  const int64_t full_groups = num_tokens / k_block_tokens;
-  const int rest = static_cast<int>(num_tokens % k_block_tokens);
-  const Q16TileFn full = q16act_tile(D, k_block_tokens, split);
-  const Q16TileFn tail = rest ? q16act_tile(D, rest, split) : nullptr;
-  const ActQ16& act = a;
-  const bool parallel = rows * w.cols * num_tokens >= k_parallel_min_work;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    for (int64_t g = 0; g < full_groups; ++g) {
-      const int64_t t0 = g * k_block_tokens;
-      full(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
-    }
-    if (tail) {
-      const int64_t t0 = full_groups * k_block_tokens;
-      tail(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
-    }
-  }
+  tiles::run(static_cast<const ActQ16&>(a), [split](int nt) { return q16act_tile(D, nt, split); },
+             w.data, w.rows, w.cols, bias, y, num_tokens);
 }
 
 void check_weight(const WeightView& w) {

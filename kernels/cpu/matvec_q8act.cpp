@@ -15,6 +15,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu/matvec_q8act.h"
+#include "kernels/cpu/matvec_tiles.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/matvec_q8x3act.h"
 #include "kernels/matvec_act.h"
@@ -68,10 +69,7 @@ bool matvec_act_from_name(const std::string& name, MatvecAct* out) {
 namespace {
 
 constexpr int64_t k_qk = 32;  // elements per block, weights and activations alike
-constexpr int k_block_rows = 4;
-constexpr int k_block_tokens = 4;
-// As matmul.cpp: below this many multiply-adds a parallel region costs more than it saves.
-constexpr int64_t k_parallel_min_work = 1 << 16;
+using tiles::k_block_rows;
 // Software prefetch ahead of each row stream (matmul.cpp measured 1 KiB best for the q8_0 LM head).
 constexpr int64_t k_prefetch_bytes = 1024;
 
@@ -278,25 +276,8 @@ template <DType D>
 void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   thread_local ActQ8 a;  // the caller's thread only: filled before the parallel region
   a.quantize(x, num_tokens, w.cols, true);
-  const int64_t rows = w.rows;
-  const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
-  const int64_t full_groups = num_tokens / k_block_tokens;
-  const int rest = static_cast<int>(num_tokens % k_block_tokens);
-  const Q8TileFn full = pick<D>(k_block_tokens);
-  const Q8TileFn tail = rest ? pick<D>(rest) : nullptr;
-  const ActQ8& act = a;
-  const bool parallel = rows * w.cols * num_tokens >= k_parallel_min_work;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    for (int64_t g = 0; g < full_groups; ++g) {
-      const int64_t t0 = g * k_block_tokens;
-      full(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
-    }
-    if (tail) {
-      const int64_t t0 = full_groups * k_block_tokens;
-      tail(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
-    }
-  }
+  tiles::run(static_cast<const ActQ8&>(a), [](int nt) { return pick<D>(nt); },
+             w.data, w.rows, w.cols, bias, y, num_tokens);
 }
 
 void check_weight(const WeightView& w) {

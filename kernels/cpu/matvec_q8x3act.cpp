@@ -25,6 +25,7 @@
 #include <limits>
 
 #include "common/check.h"
+#include "kernels/cpu/matvec_tiles.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/matvec_act.h"
 
@@ -39,9 +40,7 @@ constexpr int64_t k_group = 4;                  // blocks per group
 constexpr int64_t k_group_bytes = 128;          // per plane and group
 constexpr int32_t k_vmax = 127 * 16384 + 8191;  // |V| clamp: keeps a within [-127, 127]
 constexpr float k_vscale = 127.0f * 16384.0f;   // d = max|x| / k_vscale
-constexpr int k_block_rows = 4;
-constexpr int k_block_tokens = 4;
-constexpr int64_t k_parallel_min_work = 1 << 16;  // as matmul.cpp
+using tiles::k_block_rows;
 // Software prefetch ahead of each row stream. bench_matvec, q4_1 stack, 2 threads, as a ratio to
 // q16x2act in the same run: 1 KiB (matvec_q16act.cpp's) 0.80, 3 KiB 0.47-0.65, 4 KiB 0.63, 6 KiB 0.60-0.64.
 constexpr int64_t k_prefetch_bytes = 4096;
@@ -380,25 +379,8 @@ template <DType D>
 void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   thread_local ActQ8x3 a;  // the caller's thread only: filled before the parallel region
   a.quantize(x, num_tokens, w.cols, simd_level() == SimdLevel::avx512);
-  const int64_t rows = w.rows;
-  const int64_t num_blocks = (rows + k_block_rows - 1) / k_block_rows;
-  const int64_t full_groups = num_tokens / k_block_tokens;
-  const int rest = static_cast<int>(num_tokens % k_block_tokens);
-  const Q8x3TileFn full = q8x3act_tile(D, k_block_tokens);
-  const Q8x3TileFn tail = rest ? q8x3act_tile(D, rest) : nullptr;
-  const ActQ8x3& act = a;
-  const bool parallel = rows * w.cols * num_tokens >= k_parallel_min_work;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    for (int64_t g = 0; g < full_groups; ++g) {
-      const int64_t t0 = g * k_block_tokens;
-      full(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
-    }
-    if (tail) {
-      const int64_t t0 = full_groups * k_block_tokens;
-      tail(act, t0, w.data, rows, bias, y + t0 * rows, b * k_block_rows);
-    }
-  }
+  tiles::run(static_cast<const ActQ8x3&>(a), [](int nt) { return q8x3act_tile(D, nt); },
+             w.data, w.rows, w.cols, bias, y, num_tokens);
 }
 
 void check_weight(const WeightView& w) {
