@@ -30,14 +30,8 @@ cuda_off=(-DSNAP_ENABLE_CUDA=OFF -DSNAP_BUILD_BENCH=OFF)
 cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON "${cuda_off[@]}" >/dev/null
 asan_tests=(test_comm_local test_comm_tcp)
 drivers=()
-# Left out for CI's time (a fresh-clone run with them, 2 cores, 2026-12-02, took 56 min in
-# all): test_engine 290 s, test_kv_dtype 142 s and test_eval_e2e 196 s, which passed under
-# ASan + UBSan there, and test_eval_toxicity_cli, which ran past its own 12 s wait for the
-# first prompt (now 5 min) and was not run again under ASan.
-asan_slow='test_engine|test_kv_dtype|test_eval_e2e|test_eval_toxicity_cli'
 for src in tests/{kernels,worker,coordinator,eval_scoring,e2e,gemma3,matvec_act,eval_longctx,random_model,device}/test_*.cpp; do
   t=$(basename "$src" .cpp)
-  [[ $t =~ ^($asan_slow)$ ]] && continue
   # test_device_cli expects what its own build has (CUDA or not), so it is built here too.
   if grep -q 'snapserve_binary()' "$src" && ! grep -q SNAP_TEST_BUILD_HAS_CUDA "$src"; then
     drivers+=("$t")
