@@ -19,6 +19,7 @@
 #include "kernels/cpu/matvec_q16act.h"
 #include "kernels/cpu/matvec_q8x3act.h"
 #include "kernels/cpu/matvec_q8act.h"
+#include "kernels/cpu/matvec_tiles.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/matmul_multi.h"
 #include "kernels/matvec_act.h"
@@ -69,11 +70,11 @@ inline void dequant_block_scalar(const uint8_t* b, float* out) {
   }
 }
 
-// Below this many multiply-adds a parallel region costs more than it saves (~5 µs fork/join
-// on this 2-core box vs ~3 µs for 64K bf16 FMAs at memory speed).
-constexpr int64_t k_parallel_min_work = 1 << 16;
-constexpr int k_block_rows = 4;
-constexpr int k_block_tokens = 4;
+// Rows per block, tokens per group and the parallel threshold are the ones the quantized-
+// activation tiles use (run_parts calls them with the same row blocks).
+using tiles::k_block_rows;
+using tiles::k_block_tokens;
+using tiles::k_parallel_min_work;
 
 // --- scalar -----------------------------------------------------------------
 template <DType D>

@@ -287,8 +287,7 @@ template <DType D>
 void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, bool split) {
   thread_local ActQ16 a;  // the caller's thread only: filled before the parallel region
   a.quantize(x, num_tokens, w.cols, true, split);
-  tiles::run(static_cast<const ActQ16&>(a), [split](int nt) { return q16act_tile(D, nt, split); },
-             w.data, w.rows, w.cols, bias, y, num_tokens);
+  tiles::run(a, [split](int nt) { return q16act_tile(D, nt, split); }, w.data, w.rows, w.cols, bias, y, num_tokens);
 }
 
 void check_weight(const WeightView& w) {

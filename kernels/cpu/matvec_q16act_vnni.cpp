@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "kernels/cpu/matvec_q16act.h"
+#include "kernels/cpu/matvec_tiles.h"
 #include "kernels/cpu/simd.h"
 
 #define SNAP_TARGET_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
@@ -27,7 +28,7 @@ namespace snap::kernels {
 namespace {
 
 constexpr int64_t k_qk = 32;
-constexpr int k_block_rows = 4;
+using tiles::k_block_rows;  // the row blocks matvec_q16act.cpp drives
 constexpr float k_lo_scale = 1.0f / 32768.0f;
 constexpr int64_t k_prefetch_bytes = 1024;
 

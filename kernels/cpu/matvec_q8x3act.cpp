@@ -379,8 +379,7 @@ template <DType D>
 void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   thread_local ActQ8x3 a;  // the caller's thread only: filled before the parallel region
   a.quantize(x, num_tokens, w.cols, simd_level() == SimdLevel::avx512);
-  tiles::run(static_cast<const ActQ8x3&>(a), [](int nt) { return q8x3act_tile(D, nt); },
-             w.data, w.rows, w.cols, bias, y, num_tokens);
+  tiles::run(a, [](int nt) { return q8x3act_tile(D, nt); }, w.data, w.rows, w.cols, bias, y, num_tokens);
 }
 
 void check_weight(const WeightView& w) {
