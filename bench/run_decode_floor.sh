@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Decode speed against the memory-bandwidth floor, idle and with one busy competitor.
-# For every model × thread count × matvec mode (f32act, q8act, q16act, q16x2act, q8x3act) × OpenMP wait policy (spin = libgomp's
+# For every model × thread count × matvec mode (f32act, q8act, q16act, q16x2act, q8x3act; MODE+rows keeps the weights in
+# row-major blocks, SNAP_WEIGHT_TILES=0, where q8x3act would read its 4-row tiles) × OpenMP wait policy (spin = libgomp's
 # default, passive; snapserve's --threads-wait auto picks one of the two at start) × competitor (none, one `yes`
 # pinned to the same cores), runs build*/bench/bench_generate (prompt 512, greedy decode) and
 # prints: model, weight type, threads, matvec, wait, competitor, decode tok/s, bytes read per token
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     --acts) acts=$2 ;;
     --waits) waits=$2 ;;
     --competitors) competitors=$2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "run_decode_floor.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -63,7 +64,8 @@ for ((r = 1; r <= rounds; r++)); do
           fi
           key="$m.$th.$act.$w.$c"
           # shellcheck disable=SC2046
-          env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT $(wait_env "$w") SNAP_MATVEC="$act" \
+          env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT $(wait_env "$w") SNAP_MATVEC="${act%+rows}" \
+            SNAP_WEIGHT_TILES="$([ "${act%+rows}" = "$act" ] && echo 1 || echo 0)" \
             taskset -c "$cores" "$bench" --model "${model_list[$m]}" --lengths "$prompt" --decode "$decode" \
             --threads "$th" > "$out/$key.$r" 2>&1 || echo "failed: $key round $r" >&2
           [ -z "$comp_pid" ] || { kill $comp_pid; wait $comp_pid 2>/dev/null || true; }
@@ -75,7 +77,7 @@ for ((r = 1; r <= rounds; r++)); do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-printf "%-28s %-9s %7s %-8s %-7s %-10s %9s %10s %8s %9s\n" model weights threads matvec wait competitor tok/s MiB/token GB/s x_floor
+printf "%-28s %-9s %7s %-12s %-7s %-10s %9s %10s %8s %9s\n" model weights threads matvec wait competitor tok/s MiB/token GB/s x_floor
 for m in "${!model_list[@]}"; do
  for th in "${thread_list[@]}"; do
   for act in "${act_list[@]}"; do
@@ -91,7 +93,7 @@ for m in "${!model_list[@]}"; do
             for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (ms[j] < ms[i]) { t = ms[i]; ms[i] = ms[j]; ms[j] = t; t = fl[i]; fl[i] = fl[j]; fl[j] = t; t = b[i]; b[i] = b[j]; b[j] = t }
             k = int((n + 1) / 2); sub(/,$/, "", wt)
             bytes = fl[k] / 1e3 * b[k] * 1e9
-            printf "%-28s %-9s %7s %-8s %-7s %-10s %9.1f %10.1f %8.1f %9.2f\n", model, wt, th, act, w, (c == 0 ? "none" : c " busy"),
+            printf "%-28s %-9s %7s %-12s %-7s %-10s %9.1f %10.1f %8.1f %9.2f\n", model, wt, th, act, w, (c == 0 ? "none" : c " busy"),
                    1e3 / ms[k], bytes / 1048576, bytes / (ms[k] / 1e3) / 1e9, ms[k] / fl[k]
           }'
       done

@@ -13,11 +13,15 @@ namespace snap::kernels {
 
 // --- matmul -----------------------------------------------------------------
 // A weight matrix as stored by HF/GGUF: row-major [rows = out_features, cols = in_features].
+// Block formats may instead be laid out in the decode matvec's 4-row tiles
+// (WeightLayout::tiles4, kernels/weight_tiles.h): the same bytes per row, rearranged.
+enum class WeightLayout : uint8_t { rows, tiles4 };
 struct WeightView {
   DType dtype = DType::f32;
   const void* data = nullptr;  // [rows, cols]
   int64_t rows = 0;
   int64_t cols = 0;
+  WeightLayout layout = WeightLayout::rows;
 };
 
 // y[num_tokens, w.rows] = x[num_tokens, w.cols] · wᵀ (+ bias[w.rows] if non-null).

@@ -23,6 +23,7 @@
 #include "kernels/cpu/simd.h"
 #include "kernels/matmul_multi.h"
 #include "kernels/matvec_act.h"
+#include "kernels/weight_tiles.h"
 
 namespace snap::kernels {
 
@@ -379,6 +380,9 @@ struct MatvecPart {
   Q16TileFn q16full = nullptr, q16tail = nullptr;  // q16act/q16x2act (kernels/cpu/matvec_q16act.cpp)
   bool q16split = false;                           // q16x2act: the tiles read the residual plane
   Q8x3TileFn x3full = nullptr, x3tail = nullptr;   // q8x3act (kernels/cpu/matvec_q8x3act.cpp)
+  // A tiles4 matrix (kernels/weight_tiles.h) whose tiles above read row-major blocks: each row
+  // block is unpacked first (only the q8x3act VNNI tiles read tiles4 themselves).
+  bool unpack = false;
 };
 
 template <DType D>
@@ -400,18 +404,26 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
     p.q16tail = rest ? q16act_tile(D, rest, split) : nullptr;
     p.q16split = split;
   } else if (dtype_is_quantized(D) && act == MatvecAct::q8x3) {
+    if (w.layout == WeightLayout::tiles4 && q8x3act_tile_t4(D, k_block_tokens) != nullptr) {
+      p.x3full = q8x3act_tile_t4(D, k_block_tokens);
+      p.x3tail = rest ? q8x3act_tile_t4(D, rest) : nullptr;
+      return p;
+    }
     p.x3full = q8x3act_tile(D, k_block_tokens);
     p.x3tail = rest ? q8x3act_tile(D, rest) : nullptr;
   } else {
     p.full = pick_tile<D>(level, k_block_tokens);
     p.tail = rest ? pick_tile<D>(level, rest) : nullptr;
   }
+  p.unpack = w.layout == WeightLayout::tiles4;
   return p;
 }
 
 MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel level, int rest, MatvecAct act) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matmul: empty weight";
   CHECK(w.cols % dtype_block_elems(w.dtype) == 0) << "matmul: " << dtype_name(w.dtype) << " cols " << w.cols;
+  CHECK(w.layout == WeightLayout::rows || dtype_is_quantized(w.dtype))
+      << "matmul: tiles4 layout on " << dtype_name(w.dtype) << " weights";
   switch (w.dtype) {
     case DType::f32: return make_part<DType::f32>(w, bias, y, level, rest, act);
     case DType::f16: return make_part<DType::f16>(w, bias, y, level, rest, act);
@@ -427,6 +439,26 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
 void run_block(const MatvecPart& p, const float* x, const ActQ8& act, const ActQ16& act16, const ActQ8x3& act8x3,
                int64_t num_tokens, int64_t b) {
   const int64_t rows = p.w.rows, cols = p.w.cols, r = b * k_block_rows;
+  if (p.unpack) {
+    // The block's rows as a row-major matrix of nr rows, run as one block, its y scattered back:
+    // the same tile arithmetic as on the row-major matrix, so the same results.
+    const int64_t nr = std::min<int64_t>(k_block_rows, rows - r);
+    thread_local std::vector<uint8_t> wbuf;
+    thread_local std::vector<float> ybuf;
+    wbuf.resize(static_cast<size_t>(nr * dtype_row_bytes(p.w.dtype, cols)));
+    ybuf.resize(static_cast<size_t>(num_tokens * nr));
+    weight_tiles4_unpack_rows(p.w, r, nr, wbuf.data());
+    MatvecPart q = p;
+    q.unpack = false;
+    q.w = {p.w.dtype, wbuf.data(), nr, cols, WeightLayout::rows};
+    q.bias = p.bias ? p.bias + r : nullptr;
+    q.y = ybuf.data();
+    q.num_blocks = 1;
+    run_block(q, x, act, act16, act8x3, num_tokens, 0);
+    for (int64_t t = 0; t < num_tokens; ++t)
+      for (int64_t k = 0; k < nr; ++k) p.y[t * rows + r + k] = ybuf[static_cast<size_t>(t * nr + k)];
+    return;
+  }
   if (p.scalar) return p.scalar(x, p.w.data, rows, cols, p.bias, p.y, num_tokens, r);
   const int64_t full_groups = num_tokens / k_block_tokens;
   const int64_t t_rest = full_groups * k_block_tokens;
@@ -583,7 +615,8 @@ template <DType D>
 void gemm_converted(const float* x, const WeightView& w, float* y, int64_t num_tokens) {
   const int64_t rows = w.rows, cols = w.cols;
   const int64_t tile_bytes = dtype_is_quantized(D) ? k_tile_bytes_blocks : k_tile_bytes;
-  const int64_t tile_rows = std::max<int64_t>(16, tile_bytes / (cols * 4));
+  int64_t tile_rows = std::max<int64_t>(16, tile_bytes / (cols * 4));
+  if (w.layout == WeightLayout::tiles4) tile_rows = tile_rows / 4 * 4;  // whole 4-row tiles per task
   float* const tile = tile_scratch(std::min(tile_rows, rows) * cols);
   const auto* src = static_cast<const uint8_t*>(w.data);
   const int64_t row_bytes = dtype_row_bytes(D, cols);
@@ -594,7 +627,14 @@ void gemm_converted(const float* x, const WeightView& w, float* y, int64_t num_t
 #pragma omp parallel for schedule(static) if (nr > k_rows_per_task)
       for (int64_t i = 0; i < nr; i += k_rows_per_task) {
         const int64_t n = std::min(k_rows_per_task, nr - i);
-        convert_rows<D>(src + (r0 + i) * row_bytes, tile + i * cols, n * cols);
+        if (w.layout == WeightLayout::tiles4) {  // rows back to row-major blocks, in L1/L2, then as below
+          thread_local std::vector<uint8_t> blocks;
+          blocks.resize(static_cast<size_t>(n * row_bytes));
+          weight_tiles4_unpack_rows(w, r0 + i, n, blocks.data());
+          convert_rows<D>(blocks.data(), tile + i * cols, n * cols);
+        } else {
+          convert_rows<D>(src + (r0 + i) * row_bytes, tile + i * cols, n * cols);
+        }
       }
     } else {
       convert_rows<D>(src + r0 * row_bytes, tile, nr * cols);
@@ -612,7 +652,13 @@ namespace {
 
 // Row r of w as f32 (exact: see the block-format notes above).
 void ref_row(const WeightView& w, int64_t r, float* out) {
+  std::vector<uint8_t> unpacked;
   const auto* row = static_cast<const uint8_t*>(w.data) + r * dtype_row_bytes(w.dtype, w.cols);
+  if (w.layout == WeightLayout::tiles4) {
+    unpacked.resize(static_cast<size_t>(dtype_row_bytes(w.dtype, w.cols)));
+    weight_tiles4_unpack_rows(w, r, 1, unpacked.data());
+    row = unpacked.data();
+  }
   for (int64_t c = 0; c < w.cols; c += dtype_block_elems(w.dtype)) {
     switch (w.dtype) {
       case DType::f32: out[c] = load_w<DType::f32>(row, c); break;
@@ -646,6 +692,8 @@ void matmul_matvec_cpu(const float* x, const WeightView& w, const float* bias, f
 
 void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matmul: empty weight";
+  CHECK(w.layout == WeightLayout::rows || dtype_is_quantized(w.dtype))
+      << "matmul: tiles4 layout on " << dtype_name(w.dtype) << " weights";
   CHECK(w.cols % dtype_block_elems(w.dtype) == 0) << "matmul: " << dtype_name(w.dtype) << " cols " << w.cols;
   switch (w.dtype) {
     case DType::f32:

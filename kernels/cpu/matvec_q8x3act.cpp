@@ -23,11 +23,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "common/check.h"
 #include "kernels/cpu/matvec_tiles.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/matvec_act.h"
+#include "kernels/weight_tiles.h"
 
 #define SNAP_TARGET_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 
@@ -44,6 +46,9 @@ using tiles::k_block_rows;
 // Software prefetch ahead of each row stream. bench_matvec, q4_1 stack, 2 threads, as a ratio to
 // q16x2act in the same run: 1 KiB (matvec_q16act.cpp's) 0.80, 3 KiB 0.47-0.65, 4 KiB 0.63, 6 KiB 0.60-0.64.
 constexpr int64_t k_prefetch_bytes = 4096;
+// The tiles4 tile's one stream per 4 rows: prefetch this far ahead (bench_matvec, q4_1 stack,
+// 2 threads; see tile_vnni_t4).
+constexpr int64_t k_prefetch_t4_bytes = 8192;
 
 inline float load_f16(const uint8_t* p) {
   uint16_t h;
@@ -259,6 +264,72 @@ SNAP_TARGET_AVX512VNNI inline __m512i load_quarters(const uint8_t* p, int64_t st
   return v;
 }
 
+// One group (4 blocks × 4 rows) for NT tokens: dw/mw hold the 16 (block, row) scales at lane
+// 4j+k, lo/hi each row's 4 blocks of quants as u8 (elements 0..15 and 16..31). Both tiles below
+// call this, so they agree bit for bit.
+template <DType D, int NT>
+SNAP_TARGET_AVX512VNNI inline void group_vnni(const ActQ8x3& a, int64_t t0, int64_t g, __m512 dw, __m512 mw,
+                                              const __m512i lo[k_block_rows], const __m512i hi[k_block_rows],
+                                              __m512 acc[NT]) {
+  const __m512i zero = _mm512_setzero_si512();
+  const int64_t ng = a.ng;
+  for (int t = 0; t < NT; ++t) {
+    const int64_t off8 = ((t0 + t) * ng + g) * k_group_bytes;
+    const int8_t* pa = a.qa.data() + off8;
+    const int8_t* pb = a.qb.data() + off8;
+    const int8_t* pc = a.qc.data() + off8;
+    const __m512i alo = _mm512_loadu_si512(pa), ahi = _mm512_loadu_si512(pa + 64);
+    const __m512i blo = _mm512_loadu_si512(pb), bhi = _mm512_loadu_si512(pb + 64);
+    const __m512i clo = _mm512_loadu_si512(pc), chi = _mm512_loadu_si512(pc + 64);
+    const int64_t off16 = ((t0 + t) * ng + g) * 16;
+    __m512 f;
+    if constexpr (D == DType::q8_0) {
+      // Two integer sums per row: a's (≤ 2^20 per lane) and 2^7·b's + c's (≤ 2^26); together
+      // at 2^14 they would overflow int32. The flip added 128·Σdigit per block: taken off here.
+      __m512i ra[k_block_rows], rbc[k_block_rows];
+      for (int k = 0; k < k_block_rows; ++k) {
+        ra[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[k], alo), hi[k], ahi);
+        __m512i x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[k], blo), hi[k], bhi);
+        x = _mm512_slli_epi32(x, 7);
+        rbc[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[k], clo), hi[k], chi);
+      }
+      const __m512i ta = _mm512_sub_epi32(reduce_rows(ra), _mm512_loadu_si512(a.ca.data() + off16));
+      const __m512i tbc = _mm512_sub_epi32(reduce_rows(rbc), _mm512_loadu_si512(a.cbc.data() + off16));
+      f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ta), _mm512_set1_ps(16384.0f), _mm512_cvtepi32_ps(tbc));
+    } else {
+      // Nibbles ≤ 15: the whole V = (a·2^7 + b)·2^7 + c sum fits one int32 (≤ 2^30 after the
+      // 4 lanes of a block are added), built by shifting between the planes.
+      __m512i rv[k_block_rows];
+      for (int k = 0; k < k_block_rows; ++k) {
+        __m512i x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[k], alo), hi[k], ahi);
+        x = _mm512_slli_epi32(x, 7);
+        x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[k], blo), hi[k], bhi);
+        x = _mm512_slli_epi32(x, 7);
+        rv[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[k], clo), hi[k], chi);
+      }
+      f = _mm512_cvtepi32_ps(reduce_rows(rv));
+    }
+    const __m512 scale = _mm512_mul_ps(dw, _mm512_loadu_ps(a.xd.data() + off16));
+    acc[t] = _mm512_fmadd_ps(f, scale, acc[t]);
+    if constexpr (D != DType::q8_0) acc[t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a.xs.data() + off16), acc[t]);
+  }
+}
+
+// Lane 4j+k → row k: the four 128-bit lanes (blocks) summed, plus the bias.
+template <int NT>
+SNAP_TARGET_AVX512VNNI inline void store_rows(const __m512 acc[NT], int64_t rows, const float* bias, float* y,
+                                              int64_t r) {
+  const int nr = static_cast<int>(std::min<int64_t>(k_block_rows, rows - r));
+  for (int t = 0; t < NT; ++t) {
+    const __m128 s = _mm_add_ps(_mm_add_ps(_mm512_extractf32x4_ps(acc[t], 0), _mm512_extractf32x4_ps(acc[t], 1)),
+                                _mm_add_ps(_mm512_extractf32x4_ps(acc[t], 2), _mm512_extractf32x4_ps(acc[t], 3)));
+    float out[4];
+    _mm_storeu_ps(out, s);
+    for (int k = 0; k < nr; ++k) y[t * rows + r + k] = out[k] + (bias ? bias[r + k] : 0.0f);
+  }
+}
+
+// The row-major tile: the 4 rows' blocks from 4 streams, the scales by one gather.
 template <DType D, int NT>
 SNAP_TARGET_AVX512VNNI void tile_vnni(const ActQ8x3& a, int64_t t0, const void* w, int64_t rows, const float* bias,
                                       float* y, int64_t r) {
@@ -306,55 +377,57 @@ SNAP_TARGET_AVX512VNNI void tile_vnni(const ActQ8x3& a, int64_t t0, const void* 
         hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
       }
     }
-    for (int t = 0; t < NT; ++t) {
-      const int64_t off8 = ((t0 + t) * ng + g) * k_group_bytes;
-      const int8_t* pa = a.qa.data() + off8;
-      const int8_t* pb = a.qb.data() + off8;
-      const int8_t* pc = a.qc.data() + off8;
-      const __m512i alo = _mm512_loadu_si512(pa), ahi = _mm512_loadu_si512(pa + 64);
-      const __m512i blo = _mm512_loadu_si512(pb), bhi = _mm512_loadu_si512(pb + 64);
-      const __m512i clo = _mm512_loadu_si512(pc), chi = _mm512_loadu_si512(pc + 64);
-      const int64_t off16 = ((t0 + t) * ng + g) * 16;
-      __m512 f;
-      if constexpr (D == DType::q8_0) {
-        // Two integer sums per row: a's (≤ 2^20 per lane) and 2^7·b's + c's (≤ 2^26); together
-        // at 2^14 they would overflow int32. The flip added 128·Σdigit per block: taken off here.
-        __m512i ra[k_block_rows], rbc[k_block_rows];
-        for (int k = 0; k < k_block_rows; ++k) {
-          ra[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[k], alo), hi[k], ahi);
-          __m512i x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[k], blo), hi[k], bhi);
-          x = _mm512_slli_epi32(x, 7);
-          rbc[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[k], clo), hi[k], chi);
-        }
-        const __m512i ta = _mm512_sub_epi32(reduce_rows(ra), _mm512_loadu_si512(a.ca.data() + off16));
-        const __m512i tbc = _mm512_sub_epi32(reduce_rows(rbc), _mm512_loadu_si512(a.cbc.data() + off16));
-        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ta), _mm512_set1_ps(16384.0f), _mm512_cvtepi32_ps(tbc));
-      } else {
-        // Nibbles ≤ 15: the whole V = (a·2^7 + b)·2^7 + c sum fits one int32 (≤ 2^30 after the
-        // 4 lanes of a block are added), built by shifting between the planes.
-        __m512i rv[k_block_rows];
-        for (int k = 0; k < k_block_rows; ++k) {
-          __m512i x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[k], alo), hi[k], ahi);
-          x = _mm512_slli_epi32(x, 7);
-          x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[k], blo), hi[k], bhi);
-          x = _mm512_slli_epi32(x, 7);
-          rv[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[k], clo), hi[k], chi);
-        }
-        f = _mm512_cvtepi32_ps(reduce_rows(rv));
-      }
-      const __m512 scale = _mm512_mul_ps(dw, _mm512_loadu_ps(a.xd.data() + off16));
-      acc[t] = _mm512_fmadd_ps(f, scale, acc[t]);
-      if constexpr (D != DType::q8_0) acc[t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a.xs.data() + off16), acc[t]);
+    group_vnni<D, NT>(a, t0, g, dw, mw, lo, hi, acc);
+  }
+  store_rows<NT>(acc, rows, bias, y, r);
+}
+
+// The tiles4 tile (kernels/weight_tiles.h): one contiguous stream per 4 rows, each group's 16
+// scales in one load and each row's 4 blocks in one zmm (masked loads for a short last group,
+// leaving the same zero lanes as load_quarters and the gather). The same group_vnni arithmetic
+// as tile_vnni, so its results are bit-identical to tile_vnni's on the row-major matrix. The
+// last rows % 4 rows of a tiles4 matrix are row-major: tile_vnni.
+template <DType D, int NT>
+SNAP_TARGET_AVX512VNNI void tile_vnni_t4(const ActQ8x3& a, int64_t t0, const void* w, int64_t rows, const float* bias,
+                                         float* y, int64_t r) {
+  if (r + k_block_rows > rows) return tile_vnni<D, NT>(a, t0, w, rows, bias, y, r);
+  constexpr int64_t bb = dtype_block_bytes(D);
+  constexpr int64_t qb = D == DType::q8_0 ? 32 : 16;  // quant bytes per block
+  constexpr int64_t hb = bb - qb;                     // header bytes per block
+  const int64_t nb = a.nb, ng = a.ng;
+  const uint8_t* tile = static_cast<const uint8_t*>(w) + r * nb * bb;
+  const __m512i nib = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    const int64_t b0 = g * k_group;
+    const int nblk = static_cast<int>(std::min<int64_t>(k_group, nb - b0));
+    const uint8_t* grp = tile + k_block_rows * b0 * bb;
+    for (int64_t o = 0; o < k_block_rows * nblk * bb; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(grp + k_prefetch_t4_bytes + o), _MM_HINT_T0);
     }
+    const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * nblk)) - 1);
+    const __mmask64 bytes = nblk == 4 ? ~__mmask64{0} : (__mmask64{1} << (16 * nblk)) - 1;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, grp));
+    __m512 mw = _mm512_setzero_ps();
+    if constexpr (D == DType::q4_1) mw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, grp + 8 * nblk));
+    else if constexpr (D == DType::q4_0) mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+    const uint8_t* quants = grp + k_block_rows * nblk * hb;
+    __m512i lo[k_block_rows], hi[k_block_rows];
+    for (int k = 0; k < k_block_rows; ++k) {
+      const uint8_t* q = quants + k * nblk * qb;
+      const __m512i v = _mm512_maskz_loadu_epi8(bytes, q);
+      if constexpr (D == DType::q8_0) {
+        lo[k] = _mm512_xor_si512(v, flip);
+        hi[k] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bytes, q + 16 * nblk), flip);
+      } else {
+        lo[k] = _mm512_and_si512(v, nib);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      }
+    }
+    group_vnni<D, NT>(a, t0, g, dw, mw, lo, hi, acc);
   }
-  for (int t = 0; t < NT; ++t) {
-    // Lane 4j+k → row k: the four 128-bit lanes (blocks) summed.
-    const __m128 s = _mm_add_ps(_mm_add_ps(_mm512_extractf32x4_ps(acc[t], 0), _mm512_extractf32x4_ps(acc[t], 1)),
-                                _mm_add_ps(_mm512_extractf32x4_ps(acc[t], 2), _mm512_extractf32x4_ps(acc[t], 3)));
-    float out[4];
-    _mm_storeu_ps(out, s);
-    for (int k = 0; k < nr; ++k) y[t * rows + r + k] = out[k] + (bias ? bias[r + k] : 0.0f);
-  }
+  store_rows<NT>(acc, rows, bias, y, r);
 }
 
 template <DType D>
@@ -376,11 +449,37 @@ Q8x3TileFn pick(int nt, bool vnni) {
 }
 
 template <DType D>
+Q8x3TileFn pick_t4(int nt) {
+  switch (nt) {
+    case 1: return tile_vnni_t4<D, 1>;
+    case 2: return tile_vnni_t4<D, 2>;
+    case 3: return tile_vnni_t4<D, 3>;
+    default: return tile_vnni_t4<D, 4>;
+  }
+}
+
+// w is row-major, or tiles4 with the VNNI tiles available.
+template <DType D>
 void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   thread_local ActQ8x3 a;  // the caller's thread only: filled before the parallel region
   a.quantize(x, num_tokens, w.cols, simd_level() == SimdLevel::avx512);
-  tiles::run(a, [](int nt) { return q8x3act_tile(D, nt); }, w.data, w.rows, w.cols, bias, y, num_tokens);
+  if (w.layout == WeightLayout::tiles4) {
+    tiles::run(a, [](int nt) { return q8x3act_tile_t4(D, nt); }, w.data, w.rows, w.cols, bias, y, num_tokens);
+  } else {
+    tiles::run(a, [](int nt) { return q8x3act_tile(D, nt); }, w.data, w.rows, w.cols, bias, y, num_tokens);
+  }
 }
+
+// A tiles4 matrix as a row-major copy (for the paths that do not read tiles4).
+struct RowMajorCopy {
+  std::vector<uint8_t> bytes;
+  WeightView view;
+  explicit RowMajorCopy(const WeightView& w)
+      : bytes(static_cast<size_t>(w.rows * dtype_row_bytes(w.dtype, w.cols))), view{w.dtype, nullptr, w.rows, w.cols} {
+    weight_tiles4_unpack_rows(w, 0, w.rows, bytes.data());
+    view.data = bytes.data();
+  }
+};
 
 void check_weight(const WeightView& w) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matvec q8x3act: empty weight";
@@ -453,6 +552,15 @@ Q8x3TileFn q8x3act_tile(DType d, int nt) {
   }
 }
 
+Q8x3TileFn q8x3act_tile_t4(DType d, int nt) {
+  if (!q8x3act_vnni_supported()) return nullptr;
+  switch (d) {
+    case DType::q8_0: return pick_t4<DType::q8_0>(nt);
+    case DType::q4_0: return pick_t4<DType::q4_0>(nt);
+    default: return pick_t4<DType::q4_1>(nt);
+  }
+}
+
 void quantize_act_q8x3(const float* x, int64_t cols, int32_t* v, float* d, float* s) {
   CHECK(cols % k_qk == 0) << "quantize_act_q8x3: cols " << cols << " is not a multiple of 32";
   std::vector<int8_t> scratch(static_cast<size_t>((cols / k_qk + k_group - 1) / k_group * k_group_bytes));
@@ -464,6 +572,7 @@ void quantize_act_q8x3(const float* x, int64_t cols, int32_t* v, float* d, float
 
 void matvec_q8x3act_ref(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   check_weight(w);
+  if (w.layout == WeightLayout::tiles4) return matvec_q8x3act_ref(x, RowMajorCopy(w).view, bias, y, num_tokens);
   switch (w.dtype) {
     case DType::q8_0: return ref_typed<DType::q8_0>(x, w, bias, y, num_tokens);
     case DType::q4_0: return ref_typed<DType::q4_0>(x, w, bias, y, num_tokens);
@@ -474,6 +583,9 @@ void matvec_q8x3act_ref(const float* x, const WeightView& w, const float* bias, 
 void matvec_q8x3act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   check_weight(w);
   if (simd_level() == SimdLevel::scalar) return matvec_q8x3act_ref(x, w, bias, y, num_tokens);
+  if (w.layout == WeightLayout::tiles4 && !q8x3act_vnni_supported()) {
+    return matvec_q8x3act_cpu(x, RowMajorCopy(w).view, bias, y, num_tokens);
+  }
   switch (w.dtype) {
     case DType::q8_0: return cpu_typed<DType::q8_0>(x, w, bias, y, num_tokens);
     case DType::q4_0: return cpu_typed<DType::q4_0>(x, w, bias, y, num_tokens);

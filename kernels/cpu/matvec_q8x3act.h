@@ -38,5 +38,9 @@ bool q8x3act_vnni_supported();
 // where q8x3act_vnni_supported(), else a scalar tile with the same per-token results up to
 // f32 rounding (exact integer sums, f32 accumulation in another order).
 Q8x3TileFn q8x3act_tile(DType d, int nt);
+// The same for a WeightLayout::tiles4 matrix (kernels/weight_tiles.h): the AVX-512 VNNI tile
+// reading the tiles, bit-identical to q8x3act_tile's on the row-major matrix; null where the CPU
+// has no VNNI tiles (callers then unpack the rows).
+Q8x3TileFn q8x3act_tile_t4(DType d, int nt);
 
 }  // namespace snap::kernels

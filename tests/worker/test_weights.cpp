@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/weight_tiles.h"
 #include "tests/worker/tiny_checkpoint.h"
 #include "worker/model/dequant.h"
 #include "worker/model/weights.h"
@@ -283,13 +284,19 @@ TEST(DefaultModel, LoadsNativeBlocksByDefault) {
   const double streamed_f32 = static_cast<double>(f.nbytes());
   EXPECT_LT(streamed_native / streamed_f32, 0.2);
   EXPECT_GT(streamed_native / streamed_f32, 0.15);
-  // Rows of the q8_0 table dequantized one at a time (as LlamaForward::embed looks them up)
-  // equal the f32 table's rows.
+  // The decode matvec's matrices are in its 4-row tiles where it reads them (the tied table too).
+  const kernels::WeightLayout want_layout =
+      kernels::weight_tiles4_wanted(DType::q8_0) ? kernels::WeightLayout::tiles4 : kernels::WeightLayout::rows;
+  EXPECT_EQ(q.embed.layout(), want_layout);
+  EXPECT_EQ(q.layers[3].gate_proj.layout(), want_layout);
+  // Rows of the q8_0 table unpacked and dequantized one at a time (as LlamaForward::embed looks
+  // them up) equal the f32 table's rows.
   const int64_t row_bytes = dtype_row_bytes(DType::q8_0, hidden);
   std::vector<float> x(hidden);
+  std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
   for (int32_t id : {0, 1, 2, 17, 4242, 49151}) {
-    ASSERT_TRUE(dequantize(GgmlType::q8_0, static_cast<const uint8_t*>(q.embed.data()) + id * row_bytes, x.data(),
-                           hidden).ok());
+    kernels::weight_tiles4_unpack_rows(q.embed.view(), id, 1, row.data());
+    ASSERT_TRUE(dequantize(GgmlType::q8_0, row.data(), x.data(), hidden).ok());
     for (int64_t i = 0; i < hidden; ++i) ASSERT_EQ(x[i], f.embed.f32()[id * hidden + i]) << "token " << id << " dim " << i;
   }
 }

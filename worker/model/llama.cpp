@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/attention_paged.h"
 #include "kernels/cpu/geglu.h"
 #include "kernels/kernels.h"
+#include "kernels/weight_tiles.h"
 #include "worker/model/dequant.h"
 
 namespace snap {
@@ -43,6 +45,7 @@ LlamaForward::LlamaForward(const LoadedModel& model, comm::Communicator* comm) :
   head_w_ = out.view();
   if (out.rows() != s.vocab_size) {
     CHECK_EQ(out.rows(), c.vocab_size);
+    CHECK(out.layout() == kernels::WeightLayout::rows) << "a vocabulary slice of a tiles4 LM head";
     head_w_.data = static_cast<const uint8_t*>(head_w_.data) + s.vocab_begin * dtype_row_bytes(out.dtype(), out.cols());
     head_w_.rows = s.vocab_size;
   }
@@ -110,9 +113,15 @@ void LlamaForward::embed(const int32_t* tokens, int64_t n, float* x) const {
   const ModelConfig& c = model_.config;
   const Matrix& table = model_.weights.embed;
   const int64_t row_bytes = dtype_row_bytes(table.dtype(), c.hidden_size);
+  std::vector<uint8_t> unpacked;  // a row of a table in the matvec's tiles (tied LM head)
   for (int64_t t = 0; t < n; ++t) {
     CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size) << "token id " << tokens[t] << " out of range";
     const auto* row = static_cast<const uint8_t*>(table.data()) + int64_t{tokens[t]} * row_bytes;
+    if (table.layout() == kernels::WeightLayout::tiles4) {
+      unpacked.resize(static_cast<size_t>(row_bytes));
+      kernels::weight_tiles4_unpack_rows(table.view(), tokens[t], 1, unpacked.data());
+      row = unpacked.data();
+    }
     // A row in blocks is dequantized exactly as the loader would have (worker/model/dequant).
     float* out = x + t * c.hidden_size;
     if (table.dtype() == DType::f32) {
@@ -157,6 +166,8 @@ const float* LlamaForward::project_queries(int l, const float* h, const int32_t*
     return qg_.data();
   }
   kernels::WeightView mine = lw.q_proj.view();
+  CHECK(mine.layout == kernels::WeightLayout::rows || (own * c.head_dim % 4 == 0 && q_dim % 4 == 0))
+      << "a row slice of a tiles4 q_proj must be whole tiles (head_dim " << c.head_dim << ")";
   mine.data = static_cast<const uint8_t*>(mine.data) + own * c.head_dim * dtype_row_bytes(mine.dtype, mine.cols);
   mine.rows = q_dim;
   project(h, mine, bias ? bias + own * c.head_dim : nullptr, q_.data(), n);

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kernels/weight_tiles.h"
 #include "worker/model/dequant.h"
 #include "worker/model/gguf.h"
 #include "worker/model/safetensors.h"
@@ -31,6 +32,13 @@ Matrix::Matrix(DType dtype, int64_t rows, int64_t cols) : dtype_(dtype), rows_(r
   void* p = std::aligned_alloc(64, rounded);
   CHECK(p != nullptr) << "out of memory allocating " << rounded << " bytes";
   data_.reset(p);
+}
+
+void Matrix::pack_tiles4() {
+  if (layout_ == kernels::WeightLayout::tiles4) return;
+  CHECK(dtype_is_quantized(dtype_)) << "pack_tiles4 on a " << dtype_name(dtype_) << " matrix";
+  kernels::weight_tiles4_pack(dtype_, data_.get(), rows_, cols_);
+  layout_ = kernels::WeightLayout::tiles4;
 }
 
 int64_t ModelWeights::nbytes() const {
@@ -276,6 +284,18 @@ Status check_gguf(const GgufFile& g, const Job& job) {
   return Status();
 }
 
+// The matrices the decode matvec reads (projections and the LM head: a tied table too, whose
+// looked-up rows are then unpacked) into its 4-row tiles, where it reads them (LoadOptions).
+void pack_for_matvec(ModelWeights* w) {
+  auto pack = [](Matrix& m) {
+    if (!m.empty() && kernels::weight_tiles4_wanted(m.dtype())) m.pack_tiles4();
+  };
+  for (LayerWeights& l : w->layers) {
+    for (Matrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) pack(*m);
+  }
+  pack(w->lm_head.empty() ? w->embed : w->lm_head);
+}
+
 // The block format a GGUF tensor type is kept in, if it is one the matmul reads natively.
 bool native_dtype(GgmlType type, DType* out) {
   switch (type) {
@@ -366,6 +386,7 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
     }
   }
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, [&g](const Job& j, float* out) { return fill_gguf(g, j, out); }));
+  if (opts.matvec_tiles) pack_for_matvec(&m.weights);
   return m;
 }
 

@@ -20,7 +20,8 @@
 namespace snap {
 
 // A dense owned matrix [rows, cols] (a vector is rows=1), 64-byte aligned. In a block
-// format (common/dtype.h) each row is cols/32 consecutive blocks.
+// format (common/dtype.h) each row is cols/32 consecutive blocks, or, after pack_tiles4(),
+// the same bytes in the decode matvec's 4-row tiles (kernels/weight_tiles.h).
 class Matrix {
  public:
   Matrix() = default;
@@ -40,10 +41,14 @@ class Matrix {
     CHECK(dtype_ == DType::f32) << "f32() on a " << dtype_name(dtype_) << " matrix";
     return static_cast<const float*>(data_.get());
   }
-  kernels::WeightView view() const { return {dtype_, data_.get(), rows_, cols_}; }
+  kernels::WeightLayout layout() const { return layout_; }
+  kernels::WeightView view() const { return {dtype_, data_.get(), rows_, cols_, layout_}; }
+  // Rearranges a q8_0/q4_0/q4_1 matrix into WeightLayout::tiles4, in place (no-op if it is).
+  void pack_tiles4();
 
  private:
   struct Free { void operator()(void* p) const; };
+  kernels::WeightLayout layout_ = kernels::WeightLayout::rows;
   DType dtype_ = DType::f32;
   int64_t rows_ = 0;
   int64_t cols_ = 0;
@@ -98,6 +103,12 @@ struct LoadOptions {
   // columns do not start and end on a block boundary is dequantized instead of kept.
   int tp_rank = 0;
   int tp_size = 1;
+  // Kept q8_0/q4_0/q4_1 projections and LM head are rearranged into the decode matvec's 4-row
+  // tiles (kernels/weight_tiles.h) where the CPU matvec reads them (kernels::
+  // weight_tiles4_wanted(): q8x3act on AVX-512 VNNI; decided by the matvec mode set before
+  // loading). Every CPU path reads either layout; false keeps the file's row-major blocks
+  // (the device upload and the tests that compare bytes with the file).
+  bool matvec_tiles = true;
 };
 
 struct LoadedModel {
