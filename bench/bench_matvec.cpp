@@ -26,6 +26,7 @@
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 #include "kernels/matvec_act.h"
+#include "kernels/weight_tiles.h"
 
 namespace snap {
 namespace {
@@ -109,7 +110,9 @@ int main(int argc, char** argv) {
           "  --threads N       OpenMP threads (2)\n"
           "  --dtypes LIST     layer weight types among q4_1,q4_0,q8_0 (all three); the LM head is q8_0\n"
           "  --acts LIST       matvec activation modes among f32act,q8act,q16act,q16x2act,q8x3act (all), interleaved per round;\n"
-          "                    q16act+vnni / q16x2act+vnni: the AVX-512 VNNI tiles (the plain names: AVX2 tiles)\n"
+          "                    q16act+vnni / q16x2act+vnni: the AVX-512 VNNI tiles (the plain names: AVX2 tiles);\n"
+          "                    MODE+tiles: the weights in the 4-row tiles the loader makes for q8x3act on VNNI\n"
+          "                    (kernels/weight_tiles.h; the plain names: row-major blocks)\n"
           "  --rounds N        timed passes per mode (15); the median is printed\n"
           "  --tokens N        rows per matvec call (1: one decode token)\n"
           "  --layers N        transformer layers in the stack (30, as SmolLM2-135M)\n");
@@ -136,8 +139,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<kernels::MatvecAct> acts;
-  std::vector<bool> vnni;
+  std::vector<bool> vnni, tiled;
   for (std::string a : split(acts_arg)) {
+    const std::string tiles_suffix = "+tiles";
+    const bool t = a.size() > tiles_suffix.size() &&
+                   a.compare(a.size() - tiles_suffix.size(), tiles_suffix.size(), tiles_suffix) == 0;
+    if (t) a.resize(a.size() - tiles_suffix.size());
+    tiled.push_back(t);
     const std::string suffix = "+vnni";
     const bool v = a.size() > suffix.size() && a.compare(a.size() - suffix.size(), suffix.size(), suffix) == 0;
     if (v) a.resize(a.size() - suffix.size());
@@ -145,7 +153,8 @@ int main(int argc, char** argv) {
     if (!kernels::matvec_act_from_name(a, &act) ||
         (v && act != kernels::MatvecAct::q16 && act != kernels::MatvecAct::q16x2)) {
       std::fprintf(stderr,
-                   "bench_matvec: unknown activation mode '%s%s' (f32act|q8act|q16act|q16x2act|q8x3act|q16act+vnni|q16x2act+vnni)\n",
+                   "bench_matvec: unknown activation mode '%s%s' (f32act|q8act|q16act|q16x2act|q8x3act|q16act+vnni|q16x2act+vnni, "
+                   "each also +tiles)\n",
                    a.c_str(), v ? suffix.c_str() : "");
       return 2;
     }
@@ -183,6 +192,16 @@ int main(int argc, char** argv) {
       bytes += static_cast<int64_t>(m.bytes.size());
       ++idx;
     }
+    std::vector<Mat> tiled_mats;  // the same matrices in tiles4, when some mode asks for them
+    if (std::find(tiled.begin(), tiled.end(), true) != tiled.end()) {
+      for (const Mat& m : mats) {
+        Mat t{m.bytes, m.view};
+        kernels::weight_tiles4_pack(m.view.dtype, t.bytes.data(), m.view.rows, m.view.cols);
+        t.view.data = t.bytes.data();
+        t.view.layout = kernels::WeightLayout::tiles4;
+        tiled_mats.push_back(std::move(t));
+      }
+    }
     std::vector<float> x(static_cast<size_t>(tokens * 1536)), y(static_cast<size_t>(tokens * 49152));
     std::mt19937 xr(2);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -193,14 +212,15 @@ int main(int argc, char** argv) {
         kernels::matvec_act_set(acts[a]);
         kernels::q16act_vnni_enable(vnni[a]);
         const double t0 = now_seconds();
-        for (const Mat& m : mats) kernels::matmul_matvec_cpu(x.data(), m.view, nullptr, y.data(), tokens);
+        for (const Mat& m : tiled[a] ? tiled_mats : mats) kernels::matmul_matvec_cpu(x.data(), m.view, nullptr, y.data(), tokens);
         if (r >= 0) times[a].push_back(now_seconds() - t0);
       }
     }
     for (size_t a = 0; a < acts.size(); ++a) {
       const double t = median(times[a]);
       const double gbs = bytes / t / 1e9;
-      const std::string act_name = std::string(kernels::matvec_act_name(acts[a])) + (vnni[a] ? "+vnni" : "");
+      const std::string act_name =
+          std::string(kernels::matvec_act_name(acts[a])) + (vnni[a] ? "+vnni" : "") + (tiled[a] ? "+tiles" : "");
       std::printf("%-6s %-13s %9.1f %10.2f %8.1f %10.2f %10.2f\n", name.c_str(), act_name.c_str(),
                   bytes / 1048576.0, t * 1e3, gbs, bw.triad / gbs, bw.read / gbs);
     }

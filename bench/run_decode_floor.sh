@@ -2,7 +2,7 @@
 # Decode speed against the memory-bandwidth floor, idle and with one busy competitor.
 # For every model × thread count × matvec mode (f32act, q8act, q16act, q16x2act, q8x3act; MODE+rows keeps the weights in
 # row-major blocks, SNAP_WEIGHT_TILES=0, where q8x3act would read its 4-row tiles) × OpenMP wait policy (spin = libgomp's
-# default, passive; snapserve's --threads-wait auto picks one of the two at start) × competitor (none, one `yes`
+# default, spin:N = GOMP_SPINCOUNT=N, passive; snapserve's --threads-wait picks one) × competitor (none, one `yes`
 # pinned to the same cores), runs build*/bench/bench_generate (prompt 512, greedy decode) and
 # prints: model, weight type, threads, matvec, wait, competitor, decode tok/s, bytes read per token
 # (weights + KV), GB/s achieved, and the ratio to the floor (bytes / measured triad bandwidth).
@@ -41,6 +41,7 @@ trap 'rm -rf "$out"' EXIT
 wait_env() {  # the environment a wait mode means (kernels/thread_wait.h)
   case "$1" in
     spin) echo "" ;;
+    spin:[0-9]*) echo "GOMP_SPINCOUNT=${1#spin:}" ;;
     passive) echo "OMP_WAIT_POLICY=PASSIVE" ;;
     *) echo "run_decode_floor.sh: unknown wait mode $1" >&2; exit 2 ;;
   esac

@@ -30,6 +30,7 @@
 #include "eval/scoring/cli/scoring_cli.h"
 #include "eval/longctx/eval_cli.h"
 #include "kernels/kernels.h"
+#include "kernels/matvec_act.h"
 #include "kernels/thread_wait.h"
 #include "worker/kv/policy.h"
 #include "worker/model/dequant.h"
@@ -324,6 +325,12 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
                st.kv_full_equivalent_bytes / std::max<double>(1, st.kv_resident_bytes),
                human_bytes(st.kv_pool_peak_bytes).c_str(), st.selection_seconds,
                100.0 * st.selection_seconds / std::max(st.prefill_seconds, 1e-9), human_bytes(peak_rss_bytes()).c_str());
+  if (!device) {  // how the CPU ran: the decode matvec, the weights' layout, the OpenMP wait policy
+    const bool tiles = model->weights.layers[0].q_proj.layout() == kernels::WeightLayout::tiles4;
+    std::fprintf(stderr, "snapserve: cpu: matvec %s (weights %s), threads wait %s\n",
+                 kernels::matvec_act_name(kernels::matvec_act()), tiles ? "in 4-row tiles" : "row-major",
+                 kernels::threads_wait_describe().c_str());
+  }
   // Where the bytes go (this rank): weights as loaded, the KV pool's high-water mark, the
   // forward pass's activation scratch at its largest, the tokenizer (RSS growth while loading it).
   std::fprintf(stderr, "snapserve: memory: weights %s, KV peak %s (%s K/V, %s prefill), scratch peak %s, tokenizer %s\n",

@@ -30,7 +30,9 @@ ThreadsWaitEnv threads_wait_env(ThreadsWait w);
 // 2-core box at load ~9 (bench_generate, prompt 512, 2 threads): spin 337 ms/token, passive
 // 73; GOMP_SPINCOUNT=300/1000/4000 85/97/189, so no fixed spin count was as good as passive there.
 ThreadsWait threads_wait_resolve_auto(double others_runnable, int threads, int cores);
-// Other runnable work now: max(1-minute load, runnable tasks − this one) from /proc/loadavg.
+// Other runnable work now: the runnable tasks but this one (/proc/loadavg), averaged over 10
+// readings 3 ms apart (30 ms at start). Not the 1-minute load average, which still counts work
+// that ended up to a minute ago and so chose passive on idle machines.
 double threads_wait_others_runnable();
 
 // Call first thing in main(), before any OpenMP region. The mode comes from argv

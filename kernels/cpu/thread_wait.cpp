@@ -70,14 +70,28 @@ ThreadsWait threads_wait_resolve_auto(double others, int threads, int cores) {
 }
 
 double threads_wait_others_runnable() {
-  std::FILE* f = std::fopen("/proc/loadavg", "r");
-  if (f == nullptr) return 0.0;
-  double load1 = 0, load5 = 0, load15 = 0;
-  int running = 0, total = 0;
-  const int n = std::fscanf(f, "%lf %lf %lf %d/%d", &load1, &load5, &load15, &running, &total);
-  std::fclose(f);
-  if (n < 4) return n >= 1 ? load1 : 0.0;
-  return std::max(load1, static_cast<double>(running - 1));  // running counts this process
+  // The runnable tasks now (the 4th field of /proc/loadavg counts this thread too), averaged
+  // over k_samples readings k_sample_us apart. Not the 1-minute load average: it still holds
+  // work that ended up to a minute ago (the previous run of a benchmark loop, a build that just
+  // finished) and chose passive on idle machines, where it decodes 3-4x slower than spin
+  // (bench/run_decode_floor.sh on a 2-core Zen 5: 85 vs 311 tok/s).
+  constexpr int k_samples = 10;
+  constexpr useconds_t k_sample_us = 3000;
+  double sum = 0.0;
+  int read = 0;
+  for (int i = 0; i < k_samples; ++i) {
+    if (i > 0) usleep(k_sample_us);
+    std::FILE* f = std::fopen("/proc/loadavg", "r");
+    if (f == nullptr) break;
+    double load1 = 0, load5 = 0, load15 = 0;
+    int running = 0, total = 0;
+    const int n = std::fscanf(f, "%lf %lf %lf %d/%d", &load1, &load5, &load15, &running, &total);
+    std::fclose(f);
+    if (n < 4) break;
+    sum += std::max(0, running - 1);
+    ++read;
+  }
+  return read > 0 ? sum / read : 0.0;
 }
 
 int threads_wait_setup(int argc, char** argv) {

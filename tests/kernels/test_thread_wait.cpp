@@ -8,11 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/thread_wait.h"
@@ -85,6 +89,34 @@ TEST(ThreadsWait, AutoResolvesFromTheLoad) {
   EXPECT_EQ(threads_wait_resolve_auto(9.0, 16, 32), ThreadsWait::spin);
   EXPECT_EQ(threads_wait_resolve_auto(20.0, 16, 32), ThreadsWait::passive);
   EXPECT_GE(threads_wait_others_runnable(), 0.0);
+}
+
+// Work that is running now counts at once, and work that ended does not linger: four busy
+// threads add about four to the count, and after they stop it falls back within the 30 ms of
+// sampling (the 1-minute load average would still hold them). Other tests may run beside this
+// one (ctest -j), so each attempt compares before/during/after and one clean attempt of 5 passes.
+TEST(ThreadsWait, OthersRunnableIsWhatRunsNow) {
+  std::ostringstream seen;
+  bool ok = false;
+  for (int attempt = 0; attempt < 5 && !ok; ++attempt) {
+    const double before = threads_wait_others_runnable();
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> busy;
+    for (int i = 0; i < 4; ++i) {
+      busy.emplace_back([&stop] {
+        volatile uint64_t x = 0;
+        while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const double during = threads_wait_others_runnable();
+    stop = true;
+    for (std::thread& t : busy) t.join();
+    const double after = threads_wait_others_runnable();
+    seen << " [" << before << ", " << during << ", " << after << "]";
+    ok = during >= before + 2.0 && after <= during - 2.0;
+  }
+  EXPECT_TRUE(ok) << "others runnable before, with 4 busy threads, after:" << seen.str();
 }
 
 TEST(ThreadsWait, PassiveSleepsAtOnce) {
