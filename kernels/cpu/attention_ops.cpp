@@ -318,11 +318,96 @@ SNAP_TARGET_AVX512 void scale_avx512(float* acc, int hd, float f) {
   for (int i = 0; i < hd; i += 16) _mm512_storeu_ps(acc + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), fv));
 }
 
+// --- AVX-512, four query rows at a time (prefill) ----------------------------------------
+// As the AVX2 pair above: per row the arithmetic of scores_avx512 / accumulate_avx512 (the same
+// mul/FMA chains and horizontal sums, every acc element summed in key order), so a row's bits do
+// not depend on whether it ran in a tile; each K/V register is loaded (and converted) once for
+// the four rows. Without these the AVX-512 set ran prefill attention a row at a time.
+template <class L>
+SNAP_TARGET_AVX512 void scores4_avx512(const float* const* q, const void* kp, int64_t n, int hd, float* const* s) {
+  const auto* k = static_cast<const uint8_t*>(kp);
+  const int64_t rb = L::row_bytes(hd);
+  if (hd == 64) {  // 16 registers of q for the whole run, 4 of K, 8 accumulators
+    __m512 qr[4][4];
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 4; ++c) qr[r][c] = _mm512_loadu_ps(q[r] + 16 * c);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* kj = k + j * rb;
+      const __m512 k0 = L::load16(kj, 0, hd), k1 = L::load16(kj, 16, hd);
+      const __m512 k2 = L::load16(kj, 32, hd), k3 = L::load16(kj, 48, hd);
+      for (int r = 0; r < 4; ++r) {
+        __m512 a = _mm512_mul_ps(qr[r][0], k0);
+        __m512 b = _mm512_mul_ps(qr[r][1], k1);
+        a = _mm512_fmadd_ps(qr[r][2], k2, a);
+        b = _mm512_fmadd_ps(qr[r][3], k3, b);
+        s[r][j] = hsum_avx512(_mm512_add_ps(a, b));
+      }
+    }
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* kj = k + j * rb;
+    __m512 a[4], b[4];
+    for (int r = 0; r < 4; ++r) a[r] = b[r] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= hd; i += 32) {
+      const __m512 kl = L::load16(kj, i, hd), kh = L::load16(kj, i + 16, hd);
+      for (int r = 0; r < 4; ++r) {
+        a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + i), kl, a[r]);
+        b[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + i + 16), kh, b[r]);
+      }
+    }
+    if (i < hd) {
+      const __m512 kl = L::load16(kj, i, hd);
+      for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + i), kl, a[r]);
+    }
+    for (int r = 0; r < 4; ++r) s[r][j] = hsum_avx512(_mm512_add_ps(a[r], b[r]));
+  }
+}
+// 64 dims of 4 rows in 16 registers per pass, then 16-dim passes (accumulate_avx512's widths:
+// the width does not change any element's chain of FMAs).
+template <class L>
+SNAP_TARGET_AVX512 void accumulate4_avx512(float* const* acc, const float* const* p, const void* vp, int64_t n,
+                                           int hd) {
+  const auto* v = static_cast<const uint8_t*>(vp);
+  const int64_t rb = L::row_bytes(hd);
+  int i = 0;
+  for (; i + 64 <= hd; i += 64) {
+    __m512 a[4][4];
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 4; ++c) a[r][c] = _mm512_loadu_ps(acc[r] + i + 16 * c);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* vj = v + j * rb;
+      const __m512 v0 = L::load16(vj, i, hd), v1 = L::load16(vj, i + 16, hd);
+      const __m512 v2 = L::load16(vj, i + 32, hd), v3 = L::load16(vj, i + 48, hd);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 pr = _mm512_set1_ps(p[r][j]);
+        a[r][0] = _mm512_fmadd_ps(pr, v0, a[r][0]);
+        a[r][1] = _mm512_fmadd_ps(pr, v1, a[r][1]);
+        a[r][2] = _mm512_fmadd_ps(pr, v2, a[r][2]);
+        a[r][3] = _mm512_fmadd_ps(pr, v3, a[r][3]);
+      }
+    }
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc[r] + i + 16 * c, a[r][c]);
+  }
+  for (; i < hd; i += 16) {
+    __m512 a[4];
+    for (int r = 0; r < 4; ++r) a[r] = _mm512_loadu_ps(acc[r] + i);
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512 vv = L::load16(v + j * rb, i, hd);
+      for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r][j]), vv, a[r]);
+    }
+    for (int r = 0; r < 4; ++r) _mm512_storeu_ps(acc[r] + i, a[r]);
+  }
+}
+
 template <class L>
 BlockOps block_ops_for(int head_dim) {
   const SimdLevel level = simd_level();
   if (level == SimdLevel::avx512 && head_dim % 16 == 0)
-    return {scores_avx512<L>, exp_sum_avx512, accumulate_avx512<L>, scale_avx512};
+    return {scores_avx512<L>, exp_sum_avx512, accumulate_avx512<L>, scale_avx512, scores4_avx512<L>,
+            accumulate4_avx512<L>};
   if (level != SimdLevel::scalar && head_dim % 8 == 0)
     return {scores_avx2<L>, exp_sum_avx2, accumulate_avx2<L>, scale_avx2, scores4_avx2<L>, accumulate4_avx2<L>};
   return {scores_scalar<L>, exp_sum_scalar, accumulate_scalar<L>, scale_scalar};

@@ -4,8 +4,8 @@
 // rows of a run are kv_row_bytes(kv_dtype, hd) apart); q, p, acc and every sum are f32.
 //   scores: s[j] = dot(q, k_j), j < n; exp_sum: s[j] = e^(s[j]−m), returns Σ;
 //   accumulate: acc += Σ_j p[j]·v_j; scale: acc *= f.
-// scores4/accumulate4 (the AVX2 set only; null elsewhere) do the same for 4 query rows
-// against the same keys, bit-equal to 4 calls of scores/accumulate: prefill tiles rows.
+// scores4/accumulate4 (the AVX2 and AVX-512 sets; null in the scalar one) do the same for 4
+// query rows against the same keys, bit-equal to 4 calls of scores/accumulate: prefill tiles rows.
 #pragma once
 
 #include <cstdint>
