@@ -51,6 +51,24 @@
 #          p4k4s1      p4k4's cells with seed 1
 #          report4     eval report over OUT_DIR/*.jsonl but grid1k/dtype -> OUT_DIR/report, and over
 #                      OUT_DIR/gemma/*.jsonl -> OUT_DIR/gemma/report (the report does not split by model)
+#        Fifth sweep (docs/eval.md "Fifth sweep"; OUT_DIR bench/results/eval15, a fresh folder: every
+#        cell is measured with this binary), ONE engine thread and one request in flight, run under
+#        `OMP_NUM_THREADS=1 nice -n 5` on the quiet 2-core Zen 5 machine; larger cells on what decides
+#        the goal. niah_single at depths 0-75 unless said; each step loops over seeds outermost (and
+#        lengths inside), so a step cut short leaves whole seeds, every depth and policy alike:
+#          goal5       2K, 4K, 8K, seeds 0-4: full, snapkv 1024, streaming 1024 (20 prompts per cell)
+#          mk5         niah_multikey at 2K, 4K, 8K, seeds 0-2: full, snapkv 1024, streaming 1024
+#          budget5     4K, seeds 0-2 (goal5's prompts): snapkv 128/256/512/2048, pyramidkv/adakv/h2o
+#                      1024, streaming 256
+#          context5    snapkv 1024 context_only at 2K and 4K, seeds 0-4 (goal5's prompts)
+#          grid5       4K, budgets 256 and 512, seeds 0-2, one factor at a time against the default
+#                      (W 32, max pooling, kernel 31, mean GQA; its cells are budget5's): window 16
+#                      and 64, kernel 7, 15 and 63, avg pooling, GQA max
+#          gemma5      Gemma 3 270M (--no-chat) at 16K and 32K, depths 25/75, seeds 0-1: full,
+#                      snapkv 1024, streaming 1024 -> OUT_DIR/gemma/gemma5.jsonl
+#          gemma5b     Gemma 3 at 4K and 8K, depths 25/75, seeds 0-2, the same policies and file
+#          report5     eval report over OUT_DIR/*.jsonl but grid5 -> OUT_DIR/report; grid5 + budget5 ->
+#                      OUT_DIR/grid/report; OUT_DIR/gemma/*.jsonl -> OUT_DIR/gemma/report
 # Depth 100 % is left out: a needle there lies inside the observation window / the recent
 # tokens and every policy found it in every earlier run (1K-2K: docs/eval.md), so it only
 # dilutes the differences. The cell sizes are what a shared, loaded 2-core machine
@@ -208,6 +226,67 @@ for step in "${steps[@]}"; do
         inputs=()
         for f in "$out"/gemma/*.jsonl; do inputs+=(--input "$f"); done
         "$S" eval report --title "Gemma 3 270M Q4_K_M (plain prompts): fourth sweep" \
+          --output-dir "$out/gemma/report" "${inputs[@]}"
+      fi ;;
+    goal5|mk5)
+      task=niah_single; f=goal5; seeds=(0 1 2 3 4)
+      [ "$step" = mk5 ] && { task=niah_multikey; f=mk5; seeds=(0 1 2); }
+      for sd in "${seeds[@]}"; do
+        for L in 2048 4096 8192; do
+          "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks "$task" --lengths "$L" \
+            --policies full,snapkv,streaming --budgets 1024 --output "$out/$f.jsonl"
+        done
+      done ;;
+    budget5)
+      for sd in 0 1 2; do
+        "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks niah_single --lengths 4096 \
+          --policies snapkv --budgets 128,256,512,2048 --output "$out/budget5.jsonl"
+        "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks niah_single --lengths 4096 \
+          --policies pyramidkv,adakv,h2o --budgets 1024 --output "$out/budget5.jsonl"
+        "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks niah_single --lengths 4096 \
+          --policies streaming --budgets 256 --output "$out/budget5.jsonl"
+      done ;;
+    context5)
+      for sd in 0 1 2 3 4; do
+        "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks niah_single --lengths 2048,4096 \
+          --policies snapkv --budgets 1024 --placements context_only --output "$out/context5.jsonl"
+      done ;;
+    grid5)
+      for sd in 0 1 2; do
+        for v in "--windows 16,64" "--kernels 7,15,63" "--poolings avg" "--gqa max"; do
+          # shellcheck disable=SC2086
+          "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks niah_single --lengths 4096 \
+            --policies snapkv --budgets 256,512 $v --output "$out/grid5.jsonl"
+        done
+      done ;;
+    gemma5|gemma5b)
+      mkdir -p "$out/gemma"
+      if [ "$step" = gemma5 ]; then lens=(16384 32768); seeds=(0 1); else lens=(4096 8192); seeds=(0 1 2); fi
+      for sd in "${seeds[@]}"; do
+        for L in "${lens[@]}"; do
+          "$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 \
+            --progress-interval 60 --lengths "$L" --depths 25,75 --seeds "$sd" \
+            --tasks niah_single --policies full,snapkv,streaming --budgets 1024 --output "$out/gemma/gemma5.jsonl"
+        done
+      done ;;
+    report5)
+      # grid5's 14 variant labels get their own report (with budget5's default cells), so that
+      # the main heatmap keeps one panel per policy (each SVG < 100 KB).
+      inputs=()
+      for f in "$out"/*.jsonl; do
+        [ "$(basename "$f")" = grid5.jsonl ] || inputs+=(--input "$f")
+      done
+      "$S" eval report --title "SmolLM2-135M-Instruct Q4_1: fifth sweep" --output-dir "$out/report" "${inputs[@]}"
+      if [ -f "$out/grid5.jsonl" ]; then
+        inputs=(--input "$out/grid5.jsonl")
+        [ -f "$out/budget5.jsonl" ] && inputs+=(--input "$out/budget5.jsonl")
+        "$S" eval report --title "SmolLM2-135M-Instruct Q4_1: fifth sweep, SnapKV parameters at 4K" \
+          --output-dir "$out/grid/report" "${inputs[@]}"
+      fi
+      if compgen -G "$out/gemma/*.jsonl" > /dev/null; then
+        inputs=()
+        for f in "$out"/gemma/*.jsonl; do inputs+=(--input "$f"); done
+        "$S" eval report --title "Gemma 3 270M Q4_K_M (plain prompts): fifth sweep" \
           --output-dir "$out/gemma/report" "${inputs[@]}"
       fi ;;
     *) echo "run_eval_sweep.sh: unknown step '$step'" >&2; exit 2 ;;
