@@ -154,94 +154,87 @@ SNAP_TARGET_AVX2 void scale_avx2(float* acc, int hd, float f) {
   for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), fv));
 }
 
-// --- AVX2, four query rows at a time (prefill) -------------------------------------------
+// --- AVX2, 2-4 query rows at a time (prefill; decode's GQA group) -------------------------
 // The same arithmetic as scores_avx2 / accumulate_avx2 for each row — same FMA chains, same
 // horizontal sum, every acc element updated in key order — so a row's bits do not depend on
 // whether it ran in a tile (prefill) or alone (decode, tails). What the tile saves: each
-// K/V register is loaded (and for 16-bit/q8_0 KV converted) once for 4 rows instead of once
+// K/V register is loaded (and for 16-bit/q8_0 KV converted) once for N rows instead of once
 // per row, which is most of the non-FMA work of the row kernels.
-template <class L>
-SNAP_TARGET_AVX2 void scores4_avx2(const float* const* q, const void* kp, int64_t n, int hd, float* const* s) {
+template <class L, int N>
+SNAP_TARGET_AVX2 void scores_rows_avx2(const float* const* q, const void* kp, int64_t n, int hd, float* const* s) {
   const auto* k = static_cast<const uint8_t*>(kp);
   const int64_t rb = L::row_bytes(hd);
-  const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* kj = k + j * rb;
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    __m256 a0[N], a1[N];
+    for (int r = 0; r < N; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= hd; i += 16) {
       const __m256 kl = L::load8(kj, i, hd), kh = L::load8(kj, i + 8, hd);
-      a00 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kl, a00);
-      a01 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), kh, a01);
-      a10 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kl, a10);
-      a11 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), kh, a11);
-      a20 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kl, a20);
-      a21 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), kh, a21);
-      a30 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kl, a30);
-      a31 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), kh, a31);
+      for (int r = 0; r < N; ++r) {
+        a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + i), kl, a0[r]);
+        a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + i + 8), kh, a1[r]);
+      }
     }
     if (i < hd) {
       const __m256 kl = L::load8(kj, i, hd);
-      a00 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kl, a00);
-      a10 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kl, a10);
-      a20 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kl, a20);
-      a30 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kl, a30);
+      for (int r = 0; r < N; ++r) a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + i), kl, a0[r]);
     }
-    s[0][j] = hsum_avx2(_mm256_add_ps(a00, a01));
-    s[1][j] = hsum_avx2(_mm256_add_ps(a10, a11));
-    s[2][j] = hsum_avx2(_mm256_add_ps(a20, a21));
-    s[3][j] = hsum_avx2(_mm256_add_ps(a30, a31));
+    for (int r = 0; r < N; ++r) s[r][j] = hsum_avx2(_mm256_add_ps(a0[r], a1[r]));
   }
 }
-// 16 dims of 4 rows in 8 registers per pass (accumulate_avx2 holds 32 dims of one row; the
+// 16 dims of N rows in 2N registers per pass (accumulate_avx2 holds 32 dims of one row; the
 // width does not change any element's chain of FMAs).
-template <class L>
-SNAP_TARGET_AVX2 void accumulate4_avx2(float* const* acc, const float* const* p, const void* vp, int64_t n, int hd) {
+template <class L, int N>
+SNAP_TARGET_AVX2 void accumulate_rows_avx2(float* const* acc, const float* const* p, const void* vp, int64_t n,
+                                           int hd) {
   const auto* v = static_cast<const uint8_t*>(vp);
   const int64_t rb = L::row_bytes(hd);
   int i = 0;
   for (; i + 16 <= hd; i += 16) {
-    __m256 a00 = _mm256_loadu_ps(acc[0] + i), a01 = _mm256_loadu_ps(acc[0] + i + 8);
-    __m256 a10 = _mm256_loadu_ps(acc[1] + i), a11 = _mm256_loadu_ps(acc[1] + i + 8);
-    __m256 a20 = _mm256_loadu_ps(acc[2] + i), a21 = _mm256_loadu_ps(acc[2] + i + 8);
-    __m256 a30 = _mm256_loadu_ps(acc[3] + i), a31 = _mm256_loadu_ps(acc[3] + i + 8);
+    __m256 a0[N], a1[N];
+    for (int r = 0; r < N; ++r) {
+      a0[r] = _mm256_loadu_ps(acc[r] + i);
+      a1[r] = _mm256_loadu_ps(acc[r] + i + 8);
+    }
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t* vj = v + j * rb;
       const __m256 vl = L::load8(vj, i, hd), vh = L::load8(vj, i + 8, hd);
-      const __m256 p0 = _mm256_set1_ps(p[0][j]), p1 = _mm256_set1_ps(p[1][j]);
-      const __m256 p2 = _mm256_set1_ps(p[2][j]), p3 = _mm256_set1_ps(p[3][j]);
-      a00 = _mm256_fmadd_ps(p0, vl, a00);
-      a01 = _mm256_fmadd_ps(p0, vh, a01);
-      a10 = _mm256_fmadd_ps(p1, vl, a10);
-      a11 = _mm256_fmadd_ps(p1, vh, a11);
-      a20 = _mm256_fmadd_ps(p2, vl, a20);
-      a21 = _mm256_fmadd_ps(p2, vh, a21);
-      a30 = _mm256_fmadd_ps(p3, vl, a30);
-      a31 = _mm256_fmadd_ps(p3, vh, a31);
+      for (int r = 0; r < N; ++r) {
+        const __m256 pr = _mm256_set1_ps(p[r][j]);
+        a0[r] = _mm256_fmadd_ps(pr, vl, a0[r]);
+        a1[r] = _mm256_fmadd_ps(pr, vh, a1[r]);
+      }
     }
-    _mm256_storeu_ps(acc[0] + i, a00);
-    _mm256_storeu_ps(acc[0] + i + 8, a01);
-    _mm256_storeu_ps(acc[1] + i, a10);
-    _mm256_storeu_ps(acc[1] + i + 8, a11);
-    _mm256_storeu_ps(acc[2] + i, a20);
-    _mm256_storeu_ps(acc[2] + i + 8, a21);
-    _mm256_storeu_ps(acc[3] + i, a30);
-    _mm256_storeu_ps(acc[3] + i + 8, a31);
+    for (int r = 0; r < N; ++r) {
+      _mm256_storeu_ps(acc[r] + i, a0[r]);
+      _mm256_storeu_ps(acc[r] + i + 8, a1[r]);
+    }
   }
   for (; i < hd; i += 8) {
-    __m256 a0 = _mm256_loadu_ps(acc[0] + i), a1 = _mm256_loadu_ps(acc[1] + i);
-    __m256 a2 = _mm256_loadu_ps(acc[2] + i), a3 = _mm256_loadu_ps(acc[3] + i);
+    __m256 a[N];
+    for (int r = 0; r < N; ++r) a[r] = _mm256_loadu_ps(acc[r] + i);
     for (int64_t j = 0; j < n; ++j) {
       const __m256 vv = L::load8(v + j * rb, i, hd);
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[0][j]), vv, a0);
-      a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[1][j]), vv, a1);
-      a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[2][j]), vv, a2);
-      a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[3][j]), vv, a3);
+      for (int r = 0; r < N; ++r) a[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), vv, a[r]);
     }
-    _mm256_storeu_ps(acc[0] + i, a0);
-    _mm256_storeu_ps(acc[1] + i, a1);
-    _mm256_storeu_ps(acc[2] + i, a2);
-    _mm256_storeu_ps(acc[3] + i, a3);
+    for (int r = 0; r < N; ++r) _mm256_storeu_ps(acc[r] + i, a[r]);
+  }
+}
+template <class L>
+void scores_tile_avx2(const float* const* q, const void* k, int64_t n, int hd, float* const* s, int rows) {
+  switch (rows) {
+    case 2: return scores_rows_avx2<L, 2>(q, k, n, hd, s);
+    case 3: return scores_rows_avx2<L, 3>(q, k, n, hd, s);
+    default: return scores_rows_avx2<L, 4>(q, k, n, hd, s);
+  }
+}
+template <class L>
+void accumulate_tile_avx2(float* const* acc, const float* const* p, const void* v, int64_t n, int hd, int rows) {
+  switch (rows) {
+    case 2: return accumulate_rows_avx2<L, 2>(acc, p, v, n, hd);
+    case 3: return accumulate_rows_avx2<L, 3>(acc, p, v, n, hd);
+    default: return accumulate_rows_avx2<L, 4>(acc, p, v, n, hd);
   }
 }
 
@@ -318,24 +311,25 @@ SNAP_TARGET_AVX512 void scale_avx512(float* acc, int hd, float f) {
   for (int i = 0; i < hd; i += 16) _mm512_storeu_ps(acc + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), fv));
 }
 
-// --- AVX-512, four query rows at a time (prefill) ----------------------------------------
+// --- AVX-512, 2-4 query rows at a time (prefill; decode's GQA group) ----------------------
 // As the AVX2 pair above: per row the arithmetic of scores_avx512 / accumulate_avx512 (the same
 // mul/FMA chains and horizontal sums, every acc element summed in key order), so a row's bits do
 // not depend on whether it ran in a tile; each K/V register is loaded (and converted) once for
-// the four rows. Without these the AVX-512 set ran prefill attention a row at a time.
-template <class L>
-SNAP_TARGET_AVX512 void scores4_avx512(const float* const* q, const void* kp, int64_t n, int hd, float* const* s) {
+// the N rows. Without these the AVX-512 set ran prefill attention a row at a time.
+template <class L, int N>
+SNAP_TARGET_AVX512 void scores_rows_avx512(const float* const* q, const void* kp, int64_t n, int hd,
+                                           float* const* s) {
   const auto* k = static_cast<const uint8_t*>(kp);
   const int64_t rb = L::row_bytes(hd);
-  if (hd == 64) {  // 16 registers of q for the whole run, 4 of K, 8 accumulators
-    __m512 qr[4][4];
-    for (int r = 0; r < 4; ++r)
+  if (hd == 64) {  // 4N registers of q for the whole run, 4 of K
+    __m512 qr[N][4];
+    for (int r = 0; r < N; ++r)
       for (int c = 0; c < 4; ++c) qr[r][c] = _mm512_loadu_ps(q[r] + 16 * c);
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t* kj = k + j * rb;
       const __m512 k0 = L::load16(kj, 0, hd), k1 = L::load16(kj, 16, hd);
       const __m512 k2 = L::load16(kj, 32, hd), k3 = L::load16(kj, 48, hd);
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < N; ++r) {
         __m512 a = _mm512_mul_ps(qr[r][0], k0);
         __m512 b = _mm512_mul_ps(qr[r][1], k1);
         a = _mm512_fmadd_ps(qr[r][2], k2, a);
@@ -347,40 +341,40 @@ SNAP_TARGET_AVX512 void scores4_avx512(const float* const* q, const void* kp, in
   }
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* kj = k + j * rb;
-    __m512 a[4], b[4];
-    for (int r = 0; r < 4; ++r) a[r] = b[r] = _mm512_setzero_ps();
+    __m512 a[N], b[N];
+    for (int r = 0; r < N; ++r) a[r] = b[r] = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= hd; i += 32) {
       const __m512 kl = L::load16(kj, i, hd), kh = L::load16(kj, i + 16, hd);
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < N; ++r) {
         a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + i), kl, a[r]);
         b[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + i + 16), kh, b[r]);
       }
     }
     if (i < hd) {
       const __m512 kl = L::load16(kj, i, hd);
-      for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + i), kl, a[r]);
+      for (int r = 0; r < N; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + i), kl, a[r]);
     }
-    for (int r = 0; r < 4; ++r) s[r][j] = hsum_avx512(_mm512_add_ps(a[r], b[r]));
+    for (int r = 0; r < N; ++r) s[r][j] = hsum_avx512(_mm512_add_ps(a[r], b[r]));
   }
 }
-// 64 dims of 4 rows in 16 registers per pass, then 16-dim passes (accumulate_avx512's widths:
+// 64 dims of N rows in 4N registers per pass, then 16-dim passes (accumulate_avx512's widths:
 // the width does not change any element's chain of FMAs).
-template <class L>
-SNAP_TARGET_AVX512 void accumulate4_avx512(float* const* acc, const float* const* p, const void* vp, int64_t n,
-                                           int hd) {
+template <class L, int N>
+SNAP_TARGET_AVX512 void accumulate_rows_avx512(float* const* acc, const float* const* p, const void* vp, int64_t n,
+                                               int hd) {
   const auto* v = static_cast<const uint8_t*>(vp);
   const int64_t rb = L::row_bytes(hd);
   int i = 0;
   for (; i + 64 <= hd; i += 64) {
-    __m512 a[4][4];
-    for (int r = 0; r < 4; ++r)
+    __m512 a[N][4];
+    for (int r = 0; r < N; ++r)
       for (int c = 0; c < 4; ++c) a[r][c] = _mm512_loadu_ps(acc[r] + i + 16 * c);
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t* vj = v + j * rb;
       const __m512 v0 = L::load16(vj, i, hd), v1 = L::load16(vj, i + 16, hd);
       const __m512 v2 = L::load16(vj, i + 32, hd), v3 = L::load16(vj, i + 48, hd);
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < N; ++r) {
         const __m512 pr = _mm512_set1_ps(p[r][j]);
         a[r][0] = _mm512_fmadd_ps(pr, v0, a[r][0]);
         a[r][1] = _mm512_fmadd_ps(pr, v1, a[r][1]);
@@ -388,17 +382,33 @@ SNAP_TARGET_AVX512 void accumulate4_avx512(float* const* acc, const float* const
         a[r][3] = _mm512_fmadd_ps(pr, v3, a[r][3]);
       }
     }
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < N; ++r)
       for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc[r] + i + 16 * c, a[r][c]);
   }
   for (; i < hd; i += 16) {
-    __m512 a[4];
-    for (int r = 0; r < 4; ++r) a[r] = _mm512_loadu_ps(acc[r] + i);
+    __m512 a[N];
+    for (int r = 0; r < N; ++r) a[r] = _mm512_loadu_ps(acc[r] + i);
     for (int64_t j = 0; j < n; ++j) {
       const __m512 vv = L::load16(v + j * rb, i, hd);
-      for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r][j]), vv, a[r]);
+      for (int r = 0; r < N; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r][j]), vv, a[r]);
     }
-    for (int r = 0; r < 4; ++r) _mm512_storeu_ps(acc[r] + i, a[r]);
+    for (int r = 0; r < N; ++r) _mm512_storeu_ps(acc[r] + i, a[r]);
+  }
+}
+template <class L>
+void scores_tile_avx512(const float* const* q, const void* k, int64_t n, int hd, float* const* s, int rows) {
+  switch (rows) {
+    case 2: return scores_rows_avx512<L, 2>(q, k, n, hd, s);
+    case 3: return scores_rows_avx512<L, 3>(q, k, n, hd, s);
+    default: return scores_rows_avx512<L, 4>(q, k, n, hd, s);
+  }
+}
+template <class L>
+void accumulate_tile_avx512(float* const* acc, const float* const* p, const void* v, int64_t n, int hd, int rows) {
+  switch (rows) {
+    case 2: return accumulate_rows_avx512<L, 2>(acc, p, v, n, hd);
+    case 3: return accumulate_rows_avx512<L, 3>(acc, p, v, n, hd);
+    default: return accumulate_rows_avx512<L, 4>(acc, p, v, n, hd);
   }
 }
 
@@ -406,10 +416,10 @@ template <class L>
 BlockOps block_ops_for(int head_dim) {
   const SimdLevel level = simd_level();
   if (level == SimdLevel::avx512 && head_dim % 16 == 0)
-    return {scores_avx512<L>, exp_sum_avx512, accumulate_avx512<L>, scale_avx512, scores4_avx512<L>,
-            accumulate4_avx512<L>};
+    return {scores_avx512<L>, exp_sum_avx512, accumulate_avx512<L>, scale_avx512, scores_tile_avx512<L>,
+            accumulate_tile_avx512<L>};
   if (level != SimdLevel::scalar && head_dim % 8 == 0)
-    return {scores_avx2<L>, exp_sum_avx2, accumulate_avx2<L>, scale_avx2, scores4_avx2<L>, accumulate4_avx2<L>};
+    return {scores_avx2<L>, exp_sum_avx2, accumulate_avx2<L>, scale_avx2, scores_tile_avx2<L>, accumulate_tile_avx2<L>};
   return {scores_scalar<L>, exp_sum_scalar, accumulate_scalar<L>, scale_scalar};
 }
 
@@ -436,8 +446,8 @@ BlockOps attention_block_ops(int head_dim, DType kv_dtype) {
       // At most AVX2, also on AVX-512 machines: the machines this was written on have no
       // AVX-512 to test a q8_0 AVX-512 path with (no untested kernels).
       if (simd_level() != SimdLevel::scalar && head_dim % 8 == 0)
-        return {scores_avx2<LoadQ8>, exp_sum_avx2,           accumulate_avx2<LoadQ8>,
-                scale_avx2,          scores4_avx2<LoadQ8>,   accumulate4_avx2<LoadQ8>};
+        return {scores_avx2<LoadQ8>, exp_sum_avx2,               accumulate_avx2<LoadQ8>,
+                scale_avx2,          scores_tile_avx2<LoadQ8>,   accumulate_tile_avx2<LoadQ8>};
       return {scores_scalar<LoadQ8>, exp_sum_scalar, accumulate_scalar<LoadQ8>, scale_scalar};
     default: break;
   }

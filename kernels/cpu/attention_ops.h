@@ -4,8 +4,9 @@
 // rows of a run are kv_row_bytes(kv_dtype, hd) apart); q, p, acc and every sum are f32.
 //   scores: s[j] = dot(q, k_j), j < n; exp_sum: s[j] = e^(s[j]−m), returns Σ;
 //   accumulate: acc += Σ_j p[j]·v_j; scale: acc *= f.
-// scores4/accumulate4 (the AVX2 and AVX-512 sets; null in the scalar one) do the same for 4
-// query rows against the same keys, bit-equal to 4 calls of scores/accumulate: prefill tiles rows.
+// scores_tile/accumulate_tile (the AVX2 and AVX-512 sets; null in the scalar one) do the same
+// for 2-4 query rows against the same keys, bit-equal to that many calls of scores/accumulate:
+// prefill tiles rows, and a decode token's GQA group shares its KV head's loads.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +22,10 @@ struct BlockOps {
   float (*exp_sum)(float* s, int64_t n, float m);
   void (*accumulate)(float* acc, const float* p, const void* v, int64_t n, int hd);  // v: [n, hd] of kv_dtype
   void (*scale)(float* acc, int hd, float f);
-  // s[r][j] = dot(q[r], k_j) and acc[r] += Σ_j p[r][j]·v_j for r < 4; may be null.
-  void (*scores4)(const float* const* q, const void* k, int64_t n, int hd, float* const* s) = nullptr;
-  void (*accumulate4)(float* const* acc, const float* const* p, const void* v, int64_t n, int hd) = nullptr;
+  // s[r][j] = dot(q[r], k_j) and acc[r] += Σ_j p[r][j]·v_j for r < rows (2..4); may be null.
+  void (*scores_tile)(const float* const* q, const void* k, int64_t n, int hd, float* const* s, int rows) = nullptr;
+  void (*accumulate_tile)(float* const* acc, const float* const* p, const void* v, int64_t n, int hd,
+                          int rows) = nullptr;
 };
 
 // Tests and benchmarks turn the 4-row tiles of attention_paged_cpu off (on by default;

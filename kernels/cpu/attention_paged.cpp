@@ -186,16 +186,17 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
       ops.accumulate(acc, p_r + off, kv_row(kv.v_base, layout, kv.v_block_stride, blk, slot), count, hd);
     });
   };
-  const bool tiles = ops.scores4 != nullptr && attention_tiles_enabled();
+  const bool tiles = ops.scores_tile != nullptr && attention_tiles_enabled();
   for (int64_t j0 = lo_all; j0 < hi_all; j0 += k_key_chunk) {
     const int64_t j1 = std::min(hi_all, j0 + k_key_chunk);
     prefetch_keys(kv, head, j1, std::min(hi_all, j1 + k_key_chunk), layout);
     for (int64_t r0 = 0; r0 < num_rows;) {
-      // Four rows share the keys [A, B) every one of them sees in this chunk: those run as a
-      // tile (each K/V row loaded once for the four); what only some see runs per row, in key
-      // order around the tile so every acc element is summed in the order of the row path.
+      // Up to four rows (a decode token's GQA group, or prefill rows) share the keys [A, B)
+      // every one of them sees in this chunk: those run as a tile (each K/V row loaded once for
+      // all of them); what only some see runs per row, in key order around the tile so every
+      // acc element is summed in the order of the row path.
       int64_t a[4], b[4], A = j0, B = j1;
-      const int64_t rows = tiles && r0 + 4 <= num_rows ? 4 : 1;
+      const int64_t rows = tiles ? std::min<int64_t>(4, num_rows - r0) : 1;
       for (int64_t i = 0; i < rows; ++i) {
         const KeyRange& vis = sc.vis[(r0 + i) / group];
         a[i] = std::max(j0, vis.lo);
@@ -203,7 +204,7 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
         A = std::max(A, a[i]);
         B = std::min(B, b[i]);
       }
-      if (rows == 1 || A >= B) {  // one row, or four without a common key: row by row
+      if (rows == 1 || A >= B) {  // one row, or rows without a common key: row by row
         for (int64_t r = r0; r < r0 + rows; ++r) {
           const KeyRange& vis = sc.vis[r / group];
           const int64_t ar = std::max(j0, vis.lo), br = std::min(j1, vis.hi);
@@ -216,10 +217,11 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
         r0 += rows;
         continue;
       }
+      const int nt = static_cast<int>(rows);
       float* s_r[4];
       const float* q_r[4];
       float* acc_r[4];
-      for (int64_t i = 0; i < 4; ++i) {
+      for (int64_t i = 0; i < rows; ++i) {
         s_r[i] = sc.s.data() + i * k_key_chunk;
         q_r[i] = sc.qs.data() + (r0 + i) * hd;
         acc_r[i] = sc.acc.data() + (r0 + i) * hd;
@@ -228,20 +230,20 @@ void run_item(const BlockOps& ops, const float* q, const int32_t* q_pos, int64_t
       }
       for_each_run(kv, head, layout, A, B, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
         float* s_at[4];
-        for (int64_t i = 0; i < 4; ++i) s_at[i] = s_r[i] + (A - a[i]) + off;
-        ops.scores4(q_r, kv_row(kv.k_base, layout, kv.k_block_stride, blk, slot), count, hd, s_at);
+        for (int64_t i = 0; i < rows; ++i) s_at[i] = s_r[i] + (A - a[i]) + off;
+        ops.scores_tile(q_r, kv_row(kv.k_base, layout, kv.k_block_stride, blk, slot), count, hd, s_at, nt);
       });
-      for (int64_t i = 0; i < 4; ++i) {
+      for (int64_t i = 0; i < rows; ++i) {
         softmax(r0 + i, s_r[i], b[i] - a[i]);
         accumulate(r0 + i, a[i], A, s_r[i]);
       }
       for_each_run(kv, head, layout, A, B, [&](int64_t blk, int64_t slot, int64_t count, int64_t off) {
         const float* p_at[4];
-        for (int64_t i = 0; i < 4; ++i) p_at[i] = s_r[i] + (A - a[i]) + off;
-        ops.accumulate4(acc_r, p_at, kv_row(kv.v_base, layout, kv.v_block_stride, blk, slot), count, hd);
+        for (int64_t i = 0; i < rows; ++i) p_at[i] = s_r[i] + (A - a[i]) + off;
+        ops.accumulate_tile(acc_r, p_at, kv_row(kv.v_base, layout, kv.v_block_stride, blk, slot), count, hd, nt);
       });
-      for (int64_t i = 0; i < 4; ++i) accumulate(r0 + i, B, b[i], s_r[i] + (B - a[i]));
-      r0 += 4;
+      for (int64_t i = 0; i < rows; ++i) accumulate(r0 + i, B, b[i], s_r[i] + (B - a[i]));
+      r0 += rows;
     }
   }
 }

@@ -306,10 +306,11 @@ std::vector<float> naive_attention(const std::vector<float>& q, const std::vecto
   return out;
 }
 
-// Prefill rows run 4 at a time through the AVX2 tile ops (attention_ops.h) where they share
-// keys; the tiles must give every row the bits of the row-at-a-time path (so a row's output
-// does not depend on which rows share its tile: batch invariance), over prompt lengths that
-// are not multiples of the tile, GQA groups of 1/3/4 (tiles spanning tokens), sliding
+// Prefill rows, and a decode token's GQA group, run 2-4 at a time through the AVX2 / AVX-512
+// tile ops (attention_ops.h) where they share keys; the tiles must give every row the bits of
+// the row-at-a-time path (so a row's output does not depend on which rows share its tile:
+// batch invariance), over prompt lengths that are not multiples of the tile (tails of 2 and 3
+// rows), decode tokens, GQA groups of 1/2/3/4 (tiles spanning tokens), sliding
 // windows (rows of a tile with different first keys), chunks starting at an offset, heads of
 // different lengths and every KV dtype. Against the reference too (run_case covers the rest).
 TEST(AttentionPaged, TiledPrefillEqualsRowPathBitForBit) {
@@ -319,7 +320,9 @@ TEST(AttentionPaged, TiledPrefillEqualsRowPathBitForBit) {
   };
   const Shape shapes[] = {{4, 0, 1, 64, 0},    {5, 0, 1, 64, 0},    {13, 0, 3, 64, 0},  {37, 11, 3, 64, 0},
                           {37, 0, 4, 128, 0},  {29, 100, 3, 80, 0}, {66, 0, 3, 64, 7},  {70, 40, 1, 64, 100},
-                          {19, 0, 2, 24, 0},   {200, 57, 3, 64, 0}, {130, 0, 3, 64, 50}};
+                          {19, 0, 2, 24, 0},   {200, 57, 3, 64, 0}, {130, 0, 3, 64, 50},
+                          // decode: one token whose GQA group of 3 or 2 rows runs as a tile
+                          {1, 300, 3, 64, 0},  {1, 77, 2, 128, 0},  {2, 500, 3, 80, 0}};
   for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::q8_0}) {
     for (const Shape& sh : shapes) {
       const int num_kv_heads = 2, hd = sh.head_dim;
