@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
                         {"down_proj 4096x14336", &lw.down, k_hidden, k_mlp},
                         {"lm_head 128256x4096", &lm_head, k_vocab, k_hidden}};
   cublasHandle_t h;
-  check(cublasCreate(&h), "cublasCreate");
+  check(snap::kernels::cublas_create(&h), "cublasCreate");
 
   std::printf("prefill GEMMs (cuBLAS bf16 -> f32, share of %.0f TFLOP/s):\n", k_peak_bf16_tflops);
   for (int64_t tokens : {512, 2048, 8192}) {
@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
     });
     row("select over " + std::to_string(ctx) + " tokens", ms, "");
   }
-  cublasDestroy(h);
+  snap::kernels::cublas_destroy(h);
 
   // Decode estimate: the model's kernel times added up (norms, RoPE, residuals and launch gaps
   // excluded), against the floor: bytes that must be read per token / measured bandwidth.

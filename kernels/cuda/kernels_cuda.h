@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cublas_v2.h>
+
+#include "kernels/cuda/cublas_lazy.h"
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

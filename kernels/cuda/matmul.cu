@@ -32,13 +32,13 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
                                 const float* bias, float* y, int64_t num_tokens, int64_t rows, int64_t cols,
                                 cudaStream_t stream) {
   if (num_tokens <= 0 || rows <= 0) return CUBLAS_STATUS_SUCCESS;
-  cublasStatus_t st = cublasSetStream(handle, stream);
+  cublasStatus_t st = cublas_set_stream(handle, stream);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   const float alpha = 1.0f, beta = 0.0f;
-  st = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(num_tokens),
-                    static_cast<int>(cols), &alpha, w, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF,
-                    static_cast<int>(cols), &beta, y, CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F,
-                    CUBLAS_GEMM_DEFAULT);
+  st = cublas_gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(num_tokens),
+                      static_cast<int>(cols), &alpha, w, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF,
+                      static_cast<int>(cols), &beta, y, CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS || bias == nullptr) return st;
   const int64_t n = num_tokens * rows;
   const int64_t blocks = (n + 255) / 256;

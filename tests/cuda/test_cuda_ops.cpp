@@ -222,13 +222,14 @@ void add_matmul(std::vector<OpCase>& t) {
                    matmul_ref(xr.data(), w, s.bias ? bias.data() : nullptr, want.data(), s.tokens);
                    matmul_ref(x.data(), w, s.bias ? bias.data() : nullptr, want_f32.data(), s.tokens);
                    cublasHandle_t h = nullptr;
-                   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return AssertionFailure() << "cublasCreate failed";
+                   if (cublas_create(&h) != CUBLAS_STATUS_SUCCESS)
+                     return AssertionFailure() << "cublasCreate failed " << cublas_load_error();
                    DeviceBuffer<uint16_t> dx(xb), dw(wb);
                    DeviceBuffer<float> db(bias), dy(want.size());
                    const cublasStatus_t st = matmul_bf16_cuda(h, as_bf16(dx.ptr), as_bf16(dw.ptr), s.bias ? db.ptr : nullptr,
                                                               dy.ptr, s.tokens, s.rows, s.cols, nullptr);
                    auto r = sync_ok();
-                   cublasDestroy(h);
+                   cublas_destroy(h);
                    if (st != CUBLAS_STATUS_SUCCESS) return AssertionFailure() << "cublasGemmEx status " << st;
                    if (!r) return r;
                    const auto got = dy.to_host();

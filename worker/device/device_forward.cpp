@@ -16,11 +16,16 @@ Status cuda_status(const char* what, cudaError_t e) {
   return internal_error(std::string("device forward: ") + what + ": " + cudaGetErrorString(e));
 }
 #define DEV_TRY(what, expr) SNAP_RETURN_IF_ERROR(cuda_status(what, (expr)))
+// Why cuBLAS is not there, when it could not be loaded (kernels/cuda/cublas_lazy.h).
+std::string cublas_why() {
+  const std::string& e = kernels::cublas_load_error();
+  return e.empty() ? std::string() : " (" + e + ")";
+}
 }  // namespace
 
 DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& weights, DeviceKvPool& pool)
     : config_(config), w_(weights), pool_(pool), stream_(pool.stream()) {
-  cublasCreate(&cublas_);
+  if (kernels::cublas_create(&cublas_) != CUBLAS_STATUS_SUCCESS) cublas_ = nullptr;
   attn_.num_heads = config.num_heads;
   attn_.num_kv_heads = config.num_kv_heads;
   attn_.head_dim = config.head_dim;
@@ -49,7 +54,7 @@ DeviceForward::~DeviceForward() {
   free_scratch();
   for (float* p : win_q_) cudaFree(p);
   observe_h2o(0);
-  if (cublas_) cublasDestroy(cublas_);
+  if (cublas_) kernels::cublas_destroy(cublas_);
 }
 
 Status DeviceForward::ensure_scratch(int64_t n) {
@@ -143,7 +148,7 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
                               std::to_string(new_blocks) + " new KV blocks, " + std::to_string(pool_.free_blocks()) +
                               " are free");
   SNAP_RETURN_IF_ERROR(ensure_scratch(num_rows));
-  if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed");
+  if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed" + cublas_why());
   const int64_t n = num_rows, hidden = config_.hidden_size, ff = config_.intermediate_size, vocab = config_.vocab_size;
   const int hd = config_.head_dim;
   const int64_t qd = int64_t{config_.num_heads} * hd, kvd = int64_t{nkv} * hd;
@@ -227,7 +232,7 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
       return invalid_argument("device forward: token id " + std::to_string(tokens[i]) + " not in [0, " +
                               std::to_string(config_.vocab_size) + ")");
   SNAP_RETURN_IF_ERROR(ensure_scratch(n));
-  if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed");
+  if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed" + cublas_why());
   const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
   const int64_t start = pool_.appended(seq, 0);
   std::vector<int32_t> pos(static_cast<size_t>(n));
@@ -267,7 +272,7 @@ Status DeviceForward::prefill_layerwise(int32_t seq, const int32_t* tokens, int6
     if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
       return invalid_argument("device forward: token id " + std::to_string(tokens[i]) + " not in [0, " +
                               std::to_string(config_.vocab_size) + ")");
-  if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed");
+  if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed" + cublas_why());
   const int window = prepare_compression(policy, n);
   // Chunks as chunked prefill cuts them: the last holds at least the window.
   std::vector<std::pair<int64_t, int64_t>> chunks;  // (start, length)
