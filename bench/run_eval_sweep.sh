@@ -61,9 +61,10 @@
 #          budget5     4K, seeds 0-2 (goal5's prompts): snapkv 128/256/512/2048, pyramidkv/adakv/h2o
 #                      1024, streaming 256
 #          context5    snapkv 1024 context_only at 2K and 4K, seeds 0-4 (goal5's prompts)
-#          grid5       4K, budgets 256 and 512, seeds 0-2, one factor at a time against the default
-#                      (W 32, max pooling, kernel 31, mean GQA; its cells are budget5's): window 16
-#                      and 64, kernel 7, 15 and 63, avg pooling, GQA max
+#          grid5       4K, budget 256, seeds 0-1, one factor at a time against the default (W 32,
+#                      max pooling, kernel 31, mean GQA; its cells are budget5's): window 16 and 64,
+#                      kernel 7, 15 and 63, avg pooling, GQA max (seeds 0-1 only: the 4-hour budget)
+#          grid5b      the same at budget 512
 #          gemma5      Gemma 3 270M (--no-chat) at 16K and 32K, depths 25/75, seeds 0-1: full,
 #                      snapkv 1024, streaming 1024 -> OUT_DIR/gemma/gemma5.jsonl
 #          gemma5b     Gemma 3 at 4K and 8K, depths 25/75, seeds 0-2, the same policies and file
@@ -251,12 +252,13 @@ for step in "${steps[@]}"; do
         "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks niah_single --lengths 2048,4096 \
           --policies snapkv --budgets 1024 --placements context_only --output "$out/context5.jsonl"
       done ;;
-    grid5)
-      for sd in 0 1 2; do
+    grid5|grid5b)
+      b=256; [ "$step" = grid5b ] && b=512
+      for sd in 0 1; do
         for v in "--windows 16,64" "--kernels 7,15,63" "--poolings avg" "--gqa max"; do
           # shellcheck disable=SC2086
           "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks niah_single --lengths 4096 \
-            --policies snapkv --budgets 256,512 $v --output "$out/grid5.jsonl"
+            --policies snapkv --budgets "$b" $v --output "$out/grid5.jsonl"
         done
       done ;;
     gemma5|gemma5b)
