@@ -31,6 +31,15 @@
 namespace snap {
 namespace {
 
+// The instructions q8x3act's tiles use here (the bench sets each mode itself afterwards).
+const char* q8x3_tiles_name() {
+  const snap::kernels::MatvecAct was = snap::kernels::matvec_act();
+  snap::kernels::matvec_act_set(snap::kernels::MatvecAct::q8x3);
+  const char* name = snap::kernels::matvec_act_tiles_name();
+  snap::kernels::matvec_act_set(was);
+  return name;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -111,11 +120,13 @@ int main(int argc, char** argv) {
           "  --dtypes LIST     layer weight types among q4_1,q4_0,q8_0 (all three); the LM head is q8_0\n"
           "  --acts LIST       matvec activation modes among f32act,q8act,q16act,q16x2act,q8x3act (all), interleaved per round;\n"
           "                    q16act+vnni / q16x2act+vnni: the AVX-512 VNNI tiles (the plain names: AVX2 tiles);\n"
-          "                    MODE+tiles: the weights in the 4-row tiles the loader makes for q8x3act on VNNI\n"
+          "                    MODE+tiles: the weights in the 4-row tiles the loader makes for q8x3act (AVX2/AVX-512)\n"
           "                    (kernels/weight_tiles.h; the plain names: row-major blocks)\n"
           "  --rounds N        timed passes per mode (15); the median is printed\n"
           "  --tokens N        rows per matvec call (1: one decode token)\n"
-          "  --layers N        transformer layers in the stack (30, as SmolLM2-135M)\n");
+          "  --layers N        transformer layers in the stack (30, as SmolLM2-135M)\n"
+          "Env SNAP_SIMD=avx2 runs the AVX2 tiles on an AVX-512 CPU; SNAP_AVXVNNI=0 makes q8x3act's AVX2 tiles\n"
+          "use vpmaddubsw + vpmaddwd instead of AVX-VNNI (what an AVX2 CPU without AVX-VNNI runs).\n");
       return 0;
     }
     if (i + 1 >= argc) {
@@ -168,8 +179,8 @@ int main(int argc, char** argv) {
   }
   omp_set_num_threads(threads);
   const Bandwidth bw = measure_bandwidth();
-  std::printf("threads %d, simd %s, tokens %lld, bandwidth triad %.1f GB/s, read %.1f GB/s\n", threads,
-              kernels::simd_level_name(), (long long)tokens, bw.triad, bw.read);
+  std::printf("threads %d, simd %s, q8x3act tiles %s, tokens %lld, bandwidth triad %.1f GB/s, read %.1f GB/s\n",
+              threads, kernels::simd_level_name(), q8x3_tiles_name(), (long long)tokens, bw.triad, bw.read);
   std::printf("%-6s %-13s %9s %10s %8s %10s %10s\n", "dtype", "act", "MiB", "ms/token", "GB/s", "x_triad", "x_read");
   // [rows, cols] of one layer: q, k, v, o, gate, up, down (hidden 576, kv 192, ff 1536).
   const int64_t shapes[7][2] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};

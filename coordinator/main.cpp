@@ -327,8 +327,9 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
                100.0 * st.selection_seconds / std::max(st.prefill_seconds, 1e-9), human_bytes(peak_rss_bytes()).c_str());
   if (!device) {  // how the CPU ran: the decode matvec, the weights' layout, the OpenMP wait policy
     const bool tiles = model->weights.layers[0].q_proj.layout() == kernels::WeightLayout::tiles4;
-    std::fprintf(stderr, "snapserve: cpu: matvec %s (weights %s), threads wait %s\n",
-                 kernels::matvec_act_name(kernels::matvec_act()), tiles ? "in 4-row tiles" : "row-major",
+    std::fprintf(stderr, "snapserve: cpu: matvec %s on %s (weights %s), threads wait %s\n",
+                 kernels::matvec_act_name(kernels::matvec_act()), kernels::matvec_act_tiles_name(),
+                 tiles ? "in 4-row tiles" : "row-major",
                  kernels::threads_wait_describe().c_str());
   }
   // Where the bytes go (this rank): weights as loaded, the KV pool's high-water mark, the

@@ -10,16 +10,20 @@
 //   q16x2act: q16act plus a second int16 plane holding the rounding residual at scale d/32768
 //           (activations to ~2^-31 of each block's max|x|) and two more vpmaddwd per block.
 //           SmolLM2 logits within 1.2e-4 of transformers at every golden position run through
-//           it (f32act 8.1e-5; tests/matvec_act), ~1.5x f32act's speed on AVX2. The default on
-//           CPUs without AVX-512 VNNI.
+//           it (f32act 8.1e-5; tests/matvec_act), ~1.5x f32act's speed on AVX2. The default
+//           below the AVX2 level (where its tiles fall back to the f32act scalar path anyway).
 //   q8x3act: each activation block quantized to 22-bit integers (d = max|x|/(127·2^14), error
 //           ≤ 3/4·d ≈ 2^-21.4 of max|x|) held as three int8 digit planes, so every block's dot
 //           product is exact u8 × s8 integer sums: AVX-512 VNNI vpdpbusd, 4 blocks × 4 rows at
-//           a time (kernels/cpu/matvec_q8x3act.cpp). SmolLM2 logits within 1.4e-4 of
-//           transformers (tests/matvec_act). The default on CPUs with AVX-512 VNNI (at the
-//           avx512 SIMD level); elsewhere it runs scalar tiles (correct, slow). There the loader
-//           also rearranges the weights into 4-row tiles (kernels/weight_tiles.h), which the
-//           VNNI tiles read as one stream without gathers (same results, ~1.3-1.5x faster).
+//           a time (kernels/cpu/matvec_q8x3act.cpp); on AVX2 CPUs the same per lane in two
+//           256-bit halves, with AVX-VNNI's vpdpbusd where the CPU has it (Alder Lake and later,
+//           Zen 5) or vpmaddubsw + vpmaddwd (and the sign trick for q8_0) where not: the same
+//           bits as the AVX-512 tiles (kernels/cpu/matvec_q8x3act_avx2.inc). SmolLM2 logits
+//           within 1.4e-4 of transformers (tests/matvec_act). The default at the avx2 and avx512
+//           SIMD levels; below them it runs scalar tiles (correct, slow). The loader also
+//           rearranges the weights into 4-row tiles (kernels/weight_tiles.h), which the vector
+//           tiles read as one stream without gathers (same results; AVX-512 ~1.3-1.5x faster,
+//           AVX2 ~1.5-2x: its row-major tile is slower than q16x2act's).
 // On a CPU without AVX2 every mode runs the f32act scalar path; q8act runs its AVX2 tiles on
 // AVX-512 too; q16act/q16x2act run AVX2 tiles there unless env SNAP_MATVEC_VNNI=1 selects
 // their AVX-512 VNNI tiles on a CPU with avx512vnni (kernels/cpu/matvec_q16act_vnni.cpp: they
@@ -39,9 +43,12 @@ enum class MatvecAct : uint8_t { f32, q8, q16, q16x2, q8x3 };
 
 // The current choice: matvec_act_set() if called, else SNAP_MATVEC, else matvec_act_default().
 MatvecAct matvec_act();
-// q8x3act where this CPU runs its AVX-512 VNNI tiles (and simd_level() is avx512), else q16x2act.
+// q8x3act where this CPU runs its vector tiles (simd_level() avx2 or avx512), else q16x2act.
 MatvecAct matvec_act_default();
 void matvec_act_set(MatvecAct act);
+// Which instructions the current mode's tiles use here, for reports: q8x3act "avx512-vnni",
+// "avx2+avx-vnni", "avx2 maddubs" or "scalar"; the other modes simd_level()'s name.
+const char* matvec_act_tiles_name();
 const char* matvec_act_name(MatvecAct act);  // "f32act" | "q8act" | "q16act" | "q16x2act" | "q8x3act"
 // One of those names -> true and *out set; anything else -> false.
 bool matvec_act_from_name(const std::string& name, MatvecAct* out);

@@ -1,5 +1,5 @@
 // The 4-row tile layout of block-format weights (WeightLayout::tiles4), read by the q8x3act
-// decode matvec on AVX-512 VNNI (kernels/cpu/matvec_q8x3act.cpp): per 4 rows one contiguous
+// decode matvec's vector tiles (AVX-512 VNNI or AVX2, kernels/cpu/matvec_q8x3act.cpp): per 4 rows one contiguous
 // stream, with each step's 16 block scales in one 64-byte load and each row's 4 blocks of
 // quants in one zmm, where the row-major layout needs a 16-lane gather and 12 lane inserts per
 // 4 rows × 4 blocks. Same bytes as the row-major matrix, rearranged: a matrix keeps its size and
@@ -28,7 +28,7 @@ void weight_tiles4_pack(DType dtype, void* data, int64_t rows, int64_t cols);
 void weight_tiles4_unpack_rows(const WeightView& w, int64_t r0, int64_t n, void* dst);
 
 // Whether the CPU decode matvec reads tiles4 for dtype: q8_0/q4_0/q4_1 with q8x3act (the
-// current matvec_act()) running its AVX-512 VNNI tiles. Every other path reads tiles4 too, by
+// current matvec_act()) running its vector tiles (AVX-512 VNNI or AVX2). Every other path reads tiles4 too, by
 // unpacking rows (correct, slower), so this only decides what is worth packing at load.
 // Env SNAP_WEIGHT_TILES=0 says no (benchmarks compare both layouts in one binary).
 bool weight_tiles4_wanted(DType dtype);

@@ -35,13 +35,20 @@ int act_from_env() {  // -1: SNAP_MATVEC unset or not a mode name
 
 }  // namespace
 
-MatvecAct matvec_act_default() { return q8x3act_vnni_supported() ? MatvecAct::q8x3 : MatvecAct::q16x2; }
+MatvecAct matvec_act_default() { return q8x3act_vector_tiles() ? MatvecAct::q8x3 : MatvecAct::q16x2; }
 
 MatvecAct matvec_act() {
   const int a = g_act.load(std::memory_order_relaxed);
   if (a >= 0) return static_cast<MatvecAct>(a);
   static const int from_env = act_from_env();
   return from_env >= 0 ? static_cast<MatvecAct>(from_env) : matvec_act_default();
+}
+
+const char* matvec_act_tiles_name() {
+  if (matvec_act() != MatvecAct::q8x3) return simd_level_name();
+  if (q8x3act_vnni_supported()) return "avx512-vnni";
+  if (simd_level() < SimdLevel::avx2) return "scalar";
+  return q8x3act_avxvnni_supported() ? "avx2+avx-vnni" : "avx2 maddubs";
 }
 
 void matvec_act_set(MatvecAct act) { g_act.store(static_cast<int>(act), std::memory_order_relaxed); }

@@ -17,9 +17,11 @@
 // *_ref is the plain scalar version (exact int64 block sums, f64 accumulation).
 #include "kernels/cpu/matvec_q8x3act.h"
 
+#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -144,6 +146,70 @@ SNAP_TARGET_AVX512 void quantize_block_avx512(const float* x, int64_t bi, int8_t
   sums[0] = _mm512_reduce_add_epi32(sa);
   sums[1] = _mm512_reduce_add_epi32(sb);
   sums[2] = _mm512_reduce_add_epi32(sc);
+}
+
+// 16 int32 digits (two vectors) → 16 bytes in order (the values fit: no saturation).
+SNAP_TARGET_AVX2 inline __m128i pack16(__m256i u, __m256i v) {
+  const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(u, v), 0xd8);
+  return _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+}
+
+SNAP_TARGET_AVX2 inline int32_t hsum_epi32(__m256i v) {
+  __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4e));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1));
+  return _mm_cvtsi128_si32(r);
+}
+
+// The same block with AVX2: the same IEEE operations again (vcvtps2dq rounds to nearest even
+// under the default MXCSR, as nearbyint does), so bit-identical to the scalar one too.
+SNAP_TARGET_AVX2 void quantize_block_avx2(const float* x, int64_t bi, int8_t* pa, int8_t* pb, int8_t* pc, float* d,
+                                          float* s, int32_t sums[3]) {
+  __m256 xv[4];
+  __m256 amax = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  int bad = 0;
+  for (int i = 0; i < 4; ++i) {
+    xv[i] = _mm256_loadu_ps(x + 8 * i);
+    const __m256 ax = _mm256_andnot_ps(sign, xv[i]);
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(ax, inf, _CMP_NLT_UQ));
+    amax = _mm256_max_ps(amax, ax);
+  }
+  if (bad) {
+    int32_t v[k_qk];
+    return quantize_block_scalar(x, bi, pa, pb, pc, v, d, s, sums);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float dd = _mm_cvtss_f32(m4) / k_vscale;
+  const __m256 id = _mm256_set1_ps(dd != 0.0f ? 1.0f / dd : 0.0f);
+  const __m256i vmax = _mm256_set1_epi32(k_vmax), vmin = _mm256_set1_epi32(-k_vmax);
+  __m256i sum = _mm256_setzero_si256(), sa = sum, sb = sum, sc = sum;
+  __m256i da[4], db[4], dc[4];
+  for (int i = 0; i < 4; ++i) {
+    __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(xv[i], id));
+    v = _mm256_min_epi32(_mm256_max_epi32(v, vmin), vmax);
+    sum = _mm256_add_epi32(sum, v);
+    da[i] = _mm256_srai_epi32(_mm256_add_epi32(v, _mm256_set1_epi32(8192)), 14);
+    const __m256i rem = _mm256_sub_epi32(v, _mm256_slli_epi32(da[i], 14));
+    db[i] = _mm256_srai_epi32(_mm256_add_epi32(rem, _mm256_set1_epi32(64)), 7);
+    dc[i] = _mm256_sub_epi32(rem, _mm256_slli_epi32(db[i], 7));
+    sa = _mm256_add_epi32(sa, da[i]);
+    sb = _mm256_add_epi32(sb, db[i]);
+    sc = _mm256_add_epi32(sc, dc[i]);
+  }
+  for (int half = 0; half < 2; ++half) {
+    const int64_t pos = plane_pos(bi, half * 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pa + pos), pack16(da[2 * half], da[2 * half + 1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pb + pos), pack16(db[2 * half], db[2 * half + 1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + pos), pack16(dc[2 * half], dc[2 * half + 1]));
+  }
+  *d = dd;
+  *s = dd * static_cast<float>(hsum_epi32(sum));
+  sums[0] = hsum_epi32(sa);
+  sums[1] = hsum_epi32(sb);
+  sums[2] = hsum_epi32(sc);
 }
 
 // --- weight blocks (the reference): d, m and the 32 quants as signed values --------------
@@ -430,6 +496,32 @@ SNAP_TARGET_AVX512VNNI void tile_vnni_t4(const ActQ8x3& a, int64_t t0, const voi
   store_rows<NT>(acc, rows, bias, y, r);
 }
 
+// --- the AVX2 tiles (matvec_q8x3act_avx2.inc): with AVX-VNNI and without -------------------
+#define Q8X3_AVX2_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define Q8X3_AVX2_VNNI 1
+#define Q8X3_AVX2_NS avx2_vnni
+#include "kernels/cpu/matvec_q8x3act_avx2.inc"
+#undef Q8X3_AVX2_TARGET
+#undef Q8X3_AVX2_VNNI
+#undef Q8X3_AVX2_NS
+#define Q8X3_AVX2_TARGET SNAP_TARGET_AVX2
+#define Q8X3_AVX2_VNNI 0
+#define Q8X3_AVX2_NS avx2_plain
+#include "kernels/cpu/matvec_q8x3act_avx2.inc"
+#undef Q8X3_AVX2_TARGET
+#undef Q8X3_AVX2_VNNI
+#undef Q8X3_AVX2_NS
+
+// AVX-VNNI (CPUID leaf 7 subleaf 1, EAX bit 4), unless env SNAP_AVXVNNI=0 or q8x3act_avxvnni_enable(false).
+bool cpu_has_avxvnni() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)) != 0;
+}
+std::atomic<bool> g_avxvnni_on{[] {
+  const char* e = std::getenv("SNAP_AVXVNNI");
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}()};
+
 template <DType D>
 Q8x3TileFn pick(int nt, bool vnni) {
   if (vnni) {
@@ -462,7 +554,7 @@ Q8x3TileFn pick_t4(int nt) {
 template <DType D>
 void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   thread_local ActQ8x3 a;  // the caller's thread only: filled before the parallel region
-  a.quantize(x, num_tokens, w.cols, simd_level() == SimdLevel::avx512);
+  a.quantize(x, num_tokens, w.cols, true);
   if (w.layout == WeightLayout::tiles4) {
     tiles::run(a, [](int nt) { return q8x3act_tile_t4(D, nt); }, w.data, w.rows, w.cols, bias, y, num_tokens);
   } else {
@@ -504,6 +596,7 @@ void ActQ8x3::quantize(const float* x, int64_t num_tokens, int64_t c, bool simd)
   ca.resize(lanes);
   cbc.resize(lanes);
   int32_t v[k_qk];
+  const SimdLevel level = simd ? simd_level() : SimdLevel::scalar;
   for (int64_t t = 0; t < num_tokens; ++t) {
     int8_t* pa = &qa[t * ng * k_group_bytes];
     int8_t* pb = &qb[t * ng * k_group_bytes];
@@ -525,7 +618,8 @@ void ActQ8x3::quantize(const float* x, int64_t num_tokens, int64_t c, bool simd)
     for (int64_t bi = 0; bi < nb; ++bi) {
       float d, s;
       int32_t sums[3];  // Σa, Σb, Σc: q8_0's sign flip adds 128·Σa and 128·(128·Σb + Σc)
-      if (simd) quantize_block_avx512(x + t * c + bi * k_qk, bi, pa, pb, pc, &d, &s, sums);
+      if (level == SimdLevel::avx512) quantize_block_avx512(x + t * c + bi * k_qk, bi, pa, pb, pc, &d, &s, sums);
+      else if (level == SimdLevel::avx2) quantize_block_avx2(x + t * c + bi * k_qk, bi, pa, pb, pc, &d, &s, sums);
       else quantize_block_scalar(x + t * c + bi * k_qk, bi, pa, pb, pc, v, &d, &s, sums);
       const int64_t lane0 = (bi / k_group) * 16 + (bi % k_group) * 4;
       for (int k = 0; k < 4; ++k) {
@@ -543,7 +637,19 @@ bool q8x3act_vnni_supported() {
   return cpu && simd_level() == SimdLevel::avx512;
 }
 
+bool q8x3act_avxvnni_supported() {
+  static const bool cpu = simd_level_supported() >= SimdLevel::avx2 && cpu_has_avxvnni();
+  return cpu && g_avxvnni_on.load(std::memory_order_relaxed);
+}
+
+void q8x3act_avxvnni_enable(bool on) { g_avxvnni_on.store(on, std::memory_order_relaxed); }
+
+bool q8x3act_vector_tiles() { return q8x3act_vnni_supported() || simd_level() >= SimdLevel::avx2; }
+
 Q8x3TileFn q8x3act_tile(DType d, int nt) {
+  if (!q8x3act_vnni_supported() && simd_level() >= SimdLevel::avx2) {
+    return q8x3act_avxvnni_supported() ? avx2_vnni::pick_tile(d, nt, false) : avx2_plain::pick_tile(d, nt, false);
+  }
   const bool vnni = q8x3act_vnni_supported();
   switch (d) {
     case DType::q8_0: return pick<DType::q8_0>(nt, vnni);
@@ -553,7 +659,10 @@ Q8x3TileFn q8x3act_tile(DType d, int nt) {
 }
 
 Q8x3TileFn q8x3act_tile_t4(DType d, int nt) {
-  if (!q8x3act_vnni_supported()) return nullptr;
+  if (!q8x3act_vnni_supported()) {
+    if (simd_level() < SimdLevel::avx2) return nullptr;
+    return q8x3act_avxvnni_supported() ? avx2_vnni::pick_tile(d, nt, true) : avx2_plain::pick_tile(d, nt, true);
+  }
   switch (d) {
     case DType::q8_0: return pick_t4<DType::q8_0>(nt);
     case DType::q4_0: return pick_t4<DType::q4_0>(nt);
@@ -583,7 +692,7 @@ void matvec_q8x3act_ref(const float* x, const WeightView& w, const float* bias, 
 void matvec_q8x3act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
   check_weight(w);
   if (simd_level() == SimdLevel::scalar) return matvec_q8x3act_ref(x, w, bias, y, num_tokens);
-  if (w.layout == WeightLayout::tiles4 && !q8x3act_vnni_supported()) {
+  if (w.layout == WeightLayout::tiles4 && q8x3act_tile_t4(w.dtype, 1) == nullptr) {
     return matvec_q8x3act_cpu(x, RowMajorCopy(w).view, bias, y, num_tokens);
   }
   switch (w.dtype) {

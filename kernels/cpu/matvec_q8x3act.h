@@ -25,22 +25,31 @@ struct ActQ8x3 {
   std::vector<float> xd, xs;       // [num_tokens][ng][16]
   std::vector<int32_t> ca, cbc;    // [num_tokens][ng][16]
   int64_t cols = 0, nb = 0, ng = 0;
-  // simd: the AVX-512 quantizer (bit-identical to the scalar one, which simd = false runs).
+  // simd: the vector quantizer of simd_level() (AVX-512 or AVX2, each bit-identical to the scalar
+  // one, which simd = false or the scalar level runs).
   void quantize(const float* x, int64_t num_tokens, int64_t cols, bool simd);
 };
 
 // y rows r .. r+3 (those < rows) for NT tokens starting at token t0 of a; y points at token t0's row.
 using Q8x3TileFn = void (*)(const ActQ8x3& a, int64_t t0, const void* w, int64_t rows, const float* bias, float* y,
                             int64_t r);
-// Whether this CPU runs the vector tiles: AVX-512 F/BW/VL/DQ (simd_level() avx512) and avx512vnni.
+// Whether this CPU runs the AVX-512 tiles: AVX-512 F/BW/VL/DQ (simd_level() avx512) and avx512vnni.
 bool q8x3act_vnni_supported();
+// Whether the AVX2 tiles use AVX-VNNI's 256-bit vpdpbusd (the CPU has it, env SNAP_AVXVNNI is
+// not 0 and q8x3act_avxvnni_enable(false) was not called); else vpmaddubsw + vpmaddwd.
+bool q8x3act_avxvnni_supported();
+void q8x3act_avxvnni_enable(bool on);
+// Whether q8x3act_tile returns vector tiles (AVX-512 VNNI, or AVX2 at simd_level() avx2 and up).
+bool q8x3act_vector_tiles();
 // The tile for block format d (q8_0, q4_0, q4_1) and 1 ≤ nt ≤ 4 tokens: the AVX-512 VNNI one
-// where q8x3act_vnni_supported(), else a scalar tile with the same per-token results up to
-// f32 rounding (exact integer sums, f32 accumulation in another order).
+// where q8x3act_vnni_supported(); else at simd_level() avx2 (or avx512 without VNNI) the AVX2
+// one (matvec_q8x3act_avx2.inc), bit-identical to the AVX-512 one, with or without AVX-VNNI;
+// else a scalar tile with the same per-token results up to f32 rounding (exact integer sums,
+// f32 accumulation in another order).
 Q8x3TileFn q8x3act_tile(DType d, int nt);
-// The same for a WeightLayout::tiles4 matrix (kernels/weight_tiles.h): the AVX-512 VNNI tile
-// reading the tiles, bit-identical to q8x3act_tile's on the row-major matrix; null where the CPU
-// has no VNNI tiles (callers then unpack the rows).
+// The same for a WeightLayout::tiles4 matrix (kernels/weight_tiles.h): the AVX-512 VNNI or AVX2
+// tile reading the tiles, bit-identical to q8x3act_tile's on the row-major matrix; null at the
+// scalar level (callers then unpack the rows).
 Q8x3TileFn q8x3act_tile_t4(DType d, int nt);
 
 }  // namespace snap::kernels

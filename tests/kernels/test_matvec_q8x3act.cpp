@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
@@ -21,6 +22,7 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul_multi.h"
 #include "kernels/matvec_act.h"
+#include "kernels/weight_tiles.h"
 #include "tests/kernels/block_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -55,6 +57,17 @@ std::vector<float> make_x(int64_t n, uint32_t seed) {
 }
 
 int64_t plane_pos(int64_t bi, int e) { return (bi / 4) * 128 + (e < 16 ? 0 : 64) + (bi % 4) * 16 + (e & 15); }
+
+// Every byte and scale of two quantizations of the same x.
+void expect_same_planes(const ActQ8x3& scalar, const ActQ8x3& simd, const char* at) {
+  EXPECT_EQ(scalar.qa, simd.qa) << at;
+  EXPECT_EQ(scalar.qb, simd.qb) << at;
+  EXPECT_EQ(scalar.qc, simd.qc) << at;
+  EXPECT_EQ(0, std::memcmp(scalar.xd.data(), simd.xd.data(), scalar.xd.size() * 4)) << at;
+  EXPECT_EQ(0, std::memcmp(scalar.xs.data(), simd.xs.data(), scalar.xs.size() * 4)) << at;
+  EXPECT_EQ(scalar.ca, simd.ca) << at;
+  EXPECT_EQ(scalar.cbc, simd.cbc) << at;
+}
 
 TEST(QuantizeActQ8x3, PlanesRebuildVAndSimdEqualsScalar) {
   const int64_t cols = 32 * 41, tokens = 2;  // 41 blocks: the last group holds one
@@ -105,20 +118,43 @@ TEST(QuantizeActQ8x3, PlanesRebuildVAndSimdEqualsScalar) {
       EXPECT_EQ(scalar.qa[p] | scalar.qb[p] | scalar.qc[p], 0) << p;
     }
   for (int64_t lane = 10 * 16 + 4; lane < 11 * 16; ++lane) EXPECT_EQ(scalar.xd[lane], 0.0f) << lane;
-  if (simd_level_supported() != SimdLevel::avx512) GTEST_SKIP() << "no AVX-512 here: the SIMD quantizer is not run";
-  simd.quantize(x.data(), tokens, cols, true);
-  EXPECT_EQ(scalar.qa, simd.qa);
-  EXPECT_EQ(scalar.qb, simd.qb);
-  EXPECT_EQ(scalar.qc, simd.qc);
-  EXPECT_EQ(0, std::memcmp(scalar.xd.data(), simd.xd.data(), scalar.xd.size() * 4));
-  EXPECT_EQ(0, std::memcmp(scalar.xs.data(), simd.xs.data(), scalar.xs.size() * 4));
-  EXPECT_EQ(scalar.ca, simd.ca);
-  EXPECT_EQ(scalar.cbc, simd.cbc);
+  if (simd_level_supported() < SimdLevel::avx2) GTEST_SKIP() << "no AVX2 here: the SIMD quantizers are not run";
+  for (SimdLevel level : test::supported_levels()) {
+    if (level == SimdLevel::scalar) continue;
+    test::LevelGuard guard(level);
+    simd.quantize(x.data(), tokens, cols, true);
+    expect_same_planes(scalar, simd, test::level_name(level));
+  }
+}
+
+// Random blocks of every magnitude (and ties at x·(1/d) = k + 1/2) through each vector quantizer.
+TEST(QuantizeActQ8x3, VectorQuantizersEqualScalarOnManyBlocks) {
+  const int64_t cols = 32 * 203, tokens = 3;
+  std::vector<float> x = make_x(tokens * cols, 11);
+  std::mt19937 rng(5);
+  for (int64_t b = 0; b < tokens * cols / 32; ++b) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+    for (int j = 0; j < 32; ++j) x[b * 32 + j] *= scale;
+    if (b % 7 == 0) {  // exact halves: V + 1/2 steps with d = 1/(127·2^14)·max
+      x[b * 32] = 127.0f * 16384.0f;
+      for (int j = 1; j < 32; ++j) x[b * 32 + j] = static_cast<float>(static_cast<int>(rng() % 4001) - 2000) + 0.5f;
+    }
+  }
+  ActQ8x3 scalar;
+  scalar.quantize(x.data(), tokens, cols, false);
+  for (SimdLevel level : test::supported_levels()) {
+    if (level == SimdLevel::scalar) continue;
+    test::LevelGuard guard(level);
+    ActQ8x3 simd;
+    simd.quantize(x.data(), tokens, cols, true);
+    expect_same_planes(scalar, simd, test::level_name(level));
+  }
 }
 
 TEST(QuantizeActQ8x3, NonFiniteBlockGetsNanScale) {
-  for (bool simd : {false, true}) {
-    if (simd && simd_level_supported() != SimdLevel::avx512) continue;
+  for (SimdLevel level : test::supported_levels()) {
+    test::LevelGuard guard(level);
+    const bool simd = level != SimdLevel::scalar;
     for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                       -std::numeric_limits<float>::infinity()}) {
       std::vector<float> x = random_floats(96, 5);
@@ -126,7 +162,7 @@ TEST(QuantizeActQ8x3, NonFiniteBlockGetsNanScale) {
       ActQ8x3 a;
       a.quantize(x.data(), 1, 96, simd);
       EXPECT_FALSE(std::isnan(a.xd[0]));
-      EXPECT_TRUE(std::isnan(a.xd[4]) && std::isnan(a.xs[4])) << (simd ? "simd " : "scalar ") << bad;
+      EXPECT_TRUE(std::isnan(a.xd[4]) && std::isnan(a.xs[4])) << test::level_name(level) << " " << bad;
       EXPECT_FALSE(std::isnan(a.xd[8]));
       for (int e = 0; e < 32; ++e) EXPECT_EQ(a.qa[plane_pos(1, e)], 0) << e;
     }
@@ -168,7 +204,7 @@ TEST(MatvecQ8x3Act, HandComputedBlocks) {
 // The tiles and the reference sum the same exact integers; only the f32 accumulation differs
 // from the f64 one, so the matmul tests' bound (2e-5 of max(1, |y|)) holds.
 TEST(MatvecQ8x3Act, CpuMatchesReferenceOnAwkwardShapes) {
-  if (!q8x3act_vnni_supported()) std::printf("no AVX-512 VNNI here: only the scalar tiles run\n");
+  if (!q8x3act_vnni_supported()) std::printf("no AVX-512 VNNI here: the AVX2 and scalar tiles run\n");
   for (DType dtype : k_types) {
     for (const Shape& s : k_shapes) {
       const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 29 + static_cast<uint32_t>(s.rows));
@@ -299,6 +335,66 @@ TEST(MatvecQ8x3Act, NanOrInfInXReachesEveryOutputOfItsTokenOnly) {
       }
     }
   }
+}
+
+// The AVX2 tiles (with AVX-VNNI and with vpmaddubsw) do per lane what the AVX-512 VNNI tiles do,
+// so the three give the same bits, row-major and tiles4 alike; where the CPU lacks AVX-512 VNNI or
+// AVX-VNNI, the tiles it has are compared with each other (and with the reference above).
+TEST(MatvecQ8x3Act, Avx2TilesEqualAvx512TilesBitForBit) {
+  if (simd_level_supported() < SimdLevel::avx2) GTEST_SKIP() << "no AVX2 here";
+  const bool have512 = q8x3act_vnni_supported();
+  test::LevelGuard avx2(SimdLevel::avx2);
+  const bool have_avxvnni = q8x3act_avxvnni_supported();
+  std::printf("AVX-512 VNNI here: %s; AVX-VNNI here: %s\n", have512 ? "yes" : "no", have_avxvnni ? "yes" : "no");
+  struct Restore {
+    ~Restore() { q8x3act_avxvnni_enable(true); }
+  } restore;
+  int compared = 0;
+  for (DType dtype : k_types) {
+    for (const Shape& s : k_shapes) {
+      std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 91 + static_cast<uint32_t>(s.rows));
+      if (dtype == DType::q8_0) {  // the extremes of the sign trick: −128 and 127 quants
+        for (size_t i = 2; i < blocks.size(); i += 34 * 3 + 5) blocks[i] = 0x80;
+        for (size_t i = 7; i < blocks.size(); i += 34 * 5 + 3) blocks[i] = 0x7f;
+      }
+      std::vector<uint8_t> tiled = blocks;
+      const bool packable = s.rows >= 4;
+      if (packable) weight_tiles4_pack(dtype, tiled.data(), s.rows, s.cols);
+      WeightView row_view{dtype, blocks.data(), s.rows, s.cols};
+      WeightView tile_view{dtype, tiled.data(), s.rows, s.cols};
+      if (packable) tile_view.layout = WeightLayout::tiles4;
+      const std::vector<float> x = make_x(s.num_tokens * s.cols, 97);
+      const std::vector<float> bias = random_floats(s.rows, 99);
+      const size_t n = static_cast<size_t>(s.num_tokens * s.rows);
+      std::vector<std::vector<float>> outs;
+      std::vector<std::string> names;
+      const auto run = [&](const WeightView& w, const std::string& name) {
+        outs.emplace_back(n, -1.0f);
+        matvec_q8x3act_cpu(x.data(), w, bias.data(), outs.back().data(), s.num_tokens);
+        names.push_back(name);
+      };
+      simd_level_override(SimdLevel::avx2);
+      for (bool vnni : {true, false}) {
+        if (vnni && !have_avxvnni) continue;
+        q8x3act_avxvnni_enable(vnni);
+        run(row_view, vnni ? "avx2+avxvnni rows" : "avx2 rows");
+        run(tile_view, vnni ? "avx2+avxvnni tiles4" : "avx2 tiles4");
+      }
+      q8x3act_avxvnni_enable(true);
+      if (have512) {
+        simd_level_override(SimdLevel::avx512);
+        run(row_view, "avx512 vnni rows");
+        run(tile_view, "avx512 vnni tiles4");
+      }
+      for (size_t i = 1; i < outs.size(); ++i) {
+        EXPECT_EQ(0, std::memcmp(outs[i].data(), outs[0].data(), n * 4))
+            << dtype_name(dtype) << " rows " << s.rows << " cols " << s.cols << " tokens " << s.num_tokens << ": "
+            << names[i] << " vs " << names[0];
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
 }
 
 TEST(MatvecQ8x3Act, DispatchAndNames) {

@@ -105,7 +105,7 @@ struct LoadOptions {
   int tp_size = 1;
   // Kept q8_0/q4_0/q4_1 projections and LM head are rearranged into the decode matvec's 4-row
   // tiles (kernels/weight_tiles.h) where the CPU matvec reads them (kernels::
-  // weight_tiles4_wanted(): q8x3act on AVX-512 VNNI; decided by the matvec mode set before
+  // weight_tiles4_wanted(): q8x3act on AVX-512 VNNI or AVX2; decided by the matvec mode set before
   // loading). Every CPU path reads either layout; false keeps the file's row-major blocks
   // (the device upload and the tests that compare bytes with the file).
   bool matvec_tiles = true;
