@@ -10,8 +10,8 @@
 //   q16x2act: q16act plus a second int16 plane holding the rounding residual at scale d/32768
 //           (activations to ~2^-31 of each block's max|x|) and two more vpmaddwd per block.
 //           SmolLM2 logits within 1.2e-4 of transformers at every golden position run through
-//           it (f32act 8.1e-5; tests/matvec_act), ~1.5x f32act's speed on AVX2. The default
-//           below the AVX2 level (where its tiles fall back to the f32act scalar path anyway).
+//           it (f32act 8.1e-5; tests/matvec_act), ~1.5x f32act's speed on AVX2. The default on
+//           AVX2 CPUs without AVX-VNNI.
 //   q8x3act: each activation block quantized to 22-bit integers (d = max|x|/(127·2^14), error
 //           ≤ 3/4·d ≈ 2^-21.4 of max|x|) held as three int8 digit planes, so every block's dot
 //           product is exact u8 × s8 integer sums: AVX-512 VNNI vpdpbusd, 4 blocks × 4 rows at
@@ -19,8 +19,8 @@
 //           256-bit halves, with AVX-VNNI's vpdpbusd where the CPU has it (Alder Lake and later,
 //           Zen 5) or vpmaddubsw + vpmaddwd (and the sign trick for q8_0) where not: the same
 //           bits as the AVX-512 tiles (kernels/cpu/matvec_q8x3act_avx2.inc). SmolLM2 logits
-//           within 1.4e-4 of transformers (tests/matvec_act). The default at the avx2 and avx512
-//           SIMD levels; below them it runs scalar tiles (correct, slow). The loader also
+//           within 1.4e-4 of transformers (tests/matvec_act). The default where the CPU has
+//           AVX-512 VNNI or AVX-VNNI; below AVX2 it runs scalar tiles (correct, slow). The loader also
 //           rearranges the weights into 4-row tiles (kernels/weight_tiles.h), which the vector
 //           tiles read as one stream without gathers (same results; AVX-512 ~1.3-1.5x faster,
 //           AVX2 ~1.5-2x: its row-major tile is slower than q16x2act's).
@@ -43,7 +43,7 @@ enum class MatvecAct : uint8_t { f32, q8, q16, q16x2, q8x3 };
 
 // The current choice: matvec_act_set() if called, else SNAP_MATVEC, else matvec_act_default().
 MatvecAct matvec_act();
-// q8x3act where this CPU runs its vector tiles (simd_level() avx2 or avx512), else q16x2act.
+// q8x3act where its tiles have vpdpbusd (AVX-512 VNNI; AVX-VNNI at the avx2 level), else q16x2act.
 MatvecAct matvec_act_default();
 void matvec_act_set(MatvecAct act);
 // Which instructions the current mode's tiles use here, for reports: q8x3act "avx512-vnni",

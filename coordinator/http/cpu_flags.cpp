@@ -16,10 +16,10 @@ void add_cpu_flags(CLI::App* cmd) {
            kernels::matvec_act_from_name(v, &act);
            kernels::matvec_act_set(act);
          },
-         "Decode matvec for q8_0/q4_0/q4_1 weights: q8x3act (the default on CPUs with AVX2 or AVX-512; "
+         "Decode matvec for q8_0/q4_0/q4_1 weights: q8x3act (the default on CPUs with AVX-512 VNNI or AVX-VNNI; "
          "activations quantized once per matvec to 22-bit integers per block of 32 in three int8 planes, "
          "exact u8 x s8 dot products with vpdpbusd (AVX-512 VNNI or AVX-VNNI) or vpmaddubsw: as accurate as "
-         "f32act, fastest, the same bits on every such CPU), q16x2act (the default without AVX2; two int16 "
+         "f32act, fastest, the same bits on every such CPU), q16x2act (the default elsewhere; two int16 "
          "planes per block, value and rounding residual, integer dot products "
          "with vpmaddwd: as accurate as f32act, faster), f32act (weights dequantized in registers, f32 activations: the "
          "reference), q16act (one int16 plane: faster, logits move by up to ~7e-3) or q8act (int8 blocks: "

@@ -35,7 +35,14 @@ int act_from_env() {  // -1: SNAP_MATVEC unset or not a mode name
 
 }  // namespace
 
-MatvecAct matvec_act_default() { return q8x3act_vector_tiles() ? MatvecAct::q8x3 : MatvecAct::q16x2; }
+// q8x3act where its tiles have a u8 × s8 dot product instruction (AVX-512 VNNI, or AVX-VNNI at the
+// avx2 level). On plain AVX2 its vpmaddubsw tiles beat q16x2act by 1.2-1.3x with one thread but
+// not with two (bench_matvec on Zen 5 as SNAP_SIMD=avx2 SNAP_AVXVNNI=0, e602ff9: q4_1 5.72 vs
+// 5.20 ms, q8_0 8.53 vs 6.75 ms), and older AVX2 cores have fewer ports for them: q16x2act there.
+MatvecAct matvec_act_default() {
+  const bool dot = q8x3act_vnni_supported() || (simd_level() >= SimdLevel::avx2 && q8x3act_avxvnni_supported());
+  return dot ? MatvecAct::q8x3 : MatvecAct::q16x2;
+}
 
 MatvecAct matvec_act() {
   const int a = g_act.load(std::memory_order_relaxed);
