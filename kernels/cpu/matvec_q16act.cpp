@@ -80,13 +80,6 @@ void quantize_block_scalar(const float* x, int16_t* q, int16_t* q2, float* d, fl
   *s = q2 ? dd * (static_cast<float>(sum) + static_cast<float>(sum2) * k_lo_scale) : dd * static_cast<float>(sum);
 }
 
-SNAP_TARGET_AVX2 inline int hsum_epi32_avx2(__m256i v) {
-  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-  return _mm_cvtsi128_si32(s4);
-}
-
 // Four int32 vectors (elements 0..31 in order) → 32 int16 at q, saturating (never reached).
 SNAP_TARGET_AVX2 inline void store_i16_avx2(const __m256i i[4], int16_t* q) {
   // packs interleaves the 128-bit lanes (a0-3 b0-3 | a4-7 b4-7); permute4x64 puts them in order.

@@ -154,13 +154,6 @@ SNAP_TARGET_AVX2 inline __m128i pack16(__m256i u, __m256i v) {
   return _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
 }
 
-SNAP_TARGET_AVX2 inline int32_t hsum_epi32(__m256i v) {
-  __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4e));
-  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1));
-  return _mm_cvtsi128_si32(r);
-}
-
 // The same block with AVX2: the same IEEE operations again (vcvtps2dq rounds to nearest even
 // under the default MXCSR, as nearbyint does), so bit-identical to the scalar one too.
 SNAP_TARGET_AVX2 void quantize_block_avx2(const float* x, int64_t bi, int8_t* pa, int8_t* pb, int8_t* pc, float* d,
@@ -206,10 +199,10 @@ SNAP_TARGET_AVX2 void quantize_block_avx2(const float* x, int64_t bi, int8_t* pa
     _mm_storeu_si128(reinterpret_cast<__m128i*>(pc + pos), pack16(dc[2 * half], dc[2 * half + 1]));
   }
   *d = dd;
-  *s = dd * static_cast<float>(hsum_epi32(sum));
-  sums[0] = hsum_epi32(sa);
-  sums[1] = hsum_epi32(sb);
-  sums[2] = hsum_epi32(sc);
+  *s = dd * static_cast<float>(hsum_epi32_avx2(sum));
+  sums[0] = hsum_epi32_avx2(sa);
+  sums[1] = hsum_epi32_avx2(sb);
+  sums[2] = hsum_epi32_avx2(sc);
 }
 
 // --- weight blocks (the reference): d, m and the 32 quants as signed values --------------

@@ -35,6 +35,13 @@ SNAP_TARGET_AVX2 inline float hsum_avx2(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+SNAP_TARGET_AVX2 inline int hsum_epi32_avx2(__m256i v) {
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+  return _mm_cvtsi128_si32(s4);
+}
+
 SNAP_TARGET_AVX512 inline float hsum_avx512(__m512 v) {
   v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
   v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
