@@ -1,6 +1,6 @@
-// The eval report (see report.h). Records are grouped by (task, haystack, placement); the
-// `full` records join every placement's group as the reference, since full runs once (the
-// two placements are the same computation for it).
+// The eval report (see report.h). Records are grouped by (system, task, haystack, placement);
+// the `full` records join every placement's group of their system as the reference, since full
+// runs once (the two placements are the same computation for it).
 #include "eval/longctx/report.h"
 
 #include <algorithm>
@@ -54,11 +54,15 @@ Result<std::vector<EvalRecord>> load_records(const std::vector<std::string>& pat
         r.prompt_tokens = j.at("prompt_tokens").get<int64_t>();
         r.correct = j.at("correct").get<bool>();
         r.partial = j.at("partial").get<double>();
+        const std::string backend = j.value("backend", std::string("engine"));
+        r.system = backend == "engine" ? j.value("model_file", std::string())
+                                       : j.value("served_model", std::string()) + " @ " + backend;
       } catch (const json::exception& e) {
         return invalid_argument(where + ": not an eval record (" + std::string(e.what()) + ")");
       }
-      if (!by_key.count(r.key)) order.push_back(r.key);
-      by_key[r.key] = r;
+      const std::string k = r.system + '\n' + r.key;
+      if (!by_key.count(k)) order.push_back(k);
+      by_key[k] = r;
     }
   }
   std::vector<EvalRecord> out;
@@ -122,7 +126,7 @@ std::string short_label(const std::string& label) {
 }
 
 struct Group {
-  std::string task, haystack, placement;
+  std::string system, task, haystack, placement;
   std::vector<const EvalRecord*> recs;
 };
 
@@ -144,14 +148,20 @@ Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& rec
     return {};
   };
 
-  // Groups by (task, haystack, placement); full joins each placement of its task.
-  std::map<std::tuple<std::string, std::string, std::string>, Group> groups;
+  // Groups by (system, task, haystack, placement); full joins each placement of its task.
+  std::map<std::tuple<std::string, std::string, std::string, std::string>, Group> groups;
   std::set<std::string> placements;
-  for (const auto& r : records) placements.insert(r.placement);
+  std::map<std::string, int64_t> systems;
+  for (const auto& r : records) {
+    placements.insert(r.placement);
+    ++systems[r.system];
+  }
+  const bool several = systems.size() > 1;
   for (const auto& r : records) {
     for (const std::string& pl : placements) {
       if (r.placement != pl && r.policy_name != "full") continue;
-      Group& g = groups[{r.task, r.haystack, pl}];
+      Group& g = groups[{r.system, r.task, r.haystack, pl}];
+      g.system = r.system;
       g.task = r.task;
       g.haystack = r.haystack;
       g.placement = pl;
@@ -162,6 +172,13 @@ Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& rec
   std::string md = "# " + title + "\n\n" + std::to_string(records.size()) +
                    " records. Cells: accuracy (correct/n) [Wilson 95% interval, %], pooled over depths and seeds. "
                    "`full` runs once per task and is the reference under every question placement.\n";
+  if (several) {
+    md += "\nRecords of " + std::to_string(systems.size()) +
+          " systems (model file, or served model @ URL), each in its own sections, never pooled:";
+    for (const auto& [sys, n] : systems) md += " " + (sys.empty() ? "(unnamed)" : "`" + sys + "`") + " " + std::to_string(n) + ";";
+    md.back() = '.';
+    md += "\n";
+  }
   for (auto& [gk, g] : groups) {
     const bool has_own = std::any_of(g.recs.begin(), g.recs.end(), [&](const EvalRecord* r) { return r->placement == g.placement; });
     if (!has_own) continue;
@@ -189,8 +206,9 @@ Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& rec
         budgets.insert(r->budget);
       }
     }
-    const std::string base = file_safe(g.task + "_" + g.haystack + "_" + g.placement);
-    md += "\n## " + g.task + " on " + g.haystack + ", question " + (g.placement == "after" ? "after the context" : "unseen by compression (context_only)") + "\n\n";
+    const std::string base = file_safe((several ? g.system + "_" : "") + g.task + "_" + g.haystack + "_" + g.placement);
+    const std::string who = several ? (g.system.empty() ? "(unnamed)" : g.system) + ": " : "";
+    md += "\n## " + who + g.task + " on " + g.haystack + ", question " + (g.placement == "after" ? "after the context" : "unseen by compression (context_only)") + "\n\n";
     md += "| policy |";
     for (int64_t L : lengths) md += " " + std::to_string(L) + " |";
     md += "\n|---|";
@@ -218,7 +236,7 @@ Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& rec
       len_series.push_back(s);
     }
     SNAP_RETURN_IF_ERROR(write_file("length_" + base + ".svg",
-                                    svg_line_chart(g.task + " (" + g.haystack + ", " + g.placement + "): accuracy vs length",
+                                    svg_line_chart(who + g.task + " (" + g.haystack + ", " + g.placement + "): accuracy vs length",
                                                    "prompt tokens", "accuracy", xs, len_series)));
     md += "\n![accuracy vs length](length_" + base + ".svg)\n";
     // Accuracy vs budget, one line per policy family; full as a flat reference.
@@ -252,7 +270,7 @@ Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& rec
         bs.push_back(s);
       }
       SNAP_RETURN_IF_ERROR(write_file("budget_" + base + ".svg",
-                                      svg_line_chart(g.task + " (" + g.haystack + ", " + g.placement +
+                                      svg_line_chart(who + g.task + " (" + g.haystack + ", " + g.placement +
                                                          "): accuracy vs KV budget (all lengths)",
                                                      "budget (tokens per KV head per layer)", "accuracy", bx, bs)));
       md += "\n![accuracy vs budget](budget_" + base + ".svg)\n";
@@ -288,7 +306,7 @@ Result<std::vector<std::string>> write_report(const std::vector<EvalRecord>& rec
         panels.push_back(p);
       }
       SNAP_RETURN_IF_ERROR(write_file("heatmap_" + base + ".svg",
-                                      svg_heatmaps(g.task + " (" + g.haystack + ", " + g.placement +
+                                      svg_heatmaps(who + g.task + " (" + g.haystack + ", " + g.placement +
                                                        "): accuracy % by depth and length",
                                                    "prompt tokens", "needle depth", panels)));
       md += "\n![needle heatmap](heatmap_" + base + ".svg)\n";

@@ -2,7 +2,9 @@
 // (accuracy per task, placement, policy and length with Wilson 95% intervals; needle
 // accuracy per depth) and SVG pictures: the needle heatmap (depth x length, one panel per
 // policy), accuracy vs budget (one line per policy family) and accuracy vs length (one
-// line per policy). Records of the same key in several inputs count once (the last wins).
+// line per policy). Records of the same key and system in several inputs count once (the last
+// wins). A system is what answered: the model file for the in-process engine, the served
+// model at its URL for `--url`; records of several systems get a section each, never pooled.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,9 @@ Interval wilson_interval(int64_t k, int64_t n, double z = 1.959963984540054);
 
 struct EvalRecord {
   std::string key, task, haystack, placement, policy_name, policy_label, policy_family;
+  // "gemma-3-270m-q4_k_m.gguf" (engine: the model file) or "MODEL @ URL" (--url); "" if the
+  // record names neither.
+  std::string system;
   int64_t length = 0, budget = 0, prompt_tokens = 0;
   int depth = -1;
   bool correct = false;

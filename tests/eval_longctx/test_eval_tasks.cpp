@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <unistd.h>
 
 #include "coordinator/engine/model_path.h"
 #include "eval/longctx/answer_check.h"
@@ -304,6 +305,63 @@ TEST(Report, WilsonInterval) {
   Interval c = wilson_interval(7, 10);
   EXPECT_NEAR(c.lo, 0.396778, 1e-5);
   EXPECT_NEAR(c.hi, 0.892209, 1e-5);
+}
+
+// Records of the same case from two models and a server are three results, each in its own
+// sections; the same (system, key) twice counts once, the last line winning.
+TEST(Report, SeparatesModelsAndServers) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("snap_report_systems_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto rec = [](const std::string& backend, const std::string& model, bool correct) {
+    nlohmann::json j = {{"key", "niah_single|shakespeare|L1024|d50|s0|after|full"},
+                        {"task", "niah_single"},
+                        {"haystack", "shakespeare"},
+                        {"placement", "after"},
+                        {"policy_label", "full"},
+                        {"policy_family", "full"},
+                        {"policy", {{"name", "full"}}},
+                        {"length", 1024},
+                        {"depth", 50},
+                        {"prompt_tokens", 1000},
+                        {"correct", correct},
+                        {"partial", correct ? 1.0 : 0.0},
+                        {"backend", backend}};
+    j[backend == "engine" ? "model_file" : "served_model"] = model;
+    return j.dump() + "\n";
+  };
+  const std::string path = (dir / "mixed.jsonl").string();
+  {
+    std::ofstream out(path);
+    out << rec("engine", "a.gguf", true) << rec("engine", "b.gguf", false) << rec("http://127.0.0.1:8080", "m", true)
+        << rec("engine", "a.gguf", false);
+  }
+  auto recs = load_records({path});
+  ASSERT_TRUE(recs.ok()) << recs.status().message();
+  ASSERT_EQ(recs->size(), 3u);
+  EXPECT_EQ((*recs)[0].system, "a.gguf");
+  EXPECT_FALSE((*recs)[0].correct);  // the later a.gguf line
+  EXPECT_EQ((*recs)[2].system, "m @ http://127.0.0.1:8080");
+  auto files = write_report(*recs, (dir / "report").string(), "t");
+  ASSERT_TRUE(files.ok()) << files.status().message();
+  std::ifstream in(dir / "report" / "report.md");
+  const std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md.find("Records of 3 systems"), std::string::npos) << md;
+  EXPECT_NE(md.find("## a.gguf: niah_single on shakespeare"), std::string::npos) << md;
+  EXPECT_NE(md.find("## b.gguf: niah_single on shakespeare"), std::string::npos) << md;
+  EXPECT_NE(md.find("## m @ http://127.0.0.1:8080: niah_single"), std::string::npos) << md;
+  EXPECT_NE(md.find("| full | 0% (0/1)"), std::string::npos) << md;  // a.gguf and b.gguf
+  EXPECT_NE(md.find("| full | 100% (1/1)"), std::string::npos) << md;  // the server
+  EXPECT_EQ(md.find("/2)"), std::string::npos) << md;                   // nothing pooled
+  EXPECT_TRUE(fs::exists(dir / "report" / "heatmap_a_gguf_niah_single_shakespeare_after.svg"));
+  EXPECT_TRUE(fs::exists(dir / "report" / "heatmap_m___http___127_0_0_1_8080_niah_single_shakespeare_after.svg"));
+  // One system: the names and headings of before.
+  auto one = load_records({path});
+  one->resize(1);
+  ASSERT_TRUE(write_report(*one, (dir / "one").string(), "t").ok());
+  EXPECT_TRUE(fs::exists(dir / "one" / "heatmap_niah_single_shakespeare_after.svg"));
+  fs::remove_all(dir);
 }
 
 TEST(SvgPlot, WellFormedWithOneCellPerValue) {
