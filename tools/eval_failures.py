@@ -8,8 +8,11 @@ A needle answer is wrong in one of three ways that point to different causes:
   distractor the output holds another needle's value (multi-key tasks);
   absent     neither: the needle was not retrieved at all.
 Prints, per (task, placement, length, policy): n, correct, and the three counts, then the
-wrong records' task/policy/depth/seed/expected/output lines with --list. A file that
-cannot be read or a line that is not an eval record ends it with one line naming both.
+wrong records' task/policy/depth/seed/expected/output lines with --list. Records of several
+systems (model files, or served models @ URL for --url runs, as `snapserve eval report` names
+them) are never pooled: a first `system` column (and a `SYSTEM:` prefix on --list lines) then
+tells them apart. A file that cannot be read or a line that is not an eval record ends it with
+one line naming both.
 
   python3 tools/eval_failures.py RUNS.jsonl [RUNS2.jsonl ...] [--list]
 """
@@ -41,6 +44,14 @@ def classify(rec):
     return "absent"
 
 
+def system(rec):
+    """What answered: the model file (in-process engine) or 'served_model @ URL' (--url)."""
+    backend = rec.get("backend", "engine")
+    if backend == "engine":
+        return rec.get("model_file", "")
+    return f"{rec.get('served_model', '')} @ {backend}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("inputs", nargs="+", help="eval run JSONL files")
@@ -59,7 +70,7 @@ def main():
                     continue
                 try:
                     r = json.loads(line)
-                    key = (r["task"], r["placement"], r["length"], r["policy_label"])
+                    key = (system(r), r["task"], r["placement"], r["length"], r["policy_label"])
                     kind = classify(r)
                     item = (key, r["depth"], r["seed"], r["expected"], kind, r["output"])
                 except json.JSONDecodeError as e:
@@ -72,15 +83,17 @@ def main():
                 c[kind] += 1
                 if kind != "correct":
                     wrong.append(item)
-    print("| task | placement | length | policy | n | correct | partial | distractor | absent |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (task, placement, length, label), c in sorted(cells.items()):
-        print(f"| {task} | {placement} | {length} | {label} | {c['n']} | {c['correct']} | {c['partial']} | "
-              f"{c['distractor']} | {c['absent']} |")
+    several = len({k[0] for k in cells}) > 1
+    sys_col = "| system " if several else ""
+    print(sys_col + "| task | placement | length | policy | n | correct | partial | distractor | absent |")
+    print("|---" * (10 if several else 9) + "|")
+    for (who, task, placement, length, label), c in sorted(cells.items()):
+        print((f"| {who} " if several else "") + f"| {task} | {placement} | {length} | {label} | {c['n']} | "
+              f"{c['correct']} | {c['partial']} | {c['distractor']} | {c['absent']} |")
     if a.list:
         for key, depth, seed, exp, kind, out in sorted(wrong, key=lambda w: (w[0], w[1], w[2])):
-            print(f"{key[0]} {key[3]} L{key[2]} {key[1]} depth {depth} seed {seed}: {kind}, expected {exp}, "
-                  f"output {out.strip()[:100]!r}")
+            print((f"{key[0]}: " if several else "") + f"{key[1]} {key[4]} L{key[3]} {key[2]} depth {depth} "
+                  f"seed {seed}: {kind}, expected {exp}, output {out.strip()[:100]!r}")
 
 
 if __name__ == "__main__":

@@ -90,6 +90,32 @@ TEST(EvalFailures, EachWrongRecordClassified) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(lines[5 + i], want[i]) << "wrong record " << i;
 }
 
+// The same case answered by two models (engine records) and by a server (--url) is three
+// rows, a system column first; one system alone prints no such column (the tests above).
+TEST(EvalFailures, SystemsAreNotPooled) {
+  const std::string path = ::testing::TempDir() + "eval_failures_systems.jsonl";
+  {
+    std::ofstream f(path);
+    const std::string common =
+        R"("task": "niah_single", "placement": "after", "length": 2048, "policy_label": "full", "depth": 50, )"
+        R"("seed": 0, "expected": ["4516832"], "needles": [], )";
+    f << "{" << common << R"("correct": false, "output": "451", "backend": "engine", "model_file": "a.gguf"})" << "\n"
+      << "{" << common << R"("correct": true, "output": "4516832", "backend": "engine", "model_file": "b.gguf"})" << "\n"
+      << "{" << common << R"("correct": false, "output": "no", "backend": "http://h:8080", "served_model": "m"})" << "\n";
+  }
+  const ToolRun r = run_tool(path + " --list");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 2u + 3u + 2u) << r.out;
+  EXPECT_EQ(lines[0], "| system | task | placement | length | policy | n | correct | partial | distractor | absent |");
+  EXPECT_EQ(lines[2], "| a.gguf | niah_single | after | 2048 | full | 1 | 0 | 1 | 0 | 0 |");
+  EXPECT_EQ(lines[3], "| b.gguf | niah_single | after | 2048 | full | 1 | 1 | 0 | 0 | 0 |");
+  EXPECT_EQ(lines[4], "| m @ http://h:8080 | niah_single | after | 2048 | full | 1 | 0 | 0 | 0 | 1 |");
+  EXPECT_EQ(lines[5], "a.gguf: niah_single full L2048 after depth 50 seed 0: partial, expected ['4516832'], output '451'");
+  EXPECT_EQ(lines[6], "m @ http://h:8080: niah_single full L2048 after depth 50 seed 0: absent, expected ['4516832'], "
+                      "output 'no'");
+}
+
 TEST(EvalFailures, BadInputIsOneLine) {
   const ToolRun missing = run_tool("/nonexistent/records.jsonl");
   EXPECT_NE(missing.status, 0);
