@@ -40,8 +40,8 @@ int act_from_env() {  // -1: SNAP_MATVEC unset or not a mode name
 // not with two (bench_matvec on Zen 5 as SNAP_SIMD=avx2 SNAP_AVXVNNI=0, e602ff9: q4_1 5.72 vs
 // 5.20 ms, q8_0 8.53 vs 6.75 ms), and older AVX2 cores have fewer ports for them: q16x2act there.
 MatvecAct matvec_act_default() {
-  const bool dot = q8x3act_vnni_supported() || (simd_level() >= SimdLevel::avx2 && q8x3act_avxvnni_supported());
-  return dot ? MatvecAct::q8x3 : MatvecAct::q16x2;
+  const Q8x3Tiles t = q8x3act_tiles();
+  return t == Q8x3Tiles::avx512_vnni || t == Q8x3Tiles::avx2_vnni ? MatvecAct::q8x3 : MatvecAct::q16x2;
 }
 
 MatvecAct matvec_act() {
@@ -53,9 +53,7 @@ MatvecAct matvec_act() {
 
 const char* matvec_act_tiles_name() {
   if (matvec_act() != MatvecAct::q8x3) return simd_level_name();
-  if (q8x3act_vnni_supported()) return "avx512-vnni";
-  if (simd_level() < SimdLevel::avx2) return "scalar";
-  return q8x3act_avxvnni_supported() ? "avx2+avx-vnni" : "avx2 maddubs";
+  return q8x3act_tiles_name(q8x3act_tiles());
 }
 
 void matvec_act_set(MatvecAct act) { g_act.store(static_cast<int>(act), std::memory_order_relaxed); }

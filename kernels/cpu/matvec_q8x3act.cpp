@@ -637,13 +637,28 @@ bool q8x3act_avxvnni_supported() {
 
 void q8x3act_avxvnni_enable(bool on) { g_avxvnni_on.store(on, std::memory_order_relaxed); }
 
-bool q8x3act_vector_tiles() { return q8x3act_vnni_supported() || simd_level() >= SimdLevel::avx2; }
+Q8x3Tiles q8x3act_tiles() {
+  if (q8x3act_vnni_supported()) return Q8x3Tiles::avx512_vnni;
+  if (simd_level() < SimdLevel::avx2) return Q8x3Tiles::scalar;
+  return q8x3act_avxvnni_supported() ? Q8x3Tiles::avx2_vnni : Q8x3Tiles::avx2_maddubs;
+}
+
+const char* q8x3act_tiles_name(Q8x3Tiles t) {
+  switch (t) {
+    case Q8x3Tiles::avx512_vnni: return "avx512-vnni";
+    case Q8x3Tiles::avx2_vnni: return "avx2+avx-vnni";
+    case Q8x3Tiles::avx2_maddubs: return "avx2 maddubs";
+    default: return "scalar";
+  }
+}
+
+bool q8x3act_vector_tiles() { return q8x3act_tiles() != Q8x3Tiles::scalar; }
 
 Q8x3TileFn q8x3act_tile(DType d, int nt) {
-  if (!q8x3act_vnni_supported() && simd_level() >= SimdLevel::avx2) {
-    return q8x3act_avxvnni_supported() ? avx2_vnni::pick_tile(d, nt, false) : avx2_plain::pick_tile(d, nt, false);
-  }
-  const bool vnni = q8x3act_vnni_supported();
+  const Q8x3Tiles t = q8x3act_tiles();
+  if (t == Q8x3Tiles::avx2_vnni) return avx2_vnni::pick_tile(d, nt, false);
+  if (t == Q8x3Tiles::avx2_maddubs) return avx2_plain::pick_tile(d, nt, false);
+  const bool vnni = t == Q8x3Tiles::avx512_vnni;
   switch (d) {
     case DType::q8_0: return pick<DType::q8_0>(nt, vnni);
     case DType::q4_0: return pick<DType::q4_0>(nt, vnni);
@@ -652,9 +667,11 @@ Q8x3TileFn q8x3act_tile(DType d, int nt) {
 }
 
 Q8x3TileFn q8x3act_tile_t4(DType d, int nt) {
-  if (!q8x3act_vnni_supported()) {
-    if (simd_level() < SimdLevel::avx2) return nullptr;
-    return q8x3act_avxvnni_supported() ? avx2_vnni::pick_tile(d, nt, true) : avx2_plain::pick_tile(d, nt, true);
+  switch (q8x3act_tiles()) {
+    case Q8x3Tiles::avx2_vnni: return avx2_vnni::pick_tile(d, nt, true);
+    case Q8x3Tiles::avx2_maddubs: return avx2_plain::pick_tile(d, nt, true);
+    case Q8x3Tiles::scalar: return nullptr;
+    default: break;
   }
   switch (d) {
     case DType::q8_0: return pick_t4<DType::q8_0>(nt);

@@ -39,7 +39,15 @@ bool q8x3act_vnni_supported();
 // not 0 and q8x3act_avxvnni_enable(false) was not called); else vpmaddubsw + vpmaddwd.
 bool q8x3act_avxvnni_supported();
 void q8x3act_avxvnni_enable(bool on);
-// Whether q8x3act_tile returns vector tiles (AVX-512 VNNI, or AVX2 at simd_level() avx2 and up).
+// Which tiles q8x3act_tile and q8x3act_tile_t4 return on this CPU (after SNAP_SIMD and
+// SNAP_AVXVNNI): the AVX-512 VNNI ones where q8x3act_vnni_supported(); else at simd_level()
+// avx2 and up the AVX2 ones, with AVX-VNNI's vpdpbusd where q8x3act_avxvnni_supported(), or
+// vpmaddubsw + vpmaddwd; else scalar. The one place the choice is made.
+enum class Q8x3Tiles { scalar, avx2_maddubs, avx2_vnni, avx512_vnni };
+Q8x3Tiles q8x3act_tiles();
+// "avx512-vnni", "avx2+avx-vnni", "avx2 maddubs", "scalar".
+const char* q8x3act_tiles_name(Q8x3Tiles t);
+// Whether q8x3act_tile returns vector tiles (q8x3act_tiles() is not scalar).
 bool q8x3act_vector_tiles();
 // The tile for block format d (q8_0, q4_0, q4_1) and 1 ≤ nt ≤ 4 tokens: the AVX-512 VNNI one
 // where q8x3act_vnni_supported(); else at simd_level() avx2 (or avx512 without VNNI) the AVX2
