@@ -23,17 +23,26 @@ KvCompressor::KvCompressor(const KvPolicy& policy, CompressorShape shape, int64_
     CHECK(b.ok()) << b.status().to_string();
     layer_budgets_ = b.value();
   }
-  if (policy.kind == KvPolicyKind::h2o) {
-    for (auto& acc : h2o_) acc = std::make_unique<H2oAccumulator>(shape.num_heads, shape.num_kv_heads, shape.head_dim);
-  }
   CHECK(shape.layer_windows.empty() || static_cast<int>(shape.layer_windows.size()) == shape.num_layers);
   for (size_t l = 0; l < shape.layer_windows.size(); ++l) {
     if (shape.layer_windows[l] > 0) layer_budgets_[l] = shape.layer_windows[l];
+  }
+  if (policy.kind == KvPolicyKind::h2o) {
+    for (int l = 0; l < shape.num_layers; ++l) {
+      if (observes(l)) h2o_[l] = std::make_unique<H2oAccumulator>(shape.num_heads, shape.num_kv_heads, shape.head_dim);
+    }
   }
 }
 
 bool KvCompressor::windowed(int layer) const {
   return !shape_.layer_windows.empty() && shape_.layer_windows[layer] > 0;
+}
+
+// compress_layer keeps everything when the prompt fits the budget and the last `window`
+// positions on a windowed layer: neither reads a query. (Scoring a gemma3 local layer for H2O
+// cost O(prompt²) per layer, 15 of its 18 layers, and was thrown away.)
+bool KvCompressor::observes(int layer) const {
+  return active() && policy_.kind != KvPolicyKind::streaming && !windowed(layer) && compress_at_ > layer_budgets_[layer];
 }
 
 int64_t KvCompressor::layer_budget(int layer) const { return layer_budgets_[layer]; }
@@ -66,7 +75,7 @@ LayerQk KvCompressor::gather_qk(const PagedKvCache& cache, int layer, const floa
 
 Status KvCompressor::observe(int layer, const float* q, const int32_t* positions, int64_t n,
                              const PagedKvCache& cache) {
-  if (!active() || done_[layer]) return {};
+  if (!observes(layer) || done_[layer]) return {};
   const int64_t row = int64_t{shape_.num_heads} * shape_.head_dim;
   switch (policy_.kind) {
     case KvPolicyKind::snapkv:
@@ -132,7 +141,6 @@ Status KvCompressor::compress_layer(int layer, PagedKvCache& cache) {
       for (int64_t j = 0; j < budget; ++j) h[j] = static_cast<int32_t>(n - budget + j);
     }
     sel = std::move(last);
-    if (h2o_[layer]) h2o_[layer].reset();
   } else if (policy_.kind == KvPolicyKind::streaming) {
     StreamingParams p;
     p.budget = budget;

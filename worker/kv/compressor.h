@@ -49,6 +49,9 @@ class KvCompressor {
   // of it. Does nothing when the prompt fits the budget.
   Status compress_layer(int layer, PagedKvCache& cache);
   bool layer_done(int layer) const { return done_[layer]; }
+  // Whether observe() keeps anything for this layer: not for full or streaming, nor where the
+  // selection reads no query (a windowed layer, or a prompt within the layer's budget).
+  bool observes(int layer) const;
 
   // Kept positions per layer and KV head after compression (empty until then).
   const std::vector<std::vector<int32_t>>& kept(int layer) const { return kept_[layer]; }

@@ -186,7 +186,7 @@ Status LlamaForward::run_layer(int l, float* x, const int32_t* positions, int64_
   auto bias = [](const Matrix& b) { return b.empty() ? nullptr : b.f32(); };
   bool observed = false;
   for (const Segment& s : segments) {
-    observed = observed || (s.compressor && s.compressor->active() && !s.compressor->layer_done(l));
+    observed = observed || (s.compressor && s.compressor->observes(l) && !s.compressor->layer_done(l));
   }
   // --- attention block: projections over every row of the step
   kernels::rms_norm_cpu(x, lw.attn_norm.f32(), h_.data(), n, hidden, c.rms_norm_eps);
