@@ -69,7 +69,16 @@
 #                      snapkv 1024, streaming 1024 -> OUT_DIR/gemma/gemma5.jsonl
 #          gemma5b     Gemma 3 at 4K and 8K, depths 25/75, seeds 0-2, the same policies and file
 #          report5     eval report over OUT_DIR/*.jsonl but grid5 -> OUT_DIR/report; grid5 + budget5 ->
-#                      OUT_DIR/grid/report; OUT_DIR/gemma/*.jsonl -> OUT_DIR/gemma/report
+#                      OUT_DIR/grid/report; OUT_DIR/gemma/*.jsonl but grid6 -> OUT_DIR/gemma/report;
+#                      OUT_DIR/gemma/grid6.jsonl -> OUT_DIR/gemma/grid/report
+#        Sixth sweep: Gemma 3 270M beyond SmolLM2's context (OUT_DIR bench/results/eval15 as well,
+#        after gemma5/gemma5b; one thread, one case at a time, --no-chat), niah_single unless said:
+#          gemma6      16K, depths 25/75, seeds 0-1: snapkv 256/512/2048, pyramidkv/adakv/h2o 1024,
+#                      snapkv 1024 context_only -> OUT_DIR/gemma/gemma6.jsonl
+#          gemma6mk    niah_multikey at 8K and 16K, depths 25/75, seeds 0-1: full, snapkv 1024,
+#                      streaming 1024 -> OUT_DIR/gemma/gemma6.jsonl
+#          gemma6grid  16K, budget 256, depths 25/75, seeds 0-1, one factor at a time against the
+#                      default: window 16 and 64, kernel 7, 15 and 63, avg pooling -> OUT_DIR/gemma/grid6.jsonl
 # Depth 100 % is left out: a needle there lies inside the observation window / the recent
 # tokens and every policy found it in every earlier run (1K-2K: docs/eval.md), so it only
 # dilutes the differences. The cell sizes are what a shared, loaded 2-core machine
@@ -271,6 +280,30 @@ for step in "${steps[@]}"; do
             --tasks niah_single --policies full,snapkv,streaming --budgets 1024 --output "$out/gemma/gemma5.jsonl"
         done
       done ;;
+    gemma6|gemma6mk|gemma6grid)
+      mkdir -p "$out/gemma"
+      g=("$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000
+         --progress-interval 60 --depths 25,75)
+      for sd in 0 1; do
+        case "$step" in
+          gemma6)
+            "${g[@]}" --seeds "$sd" --lengths 16384 --tasks niah_single --policies snapkv \
+              --budgets 256,512,2048 --output "$out/gemma/gemma6.jsonl"
+            "${g[@]}" --seeds "$sd" --lengths 16384 --tasks niah_single --policies pyramidkv,adakv,h2o \
+              --budgets 1024 --output "$out/gemma/gemma6.jsonl"
+            "${g[@]}" --seeds "$sd" --lengths 16384 --tasks niah_single --policies snapkv \
+              --budgets 1024 --placements context_only --output "$out/gemma/gemma6.jsonl" ;;
+          gemma6mk)
+            "${g[@]}" --seeds "$sd" --lengths 8192,16384 --tasks niah_multikey \
+              --policies full,snapkv,streaming --budgets 1024 --output "$out/gemma/gemma6.jsonl" ;;
+          gemma6grid)
+            for v in "--windows 16,64" "--kernels 7,15,63" "--poolings avg"; do
+              # shellcheck disable=SC2086
+              "${g[@]}" --seeds "$sd" --lengths 16384 --tasks niah_single --policies snapkv \
+                --budgets 256 $v --output "$out/gemma/grid6.jsonl"
+            done ;;
+        esac
+      done ;;
     report5)
       # grid5's 14 variant labels get their own report (with budget5's default cells), so that
       # the main heatmap keeps one panel per policy (each SVG < 100 KB).
@@ -287,9 +320,15 @@ for step in "${steps[@]}"; do
       fi
       if compgen -G "$out/gemma/*.jsonl" > /dev/null; then
         inputs=()
-        for f in "$out"/gemma/*.jsonl; do inputs+=(--input "$f"); done
-        "$S" eval report --title "Gemma 3 270M Q4_K_M (plain prompts): fifth sweep" \
+        for f in "$out"/gemma/*.jsonl; do
+          [ "$(basename "$f")" = grid6.jsonl ] || inputs+=(--input "$f")
+        done
+        "$S" eval report --title "Gemma 3 270M Q4_K_M (plain prompts): fifth and sixth sweeps" \
           --output-dir "$out/gemma/report" "${inputs[@]}"
+      fi
+      if [ -f "$out/gemma/grid6.jsonl" ]; then
+        "$S" eval report --title "Gemma 3 270M Q4_K_M: SnapKV parameters at 16K, budget 256" \
+          --output-dir "$out/gemma/grid/report" --input "$out/gemma/grid6.jsonl"
       fi ;;
     *) echo "run_eval_sweep.sh: unknown step '$step'" >&2; exit 2 ;;
   esac
