@@ -88,19 +88,10 @@ TEST(KvCompressor, H2oSkipsWindowedLayersAndMatchesTheWholePromptSelection) {
   EXPECT_EQ(comp.kept(0)[0], last);
   EXPECT_EQ(cache.positions(0, 0), last);
   for (int l = 1; l < k_layers; ++l) {
-    LayerQk qk;
-    qk.q = p.q[l].data();
-    qk.num_queries = k_prompt;
-    qk.k = p.k[l].data();  // one KV head: token-major == head-major
-    qk.kv_head_stride = k_prompt * k_hd;
-    qk.num_tokens = k_prompt;
-    qk.num_heads = k_heads;
-    qk.num_kv_heads = k_kv_heads;
-    qk.head_dim = k_hd;
-    H2oParams hp;
-    hp.budget = policy.budget;
-    hp.aggregation = policy.aggregation;
-    auto want = h2o_select(qk, hp);
+    // One KV head: the token-major K rows are the head-major layout LayerQk reads.
+    const LayerQk qk{.q = p.q[l].data(), .num_queries = k_prompt, .k = p.k[l].data(), .kv_head_stride = k_prompt * k_hd,
+                     .num_tokens = k_prompt, .num_heads = k_heads, .num_kv_heads = k_kv_heads, .head_dim = k_hd};
+    auto want = h2o_select(qk, {.budget = policy.budget, .aggregation = policy.aggregation});
     ASSERT_TRUE(want.ok()) << want.status().to_string();
     EXPECT_EQ(comp.kept(l)[0], want->kept[0]) << "layer " << l;
     EXPECT_EQ(cache.positions(l, 0), want->kept[0]) << "layer " << l;
