@@ -2,6 +2,9 @@
 # The long-context quality sweep quoted in docs/eval.md, on the default model
 # (SmolLM2-135M-Instruct Q4_1), in the Shakespeare haystack, greedy, chat template.
 #   bash bench/run_eval_sweep.sh [BUILD_DIR] [OUT_DIR] [STEP ...]
+#   Steps before the seventh sweep ran when max pooling was the default and name no pooling;
+#   they now run with avg pooling (the default since the seventh sweep). To repeat one as it
+#   ran, add --poolings max to its eval run lines; their records say pooling=max.
 #   STEP   which parts to run (default: all, in this order of priority):
 #          policies2k  full, snapkv 1024, streaming 1024 at 2K, depths 0-75 x seeds 0-2
 #                      (+ the budget-256 cases of depth 0 recorded before the sweep was cut down)
@@ -79,6 +82,16 @@
 #                      streaming 1024 -> OUT_DIR/gemma/gemma6.jsonl
 #          gemma6grid  16K, budget 256, depths 25/75, seeds 0-1, one factor at a time against the
 #                      default: window 16 and 64, kernel 7, 15 and 63, avg pooling -> OUT_DIR/gemma/grid6.jsonl
+#        Seventh sweep: average vs max pooling where SmolLM2's earlier cells used max (OUT_DIR
+#        bench/results/eval15 as well; one thread per process, the two steps side by side):
+#          pool7       niah_single at 8K, depths 0-75, seeds 0-4 (goal5's prompts): snapkv 1024 with
+#                      avg pooling -> OUT_DIR/pool7.jsonl
+#          pool7mk     niah_multikey at 4K and 8K, seeds 0-2 (mk5's prompts): snapkv 1024 with avg
+#                      pooling -> OUT_DIR/pool7mk.jsonl
+#          pool7g      Gemma 3 at 16K, budget 256, depths 25/75: pyramidkv and adakv with avg and max
+#                      pooling, seeds 0-1 -> OUT_DIR/gemma/pool7g.jsonl
+#          pool7g2     Gemma 3 at 16K, budget 256, depths 25/75: snapkv with avg and max pooling,
+#                      seeds 2-3 (grid6's cell had seeds 0-1) -> OUT_DIR/gemma/pool7g2.jsonl
 # Depth 100 % is left out: a needle there lies inside the observation window / the recent
 # tokens and every policy found it in every earlier run (1K-2K: docs/eval.md), so it only
 # dilutes the differences. The cell sizes are what a shared, loaded 2-core machine
@@ -303,6 +316,21 @@ for step in "${steps[@]}"; do
                 --budgets 256 $v --output "$out/gemma/grid6.jsonl"
             done ;;
         esac
+      done ;;
+    pool7|pool7mk)
+      if [ "$step" = pool7 ]; then task=niah_single; lens=8192; seeds=(0 1 2 3 4); f=pool7
+      else task=niah_multikey; lens=4096,8192; seeds=(0 1 2); f=pool7mk; fi
+      for sd in "${seeds[@]}"; do
+        "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks "$task" --lengths "$lens" \
+          --policies snapkv --budgets 1024 --poolings avg --output "$out/$f.jsonl"
+      done ;;
+    pool7g|pool7g2)
+      mkdir -p "$out/gemma"
+      if [ "$step" = pool7g ]; then pol=pyramidkv,adakv; seeds=(0 1); else pol=snapkv; seeds=(2 3); fi
+      for sd in "${seeds[@]}"; do
+        "$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 \
+          --progress-interval 60 --depths 25,75 --seeds "$sd" --lengths 16384 --tasks niah_single \
+          --policies "$pol" --budgets 256 --poolings avg,max --output "$out/gemma/$step.jsonl"
       done ;;
     report5)
       # grid5's 14 variant labels get their own report (with budget5's default cells), so that
