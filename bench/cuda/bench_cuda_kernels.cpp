@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
   PagedLayer snap_kv(2048);
   const double snap_attn_ms = attention_ms(snap_kv, 1, 1 << 20);
 
-  std::printf("SnapKV selection, one layer (W 32, kernel 7, budget 2048):\n");
+  std::printf("SnapKV selection, one layer (W 32, avg pooling kernel 31, budget 2048):\n");
   for (int64_t ctx : contexts) {
     if (ctx > 32768) continue;  // the window x all-keys pass is the same work per key beyond
     PagedLayer kv(ctx);

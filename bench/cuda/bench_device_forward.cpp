@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
 
   std::printf("  %-8s %13s %12s %12s %12s %14s %14s %11s %11s\n", "context", "prefill tok/s", "full ms/tok",
               "snapkv ms/tok", "select ms", "full x32/L", "snapkv x32/L", "full/floor", "snapkv/floor");
-  snap::kernels::SnapKvCudaParams sp;  // budget 2048, window 32, max pooling 7, mean over the group
+  snap::kernels::SnapKvCudaParams sp;  // budget 2048; the defaults: window 32, avg pooling kernel 31, mean over the group
   sp.budget = 2048;
   for (int64_t ctx : contexts) {
     std::vector<int32_t> ids(static_cast<size_t>(ctx));

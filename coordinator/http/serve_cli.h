@@ -52,7 +52,7 @@ struct KvFlags {
   int64_t budget = 1024;
   int window = 32;
   int kernel = 31;
-  std::string pooling = "max";
+  std::string pooling = "avg";
   std::string gqa = "mean";
   int sinks = 4;
   bool layerwise = false;

@@ -38,7 +38,7 @@ void add_sweep_options(CLI::App* c, RunArgs& a) {
   c->add_option("--budgets", f.budgets, "KV budgets (tokens per KV head per layer, window included) (default 1024)");
   c->add_option("--windows", f.windows, "SnapKV observation windows W (snapkv, pyramidkv, adakv) (default 32)");
   c->add_option("--kernels", f.kernels, "SnapKV pooling kernels, odd (default 31)");
-  c->add_option("--poolings", f.poolings, "SnapKV poolings: max, avg (default max)");
+  c->add_option("--poolings", f.poolings, "SnapKV poolings: avg, max (default avg)");
   c->add_option("--gqa", f.gqa, "SnapKV score aggregation over a GQA group: mean, max (default mean)");
   c->add_option("--sinks", f.sinks, "streaming: attention-sink tokens kept (default 4)");
   c->add_option("--haystack-dir", a.haystack_dir,

@@ -27,7 +27,7 @@ struct SweepFlags {
   std::string budgets = "1024";
   std::string windows = "32";
   std::string kernels = "31";
-  std::string poolings = "max";
+  std::string poolings = "avg";
   std::string gqa = "mean";
   std::string sinks = "4";
 };

@@ -102,8 +102,8 @@ void kv_gather_cuda(const int64_t* src_slots, const int64_t* dst_slots, int64_t 
 struct SnapKvCudaParams {
   int64_t budget = 1024;
   int window = 32;
-  int kernel = 31;  // as SnapKvParams (worker/kv/selection.h)
-  bool max_pooling = true;
+  int kernel = 31;  // as SnapKvParams (worker/kv/selection.h): avg pooling, mean over the group
+  bool max_pooling = false;
   bool max_aggregation = false;
 };
 // q_window: [W, num_heads, head_dim] f32, the queries of positions N−W..N−1 (after RoPE).

@@ -190,7 +190,7 @@ TEST_F(OpenAi, CompletionEveryField) {
   const ApiParse p = completions(R"({"model": "smol", "prompt": ["Once upon a time"], "max_tokens": 7,
       "temperature": 0, "top_p": 0.9, "top_k": -1, "min_p": 0.05, "seed": 42, "stop": ["\n", "The end"],
       "n": 1, "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true, "logprobs": null,
-      "kv_compression": {"policy": "snapkv", "budget": 64, "window": 8, "kernel": 5, "pooling": "avg",
+      "kv_compression": {"policy": "snapkv", "budget": 64, "window": 8, "kernel": 5, "pooling": "max",
                          "gqa": "max", "layerwise": true}})");
   ASSERT_FALSE(p.error.has_value()) << p.error->message;
   const EngineRequest& e = p.request.engine;
@@ -209,9 +209,24 @@ TEST_F(OpenAi, CompletionEveryField) {
   EXPECT_EQ(e.kv_policy.budget, 64);
   EXPECT_EQ(e.kv_policy.window, 8);
   EXPECT_EQ(e.kv_policy.kernel, 5);
-  EXPECT_EQ(e.kv_policy.pooling, KvPooling::avg);
+  EXPECT_EQ(e.kv_policy.pooling, KvPooling::max);  // not the default (avg): the field is read
   EXPECT_EQ(e.kv_policy.aggregation, GqaAggregation::max);
   EXPECT_TRUE(e.kv_policy.layerwise);
+}
+
+// kv_compression with only a policy gets SnapKV's defaults, the ones docs/eval.md's sweeps chose:
+// budget 1024, window 32, kernel 31, average pooling (seventh sweep), mean GQA aggregation.
+TEST_F(OpenAi, SnapKvDefaults) {
+  const ApiParse p = completions(R"({"prompt": "hi", "kv_compression": {"policy": "snapkv"}})");
+  ASSERT_FALSE(p.error.has_value()) << p.error->message;
+  const KvPolicy& k = p.request.engine.kv_policy;
+  EXPECT_EQ(k.kind, KvPolicyKind::snapkv);
+  EXPECT_EQ(k.budget, 1024);
+  EXPECT_EQ(k.window, 32);
+  EXPECT_EQ(k.kernel, 31);
+  EXPECT_EQ(k.pooling, KvPooling::avg);
+  EXPECT_EQ(k.aggregation, GqaAggregation::mean);
+  EXPECT_FALSE(k.layerwise);
 }
 
 TEST_F(OpenAi, SamplingExtrasAndLogprobs) {

@@ -292,6 +292,25 @@ TEST(Sweep, CrossesOnlyTheParametersAPolicyReads) {
   EXPECT_EQ(parse_int_list("--seeds", "0-3,9").value(), (std::vector<int64_t>{0, 1, 2, 3, 9}));
 }
 
+// An eval run without SnapKV flags measures what a server runs without them: the sweep's
+// defaults are KvPolicy's (window, kernel, pooling, GQA aggregation).
+TEST(Sweep, DefaultsAreTheServingDefaults) {
+  SweepFlags f;
+  f.policies = "snapkv,pyramidkv,adakv";
+  auto policies = sweep_policies(f);
+  ASSERT_TRUE(policies.ok()) << policies.status().message();
+  ASSERT_EQ(policies->size(), 3u);
+  const KvPolicy d;
+  for (const KvPolicy& p : *policies) {
+    EXPECT_EQ(p.budget, d.budget);
+    EXPECT_EQ(p.window, d.window);
+    EXPECT_EQ(p.kernel, d.kernel);
+    EXPECT_EQ(p.pooling, d.pooling);
+    EXPECT_EQ(p.aggregation, d.aggregation);
+  }
+  EXPECT_EQ(d.pooling, KvPooling::avg);  // docs/eval.md, seventh sweep
+}
+
 // --- intervals and pictures ------------------------------------------------------------------------
 
 TEST(Report, WilsonInterval) {

@@ -25,7 +25,7 @@ struct KvPolicy {
   int64_t budget = 1024;  // B, tokens per KV head per layer (average for pyramidkv/adakv)
   int window = 32;        // W (snapkv, pyramidkv, adakv)
   int kernel = 31;        // pooling kernel (odd); 31, not the paper's 7: docs/eval.md (second sweep)
-  KvPooling pooling = KvPooling::max;
+  KvPooling pooling = KvPooling::avg;  // avg, not the paper's max: docs/eval.md (sixth and seventh sweeps)
   GqaAggregation aggregation = GqaAggregation::mean;
   int num_sink = 4;             // streaming
   double adakv_alpha = 0.2;     // adakv safeguard share

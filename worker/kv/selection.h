@@ -52,7 +52,7 @@ struct SnapKvParams {
   int64_t budget = 1024;  // B: positions kept per KV head, window included
   int window = 32;        // W
   int kernel = 31;        // k, odd (default: docs/eval.md, second sweep)
-  KvPooling pooling = KvPooling::max;
+  KvPooling pooling = KvPooling::avg;  // (default: docs/eval.md, seventh sweep)
   GqaAggregation aggregation = GqaAggregation::mean;
   bool keep_scores = false;
 };
