@@ -52,6 +52,29 @@ def system(rec):
     return f"{rec.get('served_model', '')} @ {backend}"
 
 
+def records(paths, prog):
+    """Yields (path, line number, record) for every non-empty line of the files; a file that cannot
+    be read or a line that is not JSON ends it with one line naming both."""
+    for path in paths:
+        try:
+            f = open(path)
+        except OSError as e:
+            sys.exit(f"{prog}: {path}: cannot read it ({e.strerror})")
+        with f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    sys.exit(f"{prog}: {path}:{lineno}: not JSON ({e.msg})")
+                yield path, lineno, rec
+
+
+def not_a_record(prog, path, lineno, err):
+    sys.exit(f"{prog}: {path}:{lineno}: not an eval run record (field {err} missing or of the wrong type)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("inputs", nargs="+", help="eval run JSONL files")
@@ -59,30 +82,18 @@ def main():
     a = ap.parse_args()
     cells = collections.OrderedDict()
     wrong = []
-    for path in a.inputs:
+    for path, lineno, r in records(a.inputs, "eval_failures.py"):
         try:
-            f = open(path)
-        except OSError as e:
-            sys.exit(f"eval_failures.py: {path}: cannot read it ({e.strerror})")
-        with f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                    key = (system(r), r["task"], r["placement"], r["length"], r["policy_label"])
-                    kind = classify(r)
-                    item = (key, r["depth"], r["seed"], r["expected"], kind, r["output"])
-                except json.JSONDecodeError as e:
-                    sys.exit(f"eval_failures.py: {path}:{lineno}: not JSON ({e.msg})")
-                except (KeyError, TypeError) as e:
-                    sys.exit(f"eval_failures.py: {path}:{lineno}: not an eval run record (field {e} missing or "
-                             f"of the wrong type)")
-                c = cells.setdefault(key, collections.Counter())
-                c["n"] += 1
-                c[kind] += 1
-                if kind != "correct":
-                    wrong.append(item)
+            key = (system(r), r["task"], r["placement"], r["length"], r["policy_label"])
+            kind = classify(r)
+            item = (key, r["depth"], r["seed"], r["expected"], kind, r["output"])
+        except (KeyError, TypeError) as e:
+            not_a_record("eval_failures.py", path, lineno, e)
+        c = cells.setdefault(key, collections.Counter())
+        c["n"] += 1
+        c[kind] += 1
+        if kind != "correct":
+            wrong.append(item)
     several = len({k[0] for k in cells}) > 1
     sys_col = "| system " if several else ""
     print(sys_col + "| task | placement | length | policy | n | correct | partial | distractor | absent |")

@@ -4,6 +4,8 @@
 // hand-written records, each chosen for one rule of its classify() (the expected kind is in
 // the comments below). Also: unreadable files and lines that are not records end it with one
 // line and a non-zero exit, not a traceback.
+// Also tools/eval_pairs.py (EvalPairs below): a paired comparison of two values of one policy
+// parameter on the same prompts, with an exact sign test.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -25,9 +27,9 @@ struct ToolRun {
   std::string out;
 };
 
-// Runs the tool with these arguments (stderr folded into stdout).
-ToolRun run_tool(const std::string& args) {
-  const std::string cmd = std::string(SNAP_PYTHON) + " " + SNAP_SOURCE_DIR "/tools/eval_failures.py " + args + " 2>&1";
+// Runs tools/SCRIPT with these arguments (stderr folded into stdout).
+ToolRun run_script(const std::string& script, const std::string& args) {
+  const std::string cmd = std::string(SNAP_PYTHON) + " " + SNAP_SOURCE_DIR "/tools/" + script + " " + args + " 2>&1";
   ToolRun r;
   std::FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -38,6 +40,8 @@ ToolRun run_tool(const std::string& args) {
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
 }
+
+ToolRun run_tool(const std::string& args) { return run_script("eval_failures.py", args); }
 
 std::vector<std::string> lines_of(const std::string& s) {
   std::vector<std::string> out;
@@ -138,6 +142,84 @@ TEST(EvalFailures, BadInputIsOneLine) {
   EXPECT_NE(not_json.status, 0);
   EXPECT_EQ(lines_of(not_json.out).size(), 1u) << not_json.out;
   EXPECT_EQ(not_json.out.rfind("eval_failures.py: " + bad + ":2: not JSON (", 0), 0u) << not_json.out;
+}
+
+// --- tools/eval_pairs.py: two values of one parameter on the same prompts --------------------
+
+// One record line: the fields eval_pairs.py reads.
+std::string pair_record(const std::string& sha, const std::string& pooling, bool correct, const std::string& output,
+                        int depth, const std::string& model = "a.gguf", int budget = 256) {
+  const std::string b = std::to_string(budget);
+  const std::string policy = pooling.empty() ? R"({"name": "full"})"
+                                             : R"({"name": "snapkv", "budget": )" + b + R"(, "pooling": ")" + pooling + R"("})";
+  const std::string label =
+      pooling.empty() ? "full" : "snapkv budget=" + b + " window=32 kernel=31 pooling=" + pooling + " gqa=mean";
+  return R"({"task": "niah_single", "placement": "after", "length": 4096, "depth": )" + std::to_string(depth) +
+         R"(, "seed": 0, "prompt_sha256": ")" + sha + R"(", "policy": )" + policy + R"(, "policy_label": ")" + label +
+         R"(", "correct": )" + (correct ? "true" : "false") + R"(, "output": ")" + output +
+         R"(", "backend": "engine", "model_file": ")" + model + "\"}\n";
+}
+
+// Pairs are the same prompt, placement, system and policy but the parameter; unpaired records,
+// policies without the parameter (full) and other systems' records stay out; a rerun counts
+// once (the last one read); the total carries the exact sign test over the discordant pairs.
+TEST(EvalPairs, PairsTheSamePromptOnly) {
+  const std::string path = ::testing::TempDir() + "eval_pairs.jsonl";
+  {
+    std::ofstream f(path);
+    f << pair_record("p1", "avg", true, "1234567", 25) << pair_record("p1", "max", false, "12", 25)  // avg only
+      << pair_record("p2", "avg", true, "7654321", 75) << pair_record("p2", "max", true, "7654321", 75)
+      << pair_record("p3", "max", true, "1", 50) << pair_record("p3", "max", false, "rerun", 50)  // last wins
+      << pair_record("p3", "avg", true, "1", 50)                                                  // avg only
+      << pair_record("p4", "avg", true, "x", 0)                                                   // unpaired
+      << pair_record("p1", "", true, "1234567", 25)                                               // full
+      << pair_record("p1", "max", true, "1234567", 25, "b.gguf")                                  // no a.gguf twin
+      << pair_record("p5", "avg", false, "no", 0, "a.gguf", 1024) << pair_record("p5", "max", true, "9", 0, "a.gguf", 1024);
+  }
+  const ToolRun r = run_script("eval_pairs.py", path + " --param pooling --a avg --b max --list");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 2u + 2u + 1u + 3u) << r.out;
+  EXPECT_EQ(lines[0], "| task | placement | length | policy (without pooling) | pairs | avg correct | max correct | "
+                      "avg only | max only |");
+  EXPECT_EQ(lines[2], "| niah_single | after | 4096 | snapkv budget=1024 window=32 kernel=31 gqa=mean | 1 | 0 | 1 | 0 | 1 |");
+  EXPECT_EQ(lines[3], "| niah_single | after | 4096 | snapkv budget=256 window=32 kernel=31 gqa=mean | 3 | 3 | 1 | 2 | 0 |");
+  // 3 discordant pairs split 2:1: p = 2 * (C(3,0) + C(3,1)) / 2^3 = 1 (capped).
+  EXPECT_EQ(lines[4], "total: 4 pairs; pooling=avg 3/4, pooling=max 2/4; right with avg only 2, with max only 1; "
+                      "exact two-sided sign test p = 1");
+  EXPECT_EQ(lines[5], "niah_single snapkv budget=1024 window=32 kernel=31 gqa=mean L4096 after depth 0 seed 0: right "
+                      "with pooling=max only; the other answered 'no'");
+  EXPECT_EQ(lines[6], "niah_single snapkv budget=256 window=32 kernel=31 gqa=mean L4096 after depth 25 seed 0: right "
+                      "with pooling=avg only; the other answered '12'");
+  EXPECT_EQ(lines[7], "niah_single snapkv budget=256 window=32 kernel=31 gqa=mean L4096 after depth 50 seed 0: right "
+                      "with pooling=avg only; the other answered 'rerun'");
+
+  // Eight discordant pairs all one way: p = 2 / 2^8.
+  {
+    std::ofstream f(path);
+    for (int i = 0; i < 8; ++i)
+      f << pair_record("q" + std::to_string(i), "avg", true, "1", i) << pair_record("q" + std::to_string(i), "max", false, "0", i);
+  }
+  const ToolRun eight = run_script("eval_pairs.py", path + " --param pooling --a avg --b max");
+  ASSERT_EQ(eight.status, 0) << eight.out;
+  EXPECT_NE(eight.out.find("right with avg only 8, with max only 0; exact two-sided sign test p = 0.0078\n"),
+            std::string::npos)
+      << eight.out;
+}
+
+TEST(EvalPairs, BadInputIsOneLine) {
+  const ToolRun missing = run_script("eval_pairs.py", "/nonexistent/r.jsonl --param pooling --a avg --b max");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_EQ(missing.out, "eval_pairs.py: /nonexistent/r.jsonl: cannot read it (No such file or directory)\n");
+  const std::string bad = ::testing::TempDir() + "eval_pairs_bad.jsonl";
+  {
+    std::ofstream f(bad);
+    f << R"({"policy": {"pooling": "avg"}, "task": "niah_single"})" << "\n";
+  }
+  const ToolRun not_record = run_script("eval_pairs.py", bad + " --param pooling --a avg --b max");
+  EXPECT_NE(not_record.status, 0);
+  EXPECT_EQ(not_record.out, "eval_pairs.py: " + bad + ":1: not an eval run record (field 'prompt_sha256' missing or "
+                            "of the wrong type)\n");
 }
 
 }  // namespace
