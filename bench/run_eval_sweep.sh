@@ -92,6 +92,15 @@
 #                      pooling, seeds 0-1 -> OUT_DIR/gemma/pool7g.jsonl
 #          pool7g2     Gemma 3 at 16K, budget 256, depths 25/75: snapkv with avg and max pooling,
 #                      seeds 2-3 (grid6's cell had seeds 0-1) -> OUT_DIR/gemma/pool7g2.jsonl
+#          pool7p      SmolLM2 at 4K, depths 0-75, seeds 0-2 (budget5's prompts): pyramidkv and adakv
+#                      1024 with avg pooling -> OUT_DIR/pool7p.jsonl
+#          gemma7b     Gemma 3 at 4K and 8K, depths 25/75 (gemma5b's cells at the new default): seeds
+#                      1-2 full, snapkv 1024, streaming 1024; seed 0 snapkv 1024 (sweep 4 has its
+#                      max-pooling twin) -> OUT_DIR/gemma/gemma7b.jsonl
+#          gemma7l     Gemma 3 at 32K, depths 25/75: seed 1 full, snapkv 1024 avg and max, streaming
+#                      1024 (gemma5's missing seed); seed 0 snapkv 1024 avg -> OUT_DIR/gemma/gemma7l.jsonl
+#          gemma7      Gemma 3 at 16K, depths 25/75, seeds 2-3: full, snapkv 1024, streaming 1024
+#                      -> OUT_DIR/gemma/gemma7.jsonl
 # Depth 100 % is left out: a needle there lies inside the observation window / the recent
 # tokens and every policy found it in every earlier run (1K-2K: docs/eval.md), so it only
 # dilutes the differences. The cell sizes are what a shared, loaded 2-core machine
@@ -324,6 +333,11 @@ for step in "${steps[@]}"; do
         "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks "$task" --lengths "$lens" \
           --policies snapkv --budgets 1024 --poolings avg --output "$out/$f.jsonl"
       done ;;
+    pool7p)
+      for sd in 0 1 2; do
+        "$S" eval run "${one[@]}" "${d4[@]}" --seeds "$sd" --tasks niah_single --lengths 4096 \
+          --policies pyramidkv,adakv --budgets 1024 --poolings avg --output "$out/pool7p.jsonl"
+      done ;;
     pool7g|pool7g2)
       mkdir -p "$out/gemma"
       if [ "$step" = pool7g ]; then pol=pyramidkv,adakv; seeds=(0 1); else pol=snapkv; seeds=(2 3); fi
@@ -332,6 +346,22 @@ for step in "${steps[@]}"; do
           --progress-interval 60 --depths 25,75 --seeds "$sd" --lengths 16384 --tasks niah_single \
           --policies "$pol" --budgets 256 --poolings avg,max --output "$out/gemma/$step.jsonl"
       done ;;
+    gemma7b|gemma7l|gemma7)
+      mkdir -p "$out/gemma"
+      g=("$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000
+         --progress-interval 60 --depths 25,75 --tasks niah_single --budgets 1024 --output "$out/gemma/$step.jsonl")
+      case "$step" in
+        gemma7b)
+          for sd in 0 1 2; do
+            pol=full,snapkv,streaming; [ "$sd" = 0 ] && pol=snapkv
+            for L in 4096 8192; do "${g[@]}" --lengths "$L" --seeds "$sd" --policies "$pol" --poolings avg; done
+          done ;;
+        gemma7l)
+          "${g[@]}" --lengths 32768 --seeds 1 --policies full,snapkv,streaming --poolings avg,max
+          "${g[@]}" --lengths 32768 --seeds 0 --policies snapkv --poolings avg ;;
+        gemma7)
+          for sd in 2 3; do "${g[@]}" --lengths 16384 --seeds "$sd" --policies full,snapkv,streaming --poolings avg; done ;;
+      esac ;;
     report5)
       # grid5's 14 variant labels get their own report (with budget5's default cells), so that
       # the main heatmap keeps one panel per policy (each SVG < 100 KB).
