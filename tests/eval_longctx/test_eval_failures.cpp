@@ -194,6 +194,17 @@ TEST(EvalPairs, PairsTheSamePromptOnly) {
   EXPECT_EQ(lines[7], "niah_single snapkv budget=256 window=32 kernel=31 gqa=mean L4096 after depth 50 seed 0: right "
                       "with pooling=avg only; the other answered 'rerun'");
 
+  // With the full record of p1 as the reference: avg answers 1234567 as full does, max 12.
+  const ToolRun ref = run_script("eval_pairs.py", path + " --param pooling --a avg --b max --reference full");
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  const auto rl = lines_of(ref.out);
+  ASSERT_EQ(rl.size(), 2u + 2u + 2u) << ref.out;
+  EXPECT_EQ(rl[0], lines[0] + " with full | avg as full | max as full |");
+  EXPECT_EQ(rl[2], lines[2] + " 0 | 0 | 0 |");
+  EXPECT_EQ(rl[3], lines[3] + " 1 | 1 | 0 |");
+  EXPECT_EQ(rl[5], "answers as full (the first number of the output), of 1 pairs with a full record: pooling=avg 1, "
+                   "pooling=max 0");
+
   // Eight discordant pairs all one way: p = 2 / 2^8.
   {
     std::ofstream f(path);
