@@ -94,6 +94,8 @@
 #                      seeds 2-3 (grid6's cell had seeds 0-1) -> OUT_DIR/gemma/pool7g2.jsonl
 #          pool7p      SmolLM2 at 4K, depths 0-75, seeds 0-2 (budget5's prompts): pyramidkv and adakv
 #                      1024 with avg pooling -> OUT_DIR/pool7p.jsonl
+#          pool7gmk    Gemma 3 multi-key at 8K and 16K, depths 25/75, seeds 0-1 (gemma6mk's prompts):
+#                      snapkv 1024 with avg pooling -> OUT_DIR/gemma/pool7gmk.jsonl
 #          gemma7b     Gemma 3 at 4K and 8K, depths 25/75 (gemma5b's cells at the new default): seeds
 #                      1-2 full, snapkv 1024, streaming 1024; seed 0 snapkv 1024 (sweep 4 has its
 #                      max-pooling twin) -> OUT_DIR/gemma/gemma7b.jsonl
@@ -345,6 +347,13 @@ for step in "${steps[@]}"; do
         "$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 \
           --progress-interval 60 --depths 25,75 --seeds "$sd" --lengths 16384 --tasks niah_single \
           --policies "$pol" --budgets 256 --poolings avg,max --output "$out/gemma/$step.jsonl"
+      done ;;
+    pool7gmk)
+      mkdir -p "$out/gemma"
+      for sd in 0 1; do
+        "$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 \
+          --progress-interval 60 --depths 25,75 --seeds "$sd" --lengths 8192,16384 --tasks niah_multikey \
+          --policies snapkv --budgets 1024 --poolings avg --output "$out/gemma/pool7gmk.jsonl"
       done ;;
     gemma7b|gemma7l|gemma7)
       mkdir -p "$out/gemma"
