@@ -82,8 +82,8 @@
 #                      streaming 1024 -> OUT_DIR/gemma/gemma6.jsonl
 #          gemma6grid  16K, budget 256, depths 25/75, seeds 0-1, one factor at a time against the
 #                      default: window 16 and 64, kernel 7, 15 and 63, avg pooling -> OUT_DIR/gemma/grid6.jsonl
-#        Seventh sweep: average vs max pooling where SmolLM2's earlier cells used max (OUT_DIR
-#        bench/results/eval15 as well; one thread per process, the two steps side by side):
+#        Seventh sweep: average vs max pooling on the prompts of earlier max-pooling cells, and Gemma 3
+#        with more seeds (OUT_DIR bench/results/eval15 as well; one thread per process, two at a time):
 #          pool7       niah_single at 8K, depths 0-75, seeds 0-4 (goal5's prompts): snapkv 1024 with
 #                      avg pooling -> OUT_DIR/pool7.jsonl
 #          pool7mk     niah_multikey at 4K and 8K, seeds 0-2 (mk5's prompts): snapkv 1024 with avg
@@ -121,6 +121,8 @@ d4=(--depths 0,25,50,75)
 d5=(--depths 0,25,50,75,100)
 one=(--haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 1200 --progress-interval 60)
 gemma=${SNAP_GEMMA_MODEL:-$HOME/.cache/snapserve/gemma-3-270m-q4_k_m.gguf}
+# Gemma 3 runs: plain prompts (the 270M file is the pretrained model), one thread, one case at a time.
+gem=(--model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 --progress-interval 60)
 for step in "${steps[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S), $(uptime | sed 's/.*load/load/'))" >&2
   case "$step" in
@@ -240,8 +242,7 @@ for step in "${steps[@]}"; do
     gemma4|gemma16k4)
       mkdir -p "$out/gemma"
       if [ "$step" = gemma4 ]; then gl=(--lengths 4096,8192 --depths 25,75); else gl=(--lengths 16384 --depths 25); fi
-      "$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 \
-        --progress-interval 60 "${gl[@]}" --seeds 0 \
+      "$S" eval run "${gem[@]}" "${gl[@]}" --seeds 0 \
         --tasks niah_single --policies full,snapkv,streaming --budgets 1024 --output "$out/gemma/gemma.jsonl" ;;
     context4k4)
       "$S" eval run "${one[@]}" "${d5[@]}" --seeds 0 --tasks niah_single --lengths 4096 \
@@ -299,15 +300,13 @@ for step in "${steps[@]}"; do
       if [ "$step" = gemma5 ]; then lens=(16384 32768); seeds=(0 1); else lens=(4096 8192); seeds=(0 1 2); fi
       for sd in "${seeds[@]}"; do
         for L in "${lens[@]}"; do
-          "$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 \
-            --progress-interval 60 --lengths "$L" --depths 25,75 --seeds "$sd" \
+          "$S" eval run "${gem[@]}" --lengths "$L" --depths 25,75 --seeds "$sd" \
             --tasks niah_single --policies full,snapkv,streaming --budgets 1024 --output "$out/gemma/gemma5.jsonl"
         done
       done ;;
     gemma6|gemma6mk|gemma6grid)
       mkdir -p "$out/gemma"
-      g=("$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000
-         --progress-interval 60 --depths 25,75)
+      g=("$S" eval run "${gem[@]}" --depths 25,75)
       for sd in 0 1; do
         case "$step" in
           gemma6)
@@ -344,21 +343,18 @@ for step in "${steps[@]}"; do
       mkdir -p "$out/gemma"
       if [ "$step" = pool7g ]; then pol=pyramidkv,adakv; seeds=(0 1); else pol=snapkv; seeds=(2 3); fi
       for sd in "${seeds[@]}"; do
-        "$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 \
-          --progress-interval 60 --depths 25,75 --seeds "$sd" --lengths 16384 --tasks niah_single \
+        "$S" eval run "${gem[@]}" --depths 25,75 --seeds "$sd" --lengths 16384 --tasks niah_single \
           --policies "$pol" --budgets 256 --poolings avg,max --output "$out/gemma/$step.jsonl"
       done ;;
     pool7gmk)
       mkdir -p "$out/gemma"
       for sd in 0 1; do
-        "$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000 \
-          --progress-interval 60 --depths 25,75 --seeds "$sd" --lengths 8192,16384 --tasks niah_multikey \
+        "$S" eval run "${gem[@]}" --depths 25,75 --seeds "$sd" --lengths 8192,16384 --tasks niah_multikey \
           --policies snapkv --budgets 1024 --poolings avg --output "$out/gemma/pool7gmk.jsonl"
       done ;;
     gemma7b|gemma7l|gemma7)
       mkdir -p "$out/gemma"
-      g=("$S" eval run --model "$gemma" --no-chat --haystacks shakespeare -c 1 --threads 1 --kv-cache-mib 3000
-         --progress-interval 60 --depths 25,75 --tasks niah_single --budgets 1024 --output "$out/gemma/$step.jsonl")
+      g=("$S" eval run "${gem[@]}" --depths 25,75 --tasks niah_single --budgets 1024 --output "$out/gemma/$step.jsonl")
       case "$step" in
         gemma7b)
           for sd in 0 1 2; do
