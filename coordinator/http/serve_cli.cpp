@@ -140,7 +140,7 @@ void add_kv_options(CLI::App* cmd, KvFlags& f) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--kv-window", f.window, "SnapKV observation window W (default 32)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--kv-kernel", f.kernel, "SnapKV pooling kernel, odd (default 31)")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--kv-pooling", f.pooling, "SnapKV pooling: avg (default) or max")->check(CLI::IsMember({"max", "avg"}));
+  cmd->add_option("--kv-pooling", f.pooling, "SnapKV pooling: avg (default) or max")->check(CLI::IsMember({"avg", "max"}));
   cmd->add_option("--kv-gqa", f.gqa, "Score aggregation over a GQA group: mean (default) or max")
       ->check(CLI::IsMember({"mean", "max"}));
   cmd->add_option("--kv-sinks", f.sinks, "streaming: attention-sink tokens kept (default 4)")->check(CLI::Range(0, 1 << 20));
