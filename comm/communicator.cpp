@@ -60,6 +60,17 @@ void sum_blocks_typed(const uint8_t* base, int num_blocks, int64_t stride, int64
 
 }  // namespace
 
+std::vector<RankChunk> rank_chunks(int64_t count, int group_size) {
+  CHECK(group_size > 0 && count >= 0) << "rank_chunks(" << count << ", " << group_size << ")";
+  std::vector<RankChunk> out(static_cast<size_t>(group_size));
+  int64_t offset = 0;
+  for (int r = 0; r < group_size; ++r) {
+    out[r] = {offset, count / group_size + (r < count % group_size ? 1 : 0)};
+    offset += out[r].length;
+  }
+  return out;
+}
+
 void sum_blocks_in_rank_order(const void* blocks, int num_blocks, int64_t stride, int64_t count, DType dtype,
                               void* out) {
   const auto* base = static_cast<const uint8_t*>(blocks);

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "comm/world.h"
 #include "common/dtype.h"
@@ -104,6 +105,15 @@ class Communicator {
   std::array<std::atomic<int64_t>, k_num_comm_ops> bytes_{};
   std::array<std::atomic<int64_t>, k_num_comm_ops> nanos_{};
 };
+
+// The owner of each chunk in the two-round all-reduce (reduce-scatter, then all-gather) of
+// the MPI and NCCL backends: group rank r owns elements [offset, offset + length), count / p
+// of them, the first count % p ranks one more. Chunks are consecutive, in rank order.
+struct RankChunk {
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+std::vector<RankChunk> rank_chunks(int64_t count, int group_size);
 
 // Host reference of the documented order, used by the host backends: out[i] =
 // round(sum over r in 0..num_blocks-1 of blocks[r × stride + i]) with an f32 accumulator.

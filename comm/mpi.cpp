@@ -115,12 +115,10 @@ class MpiCommunicator final : public Communicator {
       return Status();
     }
     std::vector<int> chunk_bytes(p), chunk_offsets(p), recv_bytes(p), recv_offsets(p);
-    int64_t offset = 0;
+    const std::vector<RankChunk> chunks = rank_chunks(count, p);
     for (int r = 0; r < p; ++r) {
-      const int64_t len = count / p + (r < count % p ? 1 : 0);
-      chunk_bytes[r] = static_cast<int>(len * elem);
-      chunk_offsets[r] = static_cast<int>(offset * elem);
-      offset += len;
+      chunk_bytes[r] = static_cast<int>(chunks[r].length * elem);
+      chunk_offsets[r] = static_cast<int>(chunks[r].offset * elem);
     }
     const int me = group_rank();
     const int64_t my_len = chunk_bytes[me] / elem;

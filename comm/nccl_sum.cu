@@ -35,27 +35,27 @@ __device__ void store_f32(void* p, int64_t i, NcclSumType t, float v) {
   static_cast<uint16_t*>(p)[i] = h;
 }
 
-__global__ void sum_rank_order_kernel(const uint8_t* blocks, int num_blocks, int64_t count, int elem,
+__global__ void sum_rank_order_kernel(const uint8_t* blocks, int num_blocks, int64_t stride, int64_t count, int elem,
                                       NcclSumType type, void* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float acc = load_f32(blocks, i, type);
-    for (int r = 1; r < num_blocks; ++r) acc += load_f32(blocks + r * count * elem, i, type);
+    for (int r = 1; r < num_blocks; ++r) acc += load_f32(blocks + r * stride * elem, i, type);
     store_f32(out, i, type, acc);
   }
 }
 
 }  // namespace
 
-cudaError_t nccl_sum_blocks_rank_order(const void* blocks, int num_blocks, int64_t count, NcclSumType type, void* out,
-                                       cudaStream_t stream) {
+cudaError_t nccl_sum_blocks_rank_order(const void* blocks, int num_blocks, int64_t stride, int64_t count,
+                                       NcclSumType type, void* out, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   const int elem = type == NcclSumType::f32 ? 4 : 2;
   const int threads = 256;
   const int64_t want = (count + threads - 1) / threads;
   const int grid = static_cast<int>(want < 4096 ? want : 4096);
-  sum_rank_order_kernel<<<grid, threads, 0, stream>>>(static_cast<const uint8_t*>(blocks), num_blocks, count, elem,
-                                                      type, out);
+  sum_rank_order_kernel<<<grid, threads, 0, stream>>>(static_cast<const uint8_t*>(blocks), num_blocks, stride, count,
+                                                      elem, type, out);
   return cudaGetLastError();
 }
 

@@ -235,6 +235,31 @@ TEST(SumBlocksInRankOrder, RoundsOnceAtTheEnd) {
   EXPECT_EQ(sum, 1.0f);
 }
 
+TEST(RankChunks, ConsecutiveFirstRanksOneLonger) {
+  // 10 over 4: 3, 3, 2, 2 at 0, 3, 6, 8 (the MPI and NCCL reduce-scatter owners).
+  const std::vector<RankChunk> c = rank_chunks(10, 4);
+  ASSERT_EQ(c.size(), 4u);
+  const int64_t want_offset[] = {0, 3, 6, 8}, want_length[] = {3, 3, 2, 2};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(c[r].offset, want_offset[r]) << "rank " << r;
+    EXPECT_EQ(c[r].length, want_length[r]) << "rank " << r;
+  }
+  // Fewer elements than ranks: the last ranks own nothing; every count is covered once.
+  for (int64_t count : {0, 1, 2, 7, 576, 4097}) {
+    for (int p : {1, 2, 3, 8}) {
+      const std::vector<RankChunk> k = rank_chunks(count, p);
+      int64_t next = 0;
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(k[r].offset, next) << count << " over " << p << ", rank " << r;
+        EXPECT_LE(k[r].length, (count + p - 1) / p);
+        EXPECT_GE(k[r].length, count / p);
+        next += k[r].length;
+      }
+      EXPECT_EQ(next, count) << count << " over " << p;
+    }
+  }
+}
+
 // ----------------------------------------------------------------- TCP rendezvous
 
 TEST(TcpRendezvous, ThreeRanksReceiveTheLeadersBlob) {
