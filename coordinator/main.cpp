@@ -86,6 +86,8 @@ struct GenerateArgs {
   std::string dump_kv_selection;
   std::string weight_dtype = "auto";
   std::string device = "cpu";  // --device cpu | cuda[:N]
+  std::string tp_comm = "auto";         // --tp-comm: the device forward's exchange (tp > 1)
+  double collective_timeout_s = 120;    // --collective-timeout (NCCL)
 };
 
 Result<KvPolicy> kv_policy_from_args(const GenerateArgs& a) {
@@ -160,29 +162,71 @@ void report_tp(const comm::Communicator& comm, const LoadedModel& model, const G
 int run_generate_leader(const GenerateArgs& a, const LoadedModel& model, StepDriver* driver, DeviceGenerator* device,
                         double load_seconds);
 
-// --device cuda[:N]: one process, the whole model on one GPU (coordinator/engine/device_spec.h);
-// tokenizer, prompt, sampling and the report as on the CPU. The device is checked before
-// anything is loaded, so a machine without one fails at once.
+// --device cuda[:N]: the whole model on one GPU (coordinator/engine/device_spec.h), or with
+// tensor parallelism one shard per rank on its own GPU (`cuda`: local rank N -> cuda:N modulo
+// the devices; `cuda:N`: that device on every rank). The tokenizer, prompt, sampling and the
+// report stay on rank 0's host. The device is checked before anything is loaded, so a machine
+// without one fails at once. With tp > 1 the launcher's host communicator (MPI or TCP, as on
+// the CPU) carries each request's header and token ids; the forward's all-reduces and logits
+// gathers go over NCCL (--tp-comm nccl) or through it, host-staged (--tp-comm host: ranks may
+// share a GPU, which NCCL refuses).
 int run_generate_device(const GenerateArgs& a) {
-  auto dev = parse_device(a.device);
-  if (!dev.ok()) return fail(dev.status().message());
-  if (a.parallel.tp > 1 || a.parallel.world_size > 1)
-    return fail("--device " + dev->name() + " runs the model on one GPU; --tp/--world-size are CPU-only for now");
+  auto parsed = parse_device(a.device);
+  if (!parsed.ok()) return fail(parsed.status().message());
   if (!a.kv.dtype.empty() && a.kv.dtype != "bf16")
-    return fail("--device " + dev->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv.dtype + " is CPU-only");
+    return fail("--device " + parsed->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv.dtype + " is CPU-only");
+  auto launch = start_tensor_parallel("generate", a.parallel);
+  if (!launch.ok()) return fail(launch.status().message());
+  const comm::World& world = launch->world();
+  const int size = world.size();
+  std::unique_ptr<comm::Communicator> control = std::move(launch->comm);
+  auto dev = a.device == "cuda" ? device_for_local_rank(world.local_rank()) : parsed;
+  if (!dev.ok()) return fail(dev.status().message());
   const Status usable = check_device(*dev);
-  if (!usable.ok()) return fail(usable.message());
+  if (!usable.ok()) return fail(size > 1 ? "rank " + std::to_string(world.rank()) + ": " + usable.message() : usable.message());
   auto policy = kv_policy_from_args(a);
   if (!policy.ok()) return fail(policy.status().message());
+  // The forward's exchange: NCCL on device buffers, or the host communicator, staged.
+  std::unique_ptr<comm::Communicator> nccl;
+  comm::Communicator* exchange = control.get();
+  if (size > 1) {
+    const bool want_nccl = a.tp_comm == "nccl" || (a.tp_comm == "auto" && comm::nccl_compiled());
+    if (a.tp_comm == "nccl" && !comm::nccl_compiled()) return fail("--tp-comm nccl: this build has no NCCL");
+    if (want_nccl) {
+      comm::CommOptions opts;
+      opts.leader_host = launch->launch.leader_host;  // empty under mpirun/srun: MPI carries the id
+      opts.port = (launch->launch.port > 0 ? launch->launch.port : comm::k_default_rendezvous_port) + 1;
+      opts.device = dev->ordinal;
+      opts.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.collective_timeout_s * 1000));
+      auto made = comm::make_communicator(comm::CommKind::nccl, world, opts);
+      if (!made.ok())
+        return fail("rank " + std::to_string(world.rank()) + ": " + made.status().message() +
+                    " (--tp-comm host stages through " + control->backend_name() + " instead)");
+      nccl = std::move(*made);
+      exchange = nccl.get();
+    }
+  }
   LoadOptions opts;  // dequantized at load; bf16 on the host too (the device stores bf16)
   opts.keep_quantized = false;
   opts.weight_dtype = DType::bf16;
+  opts.tp_rank = world.tp_rank();
+  opts.tp_size = size;
   const double t_load = now_seconds();
   auto model = load_model(a.model, opts);
-  if (!model.ok()) return fail(model.status().message());
-  auto device = open_device_generator(*dev, *model);
-  if (!device.ok()) return fail(device.status().message());
-  return run_generate_leader(a, *model, nullptr, device->get(), now_seconds() - t_load);
+  Result<std::unique_ptr<DeviceGenerator>> device = model.ok() ? open_device_generator(*dev, *model, control.get(), exchange)
+                                                               : Result<std::unique_ptr<DeviceGenerator>>(model.status());
+  // No rank goes on alone: a rank whose shard failed to load or upload tells the others here.
+  const Status loaded = agree_on_load(control.get(), device.ok() ? Status() : device.status());
+  if (!loaded.ok()) return fail(loaded.message());
+  if (size > 1 && !world.is_leader()) {
+    const Status st = (*device)->follow();
+    if (!st.ok()) return fail("rank " + std::to_string(world.rank()) + ": " + st.message());
+    return 0;
+  }
+  const int rc = run_generate_leader(a, *model, nullptr, device->get(), now_seconds() - t_load);
+  const Status st = (*device)->shutdown();
+  if (!st.ok() && rc == 0) return fail(st.message());
+  return rc;
 }
 
 // Every rank: find its place in the launcher's world, load its shard, agree that all ranks
@@ -282,7 +326,7 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
     dump.reset(w.value());
     hooks.on_prompt_logits = [&](int64_t, const float* row) { dump->write_row(row); };
   }
-  comm::Communicator* comm = driver ? driver->comm() : nullptr;
+  const comm::Communicator* comm = driver ? driver->comm() : device ? device->exchange_comm() : nullptr;
   comm::CommStats after_prefill;
   hooks.on_prefilled = [&](const PagedKvCache&) {
     if (comm) after_prefill = comm->stats();
@@ -339,6 +383,7 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
                dtype_name(st.kv_dtype), st.layerwise ? (req.kv_policy.layerwise ? "layer-wise" : "layer-wise (auto: lower peak)") : "chunked",
                human_bytes(st.scratch_peak_bytes).c_str(), human_bytes(std::max<int64_t>(0, tokenizer_bytes)).c_str());
   if (device) std::fprintf(stderr, "snapserve: %s\n", device->describe_memory().c_str());
+  if (device && comm) after_prefill = device->exchange_after_prefill();
   if (comm && comm->group_size() > 1) report_tp(*comm, *model, st, after_prefill);
   return 0;
 }
@@ -446,7 +491,17 @@ int main(int argc, char** argv) {
   gen->add_option("--device", g.device,
                   "Where the model runs: cpu (default; the reference) or cuda / cuda:N (the whole model on GPU N: "
                   "bf16 weights and KV cache, every kv policy; fails at once "
-                  "without a GPU or in a build without CUDA)");
+                  "without a GPU or in a build without CUDA). With --tp N (mpirun, srun or --rank/--world-size) each "
+                  "rank runs its shard on its GPU: cuda = the rank's local rank, cuda:N = GPU N on every rank");
+  gen->add_option("--tp-comm", g.tp_comm,
+                  "With --device cuda and --tp N > 1, how the ranks' activations meet: nccl (device buffers, one "
+                  "GPU per rank), host (staged through the launcher's MPI or TCP communicator; ranks may share a "
+                  "GPU) or auto (default: nccl when this build has it). Both sum in rank order: the same bits")
+      ->check(CLI::IsMember({"auto", "nccl", "host"}));
+  gen->add_option("--collective-timeout", g.collective_timeout_s,
+                  "Seconds an NCCL all-reduce or gather may wait for the other ranks before this rank aborts the "
+                  "communicator and exits naming itself (default 120): a dead or hung rank never hangs the job")
+      ->check(CLI::Range(1.0, 86400.0));
   gen->add_option("--prefill-chunk", g.prefill_chunk, "Prompt tokens per prefill step (default 512)")->check(CLI::Range(1, 1 << 20));
   gen->add_option("--weight-dtype", g.weight_dtype,
                   "Storage of projection weights: auto (default: GGUF q8_0/q4_0/q4_1 kept as is, others f32), "

@@ -3,8 +3,10 @@
 # Python 3.12 + numpy/torch, none of our Debian packages, no registry; ../shared/FIELD_NOTES.md).
 # Builds the STANDALONE CUDA project (kernels/cuda/CMakeLists.txt: the CPU reference kernels +
 # the CUDA twins + tests/cuda, needing only OpenMP, OpenBLAS and GoogleTest, brought as .debs),
-# runs every CUDA test (each kernel against its CPU twin, case by case), then every GPU
-# benchmark that exists (bench_cuda_* targets), and writes a summary table. Then, only if the
+# runs every CUDA test (each kernel against its CPU twin, case by case; tensor parallelism on
+# one GPU in test_device_tp; NCCL's unit tests in test_comm_nccl when libnccl is there), then
+# every GPU benchmark that exists (bench_cuda_*, bench_device_forward, bench_device_tp: TP 1 vs
+# TP 2 host-staged as two processes), and writes a summary table. Then, only if the
 # machine can configure the whole project, the full-project CUDA targets (test_comm_nccl, and
 # test_device_serve: `serve --device cuda` over HTTP).
 #
@@ -172,6 +174,34 @@ if [ -x "$build/bench_device_forward" ] && [ "$(left)" -gt 180 ]; then
   fi
 else
   row "bench_device_forward" INFO "skipped: not built or under 180 s left"
+fi
+
+# Tensor parallelism on one GPU: TP = 1 against TP = 2 as two processes sharing the GPU through
+# the host-staged exchange (TCP between them; NCCL refuses two ranks on one device), the same
+# 4-layer Llama-3-8B-shaped model, a 32K prompt: what the exchange costs in prefill and decode.
+if [ -x "$build/bench_device_tp" ] && [ -f "$fwd_model/model.safetensors" ] && [ "$(left)" -gt 90 ]; then
+  t0=$SECONDS
+  port=$((29700 + RANDOM % 200))
+  tp_args=(--model "$fwd_model" --context 32768 --decode 32 --device 0)
+  tp_ok=1
+  timeout "$(left)" "$build/bench_device_tp" "${tp_args[@]}" --rank 0 --world-size 1 --leader "127.0.0.1:$port" \
+    >>"$out/bench.txt" 2>>"$log" || tp_ok=0
+  if [ $tp_ok = 1 ]; then
+    lim=$(left)
+    timeout "$lim" "$build/bench_device_tp" "${tp_args[@]}" --rank 1 --world-size 2 --leader "127.0.0.1:$((port + 2))" \
+      2>>"$log" &
+    worker=$!
+    timeout "$lim" "$build/bench_device_tp" "${tp_args[@]}" --rank 0 --world-size 2 --leader "127.0.0.1:$((port + 2))" \
+      >>"$out/bench.txt" 2>>"$log" || tp_ok=0
+    wait $worker || tp_ok=0
+  fi
+  if [ $tp_ok = 1 ]; then
+    row "bench_device_tp" PASS "$((SECONDS - t0)) s: tp 1 vs tp 2 host-staged on one GPU (table below)"
+  else
+    row "bench_device_tp" FAIL "after $((SECONDS - t0)) s (see $log)"
+  fi
+else
+  row "bench_device_tp" INFO "skipped: not built, no model, or under 90 s left"
 fi
 
 # --- 6. full-project CUDA targets, only where the whole project configures --------------------

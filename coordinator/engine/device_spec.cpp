@@ -39,7 +39,10 @@ Status check_device(const DeviceSpec& spec) {
   return no_cuda(spec);
 }
 
-Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel&) {
+Result<DeviceSpec> device_for_local_rank(int) { return no_cuda(DeviceSpec{DeviceKind::cuda, 0}); }
+
+Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel&,
+                                                               comm::Communicator*, comm::Communicator*) {
   return no_cuda(spec);
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/communicator.h"
 #include "common/status.h"
 #include "coordinator/engine/generate.h"
 #include "worker/model/weights.h"
@@ -25,6 +26,10 @@ struct DeviceSpec {
 
 // "cpu", "cuda" (= cuda:0) or "cuda:N"; anything else is a one-line error naming the text.
 Result<DeviceSpec> parse_device(const std::string& text);
+
+// `--device cuda` on tensor-parallel rank with local rank `local_rank`: cuda:(local_rank modulo
+// the devices present), so that one process per GPU needs no flag per rank.
+Result<DeviceSpec> device_for_local_rank(int local_rank);
 
 // Whether this binary was built with the CUDA backend (configure with -DSNAP_ENABLE_CUDA=ON
 // where nvcc is found).
@@ -47,11 +52,31 @@ class DeviceGenerator {
   // One line for the report: the device, its weights, the last request's KV pool (allocated
   // and peak in use) and scratch, and the device memory in use by this process.
   virtual std::string describe_memory() const = 0;
+
+  // Tensor parallelism (open_device_generator with a group): tp rank 0 calls generate();
+  // every other rank calls follow(), which runs each request rank 0 starts — its header (the
+  // prompt, policy and limits) and then each decoded token id arrive over the control group —
+  // on its own shard until rank 0 calls shutdown(). One rank alone: follow() and shutdown()
+  // return at once.
+  virtual Status follow() = 0;
+  virtual Status shutdown() = 0;
+  // The communicator the forward's all-reduces and logits gathers ran on (null alone), and
+  // its counters when the last request's prefill ended.
+  virtual const comm::Communicator* exchange_comm() const = 0;
+  virtual comm::CommStats exchange_after_prefill() const = 0;
 };
 
-// Uploads `model` (tp 1, loaded with keep_quantized = false) to the device check_device chose.
-// `model` must outlive the generator (its config is read).
-Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model);
+// Uploads `model` (loaded with keep_quantized = false) to the device check_device chose.
+// `model` must outlive the generator (its config is read). With tensor parallelism `model`
+// is this rank's shard (LoadOptions tp_rank/tp_size) and:
+//  - control: the group's host communicator (MPI or TCP), for the request headers and the
+//    token ids;
+//  - exchange: the communicator of the forward's activations — NCCL on device buffers, or
+//    the control communicator itself (host-staged: device -> host -> collective -> device).
+// Both must outlive the generator.
+Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model,
+                                                               comm::Communicator* control = nullptr,
+                                                               comm::Communicator* exchange = nullptr);
 
 struct EngineConfig;
 class Engine;

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "tests/free_port.h"
 #include "tests/snapserve_binary.h"
 #include "tests/worker/tiny_checkpoint.h"
 
@@ -86,14 +87,48 @@ TEST(DeviceCli, MalformedDeviceAndTpAreRefused) {
     EXPECT_EQ(lines(r.err), 1) << r.err;
     EXPECT_NE(r.err.find("--device '" + dev + "': expected cpu, cuda or cuda:N"), std::string::npos) << r.err;
   }
+  // --tp with a device keeps the launcher's contract, as on the CPU: N processes for --tp N.
   const Out r = run(dir, "generate --device cuda --tp 2 --prompt hi");
   EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_NE(r.err.find("--device cuda:0 runs the model on one GPU"), std::string::npos) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--tp 2 but the launcher started 1 process(es)"), std::string::npos) << r.err;
+  const Out c = run(dir, "generate --device cuda --tp-comm mpi --prompt hi");
+  EXPECT_NE(c.rc, 0) << c.err;
+  EXPECT_NE(c.err.find("--tp-comm"), std::string::npos) << c.err;
   // The device's KV cache is bf16: another --kv-dtype is refused, not silently replaced.
   const Out d = run(dir, "generate --device cuda --kv-dtype f16 --prompt hi");
   EXPECT_EQ(d.rc, 1) << d.err;
   EXPECT_EQ(lines(d.err), 1) << d.err;
   EXPECT_NE(d.err.find("--device cuda:0 keeps the KV cache in bf16; --kv-dtype f16 is CPU-only"), std::string::npos) << d.err;
+}
+
+// Two tensor-parallel ranks (--rank/--world-size/--leader, as a LeaderWorkerSet starts them)
+// on a machine without a GPU: each rank meets its group, then fails in one line naming itself,
+// before reading the model; neither waits for the other.
+TEST(DeviceCli, TensorParallelRanksFailFastNamingTheirRank) {
+  snap::testing::TempDir dir("devcli_tp");
+  const std::string leader = "127.0.0.1:" + std::to_string(snap::testing::free_port());
+  std::string cmd = "CUDA_VISIBLE_DEVICES= timeout 60 sh -c '";
+  for (int r = 0; r < 2; ++r) {
+    cmd += "(" + k_bin + " generate --device cuda --tp-comm host --tp 2 --rank " + std::to_string(r) +
+           " --world-size 2 --leader " + leader + " --model " + (dir / "absent.gguf") + " --prompt hi >" +
+           (dir / ("out" + std::to_string(r))) + " 2>" + (dir / ("err" + std::to_string(r))) + "; echo $? >" +
+           (dir / ("rc" + std::to_string(r))) + (r == 0 ? ") & " : "); wait'");
+  }
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string err = slurp(dir / ("err" + std::to_string(r)));
+    EXPECT_EQ(slurp(dir / ("rc" + std::to_string(r))), "1\n") << "rank " << r << ": " << err;
+    EXPECT_EQ(lines(err), 1) << err;
+#if SNAP_TEST_BUILD_HAS_CUDA
+    EXPECT_NE(err.find("snapserve: error: rank " + std::to_string(r) + ": --device cuda:0: no CUDA device"),
+              std::string::npos)
+        << err;
+#else
+    EXPECT_NE(err.find("this build has no CUDA"), std::string::npos) << err;
+#endif
+    EXPECT_EQ(err.find("absent.gguf"), std::string::npos) << "the model was read before the device was checked: " << err;
+  }
 }
 
 // serve --device: the same fail-fast contract as generate, before the model is read and before

@@ -21,13 +21,24 @@ std::string cublas_why() {
   const std::string& e = kernels::cublas_load_error();
   return e.empty() ? std::string() : " (" + e + ")";
 }
+// The shard's heads and MLP width in place of the model's (tp 1: the model's own).
+ModelConfig shard_config(const ModelConfig& c, const TpShard& s) {
+  ModelConfig local = c;
+  if (s.tp_size > 1) {
+    local.num_heads = s.num_heads;
+    local.num_kv_heads = s.num_kv_heads;
+    local.intermediate_size = s.ff_size;
+  }
+  return local;
+}
 }  // namespace
 
-DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& weights, DeviceKvPool& pool)
-    : config_(config), w_(weights), pool_(pool), stream_(pool.stream()) {
+DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& weights, DeviceKvPool& pool,
+                             DeviceExchange* exchange)
+    : config_(shard_config(config, weights.shard)), w_(weights), pool_(pool), exchange_(exchange), stream_(pool.stream()) {
   if (kernels::cublas_create(&cublas_) != CUBLAS_STATUS_SUCCESS) cublas_ = nullptr;
-  attn_.num_heads = config.num_heads;
-  attn_.num_kv_heads = config.num_kv_heads;
+  attn_.num_heads = config_.num_heads;
+  attn_.num_kv_heads = config_.num_kv_heads;
   attn_.head_dim = config.head_dim;
   attn_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
   attn_.sliding_window = config.sliding_window;
@@ -39,8 +50,9 @@ void DeviceForward::free_scratch() {
                   static_cast<void*>(v_), static_cast<void*>(attn_out_), static_cast<void*>(gate_),
                   static_cast<void*>(up_), static_cast<void*>(logits_), static_cast<void*>(inv_freq_),
                   static_cast<void*>(xb_), static_cast<void*>(tokens_), static_cast<void*>(positions_),
-                  static_cast<void*>(greedy_), attn_ws_})
+                  static_cast<void*>(greedy_), static_cast<void*>(head_part_), static_cast<void*>(head_all_), attn_ws_})
     cudaFree(p);
+  head_part_ = head_all_ = nullptr;
   x_ = h_ = q_ = k_ = v_ = attn_out_ = gate_ = up_ = logits_ = inv_freq_ = nullptr;
   xb_ = nullptr;
   tokens_ = positions_ = greedy_ = nullptr;
@@ -81,6 +93,10 @@ Status DeviceForward::ensure_scratch(int64_t n) {
   SNAP_RETURN_IF_ERROR(alloc(&tokens_, 4 * n));
   SNAP_RETURN_IF_ERROR(alloc(&positions_, 4 * n));
   SNAP_RETURN_IF_ERROR(alloc(&greedy_, 4 * n));  // one id per row (decode_batch)
+  if (exchange_ != nullptr && w_.shard.tp_size > 1) {  // the LM head's rows, padded, then gathered
+    SNAP_RETURN_IF_ERROR(alloc(&head_part_, 4 * n * w_.shard.vocab_chunk));
+    SNAP_RETURN_IF_ERROR(alloc(&head_all_, 4 * n * w_.shard.vocab_chunk * w_.shard.tp_size));
+  }
   const std::vector<float> inv = kernels::rope_inv_freq(config_.rope);
   SNAP_RETURN_IF_ERROR(alloc(&inv_freq_, 4 * static_cast<int64_t>(inv.size())));
   DEV_TRY("inv_freq", cudaMemcpy(inv_freq_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
@@ -125,9 +141,64 @@ Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32
   return Status::ok_status();
 }
 
+Status DeviceForward::check_shard() const {
+  const TpShard& s = w_.shard;
+  if (s.tp_size == 1) return Status::ok_status();
+  if (exchange_ == nullptr || exchange_->size() != s.tp_size || exchange_->rank() != s.tp_rank)
+    return internal_error("device forward: the shard of tp rank " + std::to_string(s.tp_rank) + " of " +
+                          std::to_string(s.tp_size) + " needs an exchange over that group");
+  if (pool_.shape().num_kv_heads != s.num_kv_heads)
+    return internal_error("device forward: the pool holds " + std::to_string(pool_.shape().num_kv_heads) +
+                          " KV heads, the shard " + std::to_string(s.num_kv_heads));
+  return Status::ok_status();
+}
+
+Status DeviceForward::reduce(int64_t n) {
+  if (exchange_ == nullptr || w_.shard.tp_size == 1) return Status::ok_status();
+  return exchange_->all_reduce(h_, n * config_.hidden_size);
+}
+
+Status DeviceForward::head(int64_t rows, bool rowwise) {
+  const DeviceHeadView hw = w_.head();
+  const TpShard& s = w_.shard;
+  const bool gather = exchange_ != nullptr && s.tp_size > 1;
+  // This rank's rows [rows, shard vocab] straight into logits_ at tp 1, else into head_part_
+  // with the row pitch of vocab_chunk (the last rank's slice may be shorter: its tail is
+  // padding, never read).
+  float* part = gather ? head_part_ : logits_;
+  const int64_t pitch = gather ? s.vocab_chunk : hw.rows;
+  float* y = part;
+  if (gather && hw.rows != pitch) y = logits_;  // computed dense, then copied at the pitch
+  if (rowwise || rows == 1) {
+    kernels::matmul_rowwise_cuda(h_, hw.data, nullptr, y, rows, hw.rows, hw.cols, stream_);
+    DEV_TRY("lm head", cudaGetLastError());
+  } else {
+    kernels::f32_to_bf16_cuda(h_, xb_, rows * hw.cols, stream_);
+    const cublasStatus_t st = kernels::matmul_bf16_cuda(cublas_, xb_, hw.data, nullptr, y, rows, hw.rows, hw.cols, stream_);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return internal_error("device forward: LM head cublasGemmEx status " + std::to_string(static_cast<int>(st)));
+    DEV_TRY("lm head", cudaGetLastError());
+  }
+  if (!gather) return Status::ok_status();
+  if (y != part)
+    DEV_TRY("lm head rows", cudaMemcpy2DAsync(part, 4 * pitch, y, 4 * hw.rows, 4 * hw.rows, rows, cudaMemcpyDeviceToDevice, stream_));
+  SNAP_RETURN_IF_ERROR(exchange_->all_gather(part, head_all_, rows * pitch));
+  if (!s.is_logits_rank) return Status::ok_status();
+  // [tp, rows, chunk] -> [rows, vocab]: rank r's slice holds ids [r·chunk, r·chunk + its rows).
+  const int64_t vocab = config_.vocab_size;
+  for (int r = 0; r < s.tp_size; ++r) {
+    const int64_t begin = r * pitch, width = std::min(pitch, vocab - begin);
+    if (width <= 0) continue;
+    DEV_TRY("logits", cudaMemcpy2DAsync(logits_ + begin, 4 * vocab, head_all_ + r * rows * pitch, 4 * pitch, 4 * width,
+                                        rows, cudaMemcpyDeviceToDevice, stream_));
+  }
+  return Status::ok_status();
+}
+
 Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, int64_t num_rows, float* logits,
                                    int32_t* greedy) {
   if (num_rows <= 0) return invalid_argument("device forward: no decode rows");
+  SNAP_RETURN_IF_ERROR(check_shard());
   const int nkv = config_.num_kv_heads, bs = pool_.shape().block_size;
   int64_t new_blocks = 0;  // blocks this step takes: a head whose last block is full needs one
   std::vector<int32_t> pos(static_cast<size_t>(num_rows));
@@ -170,17 +241,20 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
       SNAP_RETURN_IF_ERROR(attend(seqs[b], l, q_ + b * qd, positions_ + b, 1, attn_out_ + b * qd));
     }
     SNAP_RETURN_IF_ERROR(project_rows(L.o, nullptr, attn_out_, h_, n));
+    SNAP_RETURN_IF_ERROR(reduce(n));
     kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
     kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
     SNAP_RETURN_IF_ERROR(project_rows(L.gate, nullptr, h_, gate_, n));
     SNAP_RETURN_IF_ERROR(project_rows(L.up, nullptr, h_, up_, n));
     kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
     SNAP_RETURN_IF_ERROR(project_rows(L.down, nullptr, gate_, h_, n));
+    SNAP_RETURN_IF_ERROR(reduce(n));
     kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
     DEV_TRY("layer", cudaGetLastError());
   }
   kernels::rms_norm_cuda(x_, w_.final_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-  SNAP_RETURN_IF_ERROR(project_rows(w_.output(), nullptr, h_, logits_, n));
+  SNAP_RETURN_IF_ERROR(head(n, true));
+  if (!is_logits_rank()) return cuda_status("decode batch", cudaStreamSynchronize(stream_));
   if (greedy) {
     kernels::argmax_cuda(logits_, n, vocab, greedy_, stream_);
     DEV_TRY("greedy", cudaMemcpyAsync(greedy, greedy_, 4 * n, cudaMemcpyDeviceToHost, stream_));
@@ -212,12 +286,14 @@ Status DeviceForward::run_layer(int32_t seq, int l, int64_t n, int64_t start) {
   if (start < h2o_tokens_) SNAP_RETURN_IF_ERROR(accumulate_h2o(seq, l, start, std::min(n, h2o_tokens_ - start)));
   SNAP_RETURN_IF_ERROR(attend(seq, l, q_, positions_, n, attn_out_));
   SNAP_RETURN_IF_ERROR(project(L.o, nullptr, attn_out_, h_, n));
+  SNAP_RETURN_IF_ERROR(reduce(n));
   kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
   kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
   SNAP_RETURN_IF_ERROR(project(L.gate, nullptr, h_, gate_, n));
   SNAP_RETURN_IF_ERROR(project(L.up, nullptr, h_, up_, n));
   kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
   SNAP_RETURN_IF_ERROR(project(L.down, nullptr, gate_, h_, n));
+  SNAP_RETURN_IF_ERROR(reduce(n));
   kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
   DEV_TRY("layer", cudaGetLastError());
   return Status::ok_status();
@@ -226,6 +302,7 @@ Status DeviceForward::run_layer(int32_t seq, int l, int64_t n, int64_t start) {
 Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, float* logits, bool all_logits,
                               int32_t* greedy) {
   if (n <= 0) return invalid_argument("device forward: no tokens");
+  SNAP_RETURN_IF_ERROR(check_shard());
   if (!pool_.is_open(seq)) return invalid_argument("device forward: sequence " + std::to_string(seq) + " is not open");
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
@@ -249,7 +326,8 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
   const int64_t rows = all_logits ? n : 1;
   const float* last = x_ + (n - rows) * hidden;
   kernels::rms_norm_cuda(last, w_.final_norm.f32(), h_, rows, hidden, config_.rms_norm_eps, stream_);
-  SNAP_RETURN_IF_ERROR(project(w_.output(), nullptr, h_, logits_, rows));
+  SNAP_RETURN_IF_ERROR(head(rows, false));
+  if (!is_logits_rank()) return cuda_status("forward", cudaStreamSynchronize(stream_));
   if (greedy) {
     kernels::argmax_cuda(logits_ + (rows - 1) * vocab, 1, vocab, greedy_, stream_);
     DEV_TRY("greedy", cudaMemcpyAsync(greedy, greedy_, 4, cudaMemcpyDeviceToHost, stream_));
@@ -264,6 +342,7 @@ Status DeviceForward::prefill_layerwise(int32_t seq, const int32_t* tokens, int6
                                         const KvPolicy& policy, float* last_logits,
                                         std::vector<std::vector<std::vector<int32_t>>>* kept) {
   if (n <= 0 || chunk <= 0) return invalid_argument("device forward: layer-wise prefill needs tokens and a chunk size");
+  SNAP_RETURN_IF_ERROR(check_shard());
   if (!pool_.is_open(seq) || pool_.appended(seq, 0) != 0)
     return invalid_argument("device forward: a layer-wise prefill starts on an open, empty sequence");
   if (policy.kind == KvPolicyKind::full || policy.context_tokens > 0)
@@ -326,8 +405,8 @@ Status DeviceForward::prefill_layerwise(int32_t seq, const int32_t* tokens, int6
     if (kept && l < static_cast<int>(layer_kept.size())) (*kept)[l] = std::move(layer_kept[l]);
   }
   kernels::rms_norm_cuda(states + (n - 1) * hidden, w_.final_norm.f32(), h_, 1, hidden, config_.rms_norm_eps, stream_);
-  SNAP_RETURN_IF_ERROR(project(w_.output(), nullptr, h_, logits_, 1));
-  if (last_logits) DEV_TRY("logits", cudaMemcpyAsync(last_logits, logits_, 4 * vocab, cudaMemcpyDeviceToHost, stream_));
+  SNAP_RETURN_IF_ERROR(head(1, true));
+  if (last_logits && is_logits_rank()) DEV_TRY("logits", cudaMemcpyAsync(last_logits, logits_, 4 * vocab, cudaMemcpyDeviceToHost, stream_));
   DEV_TRY("layer-wise prefill", cudaStreamSynchronize(stream_));
   return Status::ok_status();
 }

@@ -6,6 +6,14 @@
 // (num_tokens > 1) run the projections through cuBLAS on bf16 activations; single decode
 // rows through the row-invariant GEMV (f32 activations), as the CPU splits sgemm/matvec.
 // Only the logits (or greedy ids) cross to the host.
+//
+// Tensor parallelism (DeviceWeights of one rank's shard + a DeviceExchange): this rank runs
+// its query and KV heads, its MLP slice and its vocabulary rows, as LlamaForward does on the
+// CPU; the partial outputs of o_proj and down_proj are summed over the group right after
+// them (reduce(), the one all-reduce), and the LM head's rows are gathered to tp rank 0
+// (head()). KV, window queries, scores and selections stay on the rank's GPU: every policy
+// compresses the rank's own KV heads. Every rank must make the same calls in the same order
+// with the same arguments; on ranks other than 0 the logits and greedy pointers are ignored.
 #pragma once
 
 #include <cublas_v2.h>
@@ -15,6 +23,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "worker/device/device_exchange.h"
 #include "worker/device/device_kv_pool.h"
 #include "worker/device/device_weights.h"
 #include "worker/kv/policy.h"
@@ -24,8 +33,12 @@ namespace snap {
 
 class DeviceForward {
  public:
-  // weights, pool and the model config must outlive this object; the pool's stream is used.
-  DeviceForward(const ModelConfig& config, const DeviceWeights& weights, DeviceKvPool& pool);
+  // weights, pool and exchange must outlive this object; the pool's stream is used (a
+  // blocking stream, see device_exchange.h). weights.shard says which heads, MLP slice and
+  // vocabulary rows this rank runs; a shard of tp > 1 needs `exchange` (its group), the pool
+  // shaped with the shard's KV heads.
+  DeviceForward(const ModelConfig& config, const DeviceWeights& weights, DeviceKvPool& pool,
+                DeviceExchange* exchange = nullptr);
   ~DeviceForward();
   DeviceForward(const DeviceForward&) = delete;
   DeviceForward& operator=(const DeviceForward&) = delete;
@@ -100,6 +113,9 @@ class DeviceForward {
 
   // Bytes of device scratch held now (activations for the largest chunk seen + workspaces).
   int64_t scratch_bytes() const { return scratch_bytes_; }
+  // Whether this rank receives the logits (tp rank 0, or the only rank).
+  bool is_logits_rank() const { return w_.shard.is_logits_rank; }
+  const TpShard& shard() const { return w_.shard; }
 
  private:
   Status ensure_scratch(int64_t n);
@@ -107,6 +123,13 @@ class DeviceForward {
   Status project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status project_rows(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status attend(int32_t seq, int layer, const float* q, const int32_t* positions, int64_t n, float* out);
+  // The row-parallel sum of h_[0, n·hidden) over the tp group (nothing at tp 1).
+  Status reduce(int64_t n);
+  // The LM head on the normalised rows h_[rows, hidden]: this rank's vocabulary rows (the
+  // row-invariant GEMV when rowwise or rows == 1, else cuBLAS), gathered into
+  // logits_[rows, vocab] on the logits rank.
+  Status head(int64_t rows, bool rowwise);
+  Status check_shard() const;
   // Layer l over the n rows of x_ at positions_ (= start..): append, capture, attention, MLP.
   Status run_layer(int32_t seq, int l, int64_t n, int64_t start);
   // device_compress.cpp: H2O accumulation of one chunk's rows [0, m) of q_ (positions start..).
@@ -116,9 +139,13 @@ class DeviceForward {
   Status compact_ids(int32_t seq, int layer, const std::vector<int32_t>& ids, int64_t stride, int64_t tail, int64_t n,
                      std::vector<std::vector<int32_t>>* kept);
 
-  const ModelConfig& config_;
+  // The model as this rank sees it: num_heads, num_kv_heads and intermediate_size are the
+  // shard's (the whole model's at tp 1); vocab_size is the whole vocabulary.
+  const ModelConfig config_;
   const DeviceWeights& w_;
   DeviceKvPool& pool_;
+  DeviceExchange* exchange_ = nullptr;  // null: one rank
+  float *head_part_ = nullptr, *head_all_ = nullptr;  // tp: [cap, vocab_chunk], [tp, cap, vocab_chunk]
   cudaStream_t stream_;
   cublasHandle_t cublas_ = nullptr;
   kernels::AttentionParams attn_;

@@ -8,10 +8,20 @@
 // the CPU's layer budgets), adakv (adakv_select_cuda), h2o (scores accumulated on the device
 // during prefill, h2o_select_cuda) and streaming (positions only: the CPU's streaming_select,
 // compaction on the device).
+// Tensor parallelism: every rank runs this same loop on its shard in lockstep. Rank 0 sends a
+// request's header (encode_request) before it starts and each decoded token id (with "go on")
+// before each decode forward, and one "no more tokens" message after every request whatever
+// its outcome, over the control communicator; the forward's own collectives go through the
+// DeviceExchange. Each rank compresses its own KV heads and writes its own selection dump
+// (path + ".rank<r>"). An error that strikes every rank alike (the pool too small) ends the
+// request everywhere and the group goes on; one rank's device failing inside a collective is
+// bounded by the NCCL timeout (comm/nccl.cpp) or the host backend's closed connection.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <span>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -21,10 +31,12 @@
 #include "coordinator/engine/device_spec.h"
 #include "coordinator/engine/prefill_choice.h"
 #include "kernels/kernels.h"
+#include "worker/device/device_exchange.h"
 #include "worker/device/device_forward.h"
 #include "worker/device/device_kv_pool.h"
 #include "worker/device/device_weights.h"
 #include "worker/kv/selection.h"
+#include "worker/step_plan.h"
 
 namespace snap {
 
@@ -51,6 +63,13 @@ Status check_device(const DeviceSpec& spec) {
   return {};
 }
 
+Result<DeviceSpec> device_for_local_rank(int local_rank) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) return DeviceSpec{DeviceKind::cuda, 0};  // check_device says why
+  return DeviceSpec{DeviceKind::cuda, local_rank % count};
+}
+
 namespace {
 
 std::string mib(int64_t bytes) {
@@ -60,8 +79,8 @@ std::string mib(int64_t bytes) {
 }
 
 // The kept positions per layer and KV head, in the CPU's dump format (Worker::write_selection).
-Status write_selection(const std::string& path, const KvPolicy& p, int64_t prompt_tokens, int64_t compress_at,
-                       const std::vector<std::vector<std::vector<int32_t>>>& kept) {
+Status write_selection(const std::string& dump_path, const TpShard& sh, const KvPolicy& p, int64_t prompt_tokens,
+                       int64_t compress_at, const std::vector<std::vector<std::vector<int32_t>>>& kept) {
   nlohmann::json doc;
   doc["policy"] = kv_policy_name(p.kind);
   doc["prompt_tokens"] = prompt_tokens;
@@ -71,33 +90,134 @@ Status write_selection(const std::string& path, const KvPolicy& p, int64_t promp
   doc["kernel"] = p.kernel;
   doc["pooling"] = p.pooling == KvPooling::max ? "max" : "avg";
   doc["gqa"] = p.aggregation == GqaAggregation::mean ? "mean" : "max";
-  doc["tp_rank"] = 0;
-  doc["tp_size"] = 1;
-  doc["kv_head_begin"] = 0;
-  doc["kv_replicas"] = 1;
+  doc["tp_rank"] = sh.tp_rank;
+  doc["tp_size"] = sh.tp_size;
+  doc["kv_head_begin"] = sh.kv_head_begin;
+  doc["kv_replicas"] = sh.kv_replicas;
   doc["device"] = "cuda";
   doc["layers"] = nlohmann::json::array();
   for (size_t l = 0; l < kept.size(); ++l) doc["layers"].push_back({{"layer", l}, {"heads", kept[l]}});
+  const std::string path = sh.tp_size > 1 ? dump_path + ".rank" + std::to_string(sh.tp_rank) : dump_path;
   std::ofstream f(path);
   f << doc.dump() << "\n";
   if (!f) return invalid_argument(path + ": cannot write the KV selection dump");
   return {};
 }
 
+// --- the lockstep protocol (tp > 1) ----------------------------------------------------------
+// A request's header, what every rank needs to run the same loop: the prompt, limits, pool,
+// chunking, whether prompt logits are wanted (all rows through the LM head) and the dump path;
+// the policy travels inside an encoded StepPlan (its one SequenceOpen). Sampling, stop ids and
+// hooks stay on rank 0, which sends each token it chose.
+struct RequestHeader {
+  bool shutdown = false;
+  GenerateRequest req;
+  bool prompt_logits = false;
+};
+
+void put_i64(std::vector<uint8_t>& out, int64_t v) {
+  const auto* b = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), b, b + 8);
+}
+
+std::vector<uint8_t> encode_request(const RequestHeader& h) {
+  std::vector<uint8_t> out;
+  put_i64(out, h.shutdown ? 1 : 0);
+  if (h.shutdown) return out;
+  const GenerateRequest& r = h.req;
+  for (int64_t v : {r.max_tokens, r.prefill_chunk, int64_t{r.auto_layerwise}, int64_t{r.kv_block_size}, r.kv_pool_bytes,
+                    r.context_limit, int64_t{h.prompt_logits}, static_cast<int64_t>(r.kv_selection_dump.size()),
+                    static_cast<int64_t>(r.prompt_ids.size())})
+    put_i64(out, v);
+  out.insert(out.end(), r.kv_selection_dump.begin(), r.kv_selection_dump.end());
+  const auto* ids = reinterpret_cast<const uint8_t*>(r.prompt_ids.data());
+  out.insert(out.end(), ids, ids + 4 * r.prompt_ids.size());
+  StepPlan plan;
+  plan.open.push_back({0, r.kv_policy, 0});
+  const std::vector<uint8_t> policy = encode_step_plan(plan);
+  out.insert(out.end(), policy.begin(), policy.end());
+  return out;
+}
+
+Result<RequestHeader> decode_request(std::span<const uint8_t> in) {
+  size_t at = 0;
+  auto i64 = [&](int64_t* v) -> bool {
+    if (in.size() - at < 8) return false;
+    std::memcpy(v, in.data() + at, 8);
+    at += 8;
+    return true;
+  };
+  RequestHeader h;
+  int64_t f[10];
+  if (!i64(&f[0])) return data_loss("device request header: truncated");
+  h.shutdown = f[0] != 0;
+  if (h.shutdown) return h;
+  for (int i = 1; i < 10; ++i)
+    if (!i64(&f[i])) return data_loss("device request header: truncated");
+  GenerateRequest& r = h.req;
+  r.max_tokens = f[1];
+  r.prefill_chunk = f[2];
+  r.auto_layerwise = f[3] != 0;
+  r.kv_block_size = static_cast<int>(f[4]);
+  r.kv_pool_bytes = f[5];
+  r.context_limit = f[6];
+  h.prompt_logits = f[7] != 0;
+  if (f[8] < 0 || f[9] < 0 || in.size() - at < static_cast<size_t>(f[8]) + 4 * static_cast<size_t>(f[9]))
+    return data_loss("device request header: truncated");
+  r.kv_selection_dump.assign(reinterpret_cast<const char*>(in.data() + at), static_cast<size_t>(f[8]));
+  at += static_cast<size_t>(f[8]);
+  r.prompt_ids.resize(static_cast<size_t>(f[9]));
+  std::memcpy(r.prompt_ids.data(), in.data() + at, 4 * r.prompt_ids.size());
+  at += 4 * r.prompt_ids.size();
+  SNAP_ASSIGN_OR_RETURN(StepPlan plan, decode_step_plan(in.subspan(at)));
+  if (plan.open.size() != 1) return data_loss("device request header: no KV policy");
+  r.kv_policy = plan.open[0].policy;
+  r.kv_dtype = DType::bf16;
+  return h;
+}
+
+// Size, then bytes, from group rank 0 (as StepDriver sends step plans).
+Status send_bytes(comm::Communicator& c, std::vector<uint8_t>& bytes) {
+  int64_t size = static_cast<int64_t>(bytes.size());
+  SNAP_RETURN_IF_ERROR(c.broadcast_bytes(&size, sizeof size, 0));
+  return c.broadcast_bytes(bytes.data(), size, 0);
+}
+Result<std::vector<uint8_t>> receive_bytes(comm::Communicator& c) {
+  int64_t size = 0;
+  SNAP_RETURN_IF_ERROR(c.broadcast_bytes(&size, sizeof size, 0));
+  if (size <= 0 || size > (int64_t{1} << 32)) return data_loss("device request header of " + std::to_string(size) + " bytes");
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  SNAP_RETURN_IF_ERROR(c.broadcast_bytes(bytes.data(), size, 0));
+  return bytes;
+}
+
 class CudaGenerator final : public DeviceGenerator {
  public:
   CudaGenerator(const DeviceSpec& spec, const LoadedModel& model, std::unique_ptr<DeviceWeights> weights,
-                cudaStream_t stream)
-      : spec_(spec), config_(model.config), weights_(std::move(weights)), stream_(stream) {
+                cudaStream_t stream, comm::Communicator* control, comm::Communicator* exchange)
+      : spec_(spec), config_(model.config), weights_(std::move(weights)), stream_(stream), control_(control) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, spec.ordinal) == cudaSuccess) device_name_ = prop.name;
+    if (exchange != nullptr && exchange->group_size() > 1) exchange_ = std::make_unique<DeviceExchange>(*exchange, stream_);
   }
   ~CudaGenerator() override {
+    exchange_.reset();
     weights_.reset();
     cudaStreamDestroy(stream_);
   }
 
   Result<GenerateResult> generate(const GenerateRequest& req, const GenerateHooks& hooks) override;
+  Status follow() override;
+  Status shutdown() override {
+    if (!grouped() || shut_down_) return {};
+    shut_down_ = true;
+    RequestHeader h;
+    h.shutdown = true;
+    std::vector<uint8_t> bytes = encode_request(h);
+    return send_bytes(*control_, bytes);
+  }
+  const comm::Communicator* exchange_comm() const override { return exchange_ ? &exchange_->comm() : nullptr; }
+  comm::CommStats exchange_after_prefill() const override { return after_prefill_; }
   std::string describe_memory() const override {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
@@ -108,9 +228,16 @@ class CudaGenerator final : public DeviceGenerator {
   }
 
  private:
+  bool grouped() const { return control_ != nullptr && control_->group_size() > 1; }
+  bool leads() const { return !grouped() || control_->group_rank() == 0; }
   Status validate(const GenerateRequest& req) const;
+  // The request on this rank; prompt_logits: every prompt row through the LM head (rank 0:
+  // hooks.on_prompt_logits is set; it is told the others).
+  Result<GenerateResult> run_request(const GenerateRequest& req, const GenerateHooks& hooks, bool prompt_logits);
   Status run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, const GenerateRequest& req,
-             const GenerateHooks& hooks, int64_t limit, GenerateResult& result);
+             const GenerateHooks& hooks, bool prompt_logits, int64_t limit, GenerateResult& result);
+  // Rank 0 tells the others the next decode token (go) or the end of the request.
+  Status tell_step(int32_t id, bool go);
 
   DeviceSpec spec_;
   const ModelConfig& config_;
@@ -118,7 +245,41 @@ class CudaGenerator final : public DeviceGenerator {
   cudaStream_t stream_;
   std::string device_name_ = "?";
   int64_t pool_bytes_ = 0, pool_peak_bytes_ = 0, scratch_bytes_ = 0;  // of the last request
+  comm::Communicator* control_ = nullptr;    // the group's host communicator (tp > 1)
+  std::unique_ptr<DeviceExchange> exchange_;  // the forward's collectives (tp > 1)
+  comm::CommStats after_prefill_;
+  bool shut_down_ = false;
+  bool ended_ = false;  // a follower read rank 0's end of the current request
 };
+
+Status CudaGenerator::tell_step(int32_t id, bool go) {
+  if (!grouped()) return {};
+  int32_t msg[2] = {id, go ? 1 : 0};
+  return control_->broadcast_bytes(msg, sizeof msg, 0);
+}
+
+// The other ranks: each request rank 0 starts, run on this shard, until the shutdown header.
+Status CudaGenerator::follow() {
+  if (!grouped() || leads()) return {};
+  for (;;) {
+    SNAP_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, receive_bytes(*control_));
+    SNAP_ASSIGN_OR_RETURN(RequestHeader h, decode_request(bytes));
+    if (h.shutdown) return {};
+    // A request's own error (pool too small, bad policy) happens alike on rank 0, which
+    // reports it; this rank waits for the next request.
+    ended_ = false;
+    auto result = run_request(h.req, {}, h.prompt_logits);
+    if (!result.ok())
+      std::fprintf(stderr, "snapserve: rank %d: %s\n", control_->world().rank(), result.status().message().c_str());
+    // Rank 0 ends every request with one "no more tokens" message, whatever happened to it
+    // there or here (an error before the decode loop leaves it unread).
+    while (!ended_) {
+      int32_t msg[2] = {0, 0};
+      SNAP_RETURN_IF_ERROR(control_->broadcast_bytes(msg, sizeof msg, 0));
+      ended_ = msg[1] == 0;
+    }
+  }
+}
 
 Status CudaGenerator::validate(const GenerateRequest& req) const {
   SNAP_RETURN_IF_ERROR(validate_generate_request(config_, req));  // policies and layer-wise included
@@ -127,6 +288,24 @@ Status CudaGenerator::validate(const GenerateRequest& req) const {
 }
 
 Result<GenerateResult> CudaGenerator::generate(const GenerateRequest& req, const GenerateHooks& hooks) {
+  if (!leads()) return internal_error("generate on tp rank " + std::to_string(control_->group_rank()) + ": only rank 0 leads");
+  SNAP_RETURN_IF_ERROR(validate(req));
+  const bool prompt_logits = static_cast<bool>(hooks.on_prompt_logits);
+  if (grouped()) {
+    RequestHeader h;
+    h.req = req;
+    h.prompt_logits = prompt_logits;
+    std::vector<uint8_t> bytes = encode_request(h);
+    SNAP_RETURN_IF_ERROR(send_bytes(*control_, bytes));
+  }
+  auto result = run_request(req, hooks, prompt_logits);
+  const Status ended = tell_step(0, false);  // the request is over, for the others (follow())
+  if (result.ok() && !ended.ok()) return ended;
+  return result;
+}
+
+Result<GenerateResult> CudaGenerator::run_request(const GenerateRequest& req, const GenerateHooks& hooks,
+                                                  bool prompt_logits) {
   SNAP_RETURN_IF_ERROR(validate(req));
   const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
   const int64_t context = req.context_limit > 0 ? req.context_limit : config_.max_position;
@@ -134,20 +313,21 @@ Result<GenerateResult> CudaGenerator::generate(const GenerateRequest& req, const
   if (context > 0) limit = std::min(limit, context);
   limit = std::max(limit, n);
   // Sized as generate.cpp sizes the CPU pool: the uncompressed sequence, unless asked.
-  const DeviceKvShape shape{config_.num_layers, config_.num_kv_heads, config_.head_dim, req.kv_block_size};
+  const int nkv = weights_->shard.num_kv_heads;  // this rank's KV heads (the model's at tp 1)
+  const DeviceKvShape shape{config_.num_layers, nkv, config_.head_dim, req.kv_block_size};
   const int64_t block_bytes = int64_t{req.kv_block_size} * (4LL * config_.head_dim + 4);
   const int64_t blocks_per_head = (limit + req.kv_block_size - 1) / req.kv_block_size;
   const int64_t bytes = req.kv_pool_bytes > 0 ? req.kv_pool_bytes
-                                              : int64_t{config_.num_layers} * config_.num_kv_heads * blocks_per_head * block_bytes;
+                                              : int64_t{config_.num_layers} * nkv * blocks_per_head * block_bytes;
   SNAP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceKvPool> pool, DeviceKvPool::create(shape, bytes, stream_));
   pool_bytes_ = pool->num_blocks() * pool->block_bytes();
   GenerateResult result;
   result.finish_reason = "length";
   Status st;
   {
-    DeviceForward fwd(config_, *weights_, *pool);
+    DeviceForward fwd(config_, *weights_, *pool, exchange_.get());
     const int32_t seq = pool->add_sequence();
-    st = run(fwd, *pool, seq, req, hooks, limit, result);
+    st = run(fwd, *pool, seq, req, hooks, prompt_logits, limit, result);
     scratch_bytes_ = fwd.scratch_bytes();
     const Status released = pool->release(seq);
     if (st.ok()) st = released;
@@ -157,7 +337,7 @@ Result<GenerateResult> CudaGenerator::generate(const GenerateRequest& req, const
 }
 
 Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, const GenerateRequest& req,
-                          const GenerateHooks& hooks, int64_t limit, GenerateResult& result) {
+                          const GenerateHooks& hooks, bool prompt_logits, int64_t limit, GenerateResult& result) {
   const KvPolicy& policy = req.kv_policy;
   const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
   const int64_t vocab = config_.vocab_size;
@@ -165,12 +345,11 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
   // Layer-wise prefill when asked, or (auto_layerwise) when it peaks lower, by the CPU's rule
   // (prefill_choice.h) with the device pool's block bytes: a compressing policy over the whole prompt.
   bool layerwise = policy.layerwise && policy.kind != KvPolicyKind::full && compress_at == n;
-  if (!layerwise && req.auto_layerwise && policy.kind != KvPolicyKind::full && compress_at == n &&
-      !hooks.on_prompt_logits) {
+  if (!layerwise && req.auto_layerwise && policy.kind != KvPolicyKind::full && compress_at == n && !prompt_logits) {
     PrefillPeakInputs in;
     in.prompt_tokens = n;
     in.num_layers = config_.num_layers;
-    in.kv_heads = config_.num_kv_heads;
+    in.kv_heads = config_.num_kv_heads;  // the whole model's, so that every rank chooses alike
     in.block_size = pool.shape().block_size;
     in.block_bytes = pool.block_bytes();
     in.max_layer_budget = policy.budget;
@@ -182,18 +361,18 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
     in.hidden_size = config_.hidden_size;
     layerwise = layerwise_prefill_is_cheaper(in);
   }
-  if (layerwise && hooks.on_prompt_logits)
+  if (layerwise && prompt_logits)
     return invalid_argument("layer-wise prefill does not produce per-position logits");
   result.stats.layerwise = layerwise;
   const int window = layerwise ? 0 : fwd.prepare_compression(policy, compress_at);
   std::vector<float> logits(static_cast<size_t>(vocab)), rows;
   int64_t peak_blocks = 0;
   auto forward = [&](int64_t start, int64_t len) -> Status {
-    const bool all = static_cast<bool>(hooks.on_prompt_logits);
+    const bool all = prompt_logits;
     if (all) rows.resize(static_cast<size_t>(len * vocab));
     SNAP_RETURN_IF_ERROR(fwd.forward(seq, req.prompt_ids.data() + start, len, all ? rows.data() : logits.data(), all, nullptr));
     peak_blocks = std::max(peak_blocks, pool.used_blocks());
-    if (all) {
+    if (all && hooks.on_prompt_logits) {
       for (int64_t t = 0; t < len; ++t) hooks.on_prompt_logits(start + t, rows.data() + t * vocab);
       std::copy_n(rows.data() + (len - 1) * vocab, vocab, logits.data());
     }
@@ -225,14 +404,15 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
   const bool compressed = !kept.empty();
   if (compress_at < n) SNAP_RETURN_IF_ERROR(prefill(compress_at, n, 0));
   result.stats.prefill_seconds = now_seconds() - t0;
+  if (exchange_) after_prefill_ = exchange_->comm().stats();
 
   if (!req.kv_selection_dump.empty()) {
     // What each head holds now: the kept prefix positions (all of them if nothing was
     // compressed), then every position after the compression point.
     std::vector<std::vector<std::vector<int32_t>>> held(static_cast<size_t>(config_.num_layers));
     for (int l = 0; l < config_.num_layers; ++l) {
-      held[l].resize(static_cast<size_t>(config_.num_kv_heads));
-      for (int g = 0; g < config_.num_kv_heads; ++g) {
+      held[l].resize(static_cast<size_t>(pool.shape().num_kv_heads));
+      for (int g = 0; g < pool.shape().num_kv_heads; ++g) {
         std::vector<int32_t>& h = held[l][g];
         if (compressed && !kept[l].empty()) {
           h = kept[l][g];
@@ -242,30 +422,42 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
         for (int64_t j = compress_at; j < n; ++j) h.push_back(static_cast<int32_t>(j));
       }
     }
-    SNAP_RETURN_IF_ERROR(write_selection(req.kv_selection_dump, policy, n, compress_at, held));
+    SNAP_RETURN_IF_ERROR(write_selection(req.kv_selection_dump, weights_->shard, policy, n, compress_at, held));
   }
 
   t0 = now_seconds();
-  kernels::Rng rng(req.sampling.seed);
-  // Greedy without a logits hook: the device's argmax (sample_cpu's rule), 4 bytes per token.
-  const bool device_greedy = req.sampling.temperature <= 0.0f && !hooks.on_step_logits;
-  int32_t next = kernels::sample_cpu(logits.data(), vocab, req.sampling, rng);
-  for (int64_t step = 0; step < req.max_tokens; ++step) {
-    if (hooks.on_step_logits) hooks.on_step_logits(logits.data());
-    const int32_t id = step == 0 || device_greedy ? next : kernels::sample_cpu(logits.data(), vocab, req.sampling, rng);
-    result.tokens.push_back(id);
-    const bool is_stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), id) != req.stop_ids.end();
-    const bool keep_going = hooks.on_token ? hooks.on_token(id) : true;
-    if (is_stop || !keep_going) {
-      result.finish_reason = "stop";
-      break;
+  if (!leads()) {  // the token ids come from rank 0, until it says the request is over
+    for (;;) {
+      int32_t msg[2] = {0, 0};
+      SNAP_RETURN_IF_ERROR(control_->broadcast_bytes(msg, sizeof msg, 0));
+      ended_ = msg[1] == 0;
+      if (ended_) break;
+      SNAP_RETURN_IF_ERROR(fwd.forward(seq, &msg[0], 1, nullptr, false, nullptr));
+      peak_blocks = std::max(peak_blocks, pool.used_blocks());
     }
-    if (step + 1 == req.max_tokens) break;
-    const int64_t pos = pool.appended(seq, 0);
-    if (pos >= limit) break;  // context full: finish with "length"
-    SNAP_RETURN_IF_ERROR(fwd.forward(seq, &id, 1, device_greedy ? nullptr : logits.data(), false,
-                                     device_greedy ? &next : nullptr));
-    peak_blocks = std::max(peak_blocks, pool.used_blocks());
+  } else {
+    kernels::Rng rng(req.sampling.seed);
+    // Greedy without a logits hook: the device's argmax (sample_cpu's rule), 4 bytes per token.
+    const bool device_greedy = req.sampling.temperature <= 0.0f && !hooks.on_step_logits;
+    int32_t next = kernels::sample_cpu(logits.data(), vocab, req.sampling, rng);
+    for (int64_t step = 0; step < req.max_tokens; ++step) {
+      if (hooks.on_step_logits) hooks.on_step_logits(logits.data());
+      const int32_t id = step == 0 || device_greedy ? next : kernels::sample_cpu(logits.data(), vocab, req.sampling, rng);
+      result.tokens.push_back(id);
+      const bool is_stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), id) != req.stop_ids.end();
+      const bool keep_going = hooks.on_token ? hooks.on_token(id) : true;
+      if (is_stop || !keep_going) {
+        result.finish_reason = "stop";
+        break;
+      }
+      if (step + 1 == req.max_tokens) break;
+      const int64_t pos = pool.appended(seq, 0);
+      if (pos >= limit) break;  // context full: finish with "length"
+      SNAP_RETURN_IF_ERROR(tell_step(id, true));
+      SNAP_RETURN_IF_ERROR(fwd.forward(seq, &id, 1, device_greedy ? nullptr : logits.data(), false,
+                                       device_greedy ? &next : nullptr));
+      peak_blocks = std::max(peak_blocks, pool.used_blocks());
+    }
   }
   result.stats.decode_seconds = now_seconds() - t0;
   result.stats.prompt_tokens = n;
@@ -273,7 +465,7 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
   result.stats.kv_resident_bytes = pool.resident_bytes(seq);
   int64_t stored = 0;
   for (int l = 0; l < config_.num_layers; ++l)
-    for (int g = 0; g < config_.num_kv_heads; ++g) stored += pool.length(seq, l, g);
+    for (int g = 0; g < pool.shape().num_kv_heads; ++g) stored += pool.length(seq, l, g);
   result.stats.kv_stored_bytes = stored * 4LL * config_.head_dim;  // bf16 K + V per entry
   result.stats.kv_full_equivalent_bytes = pool.full_equivalent_bytes(seq);
   result.stats.kv_pool_peak_bytes = std::max(peak_blocks, pool.peak_used_blocks()) * pool.block_bytes();
@@ -285,19 +477,26 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
 
 }  // namespace
 
-Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model) {
+Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model,
+                                                               comm::Communicator* control, comm::Communicator* exchange) {
   if (spec.kind != DeviceKind::cuda) return invalid_argument("open_device_generator: " + spec.name() + " is not a device");
   // DeviceForward is the Llama-family forward (one window for every layer, no QK-norm, post-norms
   // or GeGLU): a gemma3 model would run wrong, so it is refused.
   if (model.config.arch == Arch::gemma3) {
     return unimplemented("--device " + spec.name() + ": the gemma3 architecture is not on the device yet (use --device cpu)");
   }
+  const int tp = model.shard.tp_size;
+  const auto group_of = [](const comm::Communicator* c) { return c != nullptr ? c->group_size() : 1; };
+  if (group_of(control) != tp || group_of(exchange) != tp) {
+    return invalid_argument("--device " + spec.name() + ": a shard of tp " + std::to_string(tp) +
+                            " needs control and exchange groups of that size");
+  }
   SNAP_RETURN_IF_ERROR(check_device(spec));
   SNAP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceWeights> weights, DeviceWeights::upload(model));
   cudaStream_t stream = nullptr;
   const cudaError_t e = cudaStreamCreate(&stream);
   if (e != cudaSuccess) return unavailable("--device " + spec.name() + ": cudaStreamCreate: " + cudaGetErrorString(e));
-  return std::unique_ptr<DeviceGenerator>(new CudaGenerator(spec, model, std::move(weights), stream));
+  return std::unique_ptr<DeviceGenerator>(new CudaGenerator(spec, model, std::move(weights), stream, control, exchange));
 }
 
 }  // namespace snap

@@ -94,11 +94,16 @@ Result<DeviceArray> vector_f32(const Matrix& m, const std::string& what) {
 }  // namespace
 
 Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const LoadedModel& model) {
-  if (model.shard.tp_size != 1)
-    return unimplemented("device weights: a tensor-parallel shard (tp " + std::to_string(model.shard.tp_size) +
-                         ") is not supported on the device yet");
+  const TpShard& sh = model.shard;
+  if (sh.kv_replicas > 1 || sh.q_load_heads != sh.num_heads) {
+    return unimplemented("device weights: tp " + std::to_string(sh.tp_size) + " over " +
+                         std::to_string(model.config.num_kv_heads) +
+                         " KV heads replicates KV heads across ranks, which the device forward does not do yet; use "
+                         "--tp " + std::to_string(model.config.num_kv_heads) + " or less on the device");
+  }
   const ModelWeights& w = model.weights;
   auto d = std::make_unique<DeviceWeights>();
+  d->shard = sh;
   SNAP_ASSIGN_OR_RETURN(d->embed, matrix(w.embed, "embed"));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& s = w.layers[l];
@@ -125,6 +130,16 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const LoadedModel& 
   SNAP_ASSIGN_OR_RETURN(d->lm_head, matrix(w.lm_head, "lm_head"));
   d->bytes += d->embed.data.bytes + d->final_norm.bytes + d->lm_head.data.bytes;
   return d;
+}
+
+DeviceHeadView DeviceWeights::head() const {
+  const DeviceMatrix& out = output();
+  DeviceHeadView v{out.data.bf16(), out.rows, out.cols};
+  if (out.rows != shard.vocab_size) {  // the whole tied table: this rank's rows of it
+    v.data += shard.vocab_begin * out.cols;
+    v.rows = shard.vocab_size;
+  }
+  return v;
 }
 
 }  // namespace snap

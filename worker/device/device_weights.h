@@ -40,16 +40,30 @@ struct DeviceLayer {
   DeviceArray q_bias, k_bias, v_bias;  // f32, empty without attention_bias
 };
 
+// The LM head rows one rank multiplies: a view into lm_head or (tied) the embedding table.
+struct DeviceHeadView {
+  const __nv_bfloat16* data = nullptr;  // [rows, cols]
+  int64_t rows = 0, cols = 0;
+};
+
 struct DeviceWeights {
+  // What these weights are of the model: the whole (tp 1) or one tensor-parallel rank's shard
+  // (worker/model/shard.h: its query/KV heads, MLP slice and vocabulary rows); the embedding
+  // is whole on every rank.
+  TpShard shard;
   DeviceMatrix embed;  // [vocab, hidden]
   std::vector<DeviceLayer> layers;
   DeviceArray final_norm;
   DeviceMatrix lm_head;  // empty when tied: use embed
   const DeviceMatrix& output() const { return lm_head.rows == 0 ? embed : lm_head; }
+  // This rank's LM head rows [shard.vocab_size, hidden]: lm_head (already the shard's rows),
+  // or the tied embedding's rows from shard.vocab_begin.
+  DeviceHeadView head() const;
   int64_t bytes = 0;  // device bytes held
 
-  // The whole model (tp = 1 only). One-line errors: a quantized matrix, a sharded model, or
-  // cudaMalloc failing (with the bytes asked for).
+  // The model, or the shard of it that `model` holds (LoadOptions tp_rank/tp_size). One-line
+  // errors: a quantized matrix, a shard with replicated KV heads (tp > num_kv_heads: not on
+  // the device yet), or cudaMalloc failing (with the bytes asked for).
   static Result<std::unique_ptr<DeviceWeights>> upload(const LoadedModel& model);
 };
 
