@@ -9,7 +9,7 @@
 // during prefill, h2o_select_cuda) and streaming (positions only: the CPU's streaming_select,
 // compaction on the device).
 // Tensor parallelism: every rank runs this same loop on its shard in lockstep. Rank 0 sends a
-// request's header (encode_request) before it starts and each decoded token id (with "go on")
+// request's header (device_request.h) before it starts and each decoded token id (with "go on")
 // before each decode forward, and one "no more tokens" message after every request whatever
 // its outcome, over the control communicator; the forward's own collectives go through the
 // DeviceExchange. Each rank compresses its own KV heads and writes its own selection dump
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/sys.h"
+#include "coordinator/engine/device_request.h"
 #include "coordinator/engine/device_spec.h"
 #include "coordinator/engine/prefill_choice.h"
 #include "kernels/kernels.h"
@@ -36,7 +37,6 @@
 #include "worker/device/device_kv_pool.h"
 #include "worker/device/device_weights.h"
 #include "worker/kv/selection.h"
-#include "worker/step_plan.h"
 
 namespace snap {
 
@@ -104,78 +104,7 @@ Status write_selection(const std::string& dump_path, const TpShard& sh, const Kv
   return {};
 }
 
-// --- the lockstep protocol (tp > 1) ----------------------------------------------------------
-// A request's header, what every rank needs to run the same loop: the prompt, limits, pool,
-// chunking, whether prompt logits are wanted (all rows through the LM head) and the dump path;
-// the policy travels inside an encoded StepPlan (its one SequenceOpen). Sampling, stop ids and
-// hooks stay on rank 0, which sends each token it chose.
-struct RequestHeader {
-  bool shutdown = false;
-  GenerateRequest req;
-  bool prompt_logits = false;
-};
-
-void put_i64(std::vector<uint8_t>& out, int64_t v) {
-  const auto* b = reinterpret_cast<const uint8_t*>(&v);
-  out.insert(out.end(), b, b + 8);
-}
-
-std::vector<uint8_t> encode_request(const RequestHeader& h) {
-  std::vector<uint8_t> out;
-  put_i64(out, h.shutdown ? 1 : 0);
-  if (h.shutdown) return out;
-  const GenerateRequest& r = h.req;
-  for (int64_t v : {r.max_tokens, r.prefill_chunk, int64_t{r.auto_layerwise}, int64_t{r.kv_block_size}, r.kv_pool_bytes,
-                    r.context_limit, int64_t{h.prompt_logits}, static_cast<int64_t>(r.kv_selection_dump.size()),
-                    static_cast<int64_t>(r.prompt_ids.size())})
-    put_i64(out, v);
-  out.insert(out.end(), r.kv_selection_dump.begin(), r.kv_selection_dump.end());
-  const auto* ids = reinterpret_cast<const uint8_t*>(r.prompt_ids.data());
-  out.insert(out.end(), ids, ids + 4 * r.prompt_ids.size());
-  StepPlan plan;
-  plan.open.push_back({0, r.kv_policy, 0});
-  const std::vector<uint8_t> policy = encode_step_plan(plan);
-  out.insert(out.end(), policy.begin(), policy.end());
-  return out;
-}
-
-Result<RequestHeader> decode_request(std::span<const uint8_t> in) {
-  size_t at = 0;
-  auto i64 = [&](int64_t* v) -> bool {
-    if (in.size() - at < 8) return false;
-    std::memcpy(v, in.data() + at, 8);
-    at += 8;
-    return true;
-  };
-  RequestHeader h;
-  int64_t f[10];
-  if (!i64(&f[0])) return data_loss("device request header: truncated");
-  h.shutdown = f[0] != 0;
-  if (h.shutdown) return h;
-  for (int i = 1; i < 10; ++i)
-    if (!i64(&f[i])) return data_loss("device request header: truncated");
-  GenerateRequest& r = h.req;
-  r.max_tokens = f[1];
-  r.prefill_chunk = f[2];
-  r.auto_layerwise = f[3] != 0;
-  r.kv_block_size = static_cast<int>(f[4]);
-  r.kv_pool_bytes = f[5];
-  r.context_limit = f[6];
-  h.prompt_logits = f[7] != 0;
-  if (f[8] < 0 || f[9] < 0 || in.size() - at < static_cast<size_t>(f[8]) + 4 * static_cast<size_t>(f[9]))
-    return data_loss("device request header: truncated");
-  r.kv_selection_dump.assign(reinterpret_cast<const char*>(in.data() + at), static_cast<size_t>(f[8]));
-  at += static_cast<size_t>(f[8]);
-  r.prompt_ids.resize(static_cast<size_t>(f[9]));
-  std::memcpy(r.prompt_ids.data(), in.data() + at, 4 * r.prompt_ids.size());
-  at += 4 * r.prompt_ids.size();
-  SNAP_ASSIGN_OR_RETURN(StepPlan plan, decode_step_plan(in.subspan(at)));
-  if (plan.open.size() != 1) return data_loss("device request header: no KV policy");
-  r.kv_policy = plan.open[0].policy;
-  r.kv_dtype = DType::bf16;
-  return h;
-}
-
+// --- the lockstep protocol (tp > 1): headers in coordinator/engine/device_request.h ------------
 // Size, then bytes, from group rank 0 (as StepDriver sends step plans).
 Status send_bytes(comm::Communicator& c, std::vector<uint8_t>& bytes) {
   int64_t size = static_cast<int64_t>(bytes.size());
@@ -211,9 +140,9 @@ class CudaGenerator final : public DeviceGenerator {
   Status shutdown() override {
     if (!grouped() || shut_down_) return {};
     shut_down_ = true;
-    RequestHeader h;
+    DeviceRequestHeader h;
     h.shutdown = true;
-    std::vector<uint8_t> bytes = encode_request(h);
+    std::vector<uint8_t> bytes = encode_device_request(h);
     return send_bytes(*control_, bytes);
   }
   const comm::Communicator* exchange_comm() const override { return exchange_ ? &exchange_->comm() : nullptr; }
@@ -263,7 +192,7 @@ Status CudaGenerator::follow() {
   if (!grouped() || leads()) return {};
   for (;;) {
     SNAP_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, receive_bytes(*control_));
-    SNAP_ASSIGN_OR_RETURN(RequestHeader h, decode_request(bytes));
+    SNAP_ASSIGN_OR_RETURN(DeviceRequestHeader h, decode_device_request(bytes));
     if (h.shutdown) return {};
     // A request's own error (pool too small, bad policy) happens alike on rank 0, which
     // reports it; this rank waits for the next request.
@@ -292,10 +221,10 @@ Result<GenerateResult> CudaGenerator::generate(const GenerateRequest& req, const
   SNAP_RETURN_IF_ERROR(validate(req));
   const bool prompt_logits = static_cast<bool>(hooks.on_prompt_logits);
   if (grouped()) {
-    RequestHeader h;
+    DeviceRequestHeader h;
     h.req = req;
     h.prompt_logits = prompt_logits;
-    std::vector<uint8_t> bytes = encode_request(h);
+    std::vector<uint8_t> bytes = encode_device_request(h);
     SNAP_RETURN_IF_ERROR(send_bytes(*control_, bytes));
   }
   auto result = run_request(req, hooks, prompt_logits);

@@ -1,0 +1,121 @@
+// The request header tp rank 0 sends the other ranks of a tensor-parallel device group
+// (coordinator/engine/device_request.h): every field a follower's loop reads survives the
+// round trip, the shutdown header is one flag, and malformed bytes (every truncation, a
+// negative length, trailing bytes) are a data_loss error, never a crash or a wrong request.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "coordinator/engine/device_request.h"
+
+namespace snap {
+namespace {
+
+DeviceRequestHeader sample() {
+  DeviceRequestHeader h;
+  GenerateRequest& r = h.req;
+  r.prompt_ids = {1, 22, 333, 4444, 0, 7};
+  r.max_tokens = 77;
+  r.prefill_chunk = 123;
+  r.auto_layerwise = false;
+  r.kv_block_size = 16;
+  r.kv_pool_bytes = int64_t{5} << 33;  // beyond 32 bits
+  r.context_limit = 1 << 20;
+  r.kv_selection_dump = "/tmp/sel ection.json";
+  KvPolicy& p = r.kv_policy;
+  p.kind = KvPolicyKind::adakv;
+  p.budget = 333;
+  p.window = 17;
+  p.kernel = 9;
+  p.pooling = KvPooling::max;
+  p.aggregation = GqaAggregation::max;
+  p.num_sink = 3;
+  p.adakv_alpha = 0.35;
+  p.pyramid_beta = 11;
+  p.context_tokens = 5;
+  p.layerwise = true;
+  h.prompt_logits = true;
+  return h;
+}
+
+TEST(DeviceRequest, EveryFieldSurvivesTheRoundTrip) {
+  const DeviceRequestHeader h = sample();
+  const std::vector<uint8_t> bytes = encode_device_request(h);
+  auto d = decode_device_request(bytes);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_FALSE(d->shutdown);
+  EXPECT_TRUE(d->prompt_logits);
+  const GenerateRequest &a = h.req, &b = d->req;
+  EXPECT_EQ(b.prompt_ids, a.prompt_ids);
+  EXPECT_EQ(b.max_tokens, a.max_tokens);
+  EXPECT_EQ(b.prefill_chunk, a.prefill_chunk);
+  EXPECT_EQ(b.auto_layerwise, a.auto_layerwise);
+  EXPECT_EQ(b.kv_block_size, a.kv_block_size);
+  EXPECT_EQ(b.kv_pool_bytes, a.kv_pool_bytes);
+  EXPECT_EQ(b.context_limit, a.context_limit);
+  EXPECT_EQ(b.kv_selection_dump, a.kv_selection_dump);
+  EXPECT_EQ(b.kv_dtype, DType::bf16);
+  const KvPolicy &p = a.kv_policy, &q = b.kv_policy;
+  EXPECT_EQ(q.kind, p.kind);
+  EXPECT_EQ(q.budget, p.budget);
+  EXPECT_EQ(q.window, p.window);
+  EXPECT_EQ(q.kernel, p.kernel);
+  EXPECT_EQ(q.pooling, p.pooling);
+  EXPECT_EQ(q.aggregation, p.aggregation);
+  EXPECT_EQ(q.num_sink, p.num_sink);
+  EXPECT_EQ(q.adakv_alpha, p.adakv_alpha);
+  EXPECT_EQ(q.pyramid_beta, p.pyramid_beta);
+  EXPECT_EQ(q.context_tokens, p.context_tokens);
+  EXPECT_EQ(q.layerwise, p.layerwise);
+  // The defaults too (an empty dump path, no prompt logits, auto layer-wise on).
+  DeviceRequestHeader plain;
+  plain.req.prompt_ids = {5};
+  auto e = decode_device_request(encode_device_request(plain));
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_TRUE(e->req.kv_selection_dump.empty());
+  EXPECT_FALSE(e->prompt_logits);
+  EXPECT_TRUE(e->req.auto_layerwise);
+  EXPECT_EQ(e->req.kv_policy.kind, KvPolicyKind::full);
+  EXPECT_EQ(e->req.kv_policy.pooling, KvPooling::avg);
+}
+
+TEST(DeviceRequest, ShutdownIsOneFlag) {
+  DeviceRequestHeader h;
+  h.shutdown = true;
+  const std::vector<uint8_t> bytes = encode_device_request(h);
+  EXPECT_EQ(bytes.size(), 8u);
+  auto d = decode_device_request(bytes);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_TRUE(d->shutdown);
+}
+
+TEST(DeviceRequest, MalformedBytesAreDataLoss) {
+  const std::vector<uint8_t> bytes = encode_device_request(sample());
+  for (size_t n = 0; n < bytes.size(); ++n) {  // every truncation
+    auto d = decode_device_request(std::span<const uint8_t>(bytes.data(), n));
+    ASSERT_FALSE(d.ok()) << "truncated to " << n << " of " << bytes.size() << " bytes was accepted";
+    EXPECT_EQ(d.status().code(), StatusCode::k_data_loss) << d.status().to_string();
+    EXPECT_NE(d.status().message().find("device request header"), std::string::npos) << d.status().message();
+  }
+  std::vector<uint8_t> trailing = bytes;
+  trailing.push_back(0);
+  EXPECT_FALSE(decode_device_request(trailing).ok());
+  std::vector<uint8_t> shut = encode_device_request(DeviceRequestHeader{true, {}, false});
+  shut.push_back(1);
+  EXPECT_FALSE(decode_device_request(shut).ok());
+  // A negative prompt length (field 9, after the flag and eight fields).
+  std::vector<uint8_t> negative = bytes;
+  const int64_t minus = -1;
+  std::memcpy(negative.data() + 8 * 9, &minus, 8);
+  auto d = decode_device_request(negative);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("negative"), std::string::npos) << d.status().message();
+  // A prompt longer than the bytes that follow.
+  std::vector<uint8_t> huge = bytes;
+  const int64_t many = int64_t{1} << 40;
+  std::memcpy(huge.data() + 8 * 9, &many, 8);
+  EXPECT_FALSE(decode_device_request(huge).ok());
+}
+
+}  // namespace
+}  // namespace snap
