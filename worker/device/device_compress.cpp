@@ -52,7 +52,7 @@ void DeviceForward::observe_window(int window) {
   window_ = window > 0 ? window : 0;
   window_rows_ = 0;
   if (window_ == 0) return;
-  const size_t bytes = sizeof(float) * window_ * config_.num_heads * config_.head_dim;
+  const size_t bytes = sizeof(float) * window_ * score_attn_.num_heads * config_.head_dim;
   for (float*& p : win_q_)
     if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr;  // compress_snapkv reports it
 }
@@ -89,7 +89,7 @@ Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaPara
     if (budget_of(l) >= n || !wanted(l)) continue;
     kernels::SnapKvCudaParams spl = sp;
     spl.budget = budget_of(l);
-    const size_t b = kernels::snapkv_select_cuda_workspace_bytes(n, attn_, spl);
+    const size_t b = kernels::snapkv_select_cuda_workspace_bytes(n, score_attn_, spl);
     if (b == 0)
       return invalid_argument("device forward: snapkv budget " + std::to_string(spl.budget) + ", window " +
                               std::to_string(sp.window) + ", kernel " + std::to_string(sp.kernel) + " refused");
@@ -123,7 +123,7 @@ Status DeviceForward::compress_snapkv(int32_t seq, const kernels::SnapKvCudaPara
       break;
     }
     st = cuda_status("snapkv_select_cuda",
-                     kernels::snapkv_select_cuda(win_q_[l], *view, n, attn_, spl, static_cast<float*>(scores),
+                     kernels::snapkv_select_cuda(win_q_[l], *view, n, score_attn_, spl, static_cast<float*>(scores),
                                                  static_cast<int32_t*>(kept_dev), ws, ws_bytes, stream_));
     const int64_t b = spl.budget;
     if (st.ok())
@@ -173,7 +173,7 @@ Status DeviceForward::compress_adakv(int32_t seq, const kernels::SnapKvCudaParam
   }
   if (window_ != sp.window || window_rows_ < sp.window)
     return invalid_argument("device forward: adakv window " + std::to_string(sp.window) + " was not observed");
-  const size_t ws_bytes = kernels::adakv_select_cuda_workspace_bytes(n, attn_, sp);
+  const size_t ws_bytes = kernels::adakv_select_cuda_workspace_bytes(n, score_attn_, sp);
   if (ws_bytes == 0 || !(alpha >= 0.0 && alpha <= 1.0))
     return invalid_argument("device forward: adakv budget " + std::to_string(sp.budget) + ", window " +
                             std::to_string(sp.window) + ", kernel " + std::to_string(sp.kernel) + ", alpha " +
@@ -192,7 +192,7 @@ Status DeviceForward::compress_adakv(int32_t seq, const kernels::SnapKvCudaParam
     if (win_q_[l] == nullptr)
       return resource_exhausted("device forward: no window-query buffer for layer " + std::to_string(l));
     SNAP_ASSIGN_OR_RETURN(kernels::PagedKvCuda view, pool_.view(seq, l));
-    SNAP_RETURN_IF_ERROR(cuda_status("adakv_select_cuda", kernels::adakv_select_cuda(win_q_[l], view, n, attn_, sp, alpha,
+    SNAP_RETURN_IF_ERROR(cuda_status("adakv_select_cuda", kernels::adakv_select_cuda(win_q_[l], view, n, score_attn_, sp, alpha,
                                                                                      scores, ids_dev, ws, ws_bytes,
                                                                                      stream_)));
     SNAP_RETURN_IF_ERROR(cuda_status("kept ids", cudaMemcpyAsync(ids.data(), ids_dev, sizeof(int32_t) * count,
@@ -219,15 +219,15 @@ void DeviceForward::observe_h2o(int64_t num_tokens) {
 }
 
 Status DeviceForward::accumulate_h2o(int32_t seq, int layer, int64_t start, int64_t m) {
-  if (h2o_acc_[layer] == nullptr && start == 0) {  // [num_heads, h2o_tokens_], zeroed
-    const size_t bytes = sizeof(float) * config_.num_heads * h2o_tokens_;
+  if (h2o_acc_[layer] == nullptr && start == 0) {  // [score heads, h2o_tokens_], zeroed
+    const size_t bytes = sizeof(float) * score_attn_.num_heads * h2o_tokens_;
     SNAP_RETURN_IF_ERROR(cuda_status("H2O score buffer", cudaMalloc(&h2o_acc_[layer], bytes)));
     SNAP_RETURN_IF_ERROR(cuda_status("H2O score buffer", cudaMemsetAsync(h2o_acc_[layer], 0, bytes, stream_)));
   }
   if (h2o_acc_[layer] == nullptr || start != h2o_seen_[layer])
     return invalid_argument("device forward: h2o chunk starts at position " + std::to_string(start) + ", expected " +
                             std::to_string(h2o_seen_[layer]));
-  const size_t ws = kernels::h2o_accumulate_cuda_workspace_bytes(m, attn_);
+  const size_t ws = kernels::h2o_accumulate_cuda_workspace_bytes(m, score_attn_);
   if (ws > h2o_ws_bytes_) {
     cudaStreamSynchronize(stream_);
     cudaFree(h2o_ws_);
@@ -238,7 +238,7 @@ Status DeviceForward::accumulate_h2o(int32_t seq, int layer, int64_t start, int6
   }
   SNAP_ASSIGN_OR_RETURN(kernels::PagedKvCuda view, pool_.view(seq, layer));
   SNAP_RETURN_IF_ERROR(cuda_status("h2o_accumulate_cuda",
-                                   kernels::h2o_accumulate_cuda(q_, m, start, view, attn_, h2o_acc_[layer], h2o_tokens_,
+                                   kernels::h2o_accumulate_cuda(score_queries(), m, start, view, score_attn_, h2o_acc_[layer], h2o_tokens_,
                                                                 h2o_ws_, h2o_ws_bytes_, stream_)));
   h2o_seen_[layer] = start + m;
   return Status::ok_status();
@@ -260,7 +260,7 @@ Status DeviceForward::compress_h2o(int32_t seq, int64_t budget, int64_t recent, 
     st = invalid_argument("device forward: h2o scores cover " + std::to_string(h2o_tokens_) + " positions, the sequence holds " +
                           std::to_string(n));
   } else {
-    const size_t ws_bytes = kernels::h2o_select_cuda_workspace_bytes(n, attn_, budget, recent);
+    const size_t ws_bytes = kernels::h2o_select_cuda_workspace_bytes(n, score_attn_, budget, recent);
     const int64_t count = nkv * (budget - recent);
     Scratch s(stream_);
     void* ws = nullptr;
@@ -278,7 +278,7 @@ Status DeviceForward::compress_h2o(int32_t seq, int64_t budget, int64_t recent, 
                             std::to_string(h2o_seen_[l]) + " of " + std::to_string(n) + " positions");
         break;
       }
-      st = cuda_status("h2o_select_cuda", kernels::h2o_select_cuda(h2o_acc_[l], h2o_tokens_, n, attn_, budget, recent,
+      st = cuda_status("h2o_select_cuda", kernels::h2o_select_cuda(h2o_acc_[l], h2o_tokens_, n, score_attn_, budget, recent,
                                                                    max_aggregation, scores, ids_dev, ws, ws_bytes,
                                                                    stream_));
       if (st.ok() && count > 0)

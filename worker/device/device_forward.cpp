@@ -42,6 +42,12 @@ DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& wei
   attn_.head_dim = config.head_dim;
   attn_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
   attn_.sliding_window = config.sliding_window;
+  // SnapKV, AdaKV and H2O score with every query head of the rank's KV heads' groups: its own
+  // heads, or — when its KV head is replicated on several ranks (tp > KV heads) — the whole
+  // group, whose q_proj rows the shard holds, so that every replica selects what one process
+  // would (as LlamaForward does on the CPU).
+  score_attn_ = attn_;
+  score_attn_.num_heads = weights.shard.tp_size > 1 ? weights.shard.q_load_heads : config_.num_heads;
 }
 
 void DeviceForward::free_scratch() {
@@ -50,9 +56,10 @@ void DeviceForward::free_scratch() {
                   static_cast<void*>(v_), static_cast<void*>(attn_out_), static_cast<void*>(gate_),
                   static_cast<void*>(up_), static_cast<void*>(logits_), static_cast<void*>(inv_freq_),
                   static_cast<void*>(xb_), static_cast<void*>(tokens_), static_cast<void*>(positions_),
-                  static_cast<void*>(greedy_), static_cast<void*>(head_part_), static_cast<void*>(head_all_), attn_ws_})
+                  static_cast<void*>(greedy_), static_cast<void*>(head_part_), static_cast<void*>(head_all_),
+                  static_cast<void*>(qg_), attn_ws_})
     cudaFree(p);
-  head_part_ = head_all_ = nullptr;
+  head_part_ = head_all_ = qg_ = nullptr;
   x_ = h_ = q_ = k_ = v_ = attn_out_ = gate_ = up_ = logits_ = inv_freq_ = nullptr;
   xb_ = nullptr;
   tokens_ = positions_ = greedy_ = nullptr;
@@ -93,6 +100,7 @@ Status DeviceForward::ensure_scratch(int64_t n) {
   SNAP_RETURN_IF_ERROR(alloc(&tokens_, 4 * n));
   SNAP_RETURN_IF_ERROR(alloc(&positions_, 4 * n));
   SNAP_RETURN_IF_ERROR(alloc(&greedy_, 4 * n));  // one id per row (decode_batch)
+  if (replicated()) SNAP_RETURN_IF_ERROR(alloc(&qg_, 4 * n * score_attn_.num_heads * config_.head_dim));
   if (exchange_ != nullptr && w_.shard.tp_size > 1) {  // the LM head's rows, padded, then gathered
     SNAP_RETURN_IF_ERROR(alloc(&head_part_, 4 * n * w_.shard.vocab_chunk));
     SNAP_RETURN_IF_ERROR(alloc(&head_all_, 4 * n * w_.shard.vocab_chunk * w_.shard.tp_size));
@@ -138,6 +146,21 @@ Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32
   }
   DEV_TRY("attention_paged_cuda",
           kernels::attention_paged_cuda(q, positions, n, view, attn_, out, attn_ws_, attn_ws_bytes_, stream_));
+  return Status::ok_status();
+}
+
+// q rows [n] of layer l, after RoPE, into q_ [n, own heads]; with a replicated KV head the
+// whole group's into qg_ [n, group heads] first (the scoring's queries), ours copied out.
+Status DeviceForward::project_queries(const DeviceLayer& L, int64_t n, bool rows) {
+  const int hd = config_.head_dim;
+  float* dst = replicated() ? qg_ : q_;
+  SNAP_RETURN_IF_ERROR(rows ? project_rows(L.q, L.q_bias.f32(), h_, dst, n) : project(L.q, L.q_bias.f32(), h_, dst, n));
+  kernels::rope_cuda(dst, positions_, n, score_attn_.num_heads, hd, inv_freq_, stream_);
+  DEV_TRY("rope", cudaGetLastError());
+  if (!replicated()) return Status::ok_status();
+  const int64_t own = w_.shard.head_begin - w_.shard.q_load_begin;
+  const int64_t qd = int64_t{config_.num_heads} * hd, qgd = int64_t{score_attn_.num_heads} * hd;
+  DEV_TRY("own queries", cudaMemcpy2DAsync(q_, 4 * qd, qg_ + own * hd, 4 * qgd, 4 * qd, n, cudaMemcpyDeviceToDevice, stream_));
   return Status::ok_status();
 }
 
@@ -230,10 +253,9 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
   for (int l = 0; l < config_.num_layers; ++l) {
     const DeviceLayer& L = w_.layers[l];
     kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-    SNAP_RETURN_IF_ERROR(project_rows(L.q, L.q_bias.f32(), h_, q_, n));
+    SNAP_RETURN_IF_ERROR(project_queries(L, n, true));
     SNAP_RETURN_IF_ERROR(project_rows(L.k, L.k_bias.f32(), h_, k_, n));
     SNAP_RETURN_IF_ERROR(project_rows(L.v, L.v_bias.f32(), h_, v_, n));
-    kernels::rope_cuda(q_, positions_, n, config_.num_heads, hd, inv_freq_, stream_);
     kernels::rope_cuda(k_, positions_, n, nkv, hd, inv_freq_, stream_);
     DEV_TRY("rope", cudaGetLastError());
     for (int64_t b = 0; b < n; ++b) {  // each row into its own sequence's cache, then attends there
@@ -271,16 +293,15 @@ Status DeviceForward::run_layer(int32_t seq, int l, int64_t n, int64_t start) {
   const int hd = config_.head_dim;
   const DeviceLayer& L = w_.layers[l];
   kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-  SNAP_RETURN_IF_ERROR(project(L.q, L.q_bias.f32(), h_, q_, n));
+  SNAP_RETURN_IF_ERROR(project_queries(L, n, false));
   SNAP_RETURN_IF_ERROR(project(L.k, L.k_bias.f32(), h_, k_, n));
   SNAP_RETURN_IF_ERROR(project(L.v, L.v_bias.f32(), h_, v_, n));
-  kernels::rope_cuda(q_, positions_, n, config_.num_heads, hd, inv_freq_, stream_);
   kernels::rope_cuda(k_, positions_, n, config_.num_kv_heads, hd, inv_freq_, stream_);
   DEV_TRY("rope", cudaGetLastError());
-  if (window_ > 0 && n >= window_ && win_q_[l] != nullptr) {  // this chunk's last W queries
-    const int64_t qd = int64_t{config_.num_heads} * hd;
-    DEV_TRY("window queries", cudaMemcpyAsync(win_q_[l], q_ + (n - window_) * qd, sizeof(float) * window_ * qd,
-                                              cudaMemcpyDeviceToDevice, stream_));
+  if (window_ > 0 && n >= window_ && win_q_[l] != nullptr) {  // this chunk's last W queries (scoring heads)
+    const int64_t qd = int64_t{score_attn_.num_heads} * hd;
+    DEV_TRY("window queries", cudaMemcpyAsync(win_q_[l], score_queries() + (n - window_) * qd,
+                                              sizeof(float) * window_ * qd, cudaMemcpyDeviceToDevice, stream_));
   }
   SNAP_RETURN_IF_ERROR(pool_.append(seq, l, k_, v_, positions_, n));
   if (start < h2o_tokens_) SNAP_RETURN_IF_ERROR(accumulate_h2o(seq, l, start, std::min(n, h2o_tokens_ - start)));

@@ -130,6 +130,13 @@ class DeviceForward {
   // logits_[rows, vocab] on the logits rank.
   Status head(int64_t rows, bool rowwise);
   Status check_shard() const;
+  // The layer's queries after RoPE into q_ (and qg_ when replicated); rows: the decode GEMV.
+  Status project_queries(const DeviceLayer& L, int64_t n, bool rows);
+  // This rank's KV head is replicated across ranks (tp > num_kv_heads): q_proj holds its
+  // whole GQA group, which scores; only the rank's own heads attend.
+  bool replicated() const { return w_.shard.q_load_heads != w_.shard.num_heads; }
+  // The queries selection scores with: the group's (qg_) when replicated, else q_.
+  const float* score_queries() const { return qg_ != nullptr ? qg_ : q_; }
   // Layer l over the n rows of x_ at positions_ (= start..): append, capture, attention, MLP.
   Status run_layer(int32_t seq, int l, int64_t n, int64_t start);
   // device_compress.cpp: H2O accumulation of one chunk's rows [0, m) of q_ (positions start..).
@@ -146,9 +153,11 @@ class DeviceForward {
   DeviceKvPool& pool_;
   DeviceExchange* exchange_ = nullptr;  // null: one rank
   float *head_part_ = nullptr, *head_all_ = nullptr;  // tp: [cap, vocab_chunk], [tp, cap, vocab_chunk]
+  float* qg_ = nullptr;  // replicated KV head: [cap, q_load_heads, head_dim], the group's queries
   cudaStream_t stream_;
   cublasHandle_t cublas_ = nullptr;
-  kernels::AttentionParams attn_;
+  kernels::AttentionParams attn_;        // the rank's own query heads over its KV heads
+  kernels::AttentionParams score_attn_;  // the scoring heads (q_load_heads) over them
   // Device scratch for chunks of up to cap_ tokens.
   int64_t cap_ = 0;
   int64_t scratch_bytes_ = 0;

@@ -94,16 +94,9 @@ Result<DeviceArray> vector_f32(const Matrix& m, const std::string& what) {
 }  // namespace
 
 Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const LoadedModel& model) {
-  const TpShard& sh = model.shard;
-  if (sh.kv_replicas > 1 || sh.q_load_heads != sh.num_heads) {
-    return unimplemented("device weights: tp " + std::to_string(sh.tp_size) + " over " +
-                         std::to_string(model.config.num_kv_heads) +
-                         " KV heads replicates KV heads across ranks, which the device forward does not do yet; use "
-                         "--tp " + std::to_string(model.config.num_kv_heads) + " or less on the device");
-  }
   const ModelWeights& w = model.weights;
   auto d = std::make_unique<DeviceWeights>();
-  d->shard = sh;
+  d->shard = model.shard;
   SNAP_ASSIGN_OR_RETURN(d->embed, matrix(w.embed, "embed"));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& s = w.layers[l];

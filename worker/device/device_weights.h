@@ -61,9 +61,9 @@ struct DeviceWeights {
   DeviceHeadView head() const;
   int64_t bytes = 0;  // device bytes held
 
-  // The model, or the shard of it that `model` holds (LoadOptions tp_rank/tp_size). One-line
-  // errors: a quantized matrix, a shard with replicated KV heads (tp > num_kv_heads: not on
-  // the device yet), or cudaMalloc failing (with the bytes asked for).
+  // The model, or the shard of it that `model` holds (LoadOptions tp_rank/tp_size; with
+  // replicated KV heads, q_proj holds the whole GQA group's rows). One-line errors: a
+  // quantized matrix, or cudaMalloc failing (with the bytes asked for).
   static Result<std::unique_ptr<DeviceWeights>> upload(const LoadedModel& model);
 };
 
