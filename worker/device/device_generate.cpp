@@ -148,12 +148,12 @@ class CudaGenerator final : public DeviceGenerator {
   const comm::Communicator* exchange_comm() const override { return exchange_ ? &exchange_->comm() : nullptr; }
   comm::CommStats exchange_after_prefill() const override { return after_prefill_; }
   std::string describe_memory() const override {
-    size_t free_b = 0, total_b = 0;
-    cudaMemGetInfo(&free_b, &total_b);
-    return "device " + spec_.name() + " (" + device_name_ + "): weights " + mib(weights_->bytes) + " bf16, KV pool " +
-           mib(pool_bytes_) + " (peak in use " + mib(pool_peak_bytes_) + "), scratch " + mib(scratch_bytes_) +
-           ", device memory in use " + mib(static_cast<int64_t>(total_b - free_b)) + " of " +
-           mib(static_cast<int64_t>(total_b));
+    if (ranks_.empty()) return describe(memory_now(), "");
+    // Every rank's figures from the end of the last request (gather_rank_memory), one line each.
+    std::string out;
+    for (size_t r = 0; r < ranks_.size(); ++r)
+      out += (r == 0 ? "" : "\nsnapserve: ") + describe(ranks_[r], "rank " + std::to_string(r) + " ");
+    return out;
   }
 
  private:
@@ -167,6 +167,15 @@ class CudaGenerator final : public DeviceGenerator {
              const GenerateHooks& hooks, bool prompt_logits, int64_t limit, GenerateResult& result);
   // Rank 0 tells the others the next decode token (go) or the end of the request.
   Status tell_step(int32_t id, bool go);
+  // One rank's memory and exchange figures (MiB and seconds as f32, what a report shows).
+  struct RankMemory {
+    float ordinal = 0, weights = 0, pool = 0, pool_peak = 0, scratch = 0, in_use = 0, total = 0, exchange_s = 0;
+  };
+  RankMemory memory_now() const;
+  std::string describe(const RankMemory& m, const std::string& who) const;
+  // After every request, on every rank: the group's RankMemory to rank 0 (one all_gather of
+  // 32 bytes per rank on the control communicator, counted in its all_gather bytes).
+  Status gather_rank_memory();
 
   DeviceSpec spec_;
   const ModelConfig& config_;
@@ -179,7 +188,52 @@ class CudaGenerator final : public DeviceGenerator {
   comm::CommStats after_prefill_;
   bool shut_down_ = false;
   bool ended_ = false;  // a follower read rank 0's end of the current request
+  std::vector<RankMemory> ranks_;  // rank 0, tp > 1: every rank's, after the last request
 };
+
+CudaGenerator::RankMemory CudaGenerator::memory_now() const {
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  const auto m = [](int64_t b) { return static_cast<float>(b / 1048576.0); };
+  RankMemory r;
+  r.ordinal = static_cast<float>(spec_.ordinal);
+  r.weights = m(weights_->bytes);
+  r.pool = m(pool_bytes_);
+  r.pool_peak = m(pool_peak_bytes_);
+  r.scratch = m(scratch_bytes_);
+  r.in_use = m(static_cast<int64_t>(total_b - free_b));
+  r.total = m(static_cast<int64_t>(total_b));
+  if (exchange_) {
+    const comm::CommStats st = exchange_->comm().stats();
+    r.exchange_s = static_cast<float>(st[comm::CommOp::all_reduce_sum].seconds + st[comm::CommOp::all_gather].seconds);
+  }
+  return r;
+}
+
+std::string CudaGenerator::describe(const RankMemory& m, const std::string& who) const {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "%sdevice cuda:%d (%s): weights %.1f MiB bf16, KV pool %.1f MiB (peak in use %.1f MiB), scratch %.1f MiB, "
+                "device memory in use %.1f MiB of %.1f MiB",
+                who.c_str(), static_cast<int>(m.ordinal), device_name_.c_str(), m.weights, m.pool, m.pool_peak, m.scratch,
+                m.in_use, m.total);
+  std::string out = buf;
+  if (exchange_) {
+    std::snprintf(buf, sizeof buf, ", %.3f s in the exchange (%s)", m.exchange_s, exchange_->staged() ? "host-staged" : "nccl");
+    out += buf;
+  }
+  return out;
+}
+
+Status CudaGenerator::gather_rank_memory() {
+  if (!grouped()) return {};
+  RankMemory mine = memory_now();
+  constexpr int k_floats = sizeof(RankMemory) / sizeof(float);
+  std::vector<RankMemory> all(static_cast<size_t>(control_->group_size()));
+  SNAP_RETURN_IF_ERROR(control_->all_gather(&mine, all.data(), k_floats, DType::f32));
+  if (leads()) ranks_ = std::move(all);
+  return {};
+}
 
 Status CudaGenerator::tell_step(int32_t id, bool go) {
   if (!grouped()) return {};
@@ -207,6 +261,7 @@ Status CudaGenerator::follow() {
       SNAP_RETURN_IF_ERROR(control_->broadcast_bytes(msg, sizeof msg, 0));
       ended_ = msg[1] == 0;
     }
+    SNAP_RETURN_IF_ERROR(gather_rank_memory());
   }
 }
 
@@ -228,7 +283,8 @@ Result<GenerateResult> CudaGenerator::generate(const GenerateRequest& req, const
     SNAP_RETURN_IF_ERROR(send_bytes(*control_, bytes));
   }
   auto result = run_request(req, hooks, prompt_logits);
-  const Status ended = tell_step(0, false);  // the request is over, for the others (follow())
+  Status ended = tell_step(0, false);  // the request is over, for the others (follow())
+  if (ended.ok()) ended = gather_rank_memory();
   if (result.ok() && !ended.ok()) return ended;
   return result;
 }
