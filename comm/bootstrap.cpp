@@ -167,8 +167,8 @@ bool nccl_compiled() {
 #endif
 }
 
-Result<std::unique_ptr<Communicator>> make_communicator(CommKind kind, const World& world,
-                                                        const CommOptions& options) {
+namespace {
+Result<std::unique_ptr<Communicator>> make_backend(CommKind kind, const World& world, const CommOptions& options) {
   switch (kind) {
     case CommKind::single: return detail::make_single_communicator(world);
     case CommKind::mpi: return detail::make_mpi_communicator(world, options);
@@ -181,6 +181,14 @@ Result<std::unique_ptr<Communicator>> make_communicator(CommKind kind, const Wor
 #endif
   }
   return invalid_argument("comm: bad communicator kind");
+}
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> make_communicator(CommKind kind, const World& world,
+                                                        const CommOptions& options) {
+  SNAP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, make_backend(kind, world, options));
+  comm->set_collective_timeout(options.collective_timeout);  // armed later (arm_collective_timeout)
+  return comm;
 }
 
 }  // namespace snap::comm

@@ -80,11 +80,10 @@ struct CommOptions {
   std::chrono::milliseconds rendezvous_timeout{30000};
   // NCCL: CUDA device of this rank; -1 picks world.local_rank() modulo the device count.
   int device = -1;
-  // NCCL: how long all_reduce_sum, all_gather and barrier (the collectives inside a step)
-  // may wait for the other ranks before the communicator is aborted with an error naming
-  // this rank (--collective-timeout). Broadcasts have no limit: a worker waits there for an
-  // idle leader's next request. The host backends end a collective when a peer's process
-  // dies (its connection closes) and rank 0's GroupWatchdog bounds a step (--step-timeout).
+  // How long all_reduce_sum, all_gather and barrier may wait for the other ranks once the
+  // communicator is armed (Communicator::set_collective_timeout; --collective-timeout; 0: no
+  // limit). The TCP and NCCL backends enforce it; MPI cannot (mpirun ends the job when a rank
+  // dies, not when one hangs).
   std::chrono::milliseconds collective_timeout{120000};
   // MPI: all-reduces of at most this many bytes gather every buffer to every rank (one
   // round, lowest latency); larger ones use the two-round reduce-scatter/all-gather

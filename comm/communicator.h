@@ -84,6 +84,18 @@ class Communicator {
   CommStats stats() const;
   void reset_stats();
 
+  // No silent hang: once armed, all_reduce_sum, all_gather and barrier (the collectives inside
+  // a step, where every rank is busy alike) wait at most `timeout` for the other ranks; then
+  // the call fails, naming the rank(s) waited for where the backend knows them, and the
+  // communicator is broken (a later call fails at once). Broadcasts never time out: a worker
+  // waits there for an idle leader's next step. Configured at construction
+  // (CommOptions::collective_timeout) and armed by agree_on_load once every rank has loaded
+  // its shard, so a slow load is not mistaken for a hang. Enforced by the TCP and NCCL
+  // backends; 0 means no limit.
+  void set_collective_timeout(std::chrono::milliseconds timeout) { configured_timeout_ms_ = timeout.count(); }
+  void arm_collective_timeout() { armed_timeout_ms_.store(configured_timeout_ms_); }
+  std::chrono::milliseconds collective_timeout() const { return std::chrono::milliseconds(armed_timeout_ms_.load()); }
+
  protected:
   explicit Communicator(World world) : world_(world) {}
 
@@ -104,6 +116,8 @@ class Communicator {
   std::array<std::atomic<int64_t>, k_num_comm_ops> calls_{};
   std::array<std::atomic<int64_t>, k_num_comm_ops> bytes_{};
   std::array<std::atomic<int64_t>, k_num_comm_ops> nanos_{};
+  int64_t configured_timeout_ms_ = 0;
+  std::atomic<int64_t> armed_timeout_ms_{0};
 };
 
 // The owner of each chunk in the two-round all-reduce (reduce-scatter, then all-gather) of

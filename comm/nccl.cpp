@@ -16,8 +16,8 @@
 //
 // No silent hang: the communicator is non-blocking (ncclConfig_t.blocking = 0), and every
 // wait — NCCL's own progress and the stream — polls ncclCommGetAsyncError against a deadline
-// (CommOptions::collective_timeout for the collectives of a step; broadcasts, which may wait
-// for an idle leader's next request, have none). On an error or at the deadline the
+// (the armed collective timeout, Communicator::set_collective_timeout, for the collectives of
+// a step; broadcasts, which may wait for an idle leader's next request, have none). On an error or at the deadline the
 // communicator is aborted (ncclCommAbort) and the call returns an error naming this rank, the
 // collective and the time waited; every later call fails at once.
 // abort_job: ncclCommAbort, then the process exits; under mpirun that ends the job, under
@@ -84,8 +84,7 @@ ncclDataType_t nccl_type(DType t) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(World world, int device, ncclComm_t comm, std::chrono::milliseconds collective_timeout)
-      : Communicator(world), device_(device), comm_(comm), timeout_(collective_timeout) {}
+  NcclCommunicator(World world, int device, ncclComm_t comm) : Communicator(world), device_(device), comm_(comm) {}
   ~NcclCommunicator() override {
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (host_staging_ != nullptr) cudaFree(host_staging_);
@@ -124,7 +123,7 @@ class NcclCommunicator final : public Communicator {
     SNAP_CUDA_CALL(cudaSetDevice, device_);
     auto* base = static_cast<uint8_t*>(buf);
     auto* slots = static_cast<uint8_t*>(scratch_);  // [p, widest]: slot r = rank r's copy of my chunk
-    const auto deadline = Clock::now() + timeout_;
+    const auto deadline = step_deadline();
     // Reduce-scatter: my chunk's P copies into the slots, then summed in rank order into buf.
     const RankChunk mine = chunks[me];
     if (mine.length > 0) {
@@ -167,7 +166,7 @@ class NcclCommunicator final : public Communicator {
     if (count == 0) return Status();
     SNAP_RETURN_IF_ERROR(usable("all_gather"));
     SNAP_CUDA_CALL(cudaSetDevice, device_);
-    const auto deadline = Clock::now() + timeout_;
+    const auto deadline = step_deadline();
     SNAP_NCCL_CALL(ncclAllGather, send, recv, count, nccl_type(dtype), comm_, cudaStreamLegacy);
     SNAP_RETURN_IF_ERROR(settle("all_gather", deadline));
     return wait_stream("all_gather", deadline);
@@ -208,7 +207,7 @@ class NcclCommunicator final : public Communicator {
     SNAP_RETURN_IF_ERROR(usable("barrier"));
     SNAP_RETURN_IF_ERROR(reserve_scratch(sizeof(float) * group_size()));
     SNAP_CUDA_CALL(cudaSetDevice, device_);
-    const auto deadline = Clock::now() + timeout_;
+    const auto deadline = step_deadline();
     SNAP_NCCL_CALL(ncclAllReduce, scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, cudaStreamLegacy);
     SNAP_RETURN_IF_ERROR(settle("barrier", deadline));
     return wait_stream("barrier", deadline);
@@ -236,8 +235,13 @@ class NcclCommunicator final : public Communicator {
   std::string waited_text() const {
     char text[112];
     std::snprintf(text, sizeof text, "did not finish within %.0f s (--collective-timeout): another rank died or hangs",
-                  timeout_.count() / 1000.0);
+                  collective_timeout().count() / 1000.0);
     return text;
+  }
+  // The deadline of a collective inside a step: the armed timeout from now, or none.
+  Clock::time_point step_deadline() const {
+    const auto t = collective_timeout();
+    return t.count() > 0 ? Clock::now() + t : Clock::time_point::max();
   }
 
   // A non-blocking communicator's calls may return ncclInProgress: poll until NCCL settles.
@@ -293,7 +297,6 @@ class NcclCommunicator final : public Communicator {
 
   const int device_;
   ncclComm_t comm_;
-  const std::chrono::milliseconds timeout_;
   bool aborted_ = false;
   std::string abort_reason_;
   void* scratch_ = nullptr;  // [P, widest chunk] reduce-scatter slots (barrier: P floats)
@@ -366,7 +369,7 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const World& world,
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return std::unique_ptr<Communicator>(
-      std::make_unique<NcclCommunicator>(world, device, comm, options.collective_timeout));
+      std::make_unique<NcclCommunicator>(world, device, comm));
 }
 
 }  // namespace detail

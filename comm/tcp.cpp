@@ -12,9 +12,10 @@
 // that fails sends, where its connection is at a message boundary, an abort notice (kind
 // k_kind_abort, payload: the one-line message) and closes every connection; the others
 // then fail in their current or next collective with that message (or "rank R closed the
-// connection" when the process died), never hang. Collectives have no timeout (an idle
-// worker waits for the next step plan in poll(), no spinning); a host that vanishes
-// without closing is caught by TCP keepalive / TCP_USER_TIMEOUT within ~30 s.
+// connection" when the process died), never hang. A rank that hangs without dying (stopped,
+// deadlocked, swapping) is caught by the armed collective timeout (exchange()); broadcasts
+// have none (an idle worker waits for the next step plan in poll(), no spinning); a host
+// that vanishes without closing is caught by TCP keepalive / TCP_USER_TIMEOUT within ~30 s.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -50,6 +51,8 @@ constexpr uint32_t k_verdict_other_bad = 4;   // value: the rank whose hello was
 constexpr auto k_retry_interval = std::chrono::milliseconds(100);
 constexpr auto k_notice_time = std::chrono::milliseconds(200);
 constexpr auto k_verdict_grace = std::chrono::milliseconds(1000);
+// How much longer than rank 0 the other ranks wait in a collective before giving up on it.
+constexpr auto k_worker_grace = std::chrono::milliseconds(5000);
 
 // ------------------------------------------------------------ sockets (as comm/rendezvous.cpp)
 
@@ -313,9 +316,19 @@ class TcpCommunicator final : public Communicator {
     return exchange(std::move(ts), op);
   }
 
-  // Moves every transfer to completion, all peers at once (poll; no timeout). The first
-  // failure breaks the communicator: see fail().
+  // Moves every transfer to completion, all peers at once (poll). The first failure breaks
+  // the communicator: see fail(). Inside a step (all_reduce_sum, all_gather, barrier) the
+  // armed collective timeout bounds the wait; rank 0 names the ranks it waited for. The
+  // others wait k_worker_grace longer, so that rank 0's notice, which names the culprit,
+  // reaches them first (they only ever wait for rank 0). Broadcasts wait for ever: a worker
+  // waits there for an idle leader's next step plan.
   Status exchange(std::vector<Transfer> ts, CommOp op) {
+    const std::chrono::milliseconds limit = op == CommOp::broadcast ? std::chrono::milliseconds(0) : collective_timeout();
+    const bool bounded = limit.count() > 0;
+    const Clock::time_point start = Clock::now();
+    const Clock::time_point deadline =
+        bounded ? Clock::now() + limit + (group_rank() == 0 ? std::chrono::milliseconds(0) : k_worker_grace)
+                : Clock::time_point::max();
     for (Transfer& t : ts) {
       if (t.send) {
         encode_header(t.header, kind_of(op), t.num_bytes);
@@ -333,7 +346,13 @@ class TcpCommunicator final : public Communicator {
         polled.push_back(&t);
       }
       if (fds.empty()) return Status();
-      if (::poll(fds.data(), fds.size(), -1) < 0) {
+      int wait_ms = -1;
+      if (bounded) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) return fail(timed_out(polled, op, limit, start));
+        wait_ms = static_cast<int>(std::min<int64_t>(left, 1 << 30));
+      }
+      if (::poll(fds.data(), fds.size(), wait_ms) < 0) {
         if (errno == EINTR) continue;
         return fail(internal_error(std::string("comm/tcp: poll failed during ") + comm_op_name(op) + ": " +
                                    std::strerror(errno)));
@@ -346,6 +365,22 @@ class TcpCommunicator final : public Communicator {
         if (t.send && t.finished()) out_partial_[t.peer] = false;
       }
     }
+  }
+
+  // "comm/tcp: rank 0: all_reduce_sum waited 120.0 s for rank 2 (--collective-timeout 120 s): it died or hangs"
+  Status timed_out(const std::vector<Transfer*>& waiting, CommOp op, std::chrono::milliseconds limit,
+                   Clock::time_point start) const {
+    std::vector<int> peers;
+    for (const Transfer* t : waiting)
+      if (std::find(peers.begin(), peers.end(), t->peer) == peers.end()) peers.push_back(t->peer);
+    std::sort(peers.begin(), peers.end());
+    std::string who = peers.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < peers.size(); ++i) who += (i ? ", " : "") + std::to_string(peers[i]);
+    char secs[96];
+    std::snprintf(secs, sizeof secs, "%.1f s for %s (--collective-timeout %g s)",
+                  std::chrono::duration<double>(Clock::now() - start).count(), who.c_str(), limit.count() / 1000.0);
+    return internal_error("comm/tcp: rank " + std::to_string(group_rank()) + ": " + comm_op_name(op) + " waited " + secs +
+                          ": " + (peers.size() == 1 ? "it" : "they") + " died or hang" + (peers.size() == 1 ? "s" : ""));
   }
 
   Status closed(int peer, CommOp op) const {

@@ -87,7 +87,6 @@ struct GenerateArgs {
   std::string weight_dtype = "auto";
   std::string device = "cpu";  // --device cpu | cuda[:N]
   std::string tp_comm = "auto";         // --tp-comm: the device forward's exchange (tp > 1)
-  double collective_timeout_s = 120;    // --collective-timeout (NCCL)
 };
 
 Result<KvPolicy> kv_policy_from_args(const GenerateArgs& a) {
@@ -197,7 +196,7 @@ int run_generate_device(const GenerateArgs& a) {
       opts.leader_host = launch->launch.leader_host;  // empty under mpirun/srun: MPI carries the id
       opts.port = (launch->launch.port > 0 ? launch->launch.port : comm::k_default_rendezvous_port) + 1;
       opts.device = dev->ordinal;
-      opts.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.collective_timeout_s * 1000));
+      opts.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.parallel.collective_timeout_s * 1000));
       auto made = comm::make_communicator(comm::CommKind::nccl, world, opts);
       if (!made.ok())
         return fail("rank " + std::to_string(world.rank()) + ": " + made.status().message() +
@@ -218,6 +217,7 @@ int run_generate_device(const GenerateArgs& a) {
   // No rank goes on alone: a rank whose shard failed to load or upload tells the others here.
   const Status loaded = agree_on_load(control.get(), device.ok() ? Status() : device.status());
   if (!loaded.ok()) return fail(loaded.message());
+  if (nccl) nccl->arm_collective_timeout();  // agree_on_load armed the control communicator
   if (size > 1 && !world.is_leader()) {
     const Status st = (*device)->follow();
     if (!st.ok()) return fail("rank " + std::to_string(world.rank()) + ": " + st.message());
@@ -498,10 +498,6 @@ int main(int argc, char** argv) {
                   "GPU per rank), host (staged through the launcher's MPI or TCP communicator; ranks may share a "
                   "GPU) or auto (default: nccl when this build has it). Both sum in rank order: the same bits")
       ->check(CLI::IsMember({"auto", "nccl", "host"}));
-  gen->add_option("--collective-timeout", g.collective_timeout_s,
-                  "Seconds an NCCL all-reduce or gather may wait for the other ranks before this rank aborts the "
-                  "communicator and exits naming itself (default 120): a dead or hung rank never hangs the job")
-      ->check(CLI::Range(1.0, 86400.0));
   gen->add_option("--prefill-chunk", g.prefill_chunk, "Prompt tokens per prefill step (default 512)")->check(CLI::Range(1, 1 << 20));
   gen->add_option("--weight-dtype", g.weight_dtype,
                   "Storage of projection weights: auto (default: GGUF q8_0/q4_0/q4_1 kept as is, others f32), "

@@ -256,6 +256,7 @@ Status agree_on_load(comm::Communicator* comm, const Status& local) {
   if (!local.ok()) return Status(local.code(), "rank " + std::to_string(comm->world().rank()) + ": " + local.message());
   if (failed > 0) return internal_error(std::to_string(static_cast<int>(failed)) + " other rank(s) failed to load their shard (see their message)");
   comm->reset_stats();  // the counters start with the model's traffic
+  comm->arm_collective_timeout();  // from here a rank that stops answering is a failure
   return {};
 }
 

@@ -110,6 +110,7 @@ class StepDriver {
 // Every rank of a group calls this once after loading its shard, with how that went: an
 // error on any rank becomes an error on all ("rank 2: <message>" on that rank, "another
 // rank failed to load its shard" elsewhere), so no rank goes on alone and none hangs.
+// On success it arms the communicator's collective timeout (Communicator::arm_collective_timeout).
 // Without a group it returns `local`.
 Status agree_on_load(comm::Communicator* comm, const Status& local);
 

@@ -106,6 +106,8 @@ int main(int argc, char** argv) {
   auto weights = DeviceWeights::upload(*model);
   if (!weights.ok()) return fail(rank, weights.status().to_string());
   const double load_s = now_s() - t0;
+  for (comm::Communicator* cm : {control.get(), nccl.get()})  // every rank has loaded (the first collective agrees)
+    if (cm != nullptr) cm->arm_collective_timeout();
   const ModelConfig& c = model->config;
   cudaStream_t stream = nullptr;
   cudaStreamCreate(&stream);

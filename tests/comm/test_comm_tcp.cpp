@@ -319,7 +319,7 @@ TEST(TcpCollectives, MatchTheRankOrderReferenceBitForBit) {
   }
 }
 
-enum class Fault { kill, exit, abort };
+enum class Fault { kill, exit, abort, hang };
 
 constexpr double k_bound_seconds = 10.0;  // a hang check: failures arrive in milliseconds
 constexpr int k_fault_round = 50;
@@ -329,16 +329,23 @@ constexpr int k_fault_round = 50;
 // message of one more call (the communicator stays failed), and exits 10.
 int fault_child(int rank, int p, int port, int victim, Fault fault) {
   Result<World> world = World::make(rank, p);
-  Result<std::unique_ptr<Communicator>> made = make_communicator(CommKind::tcp, world.value(), loopback_options(port));
+  CommOptions options = loopback_options(port);
+  options.collective_timeout = std::chrono::seconds(1);  // armed below, as agree_on_load arms it
+  Result<std::unique_ptr<Communicator>> made = make_communicator(CommKind::tcp, world.value(), options);
   if (!made.ok()) {
     std::fprintf(stderr, "[rank %d] %s\n", rank, made.status().to_string().c_str());
     return 2;
   }
   Communicator& comm = *made.value();
+  comm.arm_collective_timeout();
   for (int round = 0; round < 200; ++round) {
     if (rank == victim && round == k_fault_round) {
       if (fault == Fault::kill) ::raise(SIGKILL);
       if (fault == Fault::exit) ::_exit(3);
+      if (fault == Fault::hang) {  // alive, connections open, never answering (a stopped process)
+        std::this_thread::sleep_for(std::chrono::seconds(9));
+        ::_exit(6);
+      }
       comm.abort_job("worker failed on purpose in round " + std::to_string(round), 5);
     }
     std::vector<float> buf(round % 2 ? 100000 : 769, static_cast<float>(rank + 1));
@@ -410,6 +417,63 @@ TEST(TcpFailure, AbortJobPrintsItsMessageAndFailsEveryOtherRank) {
         << out[victim].output;
     expect_survivors_fail(out, victim, "comm/tcp: rank " + std::to_string(victim) + " aborted the job: " + why);
   }
+}
+
+// A rank that hangs (alive, its connections open) inside the all-reduce loop: rank 0 gives up
+// after the collective timeout (1 s here) naming it, and its notice fails the others; when rank
+// 0 itself hangs, the others give up on it 5 s later (their grace, so that rank 0 could name a
+// culprit first), each naming rank 0. Nobody waits for the hung rank's 9 s.
+TEST(TcpFailure, HungRankTimesOutNamingIt) {
+  for (int victim : {2, 0}) {
+    SCOPED_TRACE("victim " + std::to_string(victim));
+    const int p = 3;
+    const int port = snap::testing::free_port();
+    const auto out = run_ranks(p, [&](int rank) { return fault_child(rank, p, port, victim, Fault::hang); });
+    EXPECT_EQ(out[victim].exit_code, 6) << out[victim].output;
+    for (int r = 0; r < p; ++r) {
+      if (r == victim) continue;
+      SCOPED_TRACE("rank " + std::to_string(r));
+      EXPECT_EQ(out[r].exit_code, 10) << out[r].output;
+      const double seconds = error_seconds(out[r].output);
+      if (victim == 0) {
+        EXPECT_NE(out[r].output.find("comm/tcp: rank " + std::to_string(r) + ": all_reduce_sum waited "),
+                  std::string::npos) << out[r].output;
+        EXPECT_NE(out[r].output.find(" for rank 0 (--collective-timeout 1 s): it died or hangs"), std::string::npos)
+            << out[r].output;
+        EXPECT_GE(seconds, 5.9) << out[r].output;
+        EXPECT_LT(seconds, 8.5) << out[r].output;
+      } else {
+        EXPECT_NE(out[r].output.find("comm/tcp: rank 0: all_reduce_sum waited "), std::string::npos) << out[r].output;
+        EXPECT_NE(out[r].output.find(" for rank 2 (--collective-timeout 1 s): it died or hangs"), std::string::npos)
+            << out[r].output;
+        EXPECT_LT(seconds, 3.0) << out[r].output;
+      }
+      EXPECT_NE(out[r].output.find("then: comm/tcp: rank "), std::string::npos) << out[r].output;
+    }
+  }
+}
+
+// Broadcasts never time out: a worker waits there for an idle leader's next step plan.
+TEST(TcpFailure, BroadcastWaitsPastTheCollectiveTimeout) {
+  const int p = 2;
+  const int port = snap::testing::free_port();
+  const auto out = run_ranks(p, [&](int rank) {
+    CommOptions options = loopback_options(port);
+    options.collective_timeout = std::chrono::milliseconds(300);
+    auto made = make_communicator(CommKind::tcp, World::make(rank, p).value(), options);
+    if (!made.ok()) return 2;
+    (*made)->arm_collective_timeout();
+    int32_t plan = rank == 0 ? 42 : 0;
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // an idle leader
+    const Status s = (*made)->broadcast_bytes(&plan, sizeof plan, 0);
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", s.message().c_str());
+      return 3;
+    }
+    std::vector<float> buf(16, 1.0f);  // and the next step's all-reduce still works
+    return plan == 42 && (*made)->all_reduce_sum(std::span<float>(buf)).ok() && buf[0] == 2.0f ? 0 : 4;
+  });
+  for (int r = 0; r < p; ++r) EXPECT_EQ(out[r].exit_code, 0) << "rank " << r << ": " << out[r].output;
 }
 
 // Each child prints "setup error: <message>" and exits 10 when make_communicator fails
