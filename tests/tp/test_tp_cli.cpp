@@ -244,4 +244,52 @@ TEST_F(TpCli, TcpGroupWithoutMpiMatchesOneProcess) {
   EXPECT_NE(tp.err.find("tensor parallel 3 ranks (tcp)"), std::string::npos) << tp.err;
 }
 
+// A TCP rank that stops (SIGSTOP: alive, its connections open) mid-generation: rank 0 gives up
+// after --collective-timeout and ends non-zero naming it, instead of waiting for ever, and the
+// other worker ends on rank 0's notice.
+TEST_F(TpCli, StoppedTcpRankEndsTheJobNamingIt) {
+  const int port = snap::testing::free_port();
+  ASSERT_GT(port, 0);
+  const std::string args = generate_args(4000) + " --tp 3 --world-size 3 --collective-timeout 2 --leader 127.0.0.1:" +
+                           std::to_string(port);
+  const std::string out = dir_ + "/r0.out", err = dir_ + "/r0.err", rc = dir_ + "/r0.rc";
+  // Ranks 1 and 2 started directly (their pids are the processes to stop and clean up), rank 0 under timeout.
+  for (int r = 1; r < 3; ++r) {
+    const std::string n = std::to_string(r);
+    ASSERT_EQ(std::system(("(" + k_bin + args + " --rank " + n + " > " + dir_ + "/r" + n + ".log 2>&1 & echo $! > " + dir_ +
+                           "/r" + n + ".pid)").c_str()),
+              0);
+  }
+  ASSERT_EQ(std::system(("(timeout 120 " + k_bin + args + " --rank 0 > " + out + " 2> " + err + "; echo $? > " + rc + ") &").c_str()), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  while (slurp(out).size() < 20 && elapsed() < 60 && !fs::exists(rc)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const pid_t other = static_cast<pid_t>(std::atoi(slurp(dir_ + "/r1.pid").c_str()));
+  const pid_t victim = static_cast<pid_t>(std::atoi(slurp(dir_ + "/r2.pid").c_str()));
+  ASSERT_GT(victim, 0);
+  ASSERT_GT(other, 0);
+  if (slurp(out).size() < 20) {
+    ::kill(victim, SIGKILL);
+    ::kill(other, SIGKILL);
+    FAIL() << "generation never started\n" << slurp(err) << slurp(dir_ + "/r2.log");
+  }
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const auto stopped = std::chrono::steady_clock::now();
+  while ((!fs::exists(rc) || slurp(rc).empty()) && elapsed() < 150) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  ::kill(victim, SIGKILL);
+  ::kill(victim, SIGCONT);
+  for (int i = 0; i < 100 && ::kill(other, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool other_left = ::kill(other, 0) != 0;  // rank 1 ended on rank 0's notice (or is a zombie)
+  ::kill(other, SIGKILL);
+  const std::string code = slurp(rc), log = slurp(err);
+  EXPECT_TRUE(other_left) << "rank 1 still running 10 s after rank 0 ended:\n" << slurp(dir_ + "/r1.log");
+  ASSERT_FALSE(code.empty()) << "rank 0 still running " << seconds << " s after rank 1 stopped";
+  EXPECT_NE(std::stoi(code), 0) << log;
+  EXPECT_NE(std::stoi(code), 124) << "rank 0 hung until timeout killed it\n" << log;
+  EXPECT_LT(seconds, 15.0) << log;
+  EXPECT_NE(log.find("for rank 2 (--collective-timeout 2 s): it died or hangs"), std::string::npos) << log;
+  EXPECT_EQ(log.find("generated tokens 4000"), std::string::npos) << log;
+}
+
 }  // namespace
