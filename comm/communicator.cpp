@@ -145,6 +145,14 @@ Status Communicator::broadcast_bytes(void* buf, int64_t num_bytes, int root) {
   return Status();
 }
 
+Status Communicator::broadcast_message(std::vector<uint8_t>& bytes, int root, const char* what) {
+  int64_t size = group_rank() == root ? static_cast<int64_t>(bytes.size()) : 0;
+  SNAP_RETURN_IF_ERROR(broadcast_bytes(&size, sizeof size, root));
+  if (size <= 0 || size > (int64_t{1} << 32)) return data_loss(std::string(what) + " of " + std::to_string(size) + " bytes");
+  bytes.resize(static_cast<size_t>(size));
+  return broadcast_bytes(bytes.data(), size, root);
+}
+
 Status Communicator::barrier() {
   const auto start = std::chrono::steady_clock::now();
   SNAP_RETURN_IF_ERROR(do_barrier());

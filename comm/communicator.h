@@ -70,6 +70,10 @@ class Communicator {
   Status broadcast_bytes(void* buf, int64_t num_bytes, int root);
   // Returns once every rank of the group has entered it.
   Status barrier();
+  // A message of any size from group rank `root` (step plans, request headers): its size,
+  // then its bytes, both by broadcast_bytes. Elsewhere `bytes` is resized to it; a size <= 0
+  // or above 4 GiB is data_loss "<what> of N bytes".
+  Status broadcast_message(std::vector<uint8_t>& bytes, int root, const char* what);
 
   // Typed conveniences for host f32 buffers.
   Status all_reduce_sum(std::span<float> buf) { return all_reduce_sum(buf.data(), buf.size(), DType::f32); }

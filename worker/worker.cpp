@@ -222,9 +222,7 @@ Status gather_reports(comm::Communicator& comm, const RankReport& mine, std::vec
 
 Status send_plan(comm::Communicator& comm, const StepPlan& plan) {
   std::vector<uint8_t> bytes = encode_step_plan(plan);
-  int64_t size = static_cast<int64_t>(bytes.size());
-  SNAP_RETURN_IF_ERROR(comm.broadcast_bytes(&size, sizeof size, 0));
-  return comm.broadcast_bytes(bytes.data(), size, 0);
+  return comm.broadcast_message(bytes, 0, "step plan");
 }
 
 }  // namespace
@@ -272,11 +270,7 @@ Status StepDriver::shutdown() {
 Status worker_loop(Worker& worker, comm::Communicator& comm) {
   std::vector<uint8_t> bytes;
   for (;;) {
-    int64_t size = 0;
-    SNAP_RETURN_IF_ERROR(comm.broadcast_bytes(&size, sizeof size, 0));
-    if (size <= 0 || size > (int64_t{1} << 32)) return data_loss("step plan of " + std::to_string(size) + " bytes");
-    bytes.resize(static_cast<size_t>(size));
-    SNAP_RETURN_IF_ERROR(comm.broadcast_bytes(bytes.data(), size, 0));
+    SNAP_RETURN_IF_ERROR(comm.broadcast_message(bytes, 0, "step plan"));
     SNAP_ASSIGN_OR_RETURN(StepPlan plan, decode_step_plan(bytes));
     if (plan.shutdown) return {};
     Status st = worker.run(plan);

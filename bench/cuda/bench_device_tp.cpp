@@ -154,9 +154,8 @@ int main(int argc, char** argv) {
   weights->reset();
   cudaStreamDestroy(stream);
   if (rank != 0) return 0;
-  auto op = [](const comm::CommStats& s, comm::CommOp o) { return s[o]; };
-  const auto ar_pre = op(after_prefill, comm::CommOp::all_reduce_sum), ag_pre = op(after_prefill, comm::CommOp::all_gather);
-  const auto ar_all = op(after_decode, comm::CommOp::all_reduce_sum), ag_all = op(after_decode, comm::CommOp::all_gather);
+  const auto ar_pre = after_prefill[comm::CommOp::all_reduce_sum], ag_pre = after_prefill[comm::CommOp::all_gather];
+  const auto ar_all = after_decode[comm::CommOp::all_reduce_sum], ag_all = after_decode[comm::CommOp::all_gather];
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, device);
   std::printf(

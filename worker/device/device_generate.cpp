@@ -72,11 +72,6 @@ Result<DeviceSpec> device_for_local_rank(int local_rank) {
 
 namespace {
 
-std::string mib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
-  return buf;
-}
 
 // The kept positions per layer and KV head, in the CPU's dump format (Worker::write_selection).
 Status write_selection(const std::string& dump_path, const TpShard& sh, const KvPolicy& p, int64_t prompt_tokens,
@@ -105,21 +100,6 @@ Status write_selection(const std::string& dump_path, const TpShard& sh, const Kv
 }
 
 // --- the lockstep protocol (tp > 1): headers in coordinator/engine/device_request.h ------------
-// Size, then bytes, from group rank 0 (as StepDriver sends step plans).
-Status send_bytes(comm::Communicator& c, std::vector<uint8_t>& bytes) {
-  int64_t size = static_cast<int64_t>(bytes.size());
-  SNAP_RETURN_IF_ERROR(c.broadcast_bytes(&size, sizeof size, 0));
-  return c.broadcast_bytes(bytes.data(), size, 0);
-}
-Result<std::vector<uint8_t>> receive_bytes(comm::Communicator& c) {
-  int64_t size = 0;
-  SNAP_RETURN_IF_ERROR(c.broadcast_bytes(&size, sizeof size, 0));
-  if (size <= 0 || size > (int64_t{1} << 32)) return data_loss("device request header of " + std::to_string(size) + " bytes");
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  SNAP_RETURN_IF_ERROR(c.broadcast_bytes(bytes.data(), size, 0));
-  return bytes;
-}
-
 class CudaGenerator final : public DeviceGenerator {
  public:
   CudaGenerator(const DeviceSpec& spec, const LoadedModel& model, std::unique_ptr<DeviceWeights> weights,
@@ -143,7 +123,7 @@ class CudaGenerator final : public DeviceGenerator {
     DeviceRequestHeader h;
     h.shutdown = true;
     std::vector<uint8_t> bytes = encode_device_request(h);
-    return send_bytes(*control_, bytes);
+    return control_->broadcast_message(bytes, 0, "device request header");
   }
   const comm::Communicator* exchange_comm() const override { return exchange_ ? &exchange_->comm() : nullptr; }
   comm::CommStats exchange_after_prefill() const override { return after_prefill_; }
@@ -160,7 +140,7 @@ class CudaGenerator final : public DeviceGenerator {
   bool grouped() const { return control_ != nullptr && control_->group_size() > 1; }
   bool leads() const { return !grouped() || control_->group_rank() == 0; }
   Status validate(const GenerateRequest& req) const;
-  // The request on this rank; prompt_logits: every prompt row through the LM head (rank 0:
+  // The (validated) request on this rank; prompt_logits: every prompt row through the LM head (rank 0:
   // hooks.on_prompt_logits is set; it is told the others).
   Result<GenerateResult> run_request(const GenerateRequest& req, const GenerateHooks& hooks, bool prompt_logits);
   Status run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, const GenerateRequest& req,
@@ -245,13 +225,15 @@ Status CudaGenerator::tell_step(int32_t id, bool go) {
 Status CudaGenerator::follow() {
   if (!grouped() || leads()) return {};
   for (;;) {
-    SNAP_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, receive_bytes(*control_));
+    std::vector<uint8_t> bytes;
+    SNAP_RETURN_IF_ERROR(control_->broadcast_message(bytes, 0, "device request header"));
     SNAP_ASSIGN_OR_RETURN(DeviceRequestHeader h, decode_device_request(bytes));
     if (h.shutdown) return {};
     // A request's own error (pool too small, bad policy) happens alike on rank 0, which
     // reports it; this rank waits for the next request.
     ended_ = false;
-    auto result = run_request(h.req, {}, h.prompt_logits);
+    Status valid = validate(h.req);
+    auto result = valid.ok() ? run_request(h.req, {}, h.prompt_logits) : Result<GenerateResult>(valid);
     if (!result.ok())
       std::fprintf(stderr, "snapserve: rank %d: %s\n", control_->world().rank(), result.status().message().c_str());
     // Rank 0 ends every request with one "no more tokens" message, whatever happened to it
@@ -280,7 +262,7 @@ Result<GenerateResult> CudaGenerator::generate(const GenerateRequest& req, const
     h.req = req;
     h.prompt_logits = prompt_logits;
     std::vector<uint8_t> bytes = encode_device_request(h);
-    SNAP_RETURN_IF_ERROR(send_bytes(*control_, bytes));
+    SNAP_RETURN_IF_ERROR(control_->broadcast_message(bytes, 0, "device request header"));
   }
   auto result = run_request(req, hooks, prompt_logits);
   Status ended = tell_step(0, false);  // the request is over, for the others (follow())
@@ -291,7 +273,6 @@ Result<GenerateResult> CudaGenerator::generate(const GenerateRequest& req, const
 
 Result<GenerateResult> CudaGenerator::run_request(const GenerateRequest& req, const GenerateHooks& hooks,
                                                   bool prompt_logits) {
-  SNAP_RETURN_IF_ERROR(validate(req));
   const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
   const int64_t context = req.context_limit > 0 ? req.context_limit : config_.max_position;
   int64_t limit = n + req.max_tokens;
