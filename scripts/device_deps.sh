@@ -30,7 +30,7 @@ rm -f apt.err
 # The tiny GGUF checkpoint of test_device_generate (tools/make_tiny_checkpoint.py needs the PyPI
 # gguf package, which the device machine lacks): written here, carried with the .debs.
 if [ ! -f tiny-gguf/model.gguf ]; then
-  python3 ../tools/make_tiny_checkpoint.py --arch llama --heads 8 --kv-heads 2 --seed 11 --out tiny-gguf >/dev/null
+  python3 ../tools/make_tiny_checkpoint.py --arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11 --out tiny-gguf >/dev/null
   echo "device_deps: wrote tiny-gguf/model.gguf"
 fi
 du -sh . | awk '{print "device_deps: " $1 " in .device-deps/"}'

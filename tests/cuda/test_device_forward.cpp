@@ -3,8 +3,10 @@
 // embeddings) loaded as the service loads them, run through DeviceForward over the device
 // KV pool in prompt chunks, against the numpy reference tools/reference_llama.py on the same
 // ids (python3 + numpy, present on the GPU machine):
-//   prompt logits: every position's reference top 5 within 0.05 (bf16 activations feed the
-//     prefill GEMMs: 2^-9 relative per element, ~0.01 on logits of magnitude ~3 here);
+//   prompt logits: every position's reference top 5 within 0.05 + 2^-9·|logit| (bf16
+//     activations feed the prefill GEMMs: 2^-9 relative per element, so the bound grows with
+//     the logit: ~0.01 on logits of magnitude ~3, ~0.08 measured on the tied-f16 model's ~100
+//     with the host twin, kernels/cuda/host, where a flat 0.05 failed);
 //   greedy: the device's argmax equals the reference's at every prompt position whose top-2
 //     margin exceeds 0.1, and 6 decoded tokens (GEMV path) equal the reference's greedy
 //     continuation unless a step's reference margin is below 0.1 (a near-tie ends the check).
@@ -44,6 +46,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr double k_logit_tol = 0.05;
+constexpr double k_logit_rel = 1.0 / 512;  // bf16's unit roundoff: the error scales with |logit|
 constexpr double k_margin = 0.1;
 
 int sh(const std::string& cmd) {
@@ -122,7 +125,8 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
       const float* row = logits.data() + t * vocab;
       for (size_t k = 0; k < p["top_ids"].size(); ++k) {
         const int64_t id = p["top_ids"][k].get<int64_t>();
-        EXPECT_NEAR(row[id], p["top_logits"][k].get<double>(), k_logit_tol) << f.name << " position " << t << " id " << id;
+        const double ref = p["top_logits"][k].get<double>();
+        EXPECT_NEAR(row[id], ref, k_logit_tol + k_logit_rel * std::abs(ref)) << f.name << " position " << t << " id " << id;
       }
       int64_t best = 0;
       for (int64_t v = 1; v < vocab; ++v)

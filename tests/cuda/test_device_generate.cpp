@@ -7,7 +7,9 @@
 // .device-deps/tiny-gguf, else that case is skipped, saying so). Weights are
 // loaded as bf16 on both sides, so the two differ only by activations (bf16 inputs to the
 // prefill GEMMs on the device: 2^-9 relative) and summation order. Checked:
-//   prompt logits: at every position the CPU's top 5 within 0.1 on the device;
+//   prompt logits: at every position the CPU's top 5 within 0.1 + 2^-9·(the row's largest
+//     |logit|) on the device (bf16 GEMM inputs: the error grows with the logits' scale, which
+//     reaches ~100 on the tied-f16 model; a flat 0.1 failed there on the host twin);
 //   greedy tokens: equal at every step whose CPU top-2 margin is >= 0.1; at a closer step the
 //     two may part, and the check ends there (a documented near-tie);
 //   selections (snapkv, pyramidkv, adakv, h2o, streaming; snapkv, adakv and h2o over a
@@ -45,6 +47,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr double k_logit_tol = 0.1;
+constexpr double k_logit_rel = 1.0 / 512;  // bf16's unit roundoff: the error scales with |logit|
 constexpr double k_margin = 0.1;
 constexpr double k_selection_mismatch = 0.02;
 
@@ -149,7 +152,10 @@ class DeviceGenerateTest : public ::testing::TestWithParam<Model> {
   }
 
   // Kept entries that differ between the CPU's and the device's selection dumps, over all.
-  std::pair<int64_t, int64_t> compare_selection(const fs::path& a, const fs::path& b) {
+  // AdaKV shares a layer's slots between its heads: a near-tie between two heads' scores moves
+  // a slot from one to the other, so there only the layer's total must match exactly and a
+  // moved slot counts as a differing entry.
+  std::pair<int64_t, int64_t> compare_selection(const fs::path& a, const fs::path& b, bool heads_share = false) {
     std::ifstream fa(a), fb(b);
     const json ja = json::parse(fa), jb = json::parse(fb);
     int64_t total = 0, differ = 0;
@@ -158,14 +164,20 @@ class DeviceGenerateTest : public ::testing::TestWithParam<Model> {
       const auto& ha = ja["layers"][l]["heads"];
       const auto& hb = jb["layers"][l]["heads"];
       EXPECT_EQ(ha.size(), hb.size()) << "layer " << l;
+      size_t layer_a = 0, layer_b = 0;
       for (size_t g = 0; g < std::min(ha.size(), hb.size()); ++g) {
         const auto pa = ha[g].get<std::vector<int32_t>>(), pb = hb[g].get<std::vector<int32_t>>();
-        EXPECT_EQ(pa.size(), pb.size()) << "layer " << l << " head " << g;
+        if (!heads_share) {
+          EXPECT_EQ(pa.size(), pb.size()) << "layer " << l << " head " << g;
+        }
+        layer_a += pa.size();
+        layer_b += pb.size();
         std::vector<int32_t> common;
         std::set_intersection(pa.begin(), pa.end(), pb.begin(), pb.end(), std::back_inserter(common));
         total += static_cast<int64_t>(pa.size());
-        differ += static_cast<int64_t>(pa.size() - common.size());
+        differ += static_cast<int64_t>(std::max(pa.size(), pb.size()) - common.size());
       }
+      EXPECT_EQ(layer_a, layer_b) << "layer " << l << ": kept entries over its heads";
     }
     return {differ, total};
   }
@@ -187,10 +199,12 @@ TEST_P(DeviceGenerateTest, FullCacheGreedyAndPromptLogitsMatchCpu) {
     std::vector<int> idx(c.size());
     for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int>(i);
     std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int x, int y) { return c[x] > c[y]; });
+    double scale = 0;  // the row's largest |logit|: every logit's error comes from one hidden state's
+    for (float v : c) scale = std::max(scale, std::abs(static_cast<double>(v)));
     for (int k = 0; k < 5; ++k) {
       const double d = std::abs(c[idx[k]] - dev.prompt_logits[p][idx[k]]);
       worst = std::max(worst, d);
-      EXPECT_LE(d, k_logit_tol) << "position " << p << " id " << idx[k];
+      EXPECT_LE(d, k_logit_tol + k_logit_rel * scale) << "position " << p << " id " << idx[k];
     }
   }
   std::printf("[ info ] %s: worst top-5 prompt logit difference %.4f\n", GetParam().name, worst);
@@ -238,7 +252,7 @@ TEST_P(DeviceGenerateTest, PolicySelectionsAndTokensMatchCpu) {
       cpu.result = std::move(rc).value();
       dev.result = std::move(rd).value();
     }
-    const auto [differ, total] = compare_selection(cpu_dump, dev_dump);
+    const auto [differ, total] = compare_selection(cpu_dump, dev_dump, k.kind == KvPolicyKind::adakv);
     std::printf("[ info ] %s %s: %lld of %lld kept entries differ\n", GetParam().name, k.name,
                 static_cast<long long>(differ), static_cast<long long>(total));
     ASSERT_GT(total, 0);
@@ -283,7 +297,7 @@ TEST_P(DeviceGenerateTest, LayerwisePrefillMatchesCpuAndPeaksLower) {
     dev.result = std::move(rd).value();
     EXPECT_TRUE(cpu.result.stats.layerwise);
     EXPECT_TRUE(dev.result.stats.layerwise);
-    const auto [differ, total] = compare_selection(cpu_dump, dev_dump);
+    const auto [differ, total] = compare_selection(cpu_dump, dev_dump, kind == KvPolicyKind::adakv);
     std::printf("[ info ] %s layer-wise %s: %lld of %lld kept entries differ\n", GetParam().name, name.c_str(),
                 static_cast<long long>(differ), static_cast<long long>(total));
     ASSERT_GT(total, 0);
@@ -320,7 +334,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Model{"llama3_bf16", "make_random_model.py", "--shape tiny-llama3 --dtype bf16 --seed 3", ""},
                       Model{"mistral_window", "make_random_model.py", "--shape tiny-mistral --dtype f32 --seed 5", ""},
                       Model{"qwen2_f16_tied", "make_random_model.py", "--shape tiny-qwen2 --dtype f16 --seed 4", ""},
-                      Model{"tiny_gguf", "make_tiny_checkpoint.py", "--arch llama --heads 8 --kv-heads 2 --seed 11",
+                      Model{"tiny_gguf", "make_tiny_checkpoint.py", "--arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11",
                             "model.gguf"}),
     [](const auto& info) { return std::string(info.param.name); });
 

@@ -357,11 +357,11 @@ INSTANTIATE_TEST_SUITE_P(
         Model{"llama3_tp2", "--shape tiny-llama3 --dtype bf16 --seed 3 --vocab 1001", 2},
         Model{"mistral_window_tp2", "--shape tiny-mistral --dtype f32 --seed 5", 2},
         // 4 ranks, one KV head each; 1003 ids: 251, 251, 251, 250.
-        Model{"llama3_tp4", "--shape tiny-llama3 --dtype bf16 --seed 7 --heads 8 --kv-heads 4 --vocab 1003", 4},
+        Model{"llama3_tp4", "--shape tiny-llama3 --dtype bf16 --seed 7 --heads 8 --kv-heads 4 --head-dim 32 --vocab 1003", 4},
         // Replicated KV heads: 4 ranks over 2 KV heads (each on 2 ranks, 2 of its 4 query heads
         // per rank, the whole group scoring), and qwen2's one KV head on both ranks (biases,
         // tied f16 embeddings).
-        Model{"llama3_tp4_replicated", "--shape tiny-llama3 --dtype bf16 --seed 9 --heads 8 --kv-heads 2 --vocab 1001", 4},
+        Model{"llama3_tp4_replicated", "--shape tiny-llama3 --dtype bf16 --seed 9 --heads 8 --kv-heads 2 --head-dim 32 --vocab 1001", 4},
         Model{"qwen2_replicated_tp2", "--shape tiny-qwen2 --dtype f16 --seed 4", 2}),
     [](const auto& info) { return std::string(info.param.name); });
 

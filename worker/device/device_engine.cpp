@@ -72,8 +72,7 @@ class DeviceEngine final : public Engine {
     opts.weight_dtype = DType::bf16;
     SNAP_ASSIGN_OR_RETURN(LoadedModel model, load_model(cfg_.model_path, opts));
     model_ = std::make_unique<LoadedModel>(std::move(model));
-    if (model_->config.arch == Arch::gemma3)
-      return unimplemented("--device " + spec_.name() + ": the gemma3 architecture is not on the device yet (use --device cpu)");
+    SNAP_RETURN_IF_ERROR(device_supports(model_->config, spec_.name()));
     SNAP_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load_for_model(cfg_.model_path));
     tokenizer_ = std::make_unique<Tokenizer>(std::move(tok));
     SNAP_ASSIGN_OR_RETURN(weights_, DeviceWeights::upload(*model_));

@@ -33,6 +33,15 @@ ModelConfig shard_config(const ModelConfig& c, const TpShard& s) {
 }
 }  // namespace
 
+Status device_supports(const ModelConfig& c, const std::string& device) {
+  if (c.arch == Arch::gemma3)
+    return unimplemented("--device " + device + ": the gemma3 architecture is not on the device yet (use --device cpu)");
+  if (c.head_dim < 32 || c.head_dim > 256 || c.head_dim % 32 != 0)
+    return unimplemented("--device " + device + ": head_dim " + std::to_string(c.head_dim) +
+                         " is not on the device yet (its attention takes multiples of 32 up to 256; use --device cpu)");
+  return Status::ok_status();
+}
+
 DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& weights, DeviceKvPool& pool,
                              DeviceExchange* exchange)
     : config_(shard_config(config, weights.shard)), w_(weights), pool_(pool), exchange_(exchange), stream_(pool.stream()) {

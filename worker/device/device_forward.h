@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -30,6 +31,11 @@
 #include "worker/model/config.h"
 
 namespace snap {
+
+// What DeviceForward runs: the Llama family (one window for every layer, no QK-norm, post-norms
+// or GeGLU; a gemma3 model would run wrong) with a head_dim the device attention takes (a
+// multiple of 32, at most 256). Else a one-line refusal naming `device` and the reason.
+Status device_supports(const ModelConfig& config, const std::string& device);
 
 class DeviceForward {
  public:

@@ -278,13 +278,24 @@ Result<GenerateResult> CudaGenerator::run_request(const GenerateRequest& req, co
   int64_t limit = n + req.max_tokens;
   if (context > 0) limit = std::min(limit, context);
   limit = std::max(limit, n);
-  // Sized as generate.cpp sizes the CPU pool: the uncompressed sequence, unless asked.
+  // Sized as generate.cpp sizes the CPU pool (the uncompressed sequence, unless asked), plus
+  // one layer's compaction copy: the CPU compacts in place, the device pool copies a layer's
+  // kept entries into fresh blocks before it frees the old ones (DeviceKvPool::compact).
   const int nkv = weights_->shard.num_kv_heads;  // this rank's KV heads (the model's at tp 1)
   const DeviceKvShape shape{config_.num_layers, nkv, config_.head_dim, req.kv_block_size};
-  const int64_t block_bytes = int64_t{req.kv_block_size} * (4LL * config_.head_dim + 4);
-  const int64_t blocks_per_head = (limit + req.kv_block_size - 1) / req.kv_block_size;
-  const int64_t bytes = req.kv_pool_bytes > 0 ? req.kv_pool_bytes
-                                              : int64_t{config_.num_layers} * nkv * blocks_per_head * block_bytes;
+  const int64_t bs = req.kv_block_size;
+  const int64_t block_bytes = bs * (4LL * config_.head_dim + 4);
+  const auto blocks_for = [bs](int64_t entries) { return (entries + bs - 1) / bs; };
+  int64_t blocks = int64_t{config_.num_layers} * nkv * blocks_for(limit);
+  if (req.kv_policy.kind != KvPolicyKind::full) {
+    // As the serving engine reserves it: pyramidkv's layer budgets reach ~2x the average;
+    // adakv may put a layer's slots in one head, each head with one partly filled block.
+    const KvPolicy& p = req.kv_policy;
+    const int64_t compress_at = p.context_tokens > 0 ? std::min<int64_t>(p.context_tokens, n) : n;
+    const int64_t kept = std::min(compress_at, p.kind == KvPolicyKind::pyramidkv ? 2 * p.budget : p.budget);
+    blocks += p.kind == KvPolicyKind::adakv ? blocks_for(nkv * kept) + nkv : nkv * blocks_for(kept);
+  }
+  const int64_t bytes = req.kv_pool_bytes > 0 ? req.kv_pool_bytes : blocks * block_bytes;
   SNAP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceKvPool> pool, DeviceKvPool::create(shape, bytes, stream_));
   pool_bytes_ = pool->num_blocks() * pool->block_bytes();
   GenerateResult result;
@@ -446,11 +457,7 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
 Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model,
                                                                comm::Communicator* control, comm::Communicator* exchange) {
   if (spec.kind != DeviceKind::cuda) return invalid_argument("open_device_generator: " + spec.name() + " is not a device");
-  // DeviceForward is the Llama-family forward (one window for every layer, no QK-norm, post-norms
-  // or GeGLU): a gemma3 model would run wrong, so it is refused.
-  if (model.config.arch == Arch::gemma3) {
-    return unimplemented("--device " + spec.name() + ": the gemma3 architecture is not on the device yet (use --device cpu)");
-  }
+  SNAP_RETURN_IF_ERROR(device_supports(model.config, spec.name()));
   const int tp = model.shard.tp_size;
   const auto group_of = [](const comm::Communicator* c) { return c != nullptr ? c->group_size() : 1; };
   if (group_of(control) != tp || group_of(exchange) != tp) {
