@@ -1,0 +1,512 @@
+// CPU twins of kernels/cuda/kernels_cuda.h for the host twin of the runtime (cuda_runtime.h
+// here): each launcher checks its shapes as the CUDA launcher does (cudaErrorInvalidValue on
+// the same conditions), checks that its pointers are device memory (cudaErrorIllegalAddress
+// otherwise), and computes its result with the CPU kernels that tests/cuda uses as the
+// references (kernels/cpu, worker/kv/selection.cpp). Results match the GPU's within those
+// tests' bounds, not bitwise: these are not the CUDA kernels and verify nothing about them.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kernels/attention_paged.h"
+#include "kernels/cuda/kernels_cuda.h"
+#include "kernels/kernels.h"
+#include "worker/kv/selection.h"
+
+namespace snap::kernels {
+namespace {
+
+using hostcuda::require_device;
+
+constexpr float k_neg_inf = -std::numeric_limits<float>::infinity();
+
+uint16_t* bits(__nv_bfloat16* p) { return reinterpret_cast<uint16_t*>(p); }
+const uint16_t* bits(const __nv_bfloat16* p) { return reinterpret_cast<const uint16_t*>(p); }
+
+size_t f32s(int64_t n) { return static_cast<size_t>(std::max<int64_t>(n, 0)) * sizeof(float); }
+
+// The paged device cache as the CPU kernels read it (bf16 K/V), after checking that its head
+// table and every block table it will read are device memory.
+bool paged_view(const PagedKvCuda& kv, int num_kv_heads, PagedKv* out) {
+  if (!require_device(kv.heads, sizeof(PagedKvHead) * static_cast<size_t>(num_kv_heads), "PagedKvCuda::heads"))
+    return false;
+  for (int g = 0; g < num_kv_heads; ++g) {
+    const PagedKvHead& h = kv.heads[g];
+    const int64_t blocks = kv.block_size > 0 ? (h.length + kv.block_size - 1) / kv.block_size : 0;
+    if (!require_device(h.block_table, sizeof(int32_t) * static_cast<size_t>(blocks), "a KV head's block table"))
+      return false;
+    if (blocks > 0 && !require_device(kv.k_base, 2, "PagedKvCuda::k_base")) return false;
+  }
+  out->dtype = DType::bf16;
+  out->k_base = kv.k_base;
+  out->v_base = kv.v_base;
+  out->pos_base = kv.pos_base;
+  out->k_block_stride = kv.k_block_stride;
+  out->v_block_stride = kv.v_block_stride;
+  out->pos_block_stride = kv.pos_block_stride;
+  out->block_size = kv.block_size;
+  out->heads = kv.heads;
+  return true;
+}
+
+// Keys 0..n−1 of every KV head (logical index j), as f32 [num_kv_heads][n][head_dim].
+std::vector<float> gather_keys(const PagedKvCuda& kv, int num_kv_heads, int head_dim, int64_t n) {
+  std::vector<float> k(static_cast<size_t>(num_kv_heads) * n * head_dim);
+  for (int g = 0; g < num_kv_heads; ++g) {
+    const PagedKvHead& h = kv.heads[g];
+    for (int64_t j = 0; j < n && j < h.length; ++j) {
+      const int32_t b = h.block_table[j / kv.block_size];
+      const uint16_t* row = bits(kv.k_base) + b * kv.k_block_stride + (j % kv.block_size) * head_dim;
+      float* dst = k.data() + (static_cast<size_t>(g) * n + j) * head_dim;
+      for (int d = 0; d < head_dim; ++d) dst[d] = bf16_to_f32(row[d]);
+    }
+  }
+  return k;
+}
+
+bool heads_hold(const PagedKvCuda& kv, int num_kv_heads, int64_t n) {
+  for (int g = 0; g < num_kv_heads; ++g)
+    if (kv.heads[g].length < n) return false;
+  return true;
+}
+
+LayerQk layer_qk(const float* q, int64_t num_queries, const std::vector<float>& k, int64_t n, const AttentionParams& p) {
+  LayerQk qk;
+  qk.q = q;
+  qk.num_queries = num_queries;
+  qk.k = k.data();
+  qk.kv_head_stride = n * p.head_dim;
+  qk.num_tokens = n;
+  qk.num_heads = p.num_heads;
+  qk.num_kv_heads = p.num_kv_heads;
+  qk.head_dim = p.head_dim;
+  return qk;
+}
+
+SnapKvParams snap_params(const SnapKvCudaParams& sp) {
+  SnapKvParams s;
+  s.budget = sp.budget;
+  s.window = sp.window;
+  s.kernel = sp.kernel;
+  s.pooling = sp.max_pooling ? KvPooling::max : KvPooling::avg;
+  s.aggregation = sp.max_aggregation ? GqaAggregation::max : GqaAggregation::mean;
+  s.keep_scores = true;
+  return s;
+}
+
+// The launchers' validity rules (snapkv.cu, adakv.cu, h2o.cu).
+bool snap_common_valid(int64_t n, const AttentionParams& p, const SnapKvCudaParams& sp) {
+  return p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.head_dim > 0 && p.head_dim <= 256 &&
+         sp.window >= 1 && n > sp.window && sp.kernel >= 1 && sp.kernel % 2 == 1 &&
+         n * p.num_kv_heads < (int64_t{1} << 31);
+}
+bool snap_valid(int64_t n, const AttentionParams& p, const SnapKvCudaParams& sp) {
+  return snap_common_valid(n, p, sp) && sp.budget > sp.window && n > sp.budget;
+}
+bool h2o_shape_ok(const AttentionParams& p) {
+  return p.num_kv_heads > 0 && p.num_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.head_dim > 0 &&
+         p.head_dim <= 256;
+}
+bool h2o_select_valid(int64_t n, const AttentionParams& p, int64_t budget, int64_t recent) {
+  return h2o_shape_ok(p) && budget >= 1 && recent >= 0 && recent <= budget && n > budget &&
+         n * p.num_kv_heads < (int64_t{1} << 31);
+}
+
+// The decode form's key splits (attention_paged.cu): only the workspace size depends on them.
+int64_t num_splits(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
+  constexpr int64_t k_split_keys = 512, k_max_split_rows = 64;
+  const int64_t rows_per_head = num_tokens * (p.num_heads / p.num_kv_heads);
+  if (rows_per_head > k_max_split_rows || max_length <= k_split_keys) return 1;
+  return (max_length + k_split_keys - 1) / k_split_keys;
+}
+
+// A nominal workspace for the selections: the launchers only check that they got it.
+size_t nominal_workspace(int64_t n, const AttentionParams& p) {
+  return sizeof(float) * static_cast<size_t>(n) * static_cast<size_t>(p.num_kv_heads) * 4 + 256;
+}
+
+}  // namespace
+
+void rms_norm_cuda(const float* x, const float* weight, float* y, int64_t num_tokens, int64_t hidden_size, float eps,
+                   cudaStream_t) {
+  const size_t bytes = f32s(num_tokens * hidden_size);
+  if (!require_device(x, bytes, "rms_norm x") || !require_device(weight, f32s(hidden_size), "rms_norm weight") ||
+      !require_device(y, bytes, "rms_norm y"))
+    return;
+  rms_norm_cpu(x, weight, y, num_tokens, hidden_size, eps);
+}
+
+void rope_cuda(float* x, const int32_t* positions, int64_t num_tokens, int num_heads, int head_dim,
+               const float* inv_freq, cudaStream_t) {
+  if (num_tokens <= 0) return;
+  if (!require_device(x, f32s(num_tokens * num_heads * head_dim), "rope x") ||
+      !require_device(positions, sizeof(int32_t) * num_tokens, "rope positions") ||
+      !require_device(inv_freq, f32s(head_dim / 2), "rope inv_freq"))
+    return;
+  rope_cpu(x, positions, num_tokens, num_heads, head_dim, inv_freq);
+}
+
+void swiglu_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t) {
+  if (!require_device(gate, f32s(n), "swiglu gate") || !require_device(up, f32s(n), "swiglu up") ||
+      !require_device(out, f32s(n), "swiglu out"))
+    return;
+  swiglu_cpu(gate, up, out, n);
+}
+
+void residual_add_cuda(float* x, const float* y, int64_t n, cudaStream_t) {
+  if (!require_device(x, f32s(n), "residual x") || !require_device(y, f32s(n), "residual y")) return;
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64_t num_tokens, int64_t hidden_size,
+                           int64_t vocab_size, float* out, cudaStream_t) {
+  if (!require_device(table, 2 * static_cast<size_t>(vocab_size * hidden_size), "embedding table") ||
+      !require_device(ids, sizeof(int32_t) * num_tokens, "embedding ids") ||
+      !require_device(out, f32s(num_tokens * hidden_size), "embedding out"))
+    return;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    float* row = out + t * hidden_size;
+    const int32_t id = ids[t];
+    if (id < 0 || id >= vocab_size) {
+      std::fill(row, row + hidden_size, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    const uint16_t* src = bits(table) + static_cast<int64_t>(id) * hidden_size;
+    for (int64_t d = 0; d < hidden_size; ++d) row[d] = bf16_to_f32(src[d]);
+  }
+}
+
+void f32_to_bf16_cuda(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t) {
+  if (!require_device(x, f32s(n), "f32_to_bf16 x") || !require_device(y, 2 * static_cast<size_t>(n), "f32_to_bf16 y"))
+    return;
+  for (int64_t i = 0; i < n; ++i) bits(y)[i] = f32_to_bf16(x[i]);
+}
+
+cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                const float* bias, float* y, int64_t num_tokens, int64_t rows, int64_t cols,
+                                cudaStream_t) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (num_tokens <= 0 || rows <= 0) return CUBLAS_STATUS_SUCCESS;
+  if (!require_device(x, 2 * static_cast<size_t>(num_tokens * cols), "GEMM x") ||
+      !require_device(w, 2 * static_cast<size_t>(rows * cols), "GEMM w") ||
+      (bias && !require_device(bias, f32s(rows), "GEMM bias")) ||
+      !require_device(y, f32s(num_tokens * rows), "GEMM y"))
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  std::vector<float> xf(static_cast<size_t>(num_tokens * cols));
+  for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf16_to_f32(bits(x)[i]);
+  WeightView wv;
+  wv.dtype = DType::bf16;
+  wv.data = w;
+  wv.rows = rows;
+  wv.cols = cols;
+  matmul_cpu(xf.data(), wv, bias, y, num_tokens);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
+                         int64_t rows, int64_t cols, cudaStream_t) {
+  if (num_tokens <= 0 || rows <= 0) return;
+  if (!require_device(x, f32s(num_tokens * cols), "matmul_rowwise x") ||
+      !require_device(w, 2 * static_cast<size_t>(rows * cols), "matmul_rowwise w") ||
+      (bias && !require_device(bias, f32s(rows), "matmul_rowwise bias")) ||
+      !require_device(y, f32s(num_tokens * rows), "matmul_rowwise y"))
+    return;
+  WeightView wv;
+  wv.dtype = DType::bf16;
+  wv.data = w;
+  wv.rows = rows;
+  wv.cols = cols;
+  matmul_rowwise_cpu(x, wv, bias, y, num_tokens);
+}
+
+void argmax_cuda(const float* logits, int64_t num_tokens, int64_t vocab_size, int32_t* ids, cudaStream_t) {
+  if (num_tokens <= 0) return;
+  if (!require_device(logits, f32s(num_tokens * vocab_size), "argmax logits") ||
+      !require_device(ids, sizeof(int32_t) * num_tokens, "argmax ids"))
+    return;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* row = logits + t * vocab_size;
+    float bv = k_neg_inf;
+    int64_t bi = -1;
+    for (int64_t i = 0; i < vocab_size; ++i)
+      if (row[i] > bv) {  // strict: the lowest id of equal values; NaN never compares greater
+        bv = row[i];
+        bi = i;
+      }
+    ids[t] = static_cast<int32_t>(bi < 0 ? 0 : bi);
+  }
+}
+
+size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
+  const int64_t splits = num_splits(num_tokens, p, max_length);
+  if (splits <= 1) return 0;
+  return sizeof(float) * static_cast<size_t>(splits * num_tokens * p.num_heads) * (2 + static_cast<size_t>(p.head_dim));
+}
+
+cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
+                                 const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t) {
+  if (num_tokens <= 0) return cudaSuccess;
+  if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.head_dim % 32 != 0 || p.head_dim < 32 ||
+      p.head_dim > 256 || kv.block_size <= 0 ||
+      workspace_bytes < attention_paged_cuda_workspace_bytes(num_tokens, p, kv.max_length) ||
+      num_splits(num_tokens, p, kv.max_length) > 65535)
+    return cudaErrorInvalidValue;
+  const size_t rows = f32s(num_tokens * p.num_heads * p.head_dim);
+  if (workspace_bytes > 0 && !require_device(workspace, workspace_bytes, "attention workspace"))
+    return cudaErrorIllegalAddress;
+  PagedKv view;
+  if (!require_device(q, rows, "attention q") ||
+      !require_device(q_positions, sizeof(int32_t) * num_tokens, "attention q_positions") ||
+      !require_device(out, rows, "attention out") || !paged_view(kv, p.num_kv_heads, &view))
+    return cudaErrorIllegalAddress;
+  for (int g = 0; g < p.num_kv_heads; ++g)
+    if (kv.heads[g].length > kv.max_length) return cudaErrorInvalidValue;  // max_length sizes the splits
+  attention_paged_cpu(q, q_positions, num_tokens, view, p, out);
+  return cudaSuccess;
+}
+
+void kv_scatter_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
+                     int num_kv_heads, int head_dim, const int64_t* dst_slots, __nv_bfloat16* k_base,
+                     __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t) {
+  if (num_tokens <= 0) return;
+  const size_t rows = f32s(num_tokens * num_kv_heads * head_dim);
+  if (!require_device(k_new, rows, "kv_scatter k") || !require_device(v_new, rows, "kv_scatter v") ||
+      !require_device(positions, sizeof(int32_t) * num_tokens, "kv_scatter positions") ||
+      !require_device(dst_slots, sizeof(int64_t) * num_tokens * num_kv_heads, "kv_scatter slots"))
+    return;
+  for (int64_t t = 0; t < num_tokens; ++t)
+    for (int g = 0; g < num_kv_heads; ++g) {
+      const int64_t slot = dst_slots[t * num_kv_heads + g];
+      uint16_t* kd = bits(k_base) + slot * head_dim;
+      uint16_t* vd = bits(v_base) + slot * head_dim;
+      if (!require_device(kd, 2 * static_cast<size_t>(head_dim), "kv_scatter K slab row") ||
+          !require_device(vd, 2 * static_cast<size_t>(head_dim), "kv_scatter V slab row") ||
+          !require_device(pos_base + slot, 4, "kv_scatter position slab"))
+        return;
+      const float* ks = k_new + (t * num_kv_heads + g) * head_dim;
+      const float* vs = v_new + (t * num_kv_heads + g) * head_dim;
+      for (int d = 0; d < head_dim; ++d) {
+        kd[d] = f32_to_bf16(ks[d]);
+        vd[d] = f32_to_bf16(vs[d]);
+      }
+      pos_base[slot] = positions[t];
+    }
+}
+
+void kv_gather_cuda(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,
+                    __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t) {
+  if (count <= 0) return;
+  if (!require_device(src_slots, sizeof(int64_t) * count, "kv_gather src slots") ||
+      !require_device(dst_slots, sizeof(int64_t) * count, "kv_gather dst slots"))
+    return;
+  const size_t row = 2 * static_cast<size_t>(head_dim);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t s = src_slots[i], d = dst_slots[i];
+    if (!require_device(bits(k_base) + s * head_dim, row, "kv_gather K source") ||
+        !require_device(bits(k_base) + d * head_dim, row, "kv_gather K destination") ||
+        !require_device(bits(v_base) + s * head_dim, row, "kv_gather V source") ||
+        !require_device(bits(v_base) + d * head_dim, row, "kv_gather V destination") ||
+        !require_device(pos_base + s, 4, "kv_gather position source") ||
+        !require_device(pos_base + d, 4, "kv_gather position destination"))
+      return;
+    std::memcpy(bits(k_base) + d * head_dim, bits(k_base) + s * head_dim, row);
+    std::memcpy(bits(v_base) + d * head_dim, bits(v_base) + s * head_dim, row);
+    pos_base[d] = pos_base[s];
+  }
+}
+
+// --- selections: gather the keys, run worker/kv/selection.cpp, write the device layouts ----
+namespace {
+
+// Checks the inputs every selection reads; the keys of 0..n−1 in f32 when they pass.
+cudaError_t selection_inputs(const float* q_window, int64_t num_queries, const PagedKvCuda& kv, int64_t n,
+                             const AttentionParams& p, std::vector<float>* keys) {
+  PagedKv view;
+  if (!require_device(q_window, f32s(num_queries * p.num_heads * p.head_dim), "selection queries") ||
+      !paged_view(kv, p.num_kv_heads, &view))
+    return cudaErrorIllegalAddress;
+  if (!heads_hold(kv, p.num_kv_heads, n)) return cudaErrorInvalidValue;
+  *keys = gather_keys(kv, p.num_kv_heads, p.head_dim, n);
+  return cudaSuccess;
+}
+
+void write_scores(const std::vector<std::vector<float>>& s, int64_t per_head, float* scores) {
+  for (size_t g = 0; g < s.size(); ++g)
+    for (int64_t j = 0; j < per_head; ++j) {
+      const float v = s[g][j];
+      scores[g * per_head + j] = std::isnan(v) ? k_neg_inf : v;
+    }
+}
+
+}  // namespace
+
+size_t snapkv_scores_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp) {
+  return snap_common_valid(num_tokens, p, sp) ? nominal_workspace(num_tokens, p) : 0;
+}
+
+cudaError_t snapkv_scores_cuda(const float* q_window, const PagedKvCuda& kv, int64_t num_tokens,
+                               const AttentionParams& p, const SnapKvCudaParams& sp, float* scores, void* workspace,
+                               size_t workspace_bytes, cudaStream_t) {
+  if (!snap_common_valid(num_tokens, p, sp)) return cudaErrorInvalidValue;
+  if (workspace_bytes < snapkv_scores_cuda_workspace_bytes(num_tokens, p, sp)) return cudaErrorInvalidValue;
+  const int64_t prefix = num_tokens - sp.window;
+  if (!require_device(workspace, workspace_bytes, "snapkv workspace") ||
+      !require_device(scores, f32s(p.num_kv_heads * prefix), "snapkv scores"))
+    return cudaErrorIllegalAddress;
+  std::vector<float> keys;
+  if (const cudaError_t e = selection_inputs(q_window, sp.window, kv, num_tokens, p, &keys); e != cudaSuccess) return e;
+  SnapKvCudaParams any = sp;
+  any.budget = num_tokens - 1;  // the scores need no budget
+  auto s = snapkv_scores(layer_qk(q_window, sp.window, keys, num_tokens, p), snap_params(any));
+  if (!s.ok()) return cudaErrorInvalidValue;
+  write_scores(*s, prefix, scores);
+  return cudaSuccess;
+}
+
+size_t snapkv_select_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp) {
+  return snap_valid(num_tokens, p, sp) ? nominal_workspace(num_tokens, p) : 0;
+}
+
+cudaError_t snapkv_select_cuda(const float* q_window, const PagedKvCuda& kv, int64_t num_tokens,
+                               const AttentionParams& p, const SnapKvCudaParams& sp, float* scores, int32_t* kept,
+                               void* workspace, size_t workspace_bytes, cudaStream_t) {
+  if (!snap_valid(num_tokens, p, sp)) return cudaErrorInvalidValue;
+  if (workspace_bytes < snapkv_select_cuda_workspace_bytes(num_tokens, p, sp)) return cudaErrorInvalidValue;
+  const int64_t prefix = num_tokens - sp.window;
+  if (!require_device(workspace, workspace_bytes, "snapkv workspace") ||
+      !require_device(scores, f32s(p.num_kv_heads * prefix), "snapkv scores") ||
+      !require_device(kept, sizeof(int32_t) * p.num_kv_heads * sp.budget, "snapkv kept"))
+    return cudaErrorIllegalAddress;
+  std::vector<float> keys;
+  if (const cudaError_t e = selection_inputs(q_window, sp.window, kv, num_tokens, p, &keys); e != cudaSuccess) return e;
+  auto sel = snapkv_select(layer_qk(q_window, sp.window, keys, num_tokens, p), snap_params(sp));
+  if (!sel.ok()) return cudaErrorInvalidValue;
+  write_scores(sel->scores, prefix, scores);
+  for (int g = 0; g < p.num_kv_heads; ++g) {
+    const auto& k = sel->kept[g];
+    if (static_cast<int64_t>(k.size()) != sp.budget) return cudaErrorInvalidValue;
+    std::copy(k.begin(), k.end(), kept + g * sp.budget);
+  }
+  return cudaSuccess;
+}
+
+size_t adakv_select_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, const SnapKvCudaParams& sp) {
+  return snap_valid(num_tokens, p, sp) ? nominal_workspace(num_tokens, p) : 0;
+}
+
+cudaError_t adakv_select_cuda(const float* q_window, const PagedKvCuda& kv, int64_t num_tokens,
+                              const AttentionParams& p, const SnapKvCudaParams& sp, double alpha, float* scores,
+                              int32_t* kept_ids, void* workspace, size_t workspace_bytes, cudaStream_t) {
+  if (!(alpha >= 0.0 && alpha <= 1.0) || !snap_valid(num_tokens, p, sp)) return cudaErrorInvalidValue;
+  if (workspace_bytes < adakv_select_cuda_workspace_bytes(num_tokens, p, sp)) return cudaErrorInvalidValue;
+  const int64_t prefix = num_tokens - sp.window, slots = p.num_kv_heads * (sp.budget - sp.window);
+  if (!require_device(workspace, workspace_bytes, "adakv workspace") ||
+      !require_device(scores, f32s(p.num_kv_heads * prefix), "adakv scores") ||
+      !require_device(kept_ids, sizeof(int32_t) * slots, "adakv kept_ids"))
+    return cudaErrorIllegalAddress;
+  std::vector<float> keys;
+  if (const cudaError_t e = selection_inputs(q_window, sp.window, kv, num_tokens, p, &keys); e != cudaSuccess) return e;
+  AdaKvParams ap;
+  ap.snap = snap_params(sp);
+  ap.alpha = alpha;
+  auto sel = adakv_select(layer_qk(q_window, sp.window, keys, num_tokens, p), ap);
+  if (!sel.ok()) return cudaErrorInvalidValue;
+  write_scores(sel->scores, prefix, scores);
+  int64_t out = 0;
+  for (int g = 0; g < p.num_kv_heads; ++g)
+    for (int32_t j : sel->kept[g])
+      if (j < prefix) {  // the window is kept by every head and not listed
+        if (out == slots) return cudaErrorInvalidValue;
+        kept_ids[out++] = static_cast<int32_t>(g * prefix + j);
+      }
+  return out == slots ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+size_t h2o_accumulate_cuda_workspace_bytes(int64_t num_queries, const AttentionParams& p) {
+  if (!h2o_shape_ok(p) || num_queries < 1) return 0;
+  return 2 * sizeof(float) * static_cast<size_t>(num_queries) * p.num_heads;
+}
+
+cudaError_t h2o_accumulate_cuda(const float* q, int64_t num_queries, int64_t first_position, const PagedKvCuda& kv,
+                                const AttentionParams& p, float* acc, int64_t acc_stride, void* workspace,
+                                size_t workspace_bytes, cudaStream_t) {
+  if (!h2o_shape_ok(p) || num_queries < 1 || first_position < 0 || acc_stride < first_position + num_queries ||
+      workspace_bytes < h2o_accumulate_cuda_workspace_bytes(num_queries, p))
+    return cudaErrorInvalidValue;
+  const int64_t end = first_position + num_queries;
+  if (!require_device(workspace, workspace_bytes, "h2o workspace") ||
+      !require_device(acc, f32s((p.num_heads - 1) * acc_stride + end), "h2o accumulator"))
+    return cudaErrorIllegalAddress;
+  std::vector<float> keys;
+  if (const cudaError_t e = selection_inputs(q, num_queries, kv, end, p, &keys); e != cudaSuccess) return e;
+  const int hd = p.head_dim, group = p.num_heads / p.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> s(static_cast<size_t>(end));
+  for (int h = 0; h < p.num_heads; ++h) {
+    const float* kh = keys.data() + static_cast<size_t>(h / group) * end * hd;
+    float* a = acc + h * acc_stride;
+    for (int64_t i = 0; i < num_queries; ++i) {  // rows in ascending order onto the running sums
+      const float* qi = q + (i * p.num_heads + h) * hd;
+      const int64_t visible = first_position + i + 1;  // keys 0 .. the row's own position
+      float mx = k_neg_inf;
+      for (int64_t j = 0; j < visible; ++j) {
+        float dot = 0.0f;
+        for (int d = 0; d < hd; ++d) dot += qi[d] * kh[j * hd + d];
+        s[j] = dot * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < visible; ++j) {
+        s[j] = std::exp(s[j] - mx);
+        sum += s[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < visible; ++j) a[j] += s[j] * inv;
+    }
+  }
+  return cudaSuccess;
+}
+
+size_t h2o_select_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t budget, int64_t recent) {
+  return h2o_select_valid(num_tokens, p, budget, recent) ? nominal_workspace(num_tokens, p) : 0;
+}
+
+cudaError_t h2o_select_cuda(const float* acc, int64_t acc_stride, int64_t num_tokens, const AttentionParams& p,
+                            int64_t budget, int64_t recent, bool max_aggregation, float* scores, int32_t* kept_ids,
+                            void* workspace, size_t workspace_bytes, cudaStream_t) {
+  if (!h2o_select_valid(num_tokens, p, budget, recent) || acc_stride < num_tokens) return cudaErrorInvalidValue;
+  if (workspace_bytes < h2o_select_cuda_workspace_bytes(num_tokens, p, budget, recent)) return cudaErrorInvalidValue;
+  const int nkv = p.num_kv_heads, group = p.num_heads / nkv;
+  const int64_t keep = budget - recent, candidates = num_tokens - recent;
+  if (!require_device(workspace, workspace_bytes, "h2o workspace") ||
+      !require_device(acc, f32s((p.num_heads - 1) * acc_stride + num_tokens), "h2o accumulator") ||
+      !require_device(scores, f32s(nkv * num_tokens), "h2o scores") ||
+      (keep > 0 && !require_device(kept_ids, sizeof(int32_t) * nkv * keep, "h2o kept_ids")))
+    return cudaErrorIllegalAddress;
+  for (int g = 0; g < nkv; ++g) {
+    float* sg = scores + g * num_tokens;
+    for (int64_t j = 0; j < num_tokens; ++j) {  // the group in order, as h2o_group_kernel
+      float o = acc[static_cast<int64_t>(g) * group * acc_stride + j];
+      for (int hl = 1; hl < group; ++hl) {
+        const float v = acc[(static_cast<int64_t>(g) * group + hl) * acc_stride + j];
+        o = max_aggregation ? (v > o ? v : o) : o + v;
+      }
+      if (!max_aggregation && group > 1) o = o * (1.0f / static_cast<float>(group));
+      sg[j] = std::isnan(o) ? k_neg_inf : o;
+    }
+    if (keep == 0) continue;
+    std::vector<int32_t> ids(static_cast<size_t>(candidates));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return sg[a] > sg[b]; });
+    ids.resize(static_cast<size_t>(keep));
+    std::sort(ids.begin(), ids.end());
+    for (int64_t i = 0; i < keep; ++i) kept_ids[g * keep + i] = static_cast<int32_t>(g * num_tokens + ids[i]);
+  }
+  return cudaSuccess;
+}
+
+}  // namespace snap::kernels
