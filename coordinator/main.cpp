@@ -130,8 +130,7 @@ std::string all_reduce_formula(const ModelConfig& c, int64_t tokens) {
 
 // The tensor-parallel lines of generate's report: what this rank holds and what it sent.
 void report_tp(const comm::Communicator& comm, const LoadedModel& model, const GenerateStats& st,
-               const comm::CommStats& after_prefill) {
-  const comm::CommStats total = comm.stats();
+               const comm::CommStats& after_prefill, const comm::CommStats& total) {
   const auto& ar = total[comm::CommOp::all_reduce_sum];
   const auto& bc = total[comm::CommOp::broadcast];
   const int64_t decode_steps = std::max<int64_t>(st.generated_tokens - 1, 0);
@@ -189,8 +188,14 @@ int run_generate_device(const GenerateArgs& a) {
   std::unique_ptr<comm::Communicator> nccl;
   comm::Communicator* exchange = control.get();
   if (size > 1) {
-    const bool want_nccl = a.tp_comm == "nccl" || (a.tp_comm == "auto" && comm::nccl_compiled());
-    if (a.tp_comm == "nccl" && !comm::nccl_compiled()) return fail("--tp-comm nccl: this build has no NCCL");
+#if defined(SNAP_HOST_TWIN)  // kernels/cuda/host: "device" buffers are host memory NCCL cannot read
+    const bool have_nccl = false;
+    if (a.tp_comm == "nccl") return fail("--tp-comm nccl: the host twin (kernels/cuda/host) has no NCCL");
+#else
+    const bool have_nccl = comm::nccl_compiled();
+#endif
+    const bool want_nccl = a.tp_comm == "nccl" || (a.tp_comm == "auto" && have_nccl);
+    if (a.tp_comm == "nccl" && !have_nccl) return fail("--tp-comm nccl: this build has no NCCL");
     if (want_nccl) {
       comm::CommOptions opts;
       opts.leader_host = launch->launch.leader_host;  // empty under mpirun/srun: MPI carries the id
@@ -384,7 +389,8 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
                human_bytes(st.scratch_peak_bytes).c_str(), human_bytes(std::max<int64_t>(0, tokenizer_bytes)).c_str());
   if (device) std::fprintf(stderr, "snapserve: %s\n", device->describe_memory().c_str());
   if (device && comm) after_prefill = device->exchange_after_prefill();
-  if (comm && comm->group_size() > 1) report_tp(*comm, *model, st, after_prefill);
+  if (comm && comm->group_size() > 1)
+    report_tp(*comm, *model, st, after_prefill, device ? device->exchange_at_end() : comm->stats());
   return 0;
 }
 

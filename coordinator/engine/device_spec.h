@@ -61,9 +61,11 @@ class DeviceGenerator {
   virtual Status follow() = 0;
   virtual Status shutdown() = 0;
   // The communicator the forward's all-reduces and logits gathers ran on (null alone), and
-  // its counters when the last request's prefill ended.
+  // its counters when the last request's prefill ended and when its last token was sent
+  // (before the per-rank memory report's gather, which is not the request's traffic).
   virtual const comm::Communicator* exchange_comm() const = 0;
   virtual comm::CommStats exchange_after_prefill() const = 0;
+  virtual comm::CommStats exchange_at_end() const = 0;
 };
 
 // Uploads `model` (loaded with keep_quantized = false) to the device check_device chose.

@@ -73,7 +73,11 @@ class DeviceServe : public ::testing::Test {
   }
   static std::string words(int n, int seed) {
     std::string s;
-    for (int i = 0; i < n; ++i) s += "w" + std::to_string((i * 7919 + seed) % 97) + " ";
+    for (int i = 0; i < n; ++i) {  // appended piece by piece: GCC 12 misreads "w" + std::string&& (-Wrestrict)
+      s += 'w';
+      s += std::to_string((i * 7919 + seed) % 97);
+      s += ' ';
+    }
     return s;
   }
   static inline fs::path dir_;

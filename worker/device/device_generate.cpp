@@ -127,6 +127,7 @@ class CudaGenerator final : public DeviceGenerator {
   }
   const comm::Communicator* exchange_comm() const override { return exchange_ ? &exchange_->comm() : nullptr; }
   comm::CommStats exchange_after_prefill() const override { return after_prefill_; }
+  comm::CommStats exchange_at_end() const override { return at_end_; }
   std::string describe_memory() const override {
     if (ranks_.empty()) return describe(memory_now(), "");
     // Every rank's figures from the end of the last request (gather_rank_memory), one line each.
@@ -165,7 +166,7 @@ class CudaGenerator final : public DeviceGenerator {
   int64_t pool_bytes_ = 0, pool_peak_bytes_ = 0, scratch_bytes_ = 0;  // of the last request
   comm::Communicator* control_ = nullptr;    // the group's host communicator (tp > 1)
   std::unique_ptr<DeviceExchange> exchange_;  // the forward's collectives (tp > 1)
-  comm::CommStats after_prefill_;
+  comm::CommStats after_prefill_, at_end_;
   bool shut_down_ = false;
   bool ended_ = false;  // a follower read rank 0's end of the current request
   std::vector<RankMemory> ranks_;  // rank 0, tp > 1: every rank's, after the last request
@@ -266,6 +267,7 @@ Result<GenerateResult> CudaGenerator::generate(const GenerateRequest& req, const
   }
   auto result = run_request(req, hooks, prompt_logits);
   Status ended = tell_step(0, false);  // the request is over, for the others (follow())
+  if (exchange_) at_end_ = exchange_->comm().stats();  // before the memory report's gather
   if (ended.ok()) ended = gather_rank_memory();
   if (result.ok() && !ended.ok()) return ended;
   return result;

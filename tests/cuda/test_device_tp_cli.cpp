@@ -1,0 +1,229 @@
+// `snapserve generate --device cuda --tp 2` as two PROCESSES sharing one GPU through the
+// host-staged exchange (--tp-comm host over the launcher's TCP group: NCCL refuses two ranks on
+// one device), against one process on that GPU (--tp 1), on a random tiny-llama3 model
+// (6 query heads, 2 KV heads: one per rank):
+//   - every rank exits 0;
+//   - the prompt logits (--dump-logits) within 0.1 of one process's at each position's top 5;
+//   - the same generated text (greedy; the full cache and SnapKV);
+//   - each rank's SnapKV selection (--dump-kv-selection FILE -> FILE.rank<r>) equals one
+//     process's for the same KV head, up to 2% of entries (near-ties at the cut-off);
+//   - the exchange's exact bytes: 2 all-reduces of hidden f32 per layer and token, and the
+//     vocabulary-parallel LM head's gather of 1000/2 f32 per sampled token.
+// Built twice: against the CUDA runtime (exits 77 without a GPU) and against the host twin
+// (kernels/cuda/host, in CI): there the two processes run worker/device on the CPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/free_port.h"
+#include "tests/snapserve_binary.h"
+
+namespace snap {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string k_bin = snapserve_binary();
+constexpr double k_logit_tol = 0.1;
+constexpr double k_selection_mismatch = 0.02;
+constexpr int64_t k_layers = 2, k_hidden = 192, k_vocab = 1000;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int sh(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+int64_t find_int(const std::string& text, const std::string& pattern) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(pattern))) return -1;
+  return std::stoll(m[1].str());
+}
+
+// A --dump-logits file (coordinator/engine/logits_dump.h): [positions][vocab] f32.
+std::vector<float> read_logits(const fs::path& p, int64_t* positions) {
+  std::ifstream in(p, std::ios::binary);
+  char magic[8] = {};
+  uint32_t version = 0, dtype = 0;
+  int64_t n = 0, vocab = 0;
+  in.read(magic, 8);
+  in.read(reinterpret_cast<char*>(&version), 4);
+  in.read(reinterpret_cast<char*>(&dtype), 4);
+  in.read(reinterpret_cast<char*>(&n), 8);
+  in.read(reinterpret_cast<char*>(&vocab), 8);
+  if (!in || std::memcmp(magic, "SNAPLGT1", 8) != 0 || vocab != k_vocab || n <= 0) return {};
+  in.seekg(static_cast<std::streamoff>(n * 4), std::ios::cur);  // the token ids
+  std::vector<float> rows(static_cast<size_t>(n * vocab));
+  in.read(reinterpret_cast<char*>(rows.data()), static_cast<std::streamsize>(rows.size() * 4));
+  if (!in) return {};
+  *positions = n;
+  return rows;
+}
+
+struct Outcome {
+  int rc = -1;
+  std::string out, err;
+};
+
+class DeviceTpCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("snap_devtpcli_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    const std::string cmd = std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/make_random_model.py --shape tiny-llama3 " +
+                            "--dtype bf16 --seed 12 --out " + (dir_ / "m").string() + " >/dev/null 2>&1";
+    ASSERT_EQ(sh(cmd), 0) << cmd;
+    std::ofstream prompt(dir_ / "prompt.txt");
+    for (int i = 0; i < 90; ++i) prompt << "w" << (i * 7919 + 5) % 97 << ' ';
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  static std::string args(const std::string& tag, const std::string& extra) {
+    return " generate --device cuda:0 --model " + (dir_ / "m").string() + " --prompt-file " + (dir_ / "prompt.txt").string() +
+           " --max-tokens 12 --ignore-eos --dump-logits " + (dir_ / (tag + ".logits")).string() + extra;
+  }
+
+  static Outcome one(const std::string& tag, const std::string& extra) {
+    Outcome r;
+    r.rc = sh("timeout 300 " + k_bin + args(tag, extra) + " > " + (dir_ / (tag + ".out")).string() + " 2> " +
+              (dir_ / (tag + ".err")).string());
+    r.out = slurp(dir_ / (tag + ".out"));
+    r.err = slurp(dir_ / (tag + ".err"));
+    return r;
+  }
+
+  // Two ranks over TCP on GPU 0, host-staged; rank 1 in the background. rc: rank 0's, or 91
+  // when rank 1 failed.
+  static Outcome two(const std::string& tag, const std::string& extra) {
+    const int port = snap::testing::free_port();
+    const std::string common = args(tag, extra) + " --tp 2 --tp-comm host --world-size 2 --leader 127.0.0.1:" +
+                               std::to_string(port);
+    const std::string cmd = "(timeout 300 " + k_bin + common + " --rank 1 > " + (dir_ / (tag + ".r1")).string() +
+                            " 2>&1 & p1=$!; timeout 300 " + k_bin + common + " --rank 0 > " +
+                            (dir_ / (tag + ".out")).string() + " 2> " + (dir_ / (tag + ".err")).string() +
+                            "; rc=$?; wait $p1 || rc=91; exit $rc)";
+    Outcome r;
+    r.rc = sh(cmd);
+    r.out = slurp(dir_ / (tag + ".out"));
+    r.err = slurp(dir_ / (tag + ".err")) + slurp(dir_ / (tag + ".r1"));
+    return r;
+  }
+
+  static void compare_logits(const std::string& a, const std::string& b) {
+    int64_t na = 0, nb = 0;
+    const std::vector<float> la = read_logits(dir_ / (a + ".logits"), &na), lb = read_logits(dir_ / (b + ".logits"), &nb);
+    ASSERT_FALSE(la.empty());
+    ASSERT_EQ(na, nb);
+    double worst = 0;
+    for (int64_t p = 0; p < na; ++p) {
+      const float* x = la.data() + p * k_vocab;
+      const float* y = lb.data() + p * k_vocab;
+      std::vector<int> idx(static_cast<size_t>(k_vocab));
+      for (int64_t i = 0; i < k_vocab; ++i) idx[i] = static_cast<int>(i);
+      std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int i, int j) { return x[i] > x[j]; });
+      for (int k = 0; k < 5; ++k) {
+        const double d = std::abs(static_cast<double>(x[idx[k]]) - y[idx[k]]);
+        worst = std::max(worst, std::isnan(d) ? 1e9 : d);
+        EXPECT_LE(d, k_logit_tol) << "position " << p << " id " << idx[k];
+      }
+    }
+    std::printf("[ info ] %s vs %s: %lld prompt positions, worst top-5 logit difference %.4f\n", a.c_str(), b.c_str(),
+                static_cast<long long>(na), worst);
+  }
+
+  static inline fs::path dir_;
+};
+
+TEST_F(DeviceTpCli, TwoProcessesOnOneGpuMatchOne) {
+  const Outcome a = one("full1", "");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  const Outcome b = two("full2", "");
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_GT(a.out.size(), 6u);
+  EXPECT_EQ(b.out, a.out);
+  compare_logits("full1", "full2");
+  EXPECT_NE(b.err.find("tensor parallel 2 ranks (tcp)"), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("host-staged"), std::string::npos) << b.err;
+  // Rank 0's report: the exchange's bytes, as on the CPU (tests/tp/test_tp_cli.cpp).
+  const int64_t prompt = find_int(b.err, R"(prompt tokens (\d+))");
+  const int64_t generated = find_int(b.err, R"(generated tokens (\d+))");
+  ASSERT_GT(prompt, 40) << b.err;
+  EXPECT_EQ(generated, 12);
+  EXPECT_EQ(find_int(b.err, R"(all_reduce_sum \d+ calls, (\d+) bytes)"),
+            2 * k_layers * (prompt + generated - 1) * k_hidden * 4)
+      << b.err;
+  EXPECT_EQ(find_int(b.err, R"(per decoded token: all_reduce_sum (\d+) bytes)"), 2 * k_layers * k_hidden * 4) << b.err;
+  EXPECT_EQ(find_int(b.err, R"(per decoded token: .* all_gather (\d+) bytes)"), k_vocab / 2 * 4) << b.err;
+}
+
+TEST_F(DeviceTpCli, SnapKvPerRankSelectsWhatOneProcessSelects) {
+  const std::string kv = " --kv-policy snapkv --kv-budget 32 --kv-window 8 --dump-kv-selection ";
+  const Outcome a = one("snap1", kv + (dir_ / "sel1.json").string());
+  ASSERT_EQ(a.rc, 0) << a.err;
+  const Outcome b = two("snap2", kv + (dir_ / "sel2.json").string());
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_EQ(b.out, a.out);
+  compare_logits("snap1", "snap2");
+  const json whole = json::parse(slurp(dir_ / "sel1.json"));
+  int64_t total = 0, differ = 0;
+  for (int r = 0; r < 2; ++r) {
+    const fs::path p = dir_ / ("sel2.json.rank" + std::to_string(r));
+    ASSERT_TRUE(fs::exists(p)) << p;
+    const json part = json::parse(slurp(p));
+    ASSERT_EQ(part["layers"].size(), whole["layers"].size());
+    for (size_t l = 0; l < whole["layers"].size(); ++l) {
+      const auto& heads = part["layers"][l]["heads"];
+      ASSERT_EQ(heads.size(), 1u) << "rank " << r << " holds one KV head";
+      const auto x = whole["layers"][l]["heads"][r].get<std::vector<int32_t>>();
+      const auto y = heads[0].get<std::vector<int32_t>>();
+      EXPECT_EQ(x.size(), y.size()) << "layer " << l << " KV head " << r;
+      std::vector<int32_t> common;
+      std::set_intersection(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(common));
+      total += static_cast<int64_t>(x.size());
+      differ += static_cast<int64_t>(std::max(x.size(), y.size()) - common.size());
+    }
+  }
+  std::printf("[ info ] snapkv per rank: %lld of %lld kept entries differ\n", static_cast<long long>(differ),
+              static_cast<long long>(total));
+  ASSERT_GT(total, 0);
+  EXPECT_LE(differ, k_selection_mismatch * total);
+}
+
+}  // namespace
+}  // namespace snap
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("test_device_tp_cli: no CUDA device (%s): skipped\n", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    return 77;
+  }
+  return RUN_ALL_TESTS();
+}
