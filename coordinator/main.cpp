@@ -185,31 +185,12 @@ int run_generate_device(const GenerateArgs& a) {
   auto policy = kv_policy_from_args(a);
   if (!policy.ok()) return fail(policy.status().message());
   // The forward's exchange: NCCL on device buffers, or the host communicator, staged.
-  std::unique_ptr<comm::Communicator> nccl;
-  comm::Communicator* exchange = control.get();
-  if (size > 1) {
-#if defined(SNAP_HOST_TWIN)  // kernels/cuda/host: "device" buffers are host memory NCCL cannot read
-    const bool have_nccl = false;
-    if (a.tp_comm == "nccl") return fail("--tp-comm nccl: the host twin (kernels/cuda/host) has no NCCL");
-#else
-    const bool have_nccl = comm::nccl_compiled();
-#endif
-    const bool want_nccl = a.tp_comm == "nccl" || (a.tp_comm == "auto" && have_nccl);
-    if (a.tp_comm == "nccl" && !have_nccl) return fail("--tp-comm nccl: this build has no NCCL");
-    if (want_nccl) {
-      comm::CommOptions opts;
-      opts.leader_host = launch->launch.leader_host;  // empty under mpirun/srun: MPI carries the id
-      opts.port = (launch->launch.port > 0 ? launch->launch.port : comm::k_default_rendezvous_port) + 1;
-      opts.device = dev->ordinal;
-      opts.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.parallel.collective_timeout_s * 1000));
-      auto made = comm::make_communicator(comm::CommKind::nccl, world, opts);
-      if (!made.ok())
-        return fail("rank " + std::to_string(world.rank()) + ": " + made.status().message() +
-                    " (--tp-comm host stages through " + control->backend_name() + " instead)");
-      nccl = std::move(*made);
-      exchange = nccl.get();
-    }
-  }
+  Result<std::unique_ptr<comm::Communicator>> nccl = std::unique_ptr<comm::Communicator>();
+  if (size > 1)
+    nccl = open_device_exchange(launch->launch, *control, dev->ordinal, a.tp_comm, device_nccl_usable(),
+                                a.parallel.collective_timeout_s);
+  if (!nccl.ok()) return fail(nccl.status().message());
+  comm::Communicator* exchange = *nccl ? nccl->get() : control.get();
   LoadOptions opts;  // dequantized at load; bf16 on the host too (the device stores bf16)
   opts.keep_quantized = false;
   opts.weight_dtype = DType::bf16;
@@ -222,7 +203,7 @@ int run_generate_device(const GenerateArgs& a) {
   // No rank goes on alone: a rank whose shard failed to load or upload tells the others here.
   const Status loaded = agree_on_load(control.get(), device.ok() ? Status() : device.status());
   if (!loaded.ok()) return fail(loaded.message());
-  if (nccl) nccl->arm_collective_timeout();  // agree_on_load armed the control communicator
+  if (*nccl) (*nccl)->arm_collective_timeout();  // agree_on_load armed the control communicator
   if (size > 1 && !world.is_leader()) {
     const Status st = (*device)->follow();
     if (!st.ok()) return fail("rank " + std::to_string(world.rank()) + ": " + st.message());

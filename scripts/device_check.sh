@@ -208,11 +208,12 @@ fi
 # The bare machine lacks MPI, Boost, prometheus-cpp, ... so this normally reports why it is
 # skipped (not a failure of the CUDA code); on a fully provisioned GPU host it runs them:
 # NCCL, `serve --device cuda` over HTTP and `generate --device cuda --tp 2` as two processes
-# (test_device_serve and test_device_tp_cli need the server and snapserve).
+# and `serve --device cuda --tp 2` (test_device_serve, test_device_tp_cli and
+# test_device_serve_tp need the server and snapserve).
 full=${build}-full
 if [ "$(left)" -gt 60 ] && timeout 60 cmake -S . -B "$full" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="${SNAP_CUDA_ARCH:-90}" -DSNAP_BUILD_BENCH=OFF >"$out/full_configure.log" 2>&1; then
-  for t in test_comm_nccl test_device_serve test_device_tp_cli; do
+  for t in test_comm_nccl test_device_serve test_device_tp_cli test_device_serve_tp; do
     if timeout "$(left)" cmake --build "$full" -j "$(nproc)" --target "$t" >>"$log" 2>&1; then
       timeout "$(left)" "$(find "$full" -type f -name "$t" -perm -u+x | head -1)" >>"$log" 2>&1
       rc=$?
@@ -223,6 +224,6 @@ if [ "$(left)" -gt 60 ] && timeout 60 cmake -S . -B "$full" "${gen[@]}" -DCMAKE_
   done
 else
   why=$(grep -m1 -E "Could NOT find|not found|No package" "$out/full_configure.log" 2>/dev/null | sed 's/^ *//')
-  row "full project (test_comm_nccl, test_device_serve, test_device_tp_cli)" INFO "not configurable here: ${why:-no time left}"
+  row "full project (test_comm_nccl, test_device_serve, test_device_tp_cli, test_device_serve_tp)" INFO "not configurable here: ${why:-no time left}"
 fi
 finish

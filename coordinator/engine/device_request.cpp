@@ -3,6 +3,7 @@
 // StepPlan with one SequenceOpen (worker/step_plan.h owns the policy's encoding).
 #include "coordinator/engine/device_request.h"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -82,6 +83,61 @@ Result<DeviceRequestHeader> decode_device_request(std::span<const uint8_t> in) {
   r.kv_policy = plan->open[0].policy;
   r.kv_dtype = DType::bf16;
   return h;
+}
+
+// --- serve's DeviceOp: kind, seq, compress_at, chunk, disarm, #seqs, #tokens (int64 each), the
+// seqs and tokens (int32), then the policy as an encoded StepPlan with one SequenceOpen.
+namespace {
+constexpr int k_op_fields = 7;
+}  // namespace
+
+std::vector<uint8_t> encode_device_op(const DeviceOp& op) {
+  std::vector<uint8_t> out;
+  const int64_t fields[k_op_fields] = {static_cast<int64_t>(op.kind), op.seq, op.compress_at, op.chunk,
+                                       int64_t{op.disarm}, static_cast<int64_t>(op.seqs.size()),
+                                       static_cast<int64_t>(op.tokens.size())};
+  for (int64_t v : fields) put_i64(out, v);
+  for (const std::vector<int32_t>* list : {&op.seqs, &op.tokens}) {
+    const size_t at = out.size();
+    out.resize(at + 4 * list->size());
+    if (!list->empty()) std::memcpy(out.data() + at, list->data(), 4 * list->size());
+  }
+  StepPlan plan;
+  plan.open.push_back({0, op.policy, 0});
+  const std::vector<uint8_t> policy = encode_step_plan(plan);
+  const size_t at = out.size();
+  out.resize(at + policy.size());
+  std::memcpy(out.data() + at, policy.data(), policy.size());
+  return out;
+}
+
+Result<DeviceOp> decode_device_op(std::span<const uint8_t> in) {
+  if (in.size() < 8 * k_op_fields) return data_loss("device op: truncated (" + std::to_string(in.size()) + " bytes)");
+  int64_t f[k_op_fields];
+  std::memcpy(f, in.data(), sizeof f);
+  size_t at = sizeof f;
+  if (f[0] < 0 || f[0] > static_cast<int64_t>(DeviceOpKind::report))
+    return data_loss("device op: unknown kind " + std::to_string(f[0]));
+  if (f[1] < -1 || f[1] > INT32_MAX || f[5] < 0 || f[6] < 0) return data_loss("device op: a negative length or bad sequence");
+  const uint64_t lists = 4 * (static_cast<uint64_t>(f[5]) + static_cast<uint64_t>(f[6]));
+  if (static_cast<uint64_t>(in.size() - at) < lists) return data_loss("device op: truncated in its sequences or tokens");
+  DeviceOp op;
+  op.kind = static_cast<DeviceOpKind>(f[0]);
+  op.seq = static_cast<int32_t>(f[1]);
+  op.compress_at = f[2];
+  op.chunk = f[3];
+  op.disarm = f[4] != 0;
+  op.seqs.resize(static_cast<size_t>(f[5]));
+  op.tokens.resize(static_cast<size_t>(f[6]));
+  for (std::vector<int32_t>* list : {&op.seqs, &op.tokens}) {
+    if (!list->empty()) std::memcpy(list->data(), in.data() + at, 4 * list->size());
+    at += 4 * list->size();
+  }
+  Result<StepPlan> plan = decode_step_plan(in.subspan(at));
+  if (!plan.ok()) return data_loss("device op: its policy: " + plan.status().message());
+  if (plan->open.size() != 1) return data_loss("device op: no KV policy");
+  op.policy = plan->open[0].policy;
+  return op;
 }
 
 }  // namespace snap

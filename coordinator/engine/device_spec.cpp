@@ -27,6 +27,7 @@ Result<DeviceSpec> parse_device(const std::string& text) {
 #if !defined(SNAP_HAVE_CUDA)
 
 bool build_has_cuda() { return false; }
+bool device_nccl_usable() { return false; }
 
 namespace {
 Status no_cuda(const DeviceSpec& spec) {
@@ -49,6 +50,8 @@ Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec&
 Result<std::unique_ptr<Engine>> open_device_engine(const DeviceSpec& spec, const EngineConfig&, ServerMetrics*) {
   return no_cuda(spec);
 }
+
+Status run_device_engine_follower(const DeviceSpec& spec, const EngineConfig&) { return no_cuda(spec); }
 
 #endif
 

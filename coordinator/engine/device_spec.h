@@ -34,6 +34,9 @@ Result<DeviceSpec> device_for_local_rank(int local_rank);
 // Whether this binary was built with the CUDA backend (configure with -DSNAP_ENABLE_CUDA=ON
 // where nvcc is found).
 bool build_has_cuda();
+// Whether the device path can run its exchange over NCCL: a build with NCCL whose device
+// buffers are a GPU's (not the host twin's, kernels/cuda/host).
+bool device_nccl_usable();
 
 // Fails fast, before any model is loaded: "this build has no CUDA (...)", "no CUDA device
 // (cudaGetDeviceCount: error 35 ...)", or an ordinal past the devices present. On success the
@@ -88,9 +91,17 @@ class ServerMetrics;
 // device forward (worker/device/device_engine.cpp): the same interface, continuous batching
 // (one prompt chunk + one decode row per running sequence each step), admission by the
 // device pool's blocks, cancel, drain, and the device's memory in /metrics. Checks the device
-// first (check_device), then loads the model (tp 1) and uploads it. Refused in one line:
-// tensor parallelism (cfg.comm), n > 1 and prompt logprobs per request.
+// first (check_device), then loads the model and uploads it. Refused in one line per request:
+// n > 1 and prompt logprobs.
+// Tensor parallelism (cfg.comm a group of tp > 1; this is tp rank 0): every rank loads its
+// shard (agreed over cfg.comm), the forward's exchange is cfg.device_exchange (NCCL) or cfg.comm
+// staged, and the other ranks run run_device_engine_follower with the same cfg; /metrics gets
+// every rank's device memory and exchange counters. A failure of the group ends every request
+// with an unavailable error and calls cfg.on_group_failure.
 Result<std::unique_ptr<Engine>> open_device_engine(const DeviceSpec& spec, const EngineConfig& cfg,
                                                    ServerMetrics* metrics);
+// A tp rank other than 0 of `serve --device cuda --tp N`: loads its shard, then repeats rank
+// 0's device operations until rank 0 stops (ok) or something fails (the error).
+Status run_device_engine_follower(const DeviceSpec& spec, const EngineConfig& cfg);
 
 }  // namespace snap

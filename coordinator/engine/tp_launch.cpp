@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "common/host_port.h"
@@ -43,6 +44,27 @@ Result<TpLaunch> start_tensor_parallel(const std::string& subcommand, const TpFl
                           comm::make_communicator(mpi ? comm::CommKind::mpi : comm::CommKind::tcp, out.launch.world, opts));
   }
   return out;
+}
+
+Result<std::unique_ptr<comm::Communicator>> open_device_exchange(const comm::LaunchInfo& launch,
+                                                                  const comm::Communicator& control, int device_ordinal,
+                                                                  const std::string& tp_comm, bool nccl_usable,
+                                                                  double collective_timeout_s) {
+  const comm::World& world = launch.world;
+  if (world.size() <= 1 || tp_comm == "host" || (tp_comm == "auto" && !nccl_usable))
+    return std::unique_ptr<comm::Communicator>();
+  if (!nccl_usable) return invalid_argument("--tp-comm nccl: this build's device path has no NCCL");
+  comm::CommOptions opts;
+  opts.leader_host = launch.leader_host;  // empty under mpirun/srun: MPI carries the id
+  opts.port = (launch.port > 0 ? launch.port : comm::k_default_rendezvous_port) + 1;
+  opts.device = device_ordinal;
+  opts.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(collective_timeout_s * 1000));
+  auto made = comm::make_communicator(comm::CommKind::nccl, world, opts);
+  if (!made.ok()) {
+    return unavailable("rank " + std::to_string(world.rank()) + ": " + made.status().message() +
+                       " (--tp-comm host stages through " + control.backend_name() + " instead)");
+  }
+  return std::move(made).value();
 }
 
 }  // namespace snap

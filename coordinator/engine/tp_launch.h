@@ -38,4 +38,15 @@ struct TpLaunch {
 // from the process count (naming the command to run) or the flags are inconsistent.
 Result<TpLaunch> start_tensor_parallel(const std::string& subcommand, const TpFlags& flags);
 
+// --device cuda with tp > 1 (generate and serve): the device forward's exchange for --tp-comm
+// `tp_comm` (auto | nccl | host). NCCL on device buffers when asked, or by default where
+// `nccl_usable` (the device layer can use it: device_spec.h's device_nccl_usable); else null:
+// the forward stages through the launcher's communicator. Its rendezvous is the launcher's
+// port + 1 (the unique id over MPI under mpirun/srun). `control` is the launcher's group
+// communicator. One-line errors name this rank.
+Result<std::unique_ptr<comm::Communicator>> open_device_exchange(const comm::LaunchInfo& launch,
+                                                                  const comm::Communicator& control, int device_ordinal,
+                                                                  const std::string& tp_comm, bool nccl_usable,
+                                                                  double collective_timeout_s);
+
 }  // namespace snap

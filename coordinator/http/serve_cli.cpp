@@ -170,8 +170,14 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   s->add_option("--device", a.device,
                 "Where the model runs: cpu (default; the reference) or cuda / cuda:N (the whole model on GPU N: bf16 "
                 "weights and KV cache in a device pool of --kv-cache-mib, every kv policy, layer-wise prefill, continuous "
-                "batching; no --tp, n > 1 or echo logprobs there yet; fails at once, before the model is read, "
-                "without a GPU or in a build without CUDA)");
+                "batching; no n > 1 or echo logprobs there yet; fails at once, before the model is read, "
+                "without a GPU or in a build without CUDA). With --tp N each rank serves its shard from its GPU "
+                "(cuda = the rank's local rank, cuda:N = GPU N on every rank), a pool of --kv-cache-mib per rank");
+  s->add_option("--tp-comm", a.tp_comm,
+                "With --device cuda and --tp N > 1, how the ranks' activations meet: nccl (device buffers, one GPU per "
+                "rank), host (staged through the launcher's MPI or TCP communicator; ranks may share a GPU) or auto "
+                "(default: nccl when this build has it)")
+      ->check(CLI::IsMember({"auto", "nccl", "host"}));
   s->add_option("--http-threads", a.http_threads, "HTTP I/O threads (default 2)")->check(CLI::Range(1, 256));
   s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -229,22 +235,39 @@ int run_serve(const ServeArgs& a) {
   // --device cuda: checked before anything is loaded, so a machine without a GPU fails at once.
   auto device = parse_device(a.device);
   if (!device.ok()) return serve_fail(device.status().message());
-  if (device->kind == DeviceKind::cuda) {
-    if (a.parallel.tp > 1 || a.parallel.world_size > 1)
-      return serve_fail("--device " + device->name() + " runs the model on one GPU; --tp/--world-size are CPU-only for now");
-    if (!a.kv_dtype.empty() && a.kv_dtype != "bf16")
-      return serve_fail("--device " + device->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv_dtype + " is CPU-only");
-    if (Status st = check_device(*device); !st.ok()) return serve_fail(st.message());
-  }
+  const bool on_device = device->kind == DeviceKind::cuda;
+  if (on_device && !a.kv_dtype.empty() && a.kv_dtype != "bf16")
+    return serve_fail("--device " + device->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv_dtype + " is CPU-only");
   auto launch = start_tensor_parallel("serve", a.parallel);
   if (!launch.ok()) return serve_fail(launch.status().message());
   const comm::World* world = &launch->world();
   std::unique_ptr<comm::Communicator> comm = std::move(launch->comm);
   const int threads = launch->threads;
-  if (!world->is_leader()) return run_tp_worker(a.model, *comm);
+  // --device cuda: this rank's GPU (with --tp, `cuda` is the local rank's), checked before
+  // anything is loaded; with --tp the forward's exchange (NCCL, or null: staged through comm).
+  DeviceSpec dev = *device;
+  std::unique_ptr<comm::Communicator> exchange;
+  const auto on_rank = [&](const std::string& m) {
+    return world->size() > 1 ? "rank " + std::to_string(world->rank()) + ": " + m : m;
+  };
+  if (on_device) {
+    if (a.device == "cuda" && world->size() > 1) {
+      auto local = device_for_local_rank(world->local_rank());
+      if (!local.ok()) return serve_fail(on_rank(local.status().message()));
+      dev = *local;
+    }
+    if (Status st = check_device(dev); !st.ok()) return serve_fail(on_rank(st.message()));
+    if (world->size() > 1) {
+      auto ex = open_device_exchange(launch->launch, *comm, dev.ordinal, a.tp_comm, device_nccl_usable(),
+                                     a.parallel.collective_timeout_s);
+      if (!ex.ok()) return serve_fail(ex.status().message());
+      exchange = std::move(ex).value();
+    }
+  }
 
   EngineConfig cfg;
   cfg.comm = comm.get();
+  cfg.device_exchange = exchange.get();
   cfg.model_path = a.model;
   cfg.served_model_name = a.served_model_name;
   cfg.threads = threads;
@@ -256,6 +279,14 @@ int run_serve(const ServeArgs& a) {
   cfg.prefill_chunk = a.prefill_chunk;
   cfg.max_prompt_tokens = a.max_model_len > 0 ? a.max_model_len - 1 : 0;
   cfg.max_tokens_limit = a.max_model_len;
+  if (!world->is_leader()) {
+    if (!on_device) return run_tp_worker(a.model, *comm);
+    // A device rank follows rank 0's operations until it stops the group; stop signals are
+    // for rank 0 (blocked here, as on the CPU: the launcher's SIGTERM reaches rank 0 too).
+    const Status st = run_device_engine_follower(dev, cfg);
+    if (!st.ok()) return serve_fail(on_rank(st.message()));
+    return 0;
+  }
   // A failed group wakes the sigwait below (SIGUSR2 with group_failed set); a worker's
   // drain request is a SIGTERM to ourselves.
   static std::atomic<bool> group_failed{false};
@@ -275,8 +306,7 @@ int run_serve(const ServeArgs& a) {
   const std::string metrics_name =
       a.served_model_name.empty() ? std::filesystem::path(a.model).filename().string() : a.served_model_name;
   auto metrics = std::make_unique<ServerMetrics>(metrics_name);
-  auto engine = device->kind == DeviceKind::cuda ? open_device_engine(*device, cfg, metrics.get())
-                                                 : Engine::create(cfg, metrics.get());
+  auto engine = on_device ? open_device_engine(dev, cfg, metrics.get()) : Engine::create(cfg, metrics.get());
   if (!engine.ok()) return serve_fail(engine.status().message());
   // "serving" below means ready: wait for the scheduler thread's first heartbeat.
   const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);

@@ -23,6 +23,7 @@ struct ServeArgs {
   std::string served_model_name;
   TpFlags parallel;  // --tp, --threads, --rank, --world-size, --leader
   std::string device = "cpu";  // --device cpu | cuda[:N] (coordinator/engine/device_spec.h)
+  std::string tp_comm = "auto";  // --tp-comm: the device forward's exchange with --tp > 1
   int http_threads = 2;
   int64_t kv_cache_mib = 512;
   std::string kv_dtype;  // --kv-dtype; empty: k_default_kv_dtype

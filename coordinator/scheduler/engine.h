@@ -45,6 +45,9 @@ struct EngineConfig {
   // The tensor-parallel group this engine leads (group rank 0), or null for one process.
   // Must outlive the engine. KV sizes (kv_cache_bytes, reservations) are per rank.
   comm::Communicator* comm = nullptr;
+  // serve --device cuda with tp > 1: the device forward's exchange (NCCL on device buffers),
+  // or null: staged through `comm` (worker/device/device_engine.cpp).
+  comm::Communicator* device_exchange = nullptr;
   // Faults of that group (coordinator/scheduler/group_watchdog.h): a step plan past its
   // deadline (step_timeout_seconds + an allowance for its tokens), a rank on this host that
   // died, or a communication error fails the group: every open request finishes with an

@@ -2,6 +2,7 @@
 // (coordinator/engine/device_request.h): every field a follower's loop reads survives the
 // round trip, the shutdown header is one flag, and malformed bytes (every truncation, a
 // negative length, trailing bytes) are a data_loss error, never a crash or a wrong request.
+// The same for serve's per-operation DeviceOp.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -115,6 +116,77 @@ TEST(DeviceRequest, MalformedBytesAreDataLoss) {
   const int64_t many = int64_t{1} << 40;
   std::memcpy(huge.data() + 8 * 9, &many, 8);
   EXPECT_FALSE(decode_device_request(huge).ok());
+}
+
+TEST(DeviceOp, EveryFieldSurvivesTheRoundTrip) {
+  DeviceOp op;
+  op.kind = DeviceOpKind::layerwise;
+  op.seq = 41;
+  op.compress_at = int64_t{3} << 33;
+  op.chunk = 512;
+  op.disarm = true;
+  op.policy = sample().req.kv_policy;
+  op.seqs = {3, 1, 4};
+  op.tokens = {1, 5, 9, 26, 0};
+  auto d = decode_device_op(encode_device_op(op));
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->kind, op.kind);
+  EXPECT_EQ(d->seq, op.seq);
+  EXPECT_EQ(d->compress_at, op.compress_at);
+  EXPECT_EQ(d->chunk, op.chunk);
+  EXPECT_TRUE(d->disarm);
+  EXPECT_EQ(d->seqs, op.seqs);
+  EXPECT_EQ(d->tokens, op.tokens);
+  const KvPolicy &a = d->policy, &b = op.policy;
+  EXPECT_EQ(a.kind, b.kind);
+  EXPECT_EQ(a.budget, b.budget);
+  EXPECT_EQ(a.window, b.window);
+  EXPECT_EQ(a.kernel, b.kernel);
+  EXPECT_EQ(a.pooling, b.pooling);
+  EXPECT_EQ(a.aggregation, b.aggregation);
+  EXPECT_EQ(a.adakv_alpha, b.adakv_alpha);
+  EXPECT_EQ(a.context_tokens, b.context_tokens);
+  EXPECT_EQ(a.layerwise, b.layerwise);
+  for (DeviceOpKind k : {DeviceOpKind::shutdown, DeviceOpKind::open, DeviceOpKind::forward, DeviceOpKind::compress,
+                         DeviceOpKind::decode, DeviceOpKind::release, DeviceOpKind::report}) {
+    DeviceOp plain;
+    plain.kind = k;
+    auto e = decode_device_op(encode_device_op(plain));
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_EQ(e->kind, k);
+    EXPECT_TRUE(e->seqs.empty() && e->tokens.empty());
+  }
+}
+
+TEST(DeviceOp, MalformedBytesAreDataLoss) {
+  DeviceOp op;
+  op.kind = DeviceOpKind::decode;
+  op.seqs = {0, 2};
+  op.tokens = {7, 8};
+  const std::vector<uint8_t> bytes = encode_device_op(op);
+  for (size_t n = 0; n < bytes.size(); ++n) {  // every truncation
+    auto d = decode_device_op(std::span<const uint8_t>(bytes.data(), n));
+    ASSERT_FALSE(d.ok()) << "truncated to " << n << " of " << bytes.size() << " bytes was accepted";
+    EXPECT_EQ(d.status().code(), StatusCode::k_data_loss) << d.status().to_string();
+    EXPECT_NE(d.status().message().find("device op"), std::string::npos) << d.status().message();
+  }
+  std::vector<uint8_t> trailing = bytes;
+  trailing.push_back(0);
+  EXPECT_FALSE(decode_device_op(trailing).ok());
+  std::vector<uint8_t> unknown = bytes;
+  const int64_t kind = 99;
+  std::memcpy(unknown.data(), &kind, 8);
+  auto u = decode_device_op(unknown);
+  ASSERT_FALSE(u.ok());
+  EXPECT_NE(u.status().message().find("unknown kind 99"), std::string::npos) << u.status().message();
+  std::vector<uint8_t> negative = bytes;
+  const int64_t minus = -1;
+  std::memcpy(negative.data() + 8 * 5, &minus, 8);  // the number of sequences
+  EXPECT_FALSE(decode_device_op(negative).ok());
+  std::vector<uint8_t> huge = bytes;
+  const int64_t many = int64_t{1} << 40;
+  std::memcpy(huge.data() + 8 * 6, &many, 8);  // the number of tokens
+  EXPECT_FALSE(decode_device_op(huge).ok());
 }
 
 }  // namespace

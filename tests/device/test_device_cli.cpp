@@ -131,6 +131,34 @@ TEST(DeviceCli, TensorParallelRanksFailFastNamingTheirRank) {
   }
 }
 
+// serve --device cuda --tp 2: the same, before the model is read and before any port is bound.
+TEST(DeviceCli, ServeTensorParallelRanksFailFastNamingTheirRank) {
+  snap::testing::TempDir dir("devcli_serve_tp");
+  const std::string leader = "127.0.0.1:" + std::to_string(snap::testing::free_port());
+  std::string cmd = "CUDA_VISIBLE_DEVICES= timeout 60 sh -c '";
+  for (int r = 0; r < 2; ++r) {
+    cmd += "(" + k_bin + " serve --device cuda --tp-comm host --tp 2 --rank " + std::to_string(r) +
+           " --world-size 2 --leader " + leader + " --port 0 --model " + (dir / "absent.gguf") + " >" +
+           (dir / ("out" + std::to_string(r))) + " 2>" + (dir / ("err" + std::to_string(r))) + "; echo $? >" +
+           (dir / ("rc" + std::to_string(r))) + (r == 0 ? ") & " : "); wait'");
+  }
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string err = slurp(dir / ("err" + std::to_string(r)));
+    EXPECT_EQ(slurp(dir / ("rc" + std::to_string(r))), "1\n") << "rank " << r << ": " << err;
+    EXPECT_EQ(lines(err), 1) << err;
+#if SNAP_TEST_BUILD_HAS_CUDA
+    EXPECT_NE(err.find("snapserve: error: rank " + std::to_string(r) + ": --device cuda:0: no CUDA device"),
+              std::string::npos)
+        << err;
+#else
+    EXPECT_NE(err.find("this build has no CUDA"), std::string::npos) << err;
+#endif
+    EXPECT_EQ(err.find("absent.gguf"), std::string::npos) << "the model was read before the device was checked: " << err;
+    EXPECT_EQ(err.find("serving"), std::string::npos) << err;
+  }
+}
+
 // serve --device: the same fail-fast contract as generate, before the model is read and before
 // any port is bound, and the device's one-line refusals of what it does not run.
 TEST(DeviceCli, ServeHelpExplainsDevice) {
@@ -169,9 +197,10 @@ TEST(DeviceCli, ServeRefusesMalformedDeviceTpAndKvDtype) {
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("--device 'cuda:x': expected cpu, cuda or cuda:N"), std::string::npos) << r.err;
-  r = run(dir, "serve --device cuda --tp 2 --port 0");
+  r = run(dir, "serve --device cuda --tp 2 --port 0");  // --tp must match the launcher, on the device too
   EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_NE(r.err.find("--device cuda:0 runs the model on one GPU"), std::string::npos) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--tp 2 but the launcher started 1 process(es)"), std::string::npos) << r.err;
   r = run(dir, "serve --device cuda --kv-dtype q8_0 --port 0");
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;

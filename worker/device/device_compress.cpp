@@ -310,6 +310,8 @@ int DeviceForward::prepare_compression(const KvPolicy& policy, int64_t compress_
 
 Status DeviceForward::compress(int32_t seq, const KvPolicy& policy, int64_t compress_at,
                                std::vector<std::vector<std::vector<int32_t>>>* kept, int layer) {
+  std::vector<std::vector<std::vector<int32_t>>> unused;  // kept may be null (a follower rank)
+  if (kept == nullptr) kept = &unused;
   kept->clear();
   switch (policy.kind) {
     case KvPolicyKind::full:

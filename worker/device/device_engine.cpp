@@ -12,10 +12,22 @@
 // forward's window/H2O capture is per prefill), decode rows of all of them every step. A
 // layer-wise prefill (asked, or chosen as the CPU engine chooses it) runs the whole prompt in
 // its step and reserves one layer's full KV instead of every layer's.
+// Tensor parallelism (serve --device cuda --tp N): every rank holds its shard on its GPU
+// (DeviceShard: heads, MLP slice, vocabulary rows, its KV heads' pool). Rank 0 runs this
+// scheduler; before each device operation it sends the others a DeviceOp
+// (coordinator/engine/device_request.h) over the launcher's communicator, and they repeat it
+// on their shards in the same order (run_device_engine_follower), so every pool holds the same
+// sequences in the same blocks and admission decided on rank 0 holds everywhere. The forward's
+// all-reduces and the LM head's gather run over the exchange (NCCL, or staged through that
+// communicator). A failed operation or exchange fails the group: every request ends with an
+// unavailable error and on_group_failure is called (the server exits, its launcher restarts the
+// group). About once a second a `report` op gathers every rank's device memory and exchange
+// counters for rank 0's /metrics.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -30,15 +42,124 @@
 #include "coordinator/scheduler/logits_processing.h"
 #include "coordinator/scheduler/token_stream.h"
 #include "coordinator/tokenizer/tokenizer.h"
+#include "coordinator/engine/device_request.h"
+#include "worker/device/device_exchange.h"
 #include "worker/device/device_forward.h"
 #include "worker/device/device_kv_pool.h"
 #include "worker/device/device_weights.h"
 #include "worker/model/weights.h"
+#include "worker/worker.h"
 
 namespace snap {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool grouped(const EngineConfig& cfg) { return cfg.comm != nullptr && cfg.comm->group_size() > 1; }
+
+// One rank's device side of the engine: its shard of the model on its GPU, the KV pool of its
+// KV heads, the exchange (tp > 1) and the forward.
+struct DeviceShard {
+  std::unique_ptr<LoadedModel> model;
+  std::unique_ptr<DeviceWeights> weights;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<DeviceKvPool> pool;
+  std::unique_ptr<DeviceExchange> exchange;
+  std::unique_ptr<DeviceForward> fwd;
+
+  DeviceShard() = default;
+  DeviceShard(const DeviceShard&) = delete;
+  DeviceShard& operator=(const DeviceShard&) = delete;
+  ~DeviceShard() {
+    fwd.reset();
+    exchange.reset();
+    pool.reset();
+    weights.reset();
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  Status open(const DeviceSpec& spec, const EngineConfig& cfg) {
+    SNAP_RETURN_IF_ERROR(check_device(spec));
+    LoadOptions opts;  // dequantized at load; bf16 on the host too (the device stores bf16)
+    opts.keep_quantized = false;
+    opts.weight_dtype = DType::bf16;
+    if (grouped(cfg)) {
+      opts.tp_rank = cfg.comm->group_rank();
+      opts.tp_size = cfg.comm->group_size();
+    }
+    SNAP_ASSIGN_OR_RETURN(LoadedModel m, load_model(cfg.model_path, opts));
+    model = std::make_unique<LoadedModel>(std::move(m));
+    SNAP_RETURN_IF_ERROR(device_supports(model->config, spec.name()));
+    SNAP_ASSIGN_OR_RETURN(weights, DeviceWeights::upload(*model));
+    const cudaError_t e = cudaStreamCreate(&stream);
+    if (e != cudaSuccess) return unavailable("--device " + spec.name() + ": cudaStreamCreate: " + cudaGetErrorString(e));
+    const ModelConfig& c = model->config;
+    const DeviceKvShape shape{c.num_layers, weights->shard.num_kv_heads, c.head_dim, cfg.kv_block_size};
+    SNAP_ASSIGN_OR_RETURN(pool, DeviceKvPool::create(shape, cfg.kv_cache_bytes, stream));
+    if (grouped(cfg))
+      exchange = std::make_unique<DeviceExchange>(cfg.device_exchange ? *cfg.device_exchange : *cfg.comm, stream);
+    fwd = std::make_unique<DeviceForward>(c, *weights, *pool, exchange.get());
+    return Status::ok_status();
+  }
+
+  // Loads on every rank; with a group, no rank goes on alone (agree_on_load), and the
+  // exchange's collective timeout is armed once all have loaded.
+  Status open_agreed(const DeviceSpec& spec, const EngineConfig& cfg) {
+    Status st = open(spec, cfg);
+    if (!grouped(cfg)) return st;
+    SNAP_RETURN_IF_ERROR(agree_on_load(cfg.comm, st));
+    if (cfg.device_exchange) cfg.device_exchange->arm_collective_timeout();  // agree_on_load armed cfg.comm
+    return Status::ok_status();
+  }
+};
+
+// What each rank reports to rank 0 (the `report` op): int64 fields, gathered as f32 pairs
+// (the gather copies bits).
+struct RankDeviceReport {
+  int64_t weights = 0, pool_used = 0, pool_free = 0, pool_peak = 0, scratch = 0, in_use = 0, total = 0, rss = 0;
+  int64_t all_reduce_bytes = 0, all_gather_bytes = 0, broadcast_bytes = 0;
+  int64_t all_reduce_us = 0, all_gather_us = 0, broadcast_us = 0;
+};
+constexpr int k_report_floats = sizeof(RankDeviceReport) / sizeof(float);
+
+// The forward's exchange counters and the lockstep's broadcasts (on the launcher's
+// communicator), without the reports' own gathers when both are one communicator.
+RankDeviceReport local_report(const DeviceShard& d, const comm::Communicator* control, int64_t peak_blocks,
+                              int64_t reports_before) {
+  RankDeviceReport r;
+  const int64_t bb = d.pool->block_bytes();
+  r.weights = d.weights->bytes;
+  r.pool_used = d.pool->used_blocks() * bb;
+  r.pool_free = d.pool->free_blocks() * bb;
+  r.pool_peak = std::max(peak_blocks, d.pool->peak_used_blocks()) * bb;
+  r.scratch = d.fwd->scratch_bytes();
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+    r.in_use = static_cast<int64_t>(total_b - free_b);
+    r.total = static_cast<int64_t>(total_b);
+  }
+  r.rss = current_rss_bytes();
+  if (control == nullptr) return r;  // one process: no exchange
+  const comm::Communicator& ex = d.exchange ? d.exchange->comm() : *control;
+  const comm::CommStats xs = ex.stats(), cs = control->stats();
+  r.all_reduce_bytes = xs[comm::CommOp::all_reduce_sum].bytes;
+  r.all_gather_bytes = xs[comm::CommOp::all_gather].bytes;
+  if (&ex == control) r.all_gather_bytes -= reports_before * static_cast<int64_t>(sizeof(RankDeviceReport));
+  r.broadcast_bytes = cs[comm::CommOp::broadcast].bytes;
+  r.all_reduce_us = static_cast<int64_t>(xs[comm::CommOp::all_reduce_sum].seconds * 1e6);
+  r.all_gather_us = static_cast<int64_t>(xs[comm::CommOp::all_gather].seconds * 1e6);
+  r.broadcast_us = static_cast<int64_t>(cs[comm::CommOp::broadcast].seconds * 1e6);
+  return r;
+}
+
+Status gather_reports(const DeviceShard& d, comm::Communicator& control, int64_t peak_blocks, int64_t* reports,
+                      std::vector<RankDeviceReport>* all) {
+  RankDeviceReport mine = local_report(d, &control, peak_blocks, *reports);
+  all->assign(static_cast<size_t>(control.group_size()), RankDeviceReport{});
+  SNAP_RETURN_IF_ERROR(control.all_gather(&mine, all->data(), k_report_floats, DType::f32));
+  ++*reports;
+  return Status::ok_status();
+}
 
 struct DevSeq : TokenStream {
   uint64_t id = 0;
@@ -54,34 +175,21 @@ class DeviceEngine final : public Engine {
  public:
   DeviceEngine(const DeviceSpec& spec, const EngineConfig& cfg, ServerMetrics* metrics)
       : spec_(spec), cfg_(cfg), metrics_(metrics) {}
-  ~DeviceEngine() override {
-    shutdown(0);
-    fwd_.reset();
-    pool_.reset();
-    weights_.reset();
-    if (stream_) cudaStreamDestroy(stream_);
-  }
+  ~DeviceEngine() override { shutdown(0); }
 
   Status init() {
-    if (cfg_.comm && cfg_.comm->group_size() > 1)
-      return unimplemented("--device " + spec_.name() + " runs one GPU; tensor parallelism is CPU-only for now");
     if (cfg_.kv_block_size != 16) return invalid_argument("the device KV pool has 16-token blocks");
-    SNAP_RETURN_IF_ERROR(check_device(spec_));
-    LoadOptions opts;  // dequantized at load; bf16 on the host too (the device stores bf16)
-    opts.keep_quantized = false;
-    opts.weight_dtype = DType::bf16;
-    SNAP_ASSIGN_OR_RETURN(LoadedModel model, load_model(cfg_.model_path, opts));
-    model_ = std::make_unique<LoadedModel>(std::move(model));
-    SNAP_RETURN_IF_ERROR(device_supports(model_->config, spec_.name()));
+    if (grouped(cfg_) && cfg_.comm->group_rank() != 0)
+      return internal_error("the device engine runs on tp rank 0; the others run run_device_engine_follower");
+    SNAP_RETURN_IF_ERROR(shard_.open_agreed(spec_, cfg_));
+    model_ = shard_.model.get();
+    weights_ = shard_.weights.get();
+    pool_ = shard_.pool.get();
+    fwd_ = shard_.fwd.get();
+    kvh_ = weights_->shard.num_kv_heads;
     SNAP_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load_for_model(cfg_.model_path));
     tokenizer_ = std::make_unique<Tokenizer>(std::move(tok));
-    SNAP_ASSIGN_OR_RETURN(weights_, DeviceWeights::upload(*model_));
-    const cudaError_t e = cudaStreamCreate(&stream_);
-    if (e != cudaSuccess) return unavailable("--device " + spec_.name() + ": cudaStreamCreate: " + cudaGetErrorString(e));
     const ModelConfig& c = model_->config;
-    const DeviceKvShape shape{c.num_layers, c.num_kv_heads, c.head_dim, cfg_.kv_block_size};
-    SNAP_ASSIGN_OR_RETURN(pool_, DeviceKvPool::create(shape, cfg_.kv_cache_bytes, stream_));
-    fwd_ = std::make_unique<DeviceForward>(c, *weights_, *pool_);
     context_ = c.max_position > 0 ? c.max_position : (int64_t{1} << 30);
     max_prompt_ = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, context_) : context_;
     max_tokens_limit_ = cfg_.max_tokens_limit > 0 ? cfg_.max_tokens_limit : context_;
@@ -95,9 +203,14 @@ class DeviceEngine final : public Engine {
     for (int32_t id : c.eos_token_ids) eos_.push_back(id);
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, spec_.ordinal) == cudaSuccess) device_name_ = prop.name;
-    std::fprintf(stderr, "snapserve: --device %s (%s): weights %.1f MiB bf16, KV pool %lld blocks of %lld bytes\n",
+    std::fprintf(stderr, "snapserve: --device %s (%s): weights %.1f MiB bf16, KV pool %lld blocks of %lld bytes%s\n",
                  spec_.name().c_str(), device_name_.c_str(), weights_->bytes / 1048576.0,
-                 static_cast<long long>(pool_->num_blocks()), static_cast<long long>(pool_->block_bytes()));
+                 static_cast<long long>(pool_->num_blocks()), static_cast<long long>(pool_->block_bytes()),
+                 grouped(cfg_) ? (", tensor parallel " + std::to_string(cfg_.comm->group_size()) + " ranks, exchange " +
+                                  (shard_.exchange->staged() ? std::string("host-staged over ") + cfg_.comm->backend_name()
+                                                             : std::string("nccl")) + "; rank 0 holds " +
+                                  weights_->shard.describe()).c_str()
+                                : "");
     alive_ = true;
     heartbeat_ = now_seconds();
     thread_ = std::thread([this] { loop(); });
@@ -141,6 +254,7 @@ class DeviceEngine final : public Engine {
       return invalid_argument("request needs " + std::to_string(need) + " device KV blocks at its peak but the pool has " +
                               std::to_string(pool_->num_blocks()) + " (shorten it, raise --kv-cache-mib, or use a compressing kv policy)");
     std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.load()) return unavailable("the tensor-parallel group failed: " + broken_why_);
     if (stopping_) {
       if (metrics_) metrics_->add_request_rejected("shutting_down");
       return unavailable("server is shutting down");
@@ -173,7 +287,9 @@ class DeviceEngine final : public Engine {
   const Tokenizer& tokenizer() const override { return *tokenizer_; }
   const ModelConfig& model_config() const override { return model_->config; }
   const std::string& model_name() const override { return name_; }
-  bool healthy() const override { return alive_.load() && now_seconds() - heartbeat_.load() < 30.0; }
+  bool healthy() const override {
+    return alive_.load() && !broken_.load() && now_seconds() - heartbeat_.load() < 30.0;
+  }
   EngineStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;
@@ -270,11 +386,62 @@ class DeviceEngine final : public Engine {
       expire_timeouts();
       admit();
       if (!running_.empty()) step();
+      if (broken_.load()) break;
       reap();
       publish_stats();
+      if (broken_.load()) break;
     }
-    publish_stats();
+    if (broken_.load()) {
+      fail_everything();
+    } else {
+      publish_stats();
+      DeviceOp bye;  // kind shutdown: the followers return
+      const Status st = tell(bye);
+      if (!st.ok()) std::fprintf(stderr, "snapserve: error: telling the tensor-parallel ranks to stop: %s\n", st.message().c_str());
+    }
     alive_ = false;
+  }
+
+  // --- tensor parallelism: the lockstep and the group's failure ----------------------------
+
+  // Sends `op` to the other ranks before rank 0 runs it (nothing alone).
+  Status tell(const DeviceOp& op) {
+    if (!grouped(cfg_)) return Status::ok_status();
+    std::vector<uint8_t> bytes = encode_device_op(op);
+    return cfg_.comm->broadcast_message(bytes, 0, "device op");
+  }
+
+  // A device operation failed: alone, only its sequence fails; in a group the ranks may no
+  // longer agree on their pools, so the group fails (the loop ends at the next check).
+  void op_failed(DevSeq& s, const Status& st) {
+    if (grouped(cfg_)) return group_failure(st);
+    fail(s, st);
+  }
+
+  void group_failure(const Status& st) {
+    bool expected = false;
+    if (!broken_.compare_exchange_strong(expected, true)) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken_why_ = st.message();
+    }
+    std::fprintf(stderr, "snapserve: error: the tensor-parallel group failed: %s\n", st.message().c_str());
+    if (cfg_.on_group_failure) cfg_.on_group_failure(st.message());
+  }
+
+  // After a group failure: every open request ends with an unavailable error; nothing is sent
+  // to the other ranks (they may be gone) and the device pool is left as it is.
+  void fail_everything() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Status why = unavailable("the tensor-parallel group failed: " + broken_why_);
+    for (auto* list : {&incoming_, &waiting_, &running_}) {
+      for (auto& s : *list) {
+        s->error = why;
+        s->pool_seq = -1;  // not released: the followers cannot repeat it
+        finish(*s, "error");
+      }
+      list->clear();
+    }
   }
 
   // Caller holds mu_.
@@ -356,6 +523,12 @@ class DeviceEngine final : public Engine {
     if (s.layerwise) return run_layerwise_prefill(s);
     if (s.pool_seq < 0) {
       s.pool_seq = pool_->add_sequence();
+      DeviceOp op;
+      op.kind = DeviceOpKind::open;
+      op.seq = s.pool_seq;
+      op.policy = policy;
+      op.compress_at = s.compress_at;
+      if (Status st = tell(op); !st.ok()) return group_failure(st);
       s.window = fwd_->prepare_compression(policy, s.compress_at);
     }
     // A chunk never crosses the compression point, and the one ending there holds >= window rows.
@@ -365,14 +538,27 @@ class DeviceEngine final : public Engine {
     int64_t len = std::min(cfg_.prefill_chunk, rem);
     if (rem > std::max<int64_t>(cfg_.prefill_chunk, tail) && rem - len < tail) len = rem - tail;
     if (rem <= std::max<int64_t>(cfg_.prefill_chunk, tail)) len = rem;
-    Status st = fwd_->forward(s.pool_seq, s.req.prompt_ids.data() + s.prefilled, len, s.logits.data(), false, nullptr);
-    if (!st.ok()) return fail(s, st);
+    DeviceOp op;
+    op.kind = DeviceOpKind::forward;
+    op.seq = s.pool_seq;
+    op.tokens.assign(s.req.prompt_ids.begin() + s.prefilled, s.req.prompt_ids.begin() + s.prefilled + len);
+    Status st = tell(op);
+    if (!st.ok()) return group_failure(st);
+    st = fwd_->forward(s.pool_seq, op.tokens.data(), len, s.logits.data(), false, nullptr);
+    if (!st.ok()) return op_failed(s, st);
     s.prefilled += len;
     if (policy.kind != KvPolicyKind::full && !s.compressed && s.prefilled == s.compress_at) {
       const double ts = now_seconds();
       std::vector<std::vector<std::vector<int32_t>>> kept;
+      DeviceOp cop;
+      cop.kind = DeviceOpKind::compress;
+      cop.seq = s.pool_seq;
+      cop.policy = policy;
+      cop.compress_at = s.compress_at;
+      st = tell(cop);
+      if (!st.ok()) return group_failure(st);
       st = fwd_->compress(s.pool_seq, policy, s.compress_at, &kept);
-      if (!st.ok()) return fail(s, st);
+      if (!st.ok()) return op_failed(s, st);
       s.compressed = true;
       if (metrics_) metrics_->observe_snapkv_selection(now_seconds() - ts);
       const int64_t after = after_compression_blocks(s.req);
@@ -396,9 +582,16 @@ class DeviceEngine final : public Engine {
     s.pool_seq = pool_->add_sequence();
     std::vector<std::vector<std::vector<int32_t>>> kept;
     const double ts = now_seconds();
+    DeviceOp op;  // opens the sequence on the others too
+    op.kind = DeviceOpKind::layerwise;
+    op.seq = s.pool_seq;
+    op.tokens = s.req.prompt_ids;
+    op.chunk = cfg_.prefill_chunk;
+    op.policy = s.req.kv_policy;
+    if (Status st = tell(op); !st.ok()) return group_failure(st);
     const Status st = fwd_->prefill_layerwise(s.pool_seq, s.req.prompt_ids.data(), s.prompt_len(), cfg_.prefill_chunk,
                                               s.req.kv_policy, s.logits.data(), &kept);
-    if (!st.ok()) return fail(s, st);
+    if (!st.ok()) return op_failed(s, st);
     s.prefilled = s.prompt_len();
     s.compressed = true;
     if (metrics_) metrics_->observe_snapkv_selection(now_seconds() - ts);
@@ -423,7 +616,14 @@ class DeviceEngine final : public Engine {
       tokens[b] = rows[b]->next_token;
     }
     batch_logits_.resize(static_cast<size_t>(n * vocab));
-    const Status st = fwd_->decode_batch(seqs.data(), tokens.data(), n, batch_logits_.data(), nullptr);
+    DeviceOp op;
+    op.kind = DeviceOpKind::decode;
+    op.seqs = seqs;
+    op.tokens = tokens;
+    Status st = tell(op);
+    if (!st.ok()) return group_failure(st);
+    st = fwd_->decode_batch(seqs.data(), tokens.data(), n, batch_logits_.data(), nullptr);
+    if (!st.ok() && grouped(cfg_)) return group_failure(st);
     for (int64_t b = 0; b < n; ++b) {
       if (!st.ok()) {
         fail(*rows[b], st);
@@ -469,11 +669,16 @@ class DeviceEngine final : public Engine {
     if (s.pool_seq >= 0) {
       ev.kv_resident_bytes = pool_->resident_bytes(s.pool_seq);
       ev.kv_full_equivalent_bytes = pool_->full_equivalent_bytes(s.pool_seq);
+      DeviceOp op;
+      op.kind = DeviceOpKind::release;
+      op.seq = s.pool_seq;
+      op.disarm = s.prefilling();
+      if (Status told = tell(op); !told.ok()) group_failure(told);
       const Status st = pool_->release(s.pool_seq);
       if (!st.ok()) std::fprintf(stderr, "snapserve: error: releasing device sequence: %s\n", st.message().c_str());
       s.pool_seq = -1;
       // A sequence cancelled during its prefill leaves the forward's capture armed: disarm it.
-      if (s.prefilling()) fwd_->prepare_compression(KvPolicy{}, 0);
+      if (op.disarm) fwd_->prepare_compression(KvPolicy{}, 0);
     }
     reserved_blocks_ -= s.reserved_blocks;
     s.reserved_blocks = 0;
@@ -492,7 +697,7 @@ class DeviceEngine final : public Engine {
   }
 
   void publish_stats() {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     const int64_t used = pool_->used_blocks();
     peak_blocks_ = std::max(peak_blocks_, used);
     stats_.running = static_cast<int64_t>(running_.size());
@@ -512,27 +717,61 @@ class DeviceEngine final : public Engine {
     metrics_->set_kv_cache_resident_bytes(0, used * bb);
     metrics_->set_kv_cache_full_equivalent_bytes(0, full);
     metrics_->set_process_resident_memory_bytes(0, current_rss_bytes());
-    metrics_->set_device_memory_bytes(0, "kv_pool_used", used * bb);
-    metrics_->set_device_memory_bytes(0, "kv_pool_free", pool_->free_blocks() * bb);
-    metrics_->set_device_memory_bytes(0, "kv_pool_peak", peak_blocks_ * bb);
-    metrics_->set_device_memory_bytes(0, "weights", weights_->bytes);
-    metrics_->set_device_memory_bytes(0, "scratch", fwd_->scratch_bytes());
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
-      metrics_->set_device_memory_bytes(0, "in_use", static_cast<int64_t>(total_b - free_b));
-      metrics_->set_device_memory_bytes(0, "total", static_cast<int64_t>(total_b));
+    if (!grouped(cfg_)) {
+      set_rank_metrics(0, local_report(shard_, nullptr, peak_blocks_, 0), false);
+      return;
     }
+    // The group's, about once a second: one `report` op (an all_gather over the launcher's
+    // communicator, outside mu_: submit() must not wait for the other ranks).
+    const double now = now_seconds();
+    if (now - last_report_ < 1.0) return;
+    last_report_ = now;
+    lock.unlock();
+    DeviceOp op;
+    op.kind = DeviceOpKind::report;
+    std::vector<RankDeviceReport> all;
+    Status st = tell(op);
+    if (st.ok()) st = gather_reports(shard_, *cfg_.comm, peak_blocks_, &reports_, &all);
+    if (!st.ok()) return group_failure(st);
+    for (size_t r = 0; r < all.size(); ++r) set_rank_metrics(static_cast<int>(r), all[r], true);
+  }
+
+  // Rank r's gauges and counters on /metrics (counters: what is new since its last report).
+  void set_rank_metrics(int r, const RankDeviceReport& rep, bool with_comm) {
+    metrics_->set_device_memory_bytes(r, "kv_pool_used", rep.pool_used);
+    metrics_->set_device_memory_bytes(r, "kv_pool_free", rep.pool_free);
+    metrics_->set_device_memory_bytes(r, "kv_pool_peak", rep.pool_peak);
+    metrics_->set_device_memory_bytes(r, "weights", rep.weights);
+    metrics_->set_device_memory_bytes(r, "scratch", rep.scratch);
+    if (rep.total > 0) {
+      metrics_->set_device_memory_bytes(r, "in_use", rep.in_use);
+      metrics_->set_device_memory_bytes(r, "total", rep.total);
+    }
+    if (!with_comm) return;
+    metrics_->set_kv_cache_resident_bytes(r, rep.pool_used);
+    metrics_->set_process_resident_memory_bytes(r, rep.rss);
+    metrics_->set_rank_last_report_time(r, std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+    if (reported_.size() <= static_cast<size_t>(r)) reported_.resize(static_cast<size_t>(r) + 1);
+    RankDeviceReport& last = reported_[static_cast<size_t>(r)];
+    metrics_->add_comm_bytes(r, "all_reduce", rep.all_reduce_bytes - last.all_reduce_bytes);
+    metrics_->add_comm_bytes(r, "all_gather", rep.all_gather_bytes - last.all_gather_bytes);
+    metrics_->add_comm_bytes(r, "broadcast", rep.broadcast_bytes - last.broadcast_bytes);
+    metrics_->add_comm_seconds(r, "all_reduce", (rep.all_reduce_us - last.all_reduce_us) * 1e-6);
+    metrics_->add_comm_seconds(r, "all_gather", (rep.all_gather_us - last.all_gather_us) * 1e-6);
+    metrics_->add_comm_seconds(r, "broadcast", (rep.broadcast_us - last.broadcast_us) * 1e-6);
+    last = rep;
   }
 
   DeviceSpec spec_;
   EngineConfig cfg_;
   ServerMetrics* metrics_;
-  std::unique_ptr<LoadedModel> model_;
+  DeviceShard shard_;  // this rank's model, weights, pool, exchange and forward; the four below
+  const LoadedModel* model_ = nullptr;
+  const DeviceWeights* weights_ = nullptr;
+  DeviceKvPool* pool_ = nullptr;
+  DeviceForward* fwd_ = nullptr;
+  int64_t kvh_ = 0;  // this rank's KV heads (the model's alone)
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<DeviceWeights> weights_;
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<DeviceKvPool> pool_;
-  std::unique_ptr<DeviceForward> fwd_;
   std::string name_, device_name_ = "?";
   std::vector<int32_t> eos_;
   std::vector<float> batch_logits_;  // [decode rows, vocab]
@@ -548,11 +787,68 @@ class DeviceEngine final : public Engine {
   double stop_deadline_ = 0;
   EngineStats stats_;
   std::atomic<bool> alive_{false};
+  std::atomic<bool> broken_{false};  // the tensor-parallel group failed
+  std::string broken_why_;           // under mu_
+  double last_report_ = -1e9;        // the last `report` op (engine thread)
+  int64_t reports_ = 0;              // reports gathered
+  std::vector<RankDeviceReport> reported_;  // last report per rank (counter deltas)
   std::atomic<double> heartbeat_{0};
   std::thread thread_;
 };
 
 }  // namespace
+
+// A tensor-parallel rank other than 0: its shard, then rank 0's DeviceOps in order until the
+// shutdown op. Any failure ends it (rank 0 then fails the group at its next exchange).
+Status run_device_engine_follower(const DeviceSpec& spec, const EngineConfig& cfg) {
+  if (!grouped(cfg) || cfg.comm->group_rank() == 0)
+    return internal_error("run_device_engine_follower: only tp ranks other than 0 follow");
+  if (cfg.kv_block_size != 16) return invalid_argument("the device KV pool has 16-token blocks");
+  DeviceShard d;
+  SNAP_RETURN_IF_ERROR(d.open_agreed(spec, cfg));
+  int64_t reports = 0;
+  std::vector<RankDeviceReport> all;
+  const auto check_opened = [](int32_t got, int32_t want) {
+    return got == want ? Status::ok_status()
+                       : internal_error("device op: this rank's pool opened sequence " + std::to_string(got) +
+                                        " where rank 0's opened " + std::to_string(want) + ": the ranks' pools disagree");
+  };
+  for (;;) {
+    std::vector<uint8_t> bytes;
+    SNAP_RETURN_IF_ERROR(cfg.comm->broadcast_message(bytes, 0, "device op"));
+    SNAP_ASSIGN_OR_RETURN(DeviceOp op, decode_device_op(bytes));
+    const int64_t n = static_cast<int64_t>(op.tokens.size());
+    switch (op.kind) {
+      case DeviceOpKind::shutdown:
+        return Status::ok_status();
+      case DeviceOpKind::open:
+        SNAP_RETURN_IF_ERROR(check_opened(d.pool->add_sequence(), op.seq));
+        d.fwd->prepare_compression(op.policy, op.compress_at);
+        break;
+      case DeviceOpKind::forward:
+        SNAP_RETURN_IF_ERROR(d.fwd->forward(op.seq, op.tokens.data(), n, nullptr, false, nullptr));
+        break;
+      case DeviceOpKind::compress:
+        SNAP_RETURN_IF_ERROR(d.fwd->compress(op.seq, op.policy, op.compress_at, nullptr));
+        break;
+      case DeviceOpKind::layerwise:
+        SNAP_RETURN_IF_ERROR(check_opened(d.pool->add_sequence(), op.seq));
+        SNAP_RETURN_IF_ERROR(d.fwd->prefill_layerwise(op.seq, op.tokens.data(), n, op.chunk, op.policy, nullptr, nullptr));
+        break;
+      case DeviceOpKind::decode:
+        if (op.seqs.size() != op.tokens.size()) return data_loss("device op: a decode with unequal sequences and tokens");
+        SNAP_RETURN_IF_ERROR(d.fwd->decode_batch(op.seqs.data(), op.tokens.data(), n, nullptr, nullptr));
+        break;
+      case DeviceOpKind::release:
+        SNAP_RETURN_IF_ERROR(d.pool->release(op.seq));
+        if (op.disarm) d.fwd->prepare_compression(KvPolicy{}, 0);
+        break;
+      case DeviceOpKind::report:
+        SNAP_RETURN_IF_ERROR(gather_reports(d, *cfg.comm, 0, &reports, &all));
+        break;
+    }
+  }
+}
 
 Result<std::unique_ptr<Engine>> open_device_engine(const DeviceSpec& spec, const EngineConfig& cfg, ServerMetrics* metrics) {
   if (spec.kind != DeviceKind::cuda) return invalid_argument("open_device_engine: " + spec.name() + " is not a device");

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/bootstrap.h"
 #include "common/sys.h"
 #include "coordinator/engine/device_request.h"
 #include "coordinator/engine/device_spec.h"
@@ -41,6 +42,12 @@
 namespace snap {
 
 bool build_has_cuda() { return true; }
+
+#if defined(SNAP_HOST_TWIN)  // kernels/cuda/host: "device" buffers are host memory NCCL cannot read
+bool device_nccl_usable() { return false; }
+#else
+bool device_nccl_usable() { return comm::nccl_compiled(); }
+#endif
 
 Status check_device(const DeviceSpec& spec) {
   if (spec.kind == DeviceKind::cpu) return {};

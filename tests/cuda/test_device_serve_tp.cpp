@@ -1,0 +1,269 @@
+// `snapserve serve --device cuda:0 --tp 2` end to end over HTTP: two ranks (--rank/--world-size/
+// --leader over TCP, as a LeaderWorkerSet starts them) sharing GPU 0 through the host-staged
+// exchange, on a random tiny-llama3 model (6 query heads, 2 KV heads: one per rank), against
+// one `serve --device cuda:0` process on the same model:
+//   - the same greedy texts, for requests alone and batched together, with the full cache and
+//     with every compressing policy (each rank compresses its own KV head) — but AdaKV, whose
+//     layer budget is shared among one rank's KV heads at tp > 1 (batched equals alone there);
+//   - /metrics: every rank's device memory (weights, KV pool used/free/peak), its exchange bytes
+//     and seconds, and the KV pool free again once the requests are done;
+//   - SIGTERM to rank 0 drains and stops both ranks (exit 0);
+//   - a rank that dies: rank 0 fails the group (requests get 503, the server exits 3) instead
+//     of hanging.
+// Built twice: against the CUDA runtime (exits 77 without a GPU) and against the host twin
+// (kernels/cuda/host, in CI), where the ranks run worker/device on the CPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/e2e/http_client.h"
+#include "tests/e2e/server_process.h"
+#include "tests/free_port.h"
+#include "tests/snapserve_binary.h"
+
+namespace snap {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using snap::testing::Reply;
+using snap::testing::ServerProcess;
+
+const std::string k_bin = snapserve_binary();
+
+// The value of a /metrics series, -1 when absent: name{labels} value, with every label given.
+double metric(const std::string& text, const std::string& name, const std::vector<std::string>& labels) {
+  std::string pattern = name + R"(\{)";
+  for (const std::string& l : labels) pattern += R"((?=[^}]*)" + l + ")";
+  pattern += R"([^}]*\} ([0-9.e+-]+))";
+  std::smatch m;
+  return std::regex_search(text, m, std::regex(pattern)) ? std::stod(m[1]) : -1.0;
+}
+
+std::string words(int n, int seed) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    s += 'w';
+    s += std::to_string((i * 7919 + seed) % 97);
+    s += ' ';
+  }
+  return s;
+}
+
+json completion(const std::string& prompt, int max_tokens, const json& kv = nullptr) {
+  json b = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
+  if (!kv.is_null()) b["kv_compression"] = kv;
+  return b;
+}
+
+// Rank 1 of a two-rank group, in the background; its exit code when it ends.
+class Follower {
+ public:
+  explicit Follower(std::vector<std::string> argv, const std::string& log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      FILE* f = std::fopen(log.c_str(), "w");
+      if (f) {
+        ::dup2(::fileno(f), 2);
+        ::dup2(::fileno(f), 1);
+      }
+      ::execv(args[0], args.data());
+      std::_Exit(127);
+    }
+  }
+  ~Follower() {
+    if (pid_ > 0 && wait(0) == -1) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  // The exit code (128 + signal when killed), or -1 when still running after wait_seconds.
+  int wait(double wait_seconds) {
+    if (done_) return rc_;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
+    for (;;) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        done_ = true;
+        rc_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return rc_;
+      }
+      if (std::chrono::steady_clock::now() >= until) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  void kill_now() { ::kill(pid_, SIGKILL); }
+
+ private:
+  pid_t pid_ = -1;
+  bool done_ = false;
+  int rc_ = -1;
+};
+
+class DeviceServeTp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("snap_devservetp_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    const std::string cmd = std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/make_random_model.py --shape tiny-llama3 " +
+                            "--dtype bf16 --seed 3 --out " + (dir_ / "m").string() + " >/dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  static std::vector<std::string> args() {
+    return {k_bin,         "serve",           "--device", "cuda:0", "--model", (dir_ / "m").string(), "--port", "0",
+            "--kv-cache-mib", "1", "--prefill-chunk", "64", "--shutdown-timeout", "30", "--collective-timeout", "10"};
+  }
+  static std::unique_ptr<ServerProcess> one() { return std::make_unique<ServerProcess>(args()); }
+
+  // Rank 1 first (it waits for rank 0 at the leader's port), then rank 0, which serves.
+  struct Group {
+    std::unique_ptr<Follower> rank1;
+    std::unique_ptr<ServerProcess> rank0;
+  };
+  static Group group(const std::string& tag) {
+    const std::string leader = "127.0.0.1:" + std::to_string(snap::testing::free_port());
+    std::vector<std::string> a = args();
+    for (const char* x : {"--tp", "2", "--tp-comm", "host", "--world-size", "2", "--leader"}) a.emplace_back(x);
+    a.push_back(leader);
+    Group g;
+    std::vector<std::string> r1 = a;
+    r1.push_back("--rank");
+    r1.push_back("1");
+    g.rank1 = std::make_unique<Follower>(r1, (dir_ / (tag + ".rank1.log")).string());
+    a.push_back("--rank");
+    a.push_back("0");
+    g.rank0 = std::make_unique<ServerProcess>(a);
+    return g;
+  }
+  static std::string rank1_log(const std::string& tag) { return snap::testing::slurp_file((dir_ / (tag + ".rank1.log")).string()); }
+
+  static std::string text(int port, const json& body) {
+    const Reply r = snap::testing::post(port, "/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body << r.error;
+    if (r.status != 200) return "<" + std::to_string(r.status) + ">";
+    return r.j()["choices"][0]["text"].get<std::string>();
+  }
+
+  static inline fs::path dir_;
+};
+
+TEST_F(DeviceServeTp, SameTextsAsOneGpuAloneAndBatched) {
+  const std::vector<std::string> prompts = {words(40, 1), words(90, 2), words(15, 3), words(120, 4)};
+  const std::vector<json> policies = {nullptr,
+                                      {{"policy", "snapkv"}, {"budget", 32}, {"window", 8}},
+                                      {{"policy", "adakv"}, {"budget", 32}, {"window", 8}},
+                                      {{"policy", "pyramidkv"}, {"budget", 32}, {"window", 8}},
+                                      {{"policy", "h2o"}, {"budget", 32}},
+                                      {{"policy", "streaming"}, {"budget", 32}},
+                                      {{"policy", "snapkv"}, {"budget", 32}, {"window", 8}, {"layerwise", true}}};
+  std::vector<std::string> expected;
+  {
+    auto single = one();
+    ASSERT_GT(single->port(), 0) << single->log();
+    for (const json& kv : policies)
+      for (const auto& p : prompts) expected.push_back(text(single->port(), completion(p, 12, kv)));
+    EXPECT_EQ(single->terminate(30), 0) << single->log();
+  }
+  Group g = group("texts");
+  ASSERT_GT(g.rank0->port(), 0) << g.rank0->log() << rank1_log("texts");
+  const int port = g.rank0->port();
+  EXPECT_NE(g.rank0->log().find("tensor parallel 2 ranks, exchange host-staged over tcp"), std::string::npos)
+      << g.rank0->log();
+  size_t at = 0;
+  for (const json& kv : policies) {
+    // Alone, then all prompts of the policy at once (continuous batching across the group).
+    // AdaKV shares a layer's budget among the KV heads of one rank (no score crosses ranks), so
+    // at tp 2 it selects otherwise than one process: there the group's own texts alone are
+    // the reference for its batched ones.
+    const bool per_rank = !kv.is_null() && kv["policy"] == "adakv";
+    for (const auto& p : prompts) {
+      const std::string t = text(port, completion(p, 12, kv));
+      std::string& want = expected[at + (&p - prompts.data())];
+      if (per_rank) {
+        EXPECT_EQ(snap::testing::post(port, "/v1/completions", completion(p, 12, kv)).j()["usage"]["completion_tokens"], 12);
+        want = t;
+      }
+      EXPECT_EQ(t, want) << kv;
+    }
+    std::vector<std::future<std::string>> together;
+    for (const auto& p : prompts)
+      together.push_back(std::async(std::launch::async, [&, p] { return text(port, completion(p, 12, kv)); }));
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(together[i].get(), expected[at + i]) << "batched " << kv;
+    at += prompts.size();
+  }
+  // /metrics: both ranks' device memory and exchange counters (a report about once a second).
+  std::string m;
+  for (int i = 0; i < 100; ++i) {
+    m = snap::testing::call(port, boost::beast::http::verb::get, "/metrics").body;
+    if (metric(m, "snapserve_device_memory_bytes", {"rank=\"1\"", "kind=\"kv_pool_used\""}) == 0 &&
+        metric(m, "snapserve_device_memory_bytes", {"rank=\"0\"", "kind=\"kv_pool_used\""}) == 0)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (const std::string rank : {"rank=\"0\"", "rank=\"1\""}) {
+    EXPECT_GT(metric(m, "snapserve_device_memory_bytes", {rank, "kind=\"weights\""}), 0) << rank << "\n" << m;
+    EXPECT_GT(metric(m, "snapserve_device_memory_bytes", {rank, "kind=\"kv_pool_free\""}), 0) << rank << "\n" << m;
+    EXPECT_GT(metric(m, "snapserve_device_memory_bytes", {rank, "kind=\"kv_pool_peak\""}), 0) << rank << "\n" << m;
+    EXPECT_EQ(metric(m, "snapserve_device_memory_bytes", {rank, "kind=\"kv_pool_used\""}), 0) << rank << "\n" << m;
+    EXPECT_GT(metric(m, "snapserve_comm_bytes_total", {rank, "op=\"all_reduce\""}), 0) << rank << "\n" << m;
+    EXPECT_GT(metric(m, "snapserve_comm_bytes_total", {rank, "op=\"all_gather\""}), 0) << rank << "\n" << m;
+  }
+  // Both ranks hold the same pool (same KV heads per rank): the same peak.
+  EXPECT_EQ(metric(m, "snapserve_device_memory_bytes", {"rank=\"0\"", "kind=\"kv_pool_peak\""}),
+            metric(m, "snapserve_device_memory_bytes", {"rank=\"1\"", "kind=\"kv_pool_peak\""}))
+      << m;
+  EXPECT_EQ(g.rank0->terminate(30), 0) << g.rank0->log();
+  EXPECT_EQ(g.rank1->wait(30), 0) << rank1_log("texts");
+}
+
+TEST_F(DeviceServeTp, DeadRankFailsTheGroupInsteadOfHanging) {
+  Group g = group("dead");
+  ASSERT_GT(g.rank0->port(), 0) << g.rank0->log() << rank1_log("dead");
+  const int port = g.rank0->port();
+  EXPECT_EQ(snap::testing::call(port, boost::beast::http::verb::get, "/health").status, 200);
+  EXPECT_FALSE(text(port, completion(words(30, 5), 4)).empty());
+  g.rank1->kill_now();
+  g.rank1->wait(10);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Reply r = snap::testing::post(port, "/v1/completions", completion(words(30, 6), 8));
+  EXPECT_EQ(r.status, 503) << r.body << r.error;
+  EXPECT_NE(r.body.find("tensor-parallel group failed"), std::string::npos) << r.body;
+  EXPECT_EQ(g.rank0->wait(30), 3) << g.rank0->log();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  EXPECT_NE(g.rank0->log().find("the tensor-parallel group failed"), std::string::npos) << g.rank0->log();
+}
+
+}  // namespace
+}  // namespace snap
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("test_device_serve_tp: no CUDA device (%s): skipped\n", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    return 77;
+  }
+  return RUN_ALL_TESTS();
+}
