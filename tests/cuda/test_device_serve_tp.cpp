@@ -9,7 +9,8 @@
 //     and seconds, and the KV pool free again once the requests are done;
 //   - SIGTERM to rank 0 drains and stops both ranks (exit 0);
 //   - a rank that dies: rank 0 fails the group (requests get 503, the server exits 3) instead
-//     of hanging.
+//     of hanging; one that hangs (SIGSTOP) with no collective timeout: rank 0's watchdog
+//     (--step-timeout) ends the server (exit 3) naming it.
 // Built twice: against the CUDA runtime (exits 77 without a GPU) and against the host twin
 // (kernels/cuda/host, in CI), where the ranks run worker/device on the CPU.
 #include <cuda_runtime.h>
@@ -109,6 +110,7 @@ class Follower {
     }
   }
   void kill_now() { ::kill(pid_, SIGKILL); }
+  void signal(int sig) { ::kill(pid_, sig); }
 
  private:
   pid_t pid_ = -1;
@@ -132,7 +134,7 @@ class DeviceServeTp : public ::testing::Test {
 
   static std::vector<std::string> args() {
     return {k_bin,         "serve",           "--device", "cuda:0", "--model", (dir_ / "m").string(), "--port", "0",
-            "--kv-cache-mib", "1", "--prefill-chunk", "64", "--shutdown-timeout", "30", "--collective-timeout", "10"};
+            "--kv-cache-mib", "1", "--prefill-chunk", "64", "--shutdown-timeout", "30"};
   }
   static std::unique_ptr<ServerProcess> one() { return std::make_unique<ServerProcess>(args()); }
 
@@ -141,9 +143,10 @@ class DeviceServeTp : public ::testing::Test {
     std::unique_ptr<Follower> rank1;
     std::unique_ptr<ServerProcess> rank0;
   };
-  static Group group(const std::string& tag) {
+  static Group group(const std::string& tag, const std::vector<std::string>& extra = {}) {
     const std::string leader = "127.0.0.1:" + std::to_string(snap::testing::free_port());
     std::vector<std::string> a = args();
+    a.insert(a.end(), extra.begin(), extra.end());
     for (const char* x : {"--tp", "2", "--tp-comm", "host", "--world-size", "2", "--leader"}) a.emplace_back(x);
     a.push_back(leader);
     Group g;
@@ -252,6 +255,27 @@ TEST_F(DeviceServeTp, DeadRankFailsTheGroupInsteadOfHanging) {
   EXPECT_EQ(g.rank0->wait(30), 3) << g.rank0->log();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
   EXPECT_NE(g.rank0->log().find("the tensor-parallel group failed"), std::string::npos) << g.rank0->log();
+}
+
+TEST_F(DeviceServeTp, HungRankEndsTheServerWithinTheStepTimeout) {
+  // No collective timeout: only the watchdog bounds the wait (as under mpirun, whose MPI has none).
+  Group g = group("hung", {"--step-timeout", "2", "--collective-timeout", "0"});
+  ASSERT_GT(g.rank0->port(), 0) << g.rank0->log() << rank1_log("hung");
+  const int port = g.rank0->port();
+  EXPECT_NE(g.rank0->log().find("tensor-parallel group of 2"), std::string::npos) << g.rank0->log();
+  EXPECT_FALSE(text(port, completion(words(30, 7), 4)).empty());
+  g.rank1->signal(SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto reply = std::async(std::launch::async, [&] { return snap::testing::post(port, "/v1/completions", completion(words(30, 8), 8)); });
+  EXPECT_EQ(g.rank0->wait(30), 3) << g.rank0->log();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 15.0);
+  EXPECT_NE(reply.get().status, 200);
+  EXPECT_NE(g.rank0->log().find("did not finish within its deadline"), std::string::npos) << g.rank0->log();
+  EXPECT_NE(g.rank0->log().find(") is stopped"), std::string::npos) << g.rank0->log();  // "rank 1 (pid N) is stopped"
+  EXPECT_NE(g.rank0->log().find("the tensor-parallel group failed"), std::string::npos) << g.rank0->log();
+  g.rank1->signal(SIGCONT);
+  g.rank1->kill_now();
 }
 
 }  // namespace

@@ -39,6 +39,7 @@
 #include "coordinator/engine/device_spec.h"
 #include "coordinator/engine/prefill_choice.h"
 #include "coordinator/scheduler/engine.h"
+#include "coordinator/scheduler/group_watchdog.h"
 #include "coordinator/scheduler/logits_processing.h"
 #include "coordinator/scheduler/token_stream.h"
 #include "coordinator/tokenizer/tokenizer.h"
@@ -119,6 +120,7 @@ struct RankDeviceReport {
   int64_t weights = 0, pool_used = 0, pool_free = 0, pool_peak = 0, scratch = 0, in_use = 0, total = 0, rss = 0;
   int64_t all_reduce_bytes = 0, all_gather_bytes = 0, broadcast_bytes = 0;
   int64_t all_reduce_us = 0, all_gather_us = 0, broadcast_us = 0;
+  int64_t pid = 0, host_id = 0;  // for rank 0's watchdog: a dead rank on its host is seen at once
 };
 constexpr int k_report_floats = sizeof(RankDeviceReport) / sizeof(float);
 
@@ -139,6 +141,8 @@ RankDeviceReport local_report(const DeviceShard& d, const comm::Communicator* co
     r.total = static_cast<int64_t>(total_b);
   }
   r.rss = current_rss_bytes();
+  r.pid = current_pid();
+  r.host_id = host_id();
   if (control == nullptr) return r;  // one process: no exchange
   const comm::Communicator& ex = d.exchange ? d.exchange->comm() : *control;
   const comm::CommStats xs = ex.stats(), cs = control->stats();
@@ -182,6 +186,30 @@ class DeviceEngine final : public Engine {
     if (grouped(cfg_) && cfg_.comm->group_rank() != 0)
       return internal_error("the device engine runs on tp rank 0; the others run run_device_engine_follower");
     SNAP_RETURN_IF_ERROR(shard_.open_agreed(spec_, cfg_));
+    if (grouped(cfg_)) {
+      // Every operation is armed with a deadline (--step-timeout plus its tokens' worth) and the
+      // ranks on this host are watched: a hung or dead rank fails the group instead of hanging
+      // it, whatever the communicator (MPI has no collective timeout).
+      watchdog_ = std::make_unique<GroupWatchdog>(cfg_.step_timeout_seconds,
+                                                  [this](const std::string& why) { group_failure(unavailable(why)); });
+      DeviceOp op;
+      op.kind = DeviceOpKind::report;
+      std::vector<RankDeviceReport> all;
+      Status st = tell(op);
+      if (st.ok()) st = gather_reports(shard_, *cfg_.comm, 0, &reports_, &all);
+      if (watchdog_) watchdog_->disarm();
+      if (!st.ok()) return st;
+      std::vector<GroupPeer> peers;
+      std::string who;
+      for (size_t r = 1; r < all.size(); ++r) {
+        const bool here = all[r].host_id == all[0].host_id;
+        peers.push_back({static_cast<int>(r), all[r].pid, here});
+        who += ", rank " + std::to_string(r) + " pid " + std::to_string(all[r].pid) + (here ? " (this host)" : "");
+      }
+      watchdog_->set_peers(std::move(peers));
+      std::fprintf(stderr, "snapserve: tensor-parallel group of %zu: rank 0 pid %lld%s; step timeout %.1f s\n",
+                   all.size(), static_cast<long long>(current_pid()), who.c_str(), cfg_.step_timeout_seconds);
+    }
     model_ = shard_.model.get();
     weights_ = shard_.weights.get();
     pool_ = shard_.pool.get();
@@ -254,7 +282,7 @@ class DeviceEngine final : public Engine {
       return invalid_argument("request needs " + std::to_string(need) + " device KV blocks at its peak but the pool has " +
                               std::to_string(pool_->num_blocks()) + " (shorten it, raise --kv-cache-mib, or use a compressing kv policy)");
     std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.load()) return unavailable("the tensor-parallel group failed: " + broken_why_);
+    if (broken_.load()) return unavailable("the tensor-parallel group failed: " + why());
     if (stopping_) {
       if (metrics_) metrics_->add_request_rejected("shutting_down");
       return unavailable("server is shutting down");
@@ -359,6 +387,7 @@ class DeviceEngine final : public Engine {
     cudaSetDevice(spec_.ordinal);  // this thread drives the device
     while (true) {
       bool exit_loop = false;
+      if (watchdog_) watchdog_->disarm();  // the last operation returned; idle waits have no deadline
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
@@ -395,6 +424,7 @@ class DeviceEngine final : public Engine {
       fail_everything();
     } else {
       publish_stats();
+      watchdog_.reset();  // the followers are about to exit on purpose
       DeviceOp bye;  // kind shutdown: the followers return
       const Status st = tell(bye);
       if (!st.ok()) std::fprintf(stderr, "snapserve: error: telling the tensor-parallel ranks to stop: %s\n", st.message().c_str());
@@ -407,6 +437,12 @@ class DeviceEngine final : public Engine {
   // Sends `op` to the other ranks before rank 0 runs it (nothing alone).
   Status tell(const DeviceOp& op) {
     if (!grouped(cfg_)) return Status::ok_status();
+    if (broken_.load()) return unavailable("the tensor-parallel group failed");
+    if (watchdog_) {  // the previous operation has returned (one scheduler thread)
+      watchdog_->disarm();
+      const bool rows = op.kind == DeviceOpKind::decode;
+      watchdog_->arm(rows ? static_cast<int64_t>(op.seqs.size()) : static_cast<int64_t>(op.tokens.size()));
+    }
     std::vector<uint8_t> bytes = encode_device_op(op);
     return cfg_.comm->broadcast_message(bytes, 0, "device op");
   }
@@ -418,12 +454,15 @@ class DeviceEngine final : public Engine {
     fail(s, st);
   }
 
+  // From the scheduler thread or the watchdog's: touches no request (the scheduler may be
+  // inside an operation, holding mu_); the scheduler fails them if it gets back, and the
+  // serving process exits (on_group_failure) either way.
   void group_failure(const Status& st) {
-    bool expected = false;
-    if (!broken_.compare_exchange_strong(expected, true)) return;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(why_mu_);
+      if (broken_.load()) return;
       broken_why_ = st.message();
+      broken_ = true;
     }
     std::fprintf(stderr, "snapserve: error: the tensor-parallel group failed: %s\n", st.message().c_str());
     if (cfg_.on_group_failure) cfg_.on_group_failure(st.message());
@@ -431,12 +470,17 @@ class DeviceEngine final : public Engine {
 
   // After a group failure: every open request ends with an unavailable error; nothing is sent
   // to the other ranks (they may be gone) and the device pool is left as it is.
+  std::string why() const {
+    std::lock_guard<std::mutex> lock(why_mu_);
+    return broken_why_;
+  }
+
   void fail_everything() {
     std::lock_guard<std::mutex> lock(mu_);
-    const Status why = unavailable("the tensor-parallel group failed: " + broken_why_);
+    const Status failed = unavailable("the tensor-parallel group failed: " + why());
     for (auto* list : {&incoming_, &waiting_, &running_}) {
       for (auto& s : *list) {
-        s->error = why;
+        s->error = failed;
         s->pool_seq = -1;  // not released: the followers cannot repeat it
         finish(*s, "error");
       }
@@ -788,7 +832,9 @@ class DeviceEngine final : public Engine {
   EngineStats stats_;
   std::atomic<bool> alive_{false};
   std::atomic<bool> broken_{false};  // the tensor-parallel group failed
-  std::string broken_why_;           // under mu_
+  mutable std::mutex why_mu_;        // guards broken_why_ (never held with mu_ wanted after it)
+  std::string broken_why_;
+  std::unique_ptr<GroupWatchdog> watchdog_;  // with a group only
   double last_report_ = -1e9;        // the last `report` op (engine thread)
   int64_t reports_ = 0;              // reports gathered
   std::vector<RankDeviceReport> reported_;  // last report per rank (counter deltas)
