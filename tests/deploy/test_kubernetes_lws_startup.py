@@ -6,7 +6,10 @@ the controller would (LWS_LEADER_ADDRESS=127.0.0.1, LWS_GROUP_SIZE=size, LWS_WOR
 with SNAP_RENDEZVOUS_PORT moved to a free port. The leader must print its "serving" line, answer
 /health with 200 and one greedy /v1/completions exactly like a one-process server, and after SIGTERM
 to the leader every rank must exit 0 within 30 s. Exit 77 (skipped) without the model.
-Usage: test_kubernetes_lws_startup.py SNAPSERVE SOURCE_DIR
+OVERLAY (default lws-tp): lws-tp-gpu runs the GPU group (`serve --device cuda --tp 3`), with
+SNAPSERVE the host twin's binary (build/host_twin/snapserve: the device path on the CPU; it has no
+NCCL, so the exchange is staged over the TCP group as with --tp-comm host).
+Usage: test_kubernetes_lws_startup.py SNAPSERVE SOURCE_DIR [OVERLAY]
 """
 
 import json
@@ -25,6 +28,7 @@ import yaml
 
 BINARY = str(pathlib.Path(sys.argv[1]).resolve())
 SRC = pathlib.Path(sys.argv[2]).resolve()
+OVERLAY = sys.argv[3] if len(sys.argv) > 3 else "lws-tp"
 MODEL = os.environ.get("SNAP_MODEL") or str(pathlib.Path.home() / ".cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf")
 READY_TIMEOUT_S = 300  # 3 ranks load their shards on 2 shared cores
 STOP_TIMEOUT_S = 30
@@ -48,12 +52,12 @@ def free_port():
 # --- the containers as the manifest describes them --------------------------------------
 
 def lws_from_manifest():
-    out = subprocess.run(["kubectl", "kustomize", str(SRC / "deploy/kubernetes/overlays/lws-tp")],
+    out = subprocess.run(["kubectl", "kustomize", str(SRC / "deploy/kubernetes/overlays" / OVERLAY)],
                          capture_output=True, text=True, check=True).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     lws = [d for d in docs if d.get("kind") == "LeaderWorkerSet"]
     if len(lws) != 1:
-        die(f"the lws-tp overlay renders {len(lws)} LeaderWorkerSets, expected 1")
+        die(f"the {OVERLAY} overlay renders {len(lws)} LeaderWorkerSets, expected 1")
     return lws[0]
 
 
@@ -210,7 +214,7 @@ def main():
         finally:
             for r in ranks:
                 r.kill()
-    print("test_k8s_lws_startup: passed")
+    print(f"test_k8s_lws_startup: {OVERLAY}: passed")
     return 0
 
 

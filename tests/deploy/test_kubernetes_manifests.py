@@ -42,7 +42,7 @@ def run_validate(docs, tmp, name):
 # --- the real manifests ----------------------------------------------------------
 
 overlays = sorted(d.name for d in (K8S / "overlays").iterdir() if (d / "kustomization.yaml").is_file())
-for required in ("cpu", "gpu", "lws-tp", "fetch-model"):
+for required in ("cpu", "gpu", "lws-tp", "lws-tp-gpu", "fetch-model"):
     if required not in overlays:
         fail(f"overlays/{required} is missing")
 real = subprocess.run(VALIDATE, capture_output=True, text=True)
@@ -54,6 +54,7 @@ for overlay in ["base"] + [f"overlays/{o}" for o in overlays]:
     if not any(line.startswith(f"ok   {overlay} ") for line in lines):
         fail(f"validate.py printed no document of {overlay}")
 for expected in ("overlays/lws-tp LeaderWorkerSet/snapserve-tp [schemas/leaderworkerset-v1.json]",
+                 "overlays/lws-tp-gpu LeaderWorkerSet/snapserve-tp [schemas/leaderworkerset-v1.json]",
                  "overlays/cpu ServiceMonitor/snapserve [schemas/servicemonitor-v1.json]",
                  "overlays/cpu Deployment/snapserve [kubernetes-validate 1.32 strict]",
                  "model-loader.yaml Pod/snapserve-model-loader [kubernetes-validate 1.32 strict]"):
@@ -65,6 +66,7 @@ for expected in ("overlays/lws-tp LeaderWorkerSet/snapserve-tp [schemas/leaderwo
 cpu = render("cpu")
 gpu = render("gpu")
 lws_docs = render("lws-tp")
+lws_gpu_docs = render("lws-tp-gpu")
 dep = find(cpu, "Deployment")
 c = dep["spec"]["template"]["spec"]["containers"][0]
 if c["command"] + c["args"][:5] != ["snapserve", "serve", "--host", "0.0.0.0", "--port", "8000"]:
@@ -81,6 +83,8 @@ if vols.get(mounts.get("/models"), {}).get("persistentVolumeClaim", {}).get("cla
 gc = find(gpu, "Deployment")["spec"]["template"]["spec"]["containers"][0]
 if str(gc["resources"]["limits"].get("nvidia.com/gpu")) != "1" or str(gc["resources"]["requests"].get("nvidia.com/gpu")) != "1":
     fail("gpu Deployment does not request and limit nvidia.com/gpu: 1")
+if gc["args"][:3] != ["serve", "--device", "cuda"] or not gc["image"].endswith(":cuda"):
+    fail(f"gpu Deployment does not run `serve --device cuda` on the cuda image: {gc['image']} {gc['args']}")
 lws = find(lws_docs, "LeaderWorkerSet")
 lwt = lws["spec"]["leaderWorkerTemplate"]
 if lwt.get("restartPolicy") != "RecreateGroupOnPodRestart":
@@ -92,6 +96,23 @@ for role in ("leaderTemplate", "workerTemplate"):
 worker = lwt["workerTemplate"]["spec"]["containers"][0]
 if any(p in worker for p in ("readinessProbe", "livenessProbe", "startupProbe")):
     fail("LeaderWorkerSet workers have probes (they serve no HTTP)")
+lwt_gpu = find(lws_gpu_docs, "LeaderWorkerSet")["spec"]["leaderWorkerTemplate"]
+for role in ("leaderTemplate", "workerTemplate"):
+    pod = lwt_gpu[role]["spec"]
+    gcont = pod["containers"][0]
+    args = gcont["args"]
+    if args[:3] != ["serve", "--device", "cuda"] or args[args.index("--tp") + 1] != str(lwt_gpu["size"]):
+        fail(f"lws-tp-gpu {role}: not `serve --device cuda --tp {lwt_gpu['size']}`: {args}")
+    if not gcont["image"].endswith(":cuda"):
+        fail(f"lws-tp-gpu {role}: image {gcont['image']} is not the cuda image")
+    for kind in ("requests", "limits"):
+        if str(gcont["resources"][kind].get("nvidia.com/gpu")) != "1":
+            fail(f"lws-tp-gpu {role}: {kind} nvidia.com/gpu is not 1")
+    if pod.get("nodeSelector", {}).get("nvidia.com/gpu.present") != "true":
+        fail(f"lws-tp-gpu {role}: not scheduled onto GPU nodes")
+leader_ports = [p["containerPort"] for p in lwt_gpu["leaderTemplate"]["spec"]["containers"][0]["ports"]]
+if 29518 not in leader_ports:
+    fail(f"lws-tp-gpu leader does not expose the NCCL id port 29518 (rendezvous + 1): {leader_ports}")
 svc = find(lws_docs, "Service")
 if svc["spec"]["selector"].get("leaderworkerset.sigs.k8s.io/worker-index") != "0":
     fail("lws-tp Service does not select the leader (worker-index 0) only")
@@ -137,7 +158,7 @@ def broken_cases():
 
 with tempfile.TemporaryDirectory() as tmp:
     # The unchanged renders, through the same file path, pass: the failures below are the edits'.
-    for name, docs in (("cpu", cpu), ("gpu", gpu), ("lws-tp", lws_docs)):
+    for name, docs in (("cpu", cpu), ("gpu", gpu), ("lws-tp", lws_docs), ("lws-tp-gpu", lws_gpu_docs)):
         r = run_validate(docs, tmp, f"unchanged-{name}")
         if r.returncode != 0:
             fail(f"unchanged {name} render failed as a file:\n{r.stdout}{r.stderr}")
