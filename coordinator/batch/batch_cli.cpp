@@ -334,6 +334,15 @@ BatchCommands add_batch_subcommand(CLI::App& app, BatchArgs& a) {
       ->check(CLI::IsMember({"full", "snapkv", "streaming", "h2o", "pyramidkv", "adakv"}));
   add_kv_options(b, a.kv);
   add_tp_options(b, a.parallel, "batch");
+  b->add_option("--device", a.device,
+                "Where the model runs: cpu (default; the reference) or cuda / cuda:N (serve's device engine: bf16 "
+                "weights and KV cache in a device pool of --kv-cache-mib; lines with n > 1 or echo logprobs get an "
+                "error record there). With --tp N (srun --mpi=pmix, mpirun, --rank/--world-size/--leader) each rank "
+                "holds its shard on its GPU (cuda = the rank's local rank)");
+  b->add_option("--tp-comm", a.tp_comm,
+                "With --device cuda and --tp N > 1: nccl (one GPU per rank), host (staged through the launcher's "
+                "communicator; ranks may share a GPU) or auto (default: nccl when this build has it)")
+      ->check(CLI::IsMember({"auto", "nccl", "host"}));
   b->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   b->add_option("--max-num-seqs", a.max_num_seqs, "Lines running at once (default 16)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -381,10 +390,19 @@ int run_batch(const BatchArgs& a) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  auto device = parse_device(a.device);
+  if (!device.ok()) return batch_fail(device.status().message());
+  const bool on_device = device->kind == DeviceKind::cuda;
+  if (on_device && !a.kv.dtype.empty() && a.kv.dtype != "bf16")
+    return batch_fail("--device " + device->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv.dtype + " is CPU-only");
   auto launch = start_tensor_parallel("batch", a.parallel);
   if (!launch.ok()) return batch_fail(launch.status().message());
   std::unique_ptr<comm::Communicator> comm = std::move(launch->comm);
-  if (!launch->world().is_leader()) return run_tp_worker(a.model, *comm);
+  // --device cuda: this rank's GPU, checked before the model is read; with --tp the exchange.
+  auto rank_device = open_rank_device(a.device, launch->launch, comm.get(), a.tp_comm, a.parallel.collective_timeout_s);
+  if (!rank_device.ok()) return batch_fail(rank_device.status().message());
+  std::unique_ptr<comm::Communicator> exchange = std::move(rank_device->exchange);
+  if (!launch->world().is_leader() && !on_device) return run_tp_worker(a.model, *comm);
 
   // Anything that fails before the engine exists must still release the workers: the
   // engine's creation is what they wait for, so the checks below come first only where a
@@ -428,6 +446,7 @@ int run_batch(const BatchArgs& a) {
 
   EngineConfig cfg;
   cfg.comm = comm.get();
+  cfg.device_exchange = exchange.get();
   cfg.model_path = a.model;
   cfg.threads = launch->threads;
   // A failed tensor-parallel group (a rank hung or died) ends the job at once, non-zero and
@@ -444,8 +463,13 @@ int run_batch(const BatchArgs& a) {
   cfg.prefill_chunk = a.prefill_chunk;
   cfg.max_prompt_tokens = a.max_model_len > 0 ? a.max_model_len - 1 : 0;
   cfg.max_tokens_limit = a.max_model_len;
+  if (on_device && !launch->world().is_leader()) {  // a device rank repeats rank 0's operations
+    const Status st = run_device_engine_follower(rank_device->spec, cfg);
+    if (!st.ok()) return batch_fail("rank " + std::to_string(launch->world().rank()) + ": " + st.message());
+    return 0;
+  }
   if (!early.ok() && !comm) return batch_fail(early.message());
-  auto engine_or = Engine::create(cfg, nullptr);
+  auto engine_or = on_device ? open_device_engine(rank_device->spec, cfg, nullptr) : Engine::create(cfg, nullptr);
   if (!engine_or.ok()) return batch_fail(engine_or.status().message());
   std::unique_ptr<Engine> engine = std::move(engine_or).value();
   if (!early.ok()) {

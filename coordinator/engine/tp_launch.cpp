@@ -67,4 +67,28 @@ Result<std::unique_ptr<comm::Communicator>> open_device_exchange(const comm::Lau
   return std::move(made).value();
 }
 
+Result<RankDevice> open_rank_device(const std::string& device_flag, const comm::LaunchInfo& launch,
+                                    const comm::Communicator* control, const std::string& tp_comm,
+                                    double collective_timeout_s) {
+  const comm::World& world = launch.world;
+  const auto on_rank = [&](const Status& st) {
+    return world.size() > 1 ? Status(st.code(), "rank " + std::to_string(world.rank()) + ": " + st.message()) : st;
+  };
+  SNAP_ASSIGN_OR_RETURN(DeviceSpec spec, parse_device(device_flag));
+  RankDevice d;
+  d.spec = spec;
+  if (spec.kind != DeviceKind::cuda) return d;
+  if (device_flag == "cuda" && world.size() > 1) {
+    auto local = device_for_local_rank(world.local_rank());
+    if (!local.ok()) return on_rank(local.status());
+    d.spec = *local;
+  }
+  if (Status st = check_device(d.spec); !st.ok()) return on_rank(st);
+  if (world.size() > 1 && control != nullptr) {
+    SNAP_ASSIGN_OR_RETURN(d.exchange, open_device_exchange(launch, *control, d.spec.ordinal, tp_comm, device_nccl_usable(),
+                                                           collective_timeout_s));
+  }
+  return d;
+}
+
 }  // namespace snap

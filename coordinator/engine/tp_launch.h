@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "comm/world.h"
 #include "common/status.h"
+#include "coordinator/engine/device_spec.h"
 
 namespace snap {
 
@@ -48,5 +49,17 @@ Result<std::unique_ptr<comm::Communicator>> open_device_exchange(const comm::Lau
                                                                   const comm::Communicator& control, int device_ordinal,
                                                                   const std::string& tp_comm, bool nccl_usable,
                                                                   double collective_timeout_s);
+
+// --device for the engine-based subcommands (serve, batch) on this rank: the device (with
+// tp > 1, `cuda` is the local rank's GPU), checked before any model is read, and the forward's
+// exchange (open_device_exchange; null: staged through `control`). Errors are one line,
+// prefixed "rank R: " in a group.
+struct RankDevice {
+  DeviceSpec spec;
+  std::unique_ptr<comm::Communicator> exchange;
+};
+Result<RankDevice> open_rank_device(const std::string& device_flag, const comm::LaunchInfo& launch,
+                                    const comm::Communicator* control, const std::string& tp_comm,
+                                    double collective_timeout_s);
 
 }  // namespace snap

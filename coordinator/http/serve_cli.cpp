@@ -245,25 +245,13 @@ int run_serve(const ServeArgs& a) {
   const int threads = launch->threads;
   // --device cuda: this rank's GPU (with --tp, `cuda` is the local rank's), checked before
   // anything is loaded; with --tp the forward's exchange (NCCL, or null: staged through comm).
-  DeviceSpec dev = *device;
-  std::unique_ptr<comm::Communicator> exchange;
+  auto rank_device = open_rank_device(a.device, launch->launch, comm.get(), a.tp_comm, a.parallel.collective_timeout_s);
+  if (!rank_device.ok()) return serve_fail(rank_device.status().message());
+  const DeviceSpec dev = rank_device->spec;
+  std::unique_ptr<comm::Communicator> exchange = std::move(rank_device->exchange);
   const auto on_rank = [&](const std::string& m) {
     return world->size() > 1 ? "rank " + std::to_string(world->rank()) + ": " + m : m;
   };
-  if (on_device) {
-    if (a.device == "cuda" && world->size() > 1) {
-      auto local = device_for_local_rank(world->local_rank());
-      if (!local.ok()) return serve_fail(on_rank(local.status().message()));
-      dev = *local;
-    }
-    if (Status st = check_device(dev); !st.ok()) return serve_fail(on_rank(st.message()));
-    if (world->size() > 1) {
-      auto ex = open_device_exchange(launch->launch, *comm, dev.ordinal, a.tp_comm, device_nccl_usable(),
-                                     a.parallel.collective_timeout_s);
-      if (!ex.ok()) return serve_fail(ex.status().message());
-      exchange = std::move(ex).value();
-    }
-  }
 
   EngineConfig cfg;
   cfg.comm = comm.get();

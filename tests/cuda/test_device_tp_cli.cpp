@@ -8,7 +8,9 @@
 //   - each rank's SnapKV selection (--dump-kv-selection FILE -> FILE.rank<r>) equals one
 //     process's for the same KV head, up to 2% of entries (near-ties at the cut-off);
 //   - the exchange's exact bytes: 2 all-reduces of hidden f32 per layer and token, and the
-//     vocabulary-parallel LM head's gather of 1000/2 f32 per sampled token.
+//     vocabulary-parallel LM head's gather of 1000/2 f32 per sampled token;
+//   - `batch --device cuda:0 --tp 2` (the serving engine's lockstep under the batch runner):
+//     every record's choices equal one process's.
 // Built twice: against the CUDA runtime (exits 77 without a GPU) and against the host twin
 // (kernels/cuda/host, in CI): there the two processes run worker/device on the CPU.
 #include <cuda_runtime.h>
@@ -24,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -212,6 +215,51 @@ TEST_F(DeviceTpCli, SnapKvPerRankSelectsWhatOneProcessSelects) {
               static_cast<long long>(total));
   ASSERT_GT(total, 0);
   EXPECT_LE(differ, k_selection_mismatch * total);
+}
+
+// `snapserve batch --device cuda:0 --tp 2` (what deploy/slurm/batch_tp.sbatch runs with
+// BATCH_DEVICE=cuda): the serving engine's lockstep under the batch runner; every record's
+// choices equal one process's (SnapKV lines included), and rank 1 exits 0.
+TEST_F(DeviceTpCli, BatchTwoProcessesEqualOne) {
+  {
+    std::ofstream in(dir_ / "batch.jsonl");
+    for (int i = 0; i < 6; ++i) {
+      // Strings appended piece by piece: GCC 12 misreads "c" + std::string&& (-Wrestrict).
+      std::string prompt = slurp(dir_ / "prompt.txt").substr(0, 200 + 40 * i);
+      prompt += " w";
+      prompt += std::to_string(i);
+      json body = {{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 0}, {"ignore_eos", true}};
+      if (i % 2 == 1) body["kv_compression"] = {{"policy", "snapkv"}, {"budget", 32}, {"window", 8}};
+      std::string id = "c";
+      id += std::to_string(i);
+      in << json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}}.dump() << "\n";
+    }
+  }
+  const std::string common = " batch --device cuda:0 --model " + (dir_ / "m").string() + " --input " +
+                             (dir_ / "batch.jsonl").string() + " --max-num-seqs 4";
+  ASSERT_EQ(sh("timeout 300 " + k_bin + common + " --output " + (dir_ / "b1.jsonl").string() + " > " +
+               (dir_ / "b1.log").string() + " 2>&1"),
+            0)
+      << slurp(dir_ / "b1.log");
+  const int port = snap::testing::free_port();
+  const std::string group = common + " --output " + (dir_ / "b2.jsonl").string() +
+                            " --tp 2 --tp-comm host --world-size 2 --leader 127.0.0.1:" + std::to_string(port);
+  const int rc = sh("(timeout 300 " + k_bin + group + " --rank 1 > " + (dir_ / "b2.r1").string() + " 2>&1 & p1=$!; timeout 300 " +
+                    k_bin + group + " --rank 0 > " + (dir_ / "b2.log").string() + " 2>&1; rc=$?; wait $p1 || rc=91; exit $rc)");
+  ASSERT_EQ(rc, 0) << slurp(dir_ / "b2.log") << slurp(dir_ / "b2.r1");
+  const auto records = [](const fs::path& p) {
+    std::map<std::string, json> out;
+    std::ifstream in(p);
+    for (std::string line; std::getline(in, line);) {
+      const json r = json::parse(line);
+      out[r["custom_id"].get<std::string>()] = r["response"]["body"]["choices"];
+    }
+    return out;
+  };
+  const auto one = records(dir_ / "b1.jsonl"), two = records(dir_ / "b2.jsonl");
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_EQ(two, one);
+  EXPECT_NE(slurp(dir_ / "b2.log").find("6 of 6 done"), std::string::npos) << slurp(dir_ / "b2.log");
 }
 
 }  // namespace

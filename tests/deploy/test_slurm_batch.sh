@@ -315,6 +315,40 @@ print(f"batch_tp: {len(tp)} records, {len(bad)} differ from one process {bad[:5]
 sys.exit(1 if bad or len(tp) != len(ref) else 0)
 EOF2
 
+# --- 6. batch_tp.sbatch on the device path: BATCH_DEVICE=cuda with the host twin's snapserve ----
+# (SNAP_HOST_TWIN_BIN, set by ctest in CUDA builds: worker/device on the CPU, kernels/cuda/host),
+# 3 ranks each holding its shard and KV heads "on its GPU", against one twin process outside
+# Slurm (bf16 weights and KV: the CPU reference above differs by design).
+device_note=""
+if [ -n "${SNAP_HOST_TWIN_BIN:-}" ] && [ -x "${SNAP_HOST_TWIN_BIN}" ]; then
+  twin=$(realpath "$SNAP_HOST_TWIN_BIN")
+  (cd "$work" && env -u SLURM_ARRAY_TASK_ID -u SLURM_ARRAY_TASK_MIN -u SLURM_ARRAY_TASK_COUNT \
+     timeout 300 "$twin" batch --device cuda:0 --model "$model" --input corpus.jsonl \
+     --output device_reference.jsonl --threads 1 $batch_args >"$work/logs/device_reference.log" 2>&1) ||
+    fail "the host twin's one-process batch failed: $(tail -3 "$work/logs/device_reference.log")"
+  dev_rc=0
+  (cd "$work" && SNAPSERVE_BIN=$twin SNAP_MODEL=$model BATCH_INPUT=corpus.jsonl BATCH_OUTPUT=device_tp.jsonl \
+     BATCH_THREADS=1 BATCH_DEVICE=cuda BATCH_ARGS="$batch_args --tp-comm host" \
+     timeout 300 sbatch --wait --parsable --ntasks=3 --overcommit --output="$work/logs/device-tp-%j.out" \
+     "$deploy/batch_tp.sbatch" >"$work/device_tp.jobid") || dev_rc=$?
+  [ "$dev_rc" -eq 0 ] || fail "batch_tp.sbatch on the host twin ended with $dev_rc: $(tail -5 "$work"/logs/device-tp-*.out)"
+  python3 - "$work" <<'EOF3' || fail "the device tensor-parallel records differ from one device process"
+import json, sys
+work = sys.argv[1]
+def load(p):
+    out = {}
+    for raw in open(p):
+        r = json.loads(raw)
+        out[r["line"]] = (r["custom_id"], r["error"] is None, (r["response"]["body"] or {}).get("choices"))
+    return out
+tp, ref = load(f"{work}/device_tp.jsonl"), load(f"{work}/device_reference.jsonl")
+bad = [k for k in ref if tp.get(k) != ref[k]]
+print(f"batch_tp --device cuda (host twin): {len(tp)} records, {len(bad)} differ from one device process {bad[:5]}")
+sys.exit(1 if bad or len(tp) != len(ref) else 0)
+EOF3
+  device_note="; batch_tp --device cuda on the host twin (3 ranks) equal to one device process"
+fi
+
 echo "test_slurm_batch: PASS: array $array_job (3 shards; task 1 SIGKILLed at $killed1 lines," \
      "task 2 cancelled at $killed2 lines; both requeued and resumed), merge $merge_job; batch_tp" \
-     "(3 ranks) equal to one process"
+     "(3 ranks) equal to one process$device_note"
