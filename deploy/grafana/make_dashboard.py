@@ -55,6 +55,14 @@ ERROR_RATIO = f"({HTTP_5XX} or {HTTP_ALL} * 0) / {HTTP_ALL}"
 
 REPORT_AGE = f'time() - {sel("snapserve_rank_last_report_timestamp_seconds", rank=True)}'
 
+
+def device_memory(kind):
+    return sel("snapserve_device_memory_bytes", rank=True, extra=f'kind="{kind}"')
+
+
+DEV_POOL_USED, DEV_POOL_FREE = device_memory("kv_pool_used"), device_memory("kv_pool_free")
+DEV_IN_USE, DEV_TOTAL = device_memory("in_use"), device_memory("total")
+
 # ---------------------------------------------------------------------------------------------
 # Panel table: (row title, [panels]); a panel is a dict with title, kind, unit, targets,
 # description and an optional width (24 columns per line) and thresholds.
@@ -179,6 +187,25 @@ ROWS = [
                [target(rate("snapserve_comm_bytes_total", rank=True, by=["rank", "op"]),
                        "rank {{rank}} {{op}}")],
                "Bytes per second sent by collectives on each rank.", width=12),
+    ]),
+    ("GPU (serve --device cuda)", [
+        series("GPU memory by rank", "bytes",
+               [target(sel("snapserve_device_memory_bytes", rank=True,
+                           extra='kind=~"weights|kv_pool_used|scratch|in_use"'),
+                       "{{instance}} rank {{rank}} {{kind}}")],
+               "Each rank's GPU: its weights (its shard under tensor parallelism), the KV blocks in "
+               "use, the forward's scratch, and all memory in use on the device (other processes "
+               "included)."),
+        series("Device KV pool used by rank", "percentunit",
+               [target(f"{DEV_POOL_USED} / ignoring(kind) ({DEV_POOL_USED} + ignoring(kind) {DEV_POOL_FREE})",
+                       "{{instance}} rank {{rank}}")],
+               "Share of each rank's device KV pool (--kv-cache-mib) in use; the ranks of a "
+               "tensor-parallel group hold the same blocks.",
+               thresholds=[(None, "green"), (0.9, "orange"), (0.98, "red")]),
+        series("GPU memory in use of total by rank", "percentunit",
+               [target(f"{DEV_IN_USE} / ignoring(kind) {DEV_TOTAL}", "{{instance}} rank {{rank}}")],
+               "Memory in use on each rank's GPU over its total (cudaMemGetInfo).",
+               thresholds=[(None, "green"), (0.95, "red")]),
     ]),
 ]
 

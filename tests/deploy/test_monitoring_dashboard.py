@@ -18,6 +18,7 @@ RANK_METRICS = {
     "snapserve_process_resident_memory_bytes", "snapserve_comm_bytes_total",
     "snapserve_comm_seconds_total", "snapserve_busy_seconds_total",
     "snapserve_step_latency_seconds", "snapserve_rank_last_report_timestamp_seconds",
+    "snapserve_device_memory_bytes",
 }
 SELECTOR = re.compile(r"\b(snapserve_[a-z0-9_]+)\s*(\{[^}]*\})?")
 HISTOGRAM_SUFFIX = re.compile(r"_(bucket|sum|count)$")

@@ -8,7 +8,10 @@ Prometheus holds it, then runs `promtool query instant -o json` on each panel ex
 variables substituted) and each recording rule, and requires a non-empty vector with at least
 one finite value. A misspelled copy of a panel expr must be reported empty. Exit 77 without
 the model or Prometheus.
-Usage: test_monitoring_live.py SOURCE_DIR SNAPSERVE_BINARY"""
+DEVICE_SNAPSERVE (CUDA builds: the host twin's binary, build/host_twin/snapserve) also starts a
+`serve --device cuda` scraped by the same Prometheus and given a few requests, so that the GPU
+row's panels (snapserve_device_memory_bytes) must answer too; without it they are skipped, named.
+Usage: test_monitoring_live.py SOURCE_DIR SNAPSERVE_BINARY [DEVICE_SNAPSERVE]"""
 
 import concurrent.futures
 import json
@@ -177,9 +180,10 @@ def metric_value(text, name):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
     src, snapserve = pathlib.Path(sys.argv[1]).resolve(), sys.argv[2]
+    device_snapserve = sys.argv[3] if len(sys.argv) == 4 else None
     model = os.environ.get("SNAP_MODEL",
                            os.path.expanduser("~/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf"))
     promtool = shutil.which("promtool")
@@ -205,6 +209,20 @@ def main():
 
         base = wait_for("snapserve to serve", served, 60)
         target = base.removeprefix("http://")
+        targets = [target]
+        device_base = None
+        if device_snapserve:
+            device_log = open(os.path.join(tmp, "snapserve-device.log"), "w+")
+            procs.start([device_snapserve, "serve", "--device", "cuda", "--model", model, "--port", "0",
+                         "--kv-cache-mib", "64"], device_log)
+
+            def device_served():
+                device_log.seek(0)
+                m = re.search(r"snapserve: serving \S+ on (http://\S+)", device_log.read())
+                return m.group(1) if m else None
+
+            device_base = wait_for("snapserve --device cuda to serve", device_served, 120)
+            targets.append(device_base.removeprefix("http://"))
 
         prom_port = free_port()
         prom = f"http://127.0.0.1:{prom_port}"
@@ -213,7 +231,7 @@ def main():
             f.write(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                     f"rule_files:\n  - {rules}\n"
                     f"scrape_configs:\n  - job_name: snapserve\n    static_configs:\n"
-                    f"      - targets: ['{target}']\n")
+                    f"      - targets: [{', '.join(repr(t) for t in targets)}]\n")
         procs.start([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
                      f"--web.listen-address=127.0.0.1:{prom_port}"],
                     open(os.path.join(tmp, "prometheus.log"), "w"))
@@ -223,6 +241,16 @@ def main():
         wait_for("Prometheus' first scrape", lambda: api_query(prom, "snapserve_generation_tokens_total"), 60)
         codes = drive_load(base)
         print(f"load done at {time.time() - t0:.1f} s: {codes}")
+        if device_base:
+            for kv in (None, {"policy": "snapkv", "budget": 64, "window": 8}):
+                body = {"prompt": LONG_TEXT, "max_tokens": 8, "temperature": 0}
+                if kv:
+                    body["kv_compression"] = kv
+                status, _ = http("POST", device_base + "/v1/completions", body)
+                if status != 200:
+                    raise RuntimeError(f"the device server answered {status}")
+            wait_for("Prometheus to scrape the device server",
+                     lambda: api_query(prom, 'snapserve_device_memory_bytes{kind="kv_pool_peak"}'), 60)
 
         # Prometheus holds the load once a scrape shows the server's final token count and the 429.
         generated = metric_value(http("GET", base + "/metrics")[1], "snapserve_generation_tokens_total")
@@ -230,7 +258,7 @@ def main():
             raise RuntimeError("the server's /metrics shows no generated tokens after the load")
 
         def scraped():
-            g = api_query(prom, "snapserve_generation_tokens_total")
+            g = api_query(prom, f'snapserve_generation_tokens_total{{instance="{target}"}}')
             r = api_query(prom, 'snapserve_http_requests_total{code="429"}')
             return g and r and float(g[0]["value"][1]) >= generated
         wait_for("Prometheus to scrape the load", scraped, 60)
@@ -252,6 +280,10 @@ def main():
 
         queries = [(f"panel {p['title']!r} {t['refId']}", t["expr"])
                    for p in dashboard["panels"] for t in p.get("targets", [])]
+        if not device_base:  # no device server: the GPU row has nothing to show
+            skipped = [what for what, expr in queries if "snapserve_device_memory_bytes" in expr]
+            queries = [(what, expr) for what, expr in queries if "snapserve_device_memory_bytes" not in expr]
+            print(f"skipped (no DEVICE_SNAPSERVE): {', '.join(skipped)}")
         queries += [(f"recording rule {r['name']}", r["query"]) for r in records]
         for what, expr in queries:
             ok, msg = promtool_vector(promtool, prom, substitute(expr))
