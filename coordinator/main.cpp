@@ -178,19 +178,15 @@ int run_generate_device(const GenerateArgs& a) {
   const comm::World& world = launch->world();
   const int size = world.size();
   std::unique_ptr<comm::Communicator> control = std::move(launch->comm);
-  auto dev = a.device == "cuda" ? device_for_local_rank(world.local_rank()) : parsed;
-  if (!dev.ok()) return fail(dev.status().message());
-  const Status usable = check_device(*dev);
-  if (!usable.ok()) return fail(size > 1 ? "rank " + std::to_string(world.rank()) + ": " + usable.message() : usable.message());
+  // This rank's device, checked before the model is read, and the forward's exchange: NCCL on
+  // device buffers, or (null) the host communicator, staged.
+  auto rank_device = open_rank_device(a.device, launch->launch, control.get(), a.tp_comm, a.parallel.collective_timeout_s);
+  if (!rank_device.ok()) return fail(rank_device.status().message());
+  const DeviceSpec* dev = &rank_device->spec;
+  std::unique_ptr<comm::Communicator> nccl = std::move(rank_device->exchange);
+  comm::Communicator* exchange = nccl ? nccl.get() : control.get();
   auto policy = kv_policy_from_args(a);
   if (!policy.ok()) return fail(policy.status().message());
-  // The forward's exchange: NCCL on device buffers, or the host communicator, staged.
-  Result<std::unique_ptr<comm::Communicator>> nccl = std::unique_ptr<comm::Communicator>();
-  if (size > 1)
-    nccl = open_device_exchange(launch->launch, *control, dev->ordinal, a.tp_comm, device_nccl_usable(),
-                                a.parallel.collective_timeout_s);
-  if (!nccl.ok()) return fail(nccl.status().message());
-  comm::Communicator* exchange = *nccl ? nccl->get() : control.get();
   LoadOptions opts;  // dequantized at load; bf16 on the host too (the device stores bf16)
   opts.keep_quantized = false;
   opts.weight_dtype = DType::bf16;
@@ -203,7 +199,7 @@ int run_generate_device(const GenerateArgs& a) {
   // No rank goes on alone: a rank whose shard failed to load or upload tells the others here.
   const Status loaded = agree_on_load(control.get(), device.ok() ? Status() : device.status());
   if (!loaded.ok()) return fail(loaded.message());
-  if (*nccl) (*nccl)->arm_collective_timeout();  // agree_on_load armed the control communicator
+  if (nccl) nccl->arm_collective_timeout();  // agree_on_load armed the control communicator
   if (size > 1 && !world.is_leader()) {
     const Status st = (*device)->follow();
     if (!st.ok()) return fail("rank " + std::to_string(world.rank()) + ": " + st.message());

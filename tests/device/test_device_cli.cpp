@@ -4,7 +4,8 @@
 // hidden with CUDA_VISIBLE_DEVICES="", so the test means the same on a GPU host), "this build
 // has no CUDA (configure with -DSNAP_ENABLE_CUDA=ON)" in a build without; a malformed device
 // and --tp with a device are refused; --device cpu is the default path, token for token.
-// `serve --device` meets the same contract (and refuses --kv-dtype other than bf16 there).
+// `serve --device` and `batch --device` meet the same contract (and refuse --kv-dtype other
+// than bf16 there).
 // The GPU side (--device cuda equals --device cpu) is tests/cuda/test_device_generate.cpp.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -103,60 +104,43 @@ TEST(DeviceCli, MalformedDeviceAndTpAreRefused) {
 }
 
 // Two tensor-parallel ranks (--rank/--world-size/--leader, as a LeaderWorkerSet starts them)
-// on a machine without a GPU: each rank meets its group, then fails in one line naming itself,
-// before reading the model; neither waits for the other.
-TEST(DeviceCli, TensorParallelRanksFailFastNamingTheirRank) {
-  snap::testing::TempDir dir("devcli_tp");
+// of `args` (a subcommand with --device cuda) on a machine without a GPU: each rank meets its
+// group, then fails in one line naming itself, before reading the model (and before serving);
+// neither waits for the other.
+void expect_tp_ranks_fail_fast(const std::string& tag, const std::string& args) {
+  snap::testing::TempDir dir(tag);
   const std::string leader = "127.0.0.1:" + std::to_string(snap::testing::free_port());
   std::string cmd = "CUDA_VISIBLE_DEVICES= timeout 60 sh -c '";
   for (int r = 0; r < 2; ++r) {
-    cmd += "(" + k_bin + " generate --device cuda --tp-comm host --tp 2 --rank " + std::to_string(r) +
-           " --world-size 2 --leader " + leader + " --model " + (dir / "absent.gguf") + " --prompt hi >" +
+    cmd += "(" + k_bin + " " + args + " --device cuda --tp-comm host --tp 2 --rank " + std::to_string(r) +
+           " --world-size 2 --leader " + leader + " --model " + (dir / "absent.gguf") + " >" +
            (dir / ("out" + std::to_string(r))) + " 2>" + (dir / ("err" + std::to_string(r))) + "; echo $? >" +
            (dir / ("rc" + std::to_string(r))) + (r == 0 ? ") & " : "); wait'");
   }
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   for (int r = 0; r < 2; ++r) {
     const std::string err = slurp(dir / ("err" + std::to_string(r)));
-    EXPECT_EQ(slurp(dir / ("rc" + std::to_string(r))), "1\n") << "rank " << r << ": " << err;
+    EXPECT_EQ(slurp(dir / ("rc" + std::to_string(r))), "1\n") << args << ", rank " << r << ": " << err;
     EXPECT_EQ(lines(err), 1) << err;
+    EXPECT_NE(err.find("error: rank " + std::to_string(r) + ": --device cuda:0: "), std::string::npos) << err;
 #if SNAP_TEST_BUILD_HAS_CUDA
-    EXPECT_NE(err.find("snapserve: error: rank " + std::to_string(r) + ": --device cuda:0: no CUDA device"),
-              std::string::npos)
-        << err;
-#else
-    EXPECT_NE(err.find("this build has no CUDA"), std::string::npos) << err;
-#endif
-    EXPECT_EQ(err.find("absent.gguf"), std::string::npos) << "the model was read before the device was checked: " << err;
-  }
-}
-
-// serve --device cuda --tp 2: the same, before the model is read and before any port is bound.
-TEST(DeviceCli, ServeTensorParallelRanksFailFastNamingTheirRank) {
-  snap::testing::TempDir dir("devcli_serve_tp");
-  const std::string leader = "127.0.0.1:" + std::to_string(snap::testing::free_port());
-  std::string cmd = "CUDA_VISIBLE_DEVICES= timeout 60 sh -c '";
-  for (int r = 0; r < 2; ++r) {
-    cmd += "(" + k_bin + " serve --device cuda --tp-comm host --tp 2 --rank " + std::to_string(r) +
-           " --world-size 2 --leader " + leader + " --port 0 --model " + (dir / "absent.gguf") + " >" +
-           (dir / ("out" + std::to_string(r))) + " 2>" + (dir / ("err" + std::to_string(r))) + "; echo $? >" +
-           (dir / ("rc" + std::to_string(r))) + (r == 0 ? ") & " : "); wait'");
-  }
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  for (int r = 0; r < 2; ++r) {
-    const std::string err = slurp(dir / ("err" + std::to_string(r)));
-    EXPECT_EQ(slurp(dir / ("rc" + std::to_string(r))), "1\n") << "rank " << r << ": " << err;
-    EXPECT_EQ(lines(err), 1) << err;
-#if SNAP_TEST_BUILD_HAS_CUDA
-    EXPECT_NE(err.find("snapserve: error: rank " + std::to_string(r) + ": --device cuda:0: no CUDA device"),
-              std::string::npos)
-        << err;
+    EXPECT_NE(err.find("no CUDA device"), std::string::npos) << err;
 #else
     EXPECT_NE(err.find("this build has no CUDA"), std::string::npos) << err;
 #endif
     EXPECT_EQ(err.find("absent.gguf"), std::string::npos) << "the model was read before the device was checked: " << err;
     EXPECT_EQ(err.find("serving"), std::string::npos) << err;
   }
+}
+
+TEST(DeviceCli, TensorParallelRanksFailFastNamingTheirRank) { expect_tp_ranks_fail_fast("devcli_tp", "generate --prompt hi"); }
+
+TEST(DeviceCli, ServeTensorParallelRanksFailFastNamingTheirRank) {
+  expect_tp_ranks_fail_fast("devcli_serve_tp", "serve --port 0");
+}
+
+TEST(DeviceCli, BatchTensorParallelRanksFailFastNamingTheirRank) {
+  expect_tp_ranks_fail_fast("devcli_batch_tp", "batch --input /dev/null --output /tmp/snap_devcli_batch_never.jsonl");
 }
 
 // serve --device: the same fail-fast contract as generate, before the model is read and before
