@@ -86,7 +86,7 @@ struct GenerateArgs {
   std::string dump_kv_selection;
   std::string weight_dtype = "auto";
   std::string device = "cpu";  // --device cpu | cuda[:N]
-  std::string tp_comm = "auto";         // --tp-comm: the device forward's exchange (tp > 1)
+  DeviceTpFlags device_tp;              // --tp-comm, --tp-exchange-dtype: the device forward's exchange (tp > 1)
 };
 
 Result<KvPolicy> kv_policy_from_args(const GenerateArgs& a) {
@@ -123,14 +123,14 @@ int64_t context_token_count(const Tokenizer& tok, const std::vector<int32_t>& fu
 }
 
 // "2 x 30 layers x 1234 tokens x 576 x 4 B"
-std::string all_reduce_formula(const ModelConfig& c, int64_t tokens) {
+std::string all_reduce_formula(const ModelConfig& c, int64_t tokens, int element_bytes) {
   return "2 x " + std::to_string(c.num_layers) + " layers x " + std::to_string(tokens) + " tokens x " +
-         std::to_string(c.hidden_size) + " hidden x 4 B";
+         std::to_string(c.hidden_size) + " hidden x " + std::to_string(element_bytes) + " B";
 }
 
 // The tensor-parallel lines of generate's report: what this rank holds and what it sent.
 void report_tp(const comm::Communicator& comm, const LoadedModel& model, const GenerateStats& st,
-               const comm::CommStats& after_prefill, const comm::CommStats& total) {
+               const comm::CommStats& after_prefill, const comm::CommStats& total, int element_bytes) {
   const auto& ar = total[comm::CommOp::all_reduce_sum];
   const auto& bc = total[comm::CommOp::broadcast];
   const int64_t decode_steps = std::max<int64_t>(st.generated_tokens - 1, 0);
@@ -146,7 +146,7 @@ void report_tp(const comm::Communicator& comm, const LoadedModel& model, const G
                "%.3f s, all_gather %.3f s, broadcast %.3f s = %.1f%% of prefill + decode\n",
                comm.group_size(), comm.backend_name(), model.shard.describe().c_str(),
                human_bytes(model.weights.nbytes()).c_str(), static_cast<long long>(ar.calls),
-               static_cast<long long>(ar.bytes), all_reduce_formula(model.config, forwarded).c_str(),
+               static_cast<long long>(ar.bytes), all_reduce_formula(model.config, forwarded, element_bytes).c_str(),
                static_cast<long long>(bc.calls), static_cast<long long>(bc.bytes),
                static_cast<long long>(total[comm::CommOp::all_gather].bytes),
                (ar.bytes - after_prefill[comm::CommOp::all_reduce_sum].bytes) * per_decode,
@@ -180,7 +180,7 @@ int run_generate_device(const GenerateArgs& a) {
   std::unique_ptr<comm::Communicator> control = std::move(launch->comm);
   // This rank's device, checked before the model is read, and the forward's exchange: NCCL on
   // device buffers, or (null) the host communicator, staged.
-  auto rank_device = open_rank_device(a.device, launch->launch, control.get(), a.tp_comm, a.parallel.collective_timeout_s);
+  auto rank_device = open_rank_device(a.device, launch->launch, control.get(), a.device_tp, a.parallel.collective_timeout_s);
   if (!rank_device.ok()) return fail(rank_device.status().message());
   const DeviceSpec* dev = &rank_device->spec;
   std::unique_ptr<comm::Communicator> nccl = std::move(rank_device->exchange);
@@ -194,7 +194,7 @@ int run_generate_device(const GenerateArgs& a) {
   opts.tp_size = size;
   const double t_load = now_seconds();
   auto model = load_model(a.model, opts);
-  Result<std::unique_ptr<DeviceGenerator>> device = model.ok() ? open_device_generator(*dev, *model, control.get(), exchange)
+  Result<std::unique_ptr<DeviceGenerator>> device = model.ok() ? open_device_generator(*dev, *model, control.get(), exchange, rank_device->exchange_dtype)
                                                                : Result<std::unique_ptr<DeviceGenerator>>(model.status());
   // No rank goes on alone: a rank whose shard failed to load or upload tells the others here.
   const Status loaded = agree_on_load(control.get(), device.ok() ? Status() : device.status());
@@ -215,6 +215,8 @@ int run_generate_device(const GenerateArgs& a) {
 // loaded, then rank 0 leads (run_generate_leader) and the others run plans until it is done.
 int run_generate(const GenerateArgs& a) {
   if (a.device != "cpu") return run_generate_device(a);
+  if (a.device_tp.exchange_dtype != "f32")
+    return fail("--tp-exchange-dtype bf16 is for --device cuda (the CPU's all-reduces are f32)");
   auto launch = start_tensor_parallel("generate", a.parallel);
   if (!launch.ok()) return fail(launch.status().message());
   const comm::World* world = &launch->world();
@@ -367,7 +369,8 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
   if (device) std::fprintf(stderr, "snapserve: %s\n", device->describe_memory().c_str());
   if (device && comm) after_prefill = device->exchange_after_prefill();
   if (comm && comm->group_size() > 1)
-    report_tp(*comm, *model, st, after_prefill, device ? device->exchange_at_end() : comm->stats());
+    report_tp(*comm, *model, st, after_prefill, device ? device->exchange_at_end() : comm->stats(),
+              device && a.device_tp.exchange_dtype == "bf16" ? 2 : 4);
   return 0;
 }
 
@@ -476,11 +479,7 @@ int main(int argc, char** argv) {
                   "bf16 weights and KV cache, every kv policy; fails at once "
                   "without a GPU or in a build without CUDA). With --tp N (mpirun, srun or --rank/--world-size) each "
                   "rank runs its shard on its GPU: cuda = the rank's local rank, cuda:N = GPU N on every rank");
-  gen->add_option("--tp-comm", g.tp_comm,
-                  "With --device cuda and --tp N > 1, how the ranks' activations meet: nccl (device buffers, one "
-                  "GPU per rank), host (staged through the launcher's MPI or TCP communicator; ranks may share a "
-                  "GPU) or auto (default: nccl when this build has it). Both sum in rank order: the same bits")
-      ->check(CLI::IsMember({"auto", "nccl", "host"}));
+  add_device_tp_options(gen, g.device_tp);
   gen->add_option("--prefill-chunk", g.prefill_chunk, "Prompt tokens per prefill step (default 512)")->check(CLI::Range(1, 1 << 20));
   gen->add_option("--weight-dtype", g.weight_dtype,
                   "Storage of projection weights: auto (default: GGUF q8_0/q4_0/q4_1 kept as is, others f32), "

@@ -339,10 +339,7 @@ BatchCommands add_batch_subcommand(CLI::App& app, BatchArgs& a) {
                 "weights and KV cache in a device pool of --kv-cache-mib; lines with n > 1 or echo logprobs get an "
                 "error record there). With --tp N (srun --mpi=pmix, mpirun, --rank/--world-size/--leader) each rank "
                 "holds its shard on its GPU (cuda = the rank's local rank)");
-  b->add_option("--tp-comm", a.tp_comm,
-                "With --device cuda and --tp N > 1: nccl (one GPU per rank), host (staged through the launcher's "
-                "communicator; ranks may share a GPU) or auto (default: nccl when this build has it)")
-      ->check(CLI::IsMember({"auto", "nccl", "host"}));
+  add_device_tp_options(b, a.device_tp);
   b->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   b->add_option("--max-num-seqs", a.max_num_seqs, "Lines running at once (default 16)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -399,7 +396,7 @@ int run_batch(const BatchArgs& a) {
   if (!launch.ok()) return batch_fail(launch.status().message());
   std::unique_ptr<comm::Communicator> comm = std::move(launch->comm);
   // --device cuda: this rank's GPU, checked before the model is read; with --tp the exchange.
-  auto rank_device = open_rank_device(a.device, launch->launch, comm.get(), a.tp_comm, a.parallel.collective_timeout_s);
+  auto rank_device = open_rank_device(a.device, launch->launch, comm.get(), a.device_tp, a.parallel.collective_timeout_s);
   if (!rank_device.ok()) return batch_fail(rank_device.status().message());
   std::unique_ptr<comm::Communicator> exchange = std::move(rank_device->exchange);
   if (!launch->world().is_leader() && !on_device) return run_tp_worker(a.model, *comm);
@@ -447,6 +444,7 @@ int run_batch(const BatchArgs& a) {
   EngineConfig cfg;
   cfg.comm = comm.get();
   cfg.device_exchange = exchange.get();
+  cfg.device_exchange_dtype = rank_device->exchange_dtype;
   cfg.model_path = a.model;
   cfg.threads = launch->threads;
   // A failed tensor-parallel group (a rank hung or died) ends the job at once, non-zero and

@@ -23,7 +23,7 @@ struct BatchArgs {
   std::string truncate;  // "", "left" or "right"
   TpFlags parallel;
   std::string device = "cpu";    // --device cpu | cuda[:N] (coordinator/engine/device_spec.h)
-  std::string tp_comm = "auto";  // --tp-comm: the device forward's exchange with --tp > 1
+  DeviceTpFlags device_tp;  // --tp-comm, --tp-exchange-dtype: the device forward's exchange with --tp > 1
   // The kv_compression of lines that have none (policy "" = the lines' own, full when absent).
   KvFlags kv;
   int64_t kv_cache_mib = 512;

@@ -43,7 +43,7 @@ Status check_device(const DeviceSpec& spec) {
 Result<DeviceSpec> device_for_local_rank(int) { return no_cuda(DeviceSpec{DeviceKind::cuda, 0}); }
 
 Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel&,
-                                                               comm::Communicator*, comm::Communicator*) {
+                                                               comm::Communicator*, comm::Communicator*, DType) {
   return no_cuda(spec);
 }
 

@@ -78,10 +78,12 @@ class DeviceGenerator {
 //    token ids;
 //  - exchange: the communicator of the forward's activations — NCCL on device buffers, or
 //    the control communicator itself (host-staged: device -> host -> collective -> device).
-// Both must outlive the generator.
+// Both must outlive the generator. exchange_dtype: the all-reduce's wire type, f32 or bf16
+// (worker/device/device_exchange.h).
 Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model,
                                                                comm::Communicator* control = nullptr,
-                                                               comm::Communicator* exchange = nullptr);
+                                                               comm::Communicator* exchange = nullptr,
+                                                               DType exchange_dtype = DType::f32);
 
 struct EngineConfig;
 class Engine;

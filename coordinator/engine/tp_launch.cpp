@@ -68,7 +68,7 @@ Result<std::unique_ptr<comm::Communicator>> open_device_exchange(const comm::Lau
 }
 
 Result<RankDevice> open_rank_device(const std::string& device_flag, const comm::LaunchInfo& launch,
-                                    const comm::Communicator* control, const std::string& tp_comm,
+                                    const comm::Communicator* control, const DeviceTpFlags& flags,
                                     double collective_timeout_s) {
   const comm::World& world = launch.world;
   const auto on_rank = [&](const Status& st) {
@@ -77,7 +77,14 @@ Result<RankDevice> open_rank_device(const std::string& device_flag, const comm::
   SNAP_ASSIGN_OR_RETURN(DeviceSpec spec, parse_device(device_flag));
   RankDevice d;
   d.spec = spec;
-  if (spec.kind != DeviceKind::cuda) return d;
+  if (flags.exchange_dtype != "f32" && flags.exchange_dtype != "bf16")
+    return invalid_argument("--tp-exchange-dtype '" + flags.exchange_dtype + "': expected f32 or bf16");
+  d.exchange_dtype = flags.exchange_dtype == "bf16" ? DType::bf16 : DType::f32;
+  if (spec.kind != DeviceKind::cuda) {
+    if (d.exchange_dtype != DType::f32)
+      return invalid_argument("--tp-exchange-dtype bf16 is for --device cuda (the CPU's all-reduces are f32)");
+    return d;
+  }
   if (device_flag == "cuda" && world.size() > 1) {
     auto local = device_for_local_rank(world.local_rank());
     if (!local.ok()) return on_rank(local.status());
@@ -85,8 +92,8 @@ Result<RankDevice> open_rank_device(const std::string& device_flag, const comm::
   }
   if (Status st = check_device(d.spec); !st.ok()) return on_rank(st);
   if (world.size() > 1 && control != nullptr) {
-    SNAP_ASSIGN_OR_RETURN(d.exchange, open_device_exchange(launch, *control, d.spec.ordinal, tp_comm, device_nccl_usable(),
-                                                           collective_timeout_s));
+    SNAP_ASSIGN_OR_RETURN(d.exchange, open_device_exchange(launch, *control, d.spec.ordinal, flags.comm,
+                                                           device_nccl_usable(), collective_timeout_s));
   }
   return d;
 }

@@ -28,6 +28,12 @@ struct TpFlags {
   double collective_timeout_s = 120;
 };
 
+// The device-only tensor-parallel flags of generate, serve and batch (--device cuda, --tp > 1).
+struct DeviceTpFlags {
+  std::string comm = "auto";            // --tp-comm: auto | nccl | host
+  std::string exchange_dtype = "f32";   // --tp-exchange-dtype: f32 | bf16
+};
+
 struct TpLaunch {
   comm::LaunchInfo launch;                   // world, launcher, rendezvous address
   std::unique_ptr<comm::Communicator> comm;  // null for one process
@@ -57,9 +63,10 @@ Result<std::unique_ptr<comm::Communicator>> open_device_exchange(const comm::Lau
 struct RankDevice {
   DeviceSpec spec;
   std::unique_ptr<comm::Communicator> exchange;
+  DType exchange_dtype = DType::f32;  // the all-reduce's wire type (flags.exchange_dtype)
 };
 Result<RankDevice> open_rank_device(const std::string& device_flag, const comm::LaunchInfo& launch,
-                                    const comm::Communicator* control, const std::string& tp_comm,
+                                    const comm::Communicator* control, const DeviceTpFlags& flags,
                                     double collective_timeout_s);
 
 }  // namespace snap

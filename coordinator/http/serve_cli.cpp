@@ -157,6 +157,19 @@ void add_kv_options(CLI::App* cmd, KvFlags& f) {
   add_kv_dtype_option(cmd, f.dtype);
 }
 
+void add_device_tp_options(CLI::App* cmd, DeviceTpFlags& f) {
+  cmd->add_option("--tp-comm", f.comm,
+                  "With --device cuda and --tp N > 1, how the ranks' activations meet: nccl (device buffers, one GPU "
+                  "per rank), host (staged through the launcher's MPI or TCP communicator; ranks may share a GPU) or "
+                  "auto (default: nccl when this build has it). Both sum in rank order: the same bits")
+      ->check(CLI::IsMember({"auto", "nccl", "host"}));
+  cmd->add_option("--tp-exchange-dtype", f.exchange_dtype,
+                  "With --device cuda and --tp N > 1, the all-reduces' wire type: f32 (default: the activations' "
+                  "own, the same bits as one GPU up to the sums' order) or bf16 (half the bytes; each rank's "
+                  "partial sum rounded to bf16 once, so logits move slightly)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+}
+
 void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   if (a.model.empty()) a.model = default_model_path();
   auto* s = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (completions, chat, SSE streaming)");
@@ -173,11 +186,7 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
                 "batching; no n > 1 or echo logprobs there yet; fails at once, before the model is read, "
                 "without a GPU or in a build without CUDA). With --tp N each rank serves its shard from its GPU "
                 "(cuda = the rank's local rank, cuda:N = GPU N on every rank), a pool of --kv-cache-mib per rank");
-  s->add_option("--tp-comm", a.tp_comm,
-                "With --device cuda and --tp N > 1, how the ranks' activations meet: nccl (device buffers, one GPU per "
-                "rank), host (staged through the launcher's MPI or TCP communicator; ranks may share a GPU) or auto "
-                "(default: nccl when this build has it)")
-      ->check(CLI::IsMember({"auto", "nccl", "host"}));
+  add_device_tp_options(s, a.device_tp);
   s->add_option("--http-threads", a.http_threads, "HTTP I/O threads (default 2)")->check(CLI::Range(1, 256));
   s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -245,7 +254,7 @@ int run_serve(const ServeArgs& a) {
   const int threads = launch->threads;
   // --device cuda: this rank's GPU (with --tp, `cuda` is the local rank's), checked before
   // anything is loaded; with --tp the forward's exchange (NCCL, or null: staged through comm).
-  auto rank_device = open_rank_device(a.device, launch->launch, comm.get(), a.tp_comm, a.parallel.collective_timeout_s);
+  auto rank_device = open_rank_device(a.device, launch->launch, comm.get(), a.device_tp, a.parallel.collective_timeout_s);
   if (!rank_device.ok()) return serve_fail(rank_device.status().message());
   const DeviceSpec dev = rank_device->spec;
   std::unique_ptr<comm::Communicator> exchange = std::move(rank_device->exchange);
@@ -256,6 +265,7 @@ int run_serve(const ServeArgs& a) {
   EngineConfig cfg;
   cfg.comm = comm.get();
   cfg.device_exchange = exchange.get();
+  cfg.device_exchange_dtype = rank_device->exchange_dtype;
   cfg.model_path = a.model;
   cfg.served_model_name = a.served_model_name;
   cfg.threads = threads;

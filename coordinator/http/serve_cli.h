@@ -23,7 +23,7 @@ struct ServeArgs {
   std::string served_model_name;
   TpFlags parallel;  // --tp, --threads, --rank, --world-size, --leader
   std::string device = "cpu";  // --device cpu | cuda[:N] (coordinator/engine/device_spec.h)
-  std::string tp_comm = "auto";  // --tp-comm: the device forward's exchange with --tp > 1
+  DeviceTpFlags device_tp;  // --tp-comm, --tp-exchange-dtype: the device forward's exchange with --tp > 1
   int http_threads = 2;
   int64_t kv_cache_mib = 512;
   std::string kv_dtype;  // --kv-dtype; empty: k_default_kv_dtype
@@ -45,6 +45,8 @@ struct ServeArgs {
 
 // --threads, --tp, --rank, --world-size and --leader on a tensor-parallel subcommand.
 void add_tp_options(CLI::App* cmd, TpFlags& flags, const std::string& subcommand);
+// --tp-comm and --tp-exchange-dtype: with --device cuda and --tp N > 1 (generate, serve, batch).
+void add_device_tp_options(CLI::App* cmd, DeviceTpFlags& flags);
 
 // The KV policy's parameters as flags (`generate`, `batch`). --kv-policy itself is each
 // subcommand's own (its default differs).

@@ -48,6 +48,7 @@ struct EngineConfig {
   // serve --device cuda with tp > 1: the device forward's exchange (NCCL on device buffers),
   // or null: staged through `comm` (worker/device/device_engine.cpp).
   comm::Communicator* device_exchange = nullptr;
+  DType device_exchange_dtype = DType::f32;  // its all-reduce's wire type: f32 or bf16
   // Faults of that group (coordinator/scheduler/group_watchdog.h): a step plan past its
   // deadline (step_timeout_seconds + an allowance for its tokens), a rank on this host that
   // died, or a communication error fails the group: every open request finishes with an

@@ -59,4 +59,15 @@ void f32_to_bf16_cuda(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t 
   f32_to_bf16_kernel<<<grid_for(n), k_threads, 0, stream>>>(x, y, n);
 }
 
+__global__ void bf16_to_f32_kernel(const __nv_bfloat16* x, float* y, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __bfloat162float(x[i]);
+}
+
+void bf16_to_f32_cuda(const __nv_bfloat16* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  bf16_to_f32_kernel<<<grid_for(n), k_threads, 0, stream>>>(x, y, n);
+}
+
 }  // namespace snap::kernels

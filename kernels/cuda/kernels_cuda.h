@@ -38,6 +38,8 @@ void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64
                            int64_t vocab_size, float* out, cudaStream_t stream);
 // y[i] = bf16(x[i]), round to nearest even (the cuBLAS GEMM's activation input).
 void f32_to_bf16_cuda(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t stream);
+// y[i] = f32(x[i]), exact (a bf16 exchange's result back into the f32 activations).
+void bf16_to_f32_cuda(const __nv_bfloat16* x, float* y, int64_t n, cudaStream_t stream);
 
 // --- matmul: y[num_tokens, rows] = x[num_tokens, cols] · wᵀ (+ bias[rows]) -----------------
 // w is row-major [rows = out_features, cols = in_features] in bf16, as WeightView.

@@ -156,6 +156,16 @@ void add_elementwise(std::vector<OpCase>& t) {
                                                  << " want 0x" << want[i];
                    return AssertionSuccess();
                  }});
+    t.push_back({"bf16_to_f32_n" + std::to_string(n), [=]() -> AssertionResult {
+                   const std::vector<uint16_t> x = to_bf16(test::random_floats(n, 7, -100.0f, 100.0f));
+                   DeviceBuffer<uint16_t> dx(x);
+                   DeviceBuffer<float> dy(static_cast<size_t>(n));
+                   bf16_to_f32_cuda(as_bf16(dx.ptr), dy.ptr, n, nullptr);
+                   if (auto r = sync_ok(); !r) return r;
+                   std::vector<float> want(static_cast<size_t>(n));
+                   for (int64_t i = 0; i < n; ++i) want[i] = bf16_to_f32(x[i]);
+                   return bitwise_equal(dy.to_host(), want);
+                 }});
   }
 }
 

@@ -9,6 +9,7 @@
 //     process's for the same KV head, up to 2% of entries (near-ties at the cut-off);
 //   - the exchange's exact bytes: 2 all-reduces of hidden f32 per layer and token, and the
 //     vocabulary-parallel LM head's gather of 1000/2 f32 per sampled token;
+//   - --tp-exchange-dtype bf16: half the all-reduce bytes, the same text;
 //   - `batch --device cuda:0 --tp 2` (the serving engine's lockstep under the batch runner):
 //     every record's choices equal one process's.
 // Built twice: against the CUDA runtime (exits 77 without a GPU) and against the host twin
@@ -182,6 +183,26 @@ TEST_F(DeviceTpCli, TwoProcessesOnOneGpuMatchOne) {
       << b.err;
   EXPECT_EQ(find_int(b.err, R"(per decoded token: all_reduce_sum (\d+) bytes)"), 2 * k_layers * k_hidden * 4) << b.err;
   EXPECT_EQ(find_int(b.err, R"(per decoded token: .* all_gather (\d+) bytes)"), k_vocab / 2 * 4) << b.err;
+}
+
+// --tp-exchange-dtype bf16: the all-reduces carry bf16, half the bytes (exactly: 2 B per element
+// in the report), and the answer stays one process's within the same bounds.
+TEST_F(DeviceTpCli, BfloatExchangeHalvesTheBytes) {
+  const Outcome a = one("bf1", "");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  const Outcome b = two("bf2", " --tp-exchange-dtype bf16");
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_EQ(b.out, a.out);
+  compare_logits("bf1", "bf2");
+  const int64_t prompt = find_int(b.err, R"(prompt tokens (\d+))");
+  const int64_t generated = find_int(b.err, R"(generated tokens (\d+))");
+  ASSERT_GT(prompt, 40) << b.err;
+  EXPECT_EQ(find_int(b.err, R"(all_reduce_sum \d+ calls, (\d+) bytes)"),
+            2 * k_layers * (prompt + generated - 1) * k_hidden * 2)
+      << b.err;
+  EXPECT_NE(b.err.find("hidden x 2 B"), std::string::npos) << b.err;
+  EXPECT_EQ(find_int(b.err, R"(per decoded token: all_reduce_sum (\d+) bytes)"), 2 * k_layers * k_hidden * 2) << b.err;
+  EXPECT_EQ(find_int(b.err, R"(per decoded token: .* all_gather (\d+) bytes)"), k_vocab / 2 * 4) << b.err;  // logits stay f32
 }
 
 TEST_F(DeviceTpCli, SnapKvPerRankSelectsWhatOneProcessSelects) {

@@ -133,6 +133,18 @@ void expect_tp_ranks_fail_fast(const std::string& tag, const std::string& args) 
   }
 }
 
+// --tp-exchange-dtype bf16 is a device flag: the CPU refuses it in one line (generate, serve, batch).
+TEST(DeviceCli, BfloatExchangeIsForTheDevice) {
+  snap::testing::TempDir dir("devcli_bf16x");
+  const std::string batch = "batch --input /dev/null --output " + (dir / "never.jsonl");
+  for (const std::string& cmd : {std::string("generate --prompt hi"), std::string("serve --port 0"), batch}) {
+    const Out r = run(dir, cmd + " --tp-exchange-dtype bf16 --model " + (dir / "absent.gguf"));
+    EXPECT_EQ(r.rc, 1) << cmd << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("--tp-exchange-dtype bf16 is for --device cuda"), std::string::npos) << cmd << ": " << r.err;
+  }
+}
+
 TEST(DeviceCli, TensorParallelRanksFailFastNamingTheirRank) { expect_tp_ranks_fail_fast("devcli_tp", "generate --prompt hi"); }
 
 TEST(DeviceCli, ServeTensorParallelRanksFailFastNamingTheirRank) {

@@ -98,7 +98,8 @@ struct DeviceShard {
     const DeviceKvShape shape{c.num_layers, weights->shard.num_kv_heads, c.head_dim, cfg.kv_block_size};
     SNAP_ASSIGN_OR_RETURN(pool, DeviceKvPool::create(shape, cfg.kv_cache_bytes, stream));
     if (grouped(cfg))
-      exchange = std::make_unique<DeviceExchange>(cfg.device_exchange ? *cfg.device_exchange : *cfg.comm, stream);
+      exchange = std::make_unique<DeviceExchange>(cfg.device_exchange ? *cfg.device_exchange : *cfg.comm, stream,
+                                                  cfg.device_exchange_dtype);
     fwd = std::make_unique<DeviceForward>(c, *weights, *pool, exchange.get());
     return Status::ok_status();
   }

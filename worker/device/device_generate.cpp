@@ -110,11 +110,12 @@ Status write_selection(const std::string& dump_path, const TpShard& sh, const Kv
 class CudaGenerator final : public DeviceGenerator {
  public:
   CudaGenerator(const DeviceSpec& spec, const LoadedModel& model, std::unique_ptr<DeviceWeights> weights,
-                cudaStream_t stream, comm::Communicator* control, comm::Communicator* exchange)
+                cudaStream_t stream, comm::Communicator* control, comm::Communicator* exchange, DType exchange_dtype)
       : spec_(spec), config_(model.config), weights_(std::move(weights)), stream_(stream), control_(control) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, spec.ordinal) == cudaSuccess) device_name_ = prop.name;
-    if (exchange != nullptr && exchange->group_size() > 1) exchange_ = std::make_unique<DeviceExchange>(*exchange, stream_);
+    if (exchange != nullptr && exchange->group_size() > 1)
+      exchange_ = std::make_unique<DeviceExchange>(*exchange, stream_, exchange_dtype);
   }
   ~CudaGenerator() override {
     exchange_.reset();
@@ -464,8 +465,11 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
 }  // namespace
 
 Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec& spec, const LoadedModel& model,
-                                                               comm::Communicator* control, comm::Communicator* exchange) {
+                                                               comm::Communicator* control, comm::Communicator* exchange,
+                                                               DType exchange_dtype) {
   if (spec.kind != DeviceKind::cuda) return invalid_argument("open_device_generator: " + spec.name() + " is not a device");
+  if (exchange_dtype != DType::f32 && exchange_dtype != DType::bf16)
+    return invalid_argument("--tp-exchange-dtype: f32 or bf16, not " + std::string(dtype_name(exchange_dtype)));
   SNAP_RETURN_IF_ERROR(device_supports(model.config, spec.name()));
   const int tp = model.shard.tp_size;
   const auto group_of = [](const comm::Communicator* c) { return c != nullptr ? c->group_size() : 1; };
@@ -478,7 +482,8 @@ Result<std::unique_ptr<DeviceGenerator>> open_device_generator(const DeviceSpec&
   cudaStream_t stream = nullptr;
   const cudaError_t e = cudaStreamCreate(&stream);
   if (e != cudaSuccess) return unavailable("--device " + spec.name() + ": cudaStreamCreate: " + cudaGetErrorString(e));
-  return std::unique_ptr<DeviceGenerator>(new CudaGenerator(spec, model, std::move(weights), stream, control, exchange));
+  return std::unique_ptr<DeviceGenerator>(
+      new CudaGenerator(spec, model, std::move(weights), stream, control, exchange, exchange_dtype));
 }
 
 }  // namespace snap

@@ -185,6 +185,13 @@ void f32_to_bf16_cuda(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t)
   for (int64_t i = 0; i < n; ++i) bits(y)[i] = f32_to_bf16(x[i]);
 }
 
+void bf16_to_f32_cuda(const __nv_bfloat16* x, float* y, int64_t n, cudaStream_t) {
+  if (!require_device(x, 2 * static_cast<size_t>(std::max<int64_t>(n, 0)), "bf16_to_f32 x") ||
+      !require_device(y, f32s(n), "bf16_to_f32 y"))
+    return;
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(bits(x)[i]);
+}
+
 cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w,
                                 const float* bias, float* y, int64_t num_tokens, int64_t rows, int64_t cols,
                                 cudaStream_t) {
