@@ -144,8 +144,16 @@ TEST_F(EngineThreads, ConcurrentSubmitCancelAndStats) {
     EXPECT_EQ(t->after_finish, 0) << t->reasons;
     EXPECT_EQ(t->reasons.find("error"), std::string::npos) << t->reasons;
   }
-  EXPECT_EQ(engine->stats().kv_blocks_used, 0);
-  EXPECT_EQ(engine->stats().running, 0);
+  // stats() is what the scheduler published after its last step, and a request's final event
+  // goes out inside that step (a cancel, or the reap before the publish): wait for the next
+  // publish (the loop wakes at least every 200 ms) instead of reading it at the last event.
+  EngineStats st = engine->stats();
+  for (int i = 0; i < 100 && (st.running != 0 || st.kv_blocks_used != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    st = engine->stats();
+  }
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.running, 0);
 }
 
 TEST_F(EngineThreads, ShutdownWithRequestsInFlightFinishesEachOnce) {
