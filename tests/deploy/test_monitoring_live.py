@@ -202,12 +202,12 @@ def main():
         procs.start([snapserve, "serve", "--model", model, "--port", "0", "--max-num-seqs", "1",
                      "--max-waiting", "1"], server_log)
 
-        def served():
-            server_log.seek(0)
-            m = re.search(r"snapserve: serving \S+ on (http://\S+)", server_log.read())
+        def served(log):  # the server's base URL once its log says it serves, else None
+            log.seek(0)
+            m = re.search(r"snapserve: serving \S+ on (http://\S+)", log.read())
             return m.group(1) if m else None
 
-        base = wait_for("snapserve to serve", served, 60)
+        base = wait_for("snapserve to serve", lambda: served(server_log), 60)
         target = base.removeprefix("http://")
         targets = [target]
         device_base = None
@@ -215,13 +215,7 @@ def main():
             device_log = open(os.path.join(tmp, "snapserve-device.log"), "w+")
             procs.start([device_snapserve, "serve", "--device", "cuda", "--model", model, "--port", "0",
                          "--kv-cache-mib", "64"], device_log)
-
-            def device_served():
-                device_log.seek(0)
-                m = re.search(r"snapserve: serving \S+ on (http://\S+)", device_log.read())
-                return m.group(1) if m else None
-
-            device_base = wait_for("snapserve --device cuda to serve", device_served, 120)
+            device_base = wait_for("snapserve --device cuda to serve", lambda: served(device_log), 120)
             targets.append(device_base.removeprefix("http://"))
 
         prom_port = free_port()
