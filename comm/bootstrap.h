@@ -82,8 +82,8 @@ struct CommOptions {
   int device = -1;
   // How long all_reduce_sum, all_gather and barrier may wait for the other ranks once the
   // communicator is armed (Communicator::set_collective_timeout; --collective-timeout; 0: no
-  // limit). The TCP and NCCL backends enforce it; MPI cannot (mpirun ends the job when a rank
-  // dies, not when one hangs).
+  // limit). Every backend enforces it (MPI through point-to-point transfers it polls, see
+  // comm/mpi.cpp).
   std::chrono::milliseconds collective_timeout{120000};
   // MPI: all-reduces of at most this many bytes gather every buffer to every rank (one
   // round, lowest latency); larger ones use the two-round reduce-scatter/all-gather

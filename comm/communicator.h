@@ -94,7 +94,7 @@ class Communicator {
   // communicator is broken (a later call fails at once). Broadcasts never time out: a worker
   // waits there for an idle leader's next step. Configured at construction
   // (CommOptions::collective_timeout) and armed by agree_on_load once every rank has loaded
-  // its shard, so a slow load is not mistaken for a hang. Enforced by the TCP and NCCL
+  // its shard, so a slow load is not mistaken for a hang. Enforced by the TCP, MPI and NCCL
   // backends; 0 means no limit.
   void set_collective_timeout(std::chrono::milliseconds timeout) { configured_timeout_ms_ = timeout.count(); }
   void arm_collective_timeout() { armed_timeout_ms_.store(configured_timeout_ms_); }

@@ -7,14 +7,26 @@
 // MPI_Finalize) and kills every other rank of the job, printing "mpirun noticed that
 // process rank R ... exited on signal 9" and exiting non-zero; survivors are killed while
 // they wait in a collective, so no rank hangs (tests/comm/test_comm_fault.cpp measures it).
-// A rank that hangs without dying is not detected here.
+//
+// A rank that hangs without dying (SIGSTOP, a stuck device, a partition): MPI has no
+// timeout on its collectives, so the all-reduce, all-gather and barrier are written here as
+// non-blocking point-to-point transfers with every peer, polled against the armed collective
+// timeout (Communicator::collective_timeout). At the deadline the call fails naming the
+// ranks whose transfers did not finish ("comm/mpi: rank 0: all_reduce_sum waited 2.0 s for
+// rank 1 (--collective-timeout 2 s): it died or hangs") and the communicator is broken.
+// MPI cannot take back a transfer a collective has begun, nor finalize while a rank of the
+// job hangs (MPI_Finalize waits for every rank), so once any communicator broke, this
+// process ends the job at exit with MPI_Abort instead of MPI_Finalize: mpirun then kills the
+// hung rank too. The traffic is that of the collectives they replace (see do_all_reduce_sum).
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -42,11 +54,27 @@ Status mpi_failure(const char* call, int code) {
     if (snap_mpi_rc_ != MPI_SUCCESS) return mpi_failure(#call, snap_mpi_rc_); \
   } while (0)
 
+// Set once a communicator fails (a timed-out collective): MPI_Finalize would wait for the
+// rank that hangs, so the process ends the job at exit instead.
+std::atomic<bool> g_job_broken{false};
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (g_job_broken.load()) {
+    std::fflush(nullptr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  MPI_Finalize();
 }
+
+// Point-to-point tags of the collectives written here (apart from MPI's own collectives,
+// which match in a separate context). Messages between two ranks with one tag arrive in
+// order, and every rank runs the collectives in the same order, so a tag per phase suffices.
+constexpr int k_tag_reduce_scatter = 701;
+constexpr int k_tag_all_gather = 702;
+constexpr int k_tag_barrier = 703;
 
 Status ensure_mpi_initialized() {
   static std::mutex mu;
@@ -78,7 +106,8 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    // A broken communicator may still have transfers in flight: leave it to MPI_Abort.
+    if (!finalized && comm_ != MPI_COMM_NULL && failed_.ok()) MPI_Comm_free(&comm_);
   }
   const char* backend_name() const override { return "mpi"; }
 
@@ -93,56 +122,62 @@ class MpiCommunicator final : public Communicator {
   // Fixed-order all-reduce (see comm/communicator.h). MPI_Allreduce's order is up to the
   // implementation (and differs between its algorithms), so we never use it. Two paths,
   // same arithmetic (sum_blocks_in_rank_order), hence the same bits:
-  //  - small (<= small_all_reduce_bytes_): MPI_Allgather every buffer to every rank, each
+  //  - small (<= small_all_reduce_bytes_): every buffer to every rank (an all-gather), each
   //    sums locally. One round; each rank receives (P-1)·n bytes. A decode step's 576 f32
   //    (2.3 KB) is latency-bound, so one round beats two.
   //  - large: rank r owns chunk r (count/P elements, the first count%P chunks one longer).
-  //    MPI_Alltoallv sends each chunk to its owner, the owner sums the P copies in rank
-  //    order, MPI_Allgatherv returns the finished chunks. Each rank sends 2(P-1)/P·n bytes,
-  //    the same as a ring all-reduce, versus (P-1)·n for the gather path (4x more at P=8
-  //    for a 1.2 MB prefill chunk). Partial sums never travel, so bf16 rounds once.
+  //    Each chunk goes to its owner, the owner sums the P copies in rank order, and the
+  //    finished chunks go back to every rank. Each rank sends 2(P-1)/P·n bytes, the same as
+  //    a ring all-reduce, versus (P-1)·n for the gather path (4x more at P=8 for a 1.2 MB
+  //    prefill chunk). Partial sums never travel, so bf16 rounds once.
+  // Both are point-to-point transfers with every peer at once, bounded by the collective
+  // timeout (see the top of the file).
   Status do_all_reduce_sum(void* buf, int64_t count, DType dtype) override {
+    SNAP_RETURN_IF_ERROR(failed_);
     const int p = group_size();
     const int64_t elem = dtype_size(dtype);
     const int64_t bytes = count * elem;
     SNAP_RETURN_IF_ERROR(check_int_bytes("all_reduce_sum", bytes));
     if (count == 0 || p == 1) return Status();
+    uint8_t* data = static_cast<uint8_t*>(buf);
+    const int me = group_rank();
     if (bytes <= small_all_reduce_bytes_ || count < p) {
       scratch_.resize(static_cast<size_t>(p) * bytes);
-      SNAP_MPI_CALL(MPI_Allgather, buf, static_cast<int>(bytes), MPI_BYTE, scratch_.data(), static_cast<int>(bytes),
-                    MPI_BYTE, comm_);
+      SNAP_RETURN_IF_ERROR(gather_blocks(data, scratch_.data(), bytes, CommOp::all_reduce_sum));
       sum_blocks_in_rank_order(scratch_.data(), p, count, count, dtype, buf);
       return Status();
     }
-    std::vector<int> chunk_bytes(p), chunk_offsets(p), recv_bytes(p), recv_offsets(p);
     const std::vector<RankChunk> chunks = rank_chunks(count, p);
+    const int64_t my_len = chunks[me].length;
+    const int64_t my_bytes = my_len * elem;
+    scratch_.resize(static_cast<size_t>(p) * my_bytes);
+    // Reduce-scatter: chunk r of every rank to rank r; this rank's own copy lands in slot me.
+    std::vector<Transfer> ts;
     for (int r = 0; r < p; ++r) {
-      chunk_bytes[r] = static_cast<int>(chunks[r].length * elem);
-      chunk_offsets[r] = static_cast<int>(chunks[r].offset * elem);
+      if (r == me) continue;
+      SNAP_RETURN_IF_ERROR(post(ts, false, scratch_.data() + r * my_bytes, my_bytes, r, k_tag_reduce_scatter));
+      SNAP_RETURN_IF_ERROR(post(ts, true, data + chunks[r].offset * elem, chunks[r].length * elem, r,
+                                k_tag_reduce_scatter));
     }
-    const int me = group_rank();
-    const int64_t my_len = chunk_bytes[me] / elem;
+    std::memcpy(scratch_.data() + me * my_bytes, data + chunks[me].offset * elem, static_cast<size_t>(my_bytes));
+    SNAP_RETURN_IF_ERROR(wait(ts, CommOp::all_reduce_sum));
+    sum_blocks_in_rank_order(scratch_.data(), p, my_len, my_len, dtype, data + chunks[me].offset * elem);
+    // All-gather of the finished chunks (the sends above are complete: buf is free to fill).
     for (int r = 0; r < p; ++r) {
-      recv_bytes[r] = chunk_bytes[me];
-      recv_offsets[r] = r * chunk_bytes[me];
+      if (r == me) continue;
+      SNAP_RETURN_IF_ERROR(post(ts, false, data + chunks[r].offset * elem, chunks[r].length * elem, r,
+                                k_tag_all_gather));
+      SNAP_RETURN_IF_ERROR(post(ts, true, data + chunks[me].offset * elem, my_bytes, r, k_tag_all_gather));
     }
-    scratch_.resize(static_cast<size_t>(p) * chunk_bytes[me]);
-    SNAP_MPI_CALL(MPI_Alltoallv, buf, chunk_bytes.data(), chunk_offsets.data(), MPI_BYTE, scratch_.data(),
-                  recv_bytes.data(), recv_offsets.data(), MPI_BYTE, comm_);
-    sum_blocks_in_rank_order(scratch_.data(), p, my_len, my_len, dtype,
-                             static_cast<uint8_t*>(buf) + chunk_offsets[me]);
-    SNAP_MPI_CALL(MPI_Allgatherv, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, chunk_bytes.data(), chunk_offsets.data(),
-                  MPI_BYTE, comm_);
-    return Status();
+    return wait(ts, CommOp::all_reduce_sum);
   }
 
   Status do_all_gather(const void* send, void* recv, int64_t count, DType dtype) override {
+    SNAP_RETURN_IF_ERROR(failed_);
     const int64_t bytes = count * dtype_size(dtype);
     SNAP_RETURN_IF_ERROR(check_int_bytes("all_gather", bytes * group_size()));
     if (count == 0) return Status();
-    SNAP_MPI_CALL(MPI_Allgather, send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE,
-                  comm_);
-    return Status();
+    return gather_blocks(static_cast<const uint8_t*>(send), static_cast<uint8_t*>(recv), bytes, CommOp::all_gather);
   }
 
   Status do_broadcast(void* buf, int64_t count, DType dtype, int root) override {
@@ -153,8 +188,10 @@ class MpiCommunicator final : public Communicator {
   // server is idle. MPI_Bcast would spin a core the whole time (and on CPU ranks that
   // share cores, slow rank 0 down), so a receiving rank polls a non-blocking broadcast:
   // it spins for the first 200 µs (a decode step's plan arrives well within that), then
-  // sleeps between polls, backing off to 1 ms.
+  // sleeps between polls, backing off to 1 ms. Never timed out (a worker waits here for an
+  // idle leader), but a broken communicator fails it at once.
   Status do_broadcast_bytes(void* buf, int64_t num_bytes, int root) override {
+    SNAP_RETURN_IF_ERROR(failed_);
     SNAP_RETURN_IF_ERROR(check_int_bytes("broadcast", num_bytes));
     if (num_bytes == 0) return Status();
     // Every rank uses MPI_Ibcast: a blocking and a non-blocking collective never match.
@@ -176,15 +213,122 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  // An empty message to and from every peer: no rank leaves before all have entered.
   Status do_barrier() override {
-    SNAP_MPI_CALL(MPI_Barrier, comm_);
-    return Status();
+    SNAP_RETURN_IF_ERROR(failed_);
+    std::vector<Transfer> ts;
+    for (int r = 0; r < group_size(); ++r) {
+      if (r == group_rank()) continue;
+      SNAP_RETURN_IF_ERROR(post(ts, false, nullptr, 0, r, k_tag_barrier));
+      SNAP_RETURN_IF_ERROR(post(ts, true, nullptr, 0, r, k_tag_barrier));
+    }
+    return wait(ts, CommOp::barrier);
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
+  // One point-to-point transfer of a collective, and the peer it depends on.
+  struct Transfer {
+    MPI_Request req = MPI_REQUEST_NULL;
+    int peer = 0;
+  };
+
+  Status post(std::vector<Transfer>& ts, bool send, const void* data, int64_t bytes, int peer, int tag) {
+    Transfer t;
+    t.peer = peer;
+    const int rc = send ? MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &t.req)
+                        : MPI_Irecv(const_cast<void*>(data), static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &t.req);
+    if (rc != MPI_SUCCESS) return fail(ts, mpi_failure(send ? "MPI_Isend" : "MPI_Irecv", rc));
+    ts.push_back(t);
+    return Status();
+  }
+
+  // recv[P × bytes]: block r is rank r's `send` (this rank's copied locally).
+  Status gather_blocks(const uint8_t* send, uint8_t* recv, int64_t bytes, CommOp op) {
+    const int me = group_rank();
+    std::vector<Transfer> ts;
+    for (int r = 0; r < group_size(); ++r) {
+      if (r == me) continue;
+      SNAP_RETURN_IF_ERROR(post(ts, false, recv + r * bytes, bytes, r, k_tag_all_gather));
+      SNAP_RETURN_IF_ERROR(post(ts, true, send, bytes, r, k_tag_all_gather));
+    }
+    if (recv + me * bytes != send) std::memcpy(recv + me * bytes, send, static_cast<size_t>(bytes));
+    return wait(ts, op);
+  }
+
+  // Polls every transfer to completion (MPI_Test* also drives MPI's progress, as MPI_Wait
+  // would), at most the armed collective timeout; `ts` is empty on return.
+  Status wait(std::vector<Transfer>& ts, CommOp op) {
+    const std::chrono::milliseconds limit = collective_timeout();
+    const Clock::time_point start = Clock::now();
+    Clock::time_point deadline = limit.count() > 0 ? start + limit : Clock::time_point::max();
+    reqs_.resize(ts.size());
+    for (size_t i = 0; i < ts.size(); ++i) reqs_[i] = ts[i].req;
+    done_.resize(ts.size());
+    Clock::time_point last = start;
+    for (;;) {
+      // A gap between two polls means this process itself was not running (stopped, then
+      // continued): that time is not the peers' to answer for.
+      const Clock::time_point now = Clock::now();
+      if (now - last > std::chrono::seconds(1) && deadline != Clock::time_point::max()) deadline += now - last;
+      last = now;
+      int n_done = 0;
+      const int rc = MPI_Testsome(static_cast<int>(reqs_.size()), reqs_.data(), &n_done, done_.data(),
+                                  MPI_STATUSES_IGNORE);
+      for (size_t i = 0; i < ts.size(); ++i) ts[i].req = reqs_[i];
+      if (rc != MPI_SUCCESS) return fail(ts, mpi_failure("MPI_Testsome", rc));
+      if (n_done == MPI_UNDEFINED) break;  // no transfer left
+      if (n_done == 0 && now >= deadline) return fail(ts, timed_out(ts, op, limit, start));
+    }
+    ts.clear();
+    return Status();
+  }
+
+  // "comm/mpi: rank 0: all_reduce_sum waited 2.0 s for rank 1 (--collective-timeout 2 s): it died or hangs"
+  Status timed_out(const std::vector<Transfer>& ts, CommOp op, std::chrono::milliseconds limit,
+                   Clock::time_point start) const {
+    std::vector<int> peers;
+    for (const Transfer& t : ts)
+      if (t.req != MPI_REQUEST_NULL && std::find(peers.begin(), peers.end(), t.peer) == peers.end())
+        peers.push_back(t.peer);
+    std::sort(peers.begin(), peers.end());
+    std::string who = peers.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < peers.size(); ++i) who += (i ? ", " : "") + std::to_string(peers[i]);
+    char secs[96];
+    std::snprintf(secs, sizeof secs, "%.1f s for %s (--collective-timeout %g s)",
+                  std::chrono::duration<double>(Clock::now() - start).count(), who.c_str(), limit.count() / 1000.0);
+    std::string text = "comm/mpi: rank ";
+    text += std::to_string(group_rank());
+    text += ": ";
+    text += comm_op_name(op);
+    text += " waited ";
+    text += secs;
+    text += peers.size() == 1 ? ": it died or hangs" : ": they died or hang";
+    return internal_error(text);
+  }
+
+  // The communicator is unusable after a failure: its transfers still in flight are
+  // cancelled (receives) or released, every later call returns `s`, and the process ends
+  // the job at exit (see finalize_at_exit).
+  Status fail(std::vector<Transfer>& ts, Status s) {
+    for (Transfer& t : ts) {
+      if (t.req == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&t.req);
+      MPI_Request_free(&t.req);
+    }
+    ts.clear();
+    failed_ = s;
+    g_job_broken.store(true);
+    return s;
+  }
+
   MPI_Comm comm_;
   const int64_t small_all_reduce_bytes_;
   std::vector<uint8_t> scratch_;  // [P × chunk] receive area of the all-reduce
+  std::vector<MPI_Request> reqs_;  // wait()'s request array
+  std::vector<int> done_;          // MPI_Testsome's completed indices
+  Status failed_;                  // the first failure; ok while the communicator works
 };
 
 }  // namespace

@@ -24,7 +24,7 @@ struct TpFlags {
   int world_size = -1;
   std::string leader;
   // --collective-timeout: seconds a collective inside a step may wait for the other ranks
-  // once all have loaded (TCP and NCCL; 0: no limit).
+  // once all have loaded (TCP, MPI and NCCL; 0: no limit).
   double collective_timeout_s = 120;
 };
 

@@ -125,8 +125,8 @@ void add_tp_options(CLI::App* cmd, TpFlags& f, const std::string& subcommand) {
   cmd->add_option("--collective-timeout", f.collective_timeout_s,
                   "Seconds an all-reduce or gather inside a step may wait for the other ranks, once every rank has "
                   "loaded, before this rank gives up naming the rank(s) it waited for and the group fails "
-                  "(default 120; 0: no limit): a hung rank never hangs the job. TCP (--leader) and NCCL enforce it; "
-                  "under mpirun a dead rank ends the job, a hung one is not bounded")
+                  "(default 120; 0: no limit): a hung rank never hangs the job. TCP (--leader), MPI (mpirun, srun) "
+                  "and NCCL enforce it; under MPI the job then ends (MPI_Abort)")
       ->check(CLI::Range(0.0, 86400.0));
   add_cpu_flags(cmd);
 }

@@ -1,6 +1,9 @@
 // Helper for tests/comm/test_comm_fault.cpp, run under mpirun: 200 rounds of an
 // all-reduce of 576 floats. `--fail RANK MODE` makes RANK fail at round 50 by MODE:
-// kill (raise SIGKILL), exit (exit code 3 without MPI_Finalize) or abort (abort_job).
+// kill (raise SIGKILL), exit (exit code 3 without MPI_Finalize), abort (abort_job) or stop
+// (raise SIGSTOP: a rank that hangs without dying). With stop the collective timeout is 3 s,
+// armed as agree_on_load arms it; the other modes keep it unarmed.
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -23,17 +26,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", world.status().to_string().c_str());
     return 1;
   }
-  snap::Result<std::unique_ptr<Communicator>> comm = make_communicator(CommKind::mpi, world.value());
+  CommOptions options;
+  options.collective_timeout = std::chrono::seconds(3);
+  snap::Result<std::unique_ptr<Communicator>> comm = make_communicator(CommKind::mpi, world.value(), options);
   if (!comm.ok()) {
     std::fprintf(stderr, "%s\n", comm.status().to_string().c_str());
     return 1;
   }
+  if (mode == "stop") comm.value()->arm_collective_timeout();
   std::vector<float> act(576);
   for (int round = 0; round < 200; ++round) {
     if (round == 50 && world->rank() == fail_rank) {
       if (mode == "kill") std::raise(SIGKILL);
       if (mode == "exit") std::_Exit(3);
       if (mode == "abort") comm.value()->abort_job("worker failed on purpose in round 50", 5);
+      if (mode == "stop") std::raise(SIGSTOP);
     }
     for (size_t i = 0; i < act.size(); ++i) act[i] = static_cast<float>(world->rank() + i);
     snap::Status s = comm.value()->all_reduce_sum(std::span<float>(act));

@@ -1,6 +1,6 @@
 // A rank that dies must not leave the others hanging: run comm_fault_helper under
 // `timeout 60 mpirun -np 3` with rank 1 failing mid-loop of all-reduces (SIGKILL, exit
-// without MPI_Finalize, abort_job) and check the job ends non-zero, well before the
+// without MPI_Finalize, abort_job, SIGSTOP) and check the job ends non-zero, well before the
 // timeout, with a message naming the cause. The bound tests a hang, not speed.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -71,6 +71,23 @@ TEST(CommFault, AbortJobEndsTheJobWithItsMessage) {
   EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
   EXPECT_NE(r.output.find("rank 1 aborting the job: worker failed on purpose in round 50"), std::string::npos)
       << r.output;
+}
+
+// A rank that hangs without dying: the others' all-reduce gives up after the armed collective
+// timeout (3 s in the helper), naming it, and the job ends (MPI_Abort at their exit; mpirun
+// kills the stopped rank).
+TEST(CommFault, StoppedRankTimesOutNamingIt) {
+  JobResult r = run_job("--fail 1 stop");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
+  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  for (int rank : {0, 2}) {
+    EXPECT_NE(r.output.find("comm/mpi: rank " + std::to_string(rank) + ": all_reduce_sum waited "), std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find(" for rank 1 (--collective-timeout 3 s): it died or hangs"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("200 rounds done"), std::string::npos) << r.output;
+  std::printf("measured: the job ended %.1f s after it started (the stop comes at round 50 of 200)\n", r.seconds);
 }
 
 }  // namespace

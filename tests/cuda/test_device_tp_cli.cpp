@@ -11,7 +11,9 @@
 //     vocabulary-parallel LM head's gather of 1000/2 f32 per sampled token;
 //   - --tp-exchange-dtype bf16: half the all-reduce bytes, the same text;
 //   - `batch --device cuda:0 --tp 2` (the serving engine's lockstep under the batch runner):
-//     every record's choices equal one process's.
+//     every record's choices equal one process's;
+//   - under mpirun (host-staged over MPI), a stopped rank ends the job after
+//     --collective-timeout, naming it.
 // Built twice: against the CUDA runtime (exits 77 without a GPU) and against the host twin
 // (kernels/cuda/host, in CI): there the two processes run worker/device on the CPU.
 #include <cuda_runtime.h>
@@ -20,6 +22,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +36,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/free_port.h"
@@ -297,6 +302,57 @@ TEST_F(DeviceTpCli, RealModelMatchesTheCpuEngine) {
 // `snapserve batch --device cuda:0 --tp 2` (what deploy/slurm/batch_tp.sbatch runs with
 // BATCH_DEVICE=cuda): the serving engine's lockstep under the batch runner; every record's
 // choices equal one process's (SnapKV lines included), and rank 1 exits 0.
+// Under mpirun the host-staged exchange goes over MPI, which has no timeout of its own: a rank
+// that stops (SIGSTOP) mid-generation must end the job within about --collective-timeout,
+// naming it (comm/mpi.cpp), rather than hang until `timeout` (exit 124). SmolLM2 at tp 3,
+// so that decoding lasts long enough to be stopped.
+TEST_F(DeviceTpCli, StoppedMpiRankEndsTheJobNamingIt) {
+  const char* env = std::getenv("SNAP_MODEL");
+  const std::string model = env && *env ? env : std::string(std::getenv("HOME")) + "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no " << model;
+  if (sh(std::string(SNAP_MPIEXEC) + " --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no " << SNAP_MPIEXEC;
+  const fs::path out = dir_ / "mpistop.out", err = dir_ / "mpistop.err", rc = dir_ / "mpistop.rc";
+  const std::string job = "timeout 120 " + std::string(SNAP_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 " + k_bin +
+                          " generate --model " + model + " --prompt-file " + (dir_ / "prompt.txt").string() +
+                          " --max-tokens 4000 --ignore-eos --threads 1 --device cuda:0 --tp 3 --tp-comm host "
+                          "--collective-timeout 2 > " + out.string() + " 2> " + err.string() + "; echo $? > " + rc.string();
+  ASSERT_EQ(sh("(" + job + ") &"), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  while (slurp(out).size() < 20 && elapsed() < 90 && !fs::exists(rc)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(slurp(out).size(), 20u) << "generation never started\n" << slurp(err);
+  // Rank 1: the process of this job whose environment says OMPI_COMM_WORLD_RANK=1.
+  pid_t victim = -1;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = slurp(e.path() / "cmdline");
+    for (char& ch : cmdline) ch = ch == '\0' ? ' ' : ch;
+    if (cmdline.find((dir_ / "prompt.txt").string()) == std::string::npos || cmdline.find(" generate ") == std::string::npos)
+      continue;
+    if (slurp(e.path() / "environ").find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') != std::string::npos)
+      victim = static_cast<pid_t>(std::stol(name));
+  }
+  ASSERT_GT(victim, 0) << "rank 1 not found";
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const auto stopped = std::chrono::steady_clock::now();
+  while ((!fs::exists(rc) || slurp(rc).empty()) && elapsed() < 150) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  if (::kill(victim, 0) == 0 && slurp(rc).empty()) {  // left behind: clean up, then fail below
+    ::kill(victim, SIGKILL);
+    ::kill(victim, SIGCONT);
+  }
+  const std::string code = slurp(rc), log = slurp(err);
+  ASSERT_FALSE(code.empty()) << "job still running " << seconds << " s after rank 1 stopped";
+  EXPECT_NE(std::stoi(code), 0) << log;
+  EXPECT_NE(std::stoi(code), 124) << "mpirun hung until timeout killed it\n" << log;
+  EXPECT_LT(seconds, 30.0) << log;
+  EXPECT_TRUE(std::regex_search(log, std::regex("comm/mpi: rank 0: (all_reduce_sum|all_gather) waited [0-9.]+ s for rank 1 "
+                                                "\\(--collective-timeout 2 s\\): it died or hangs")))
+      << log;
+  std::printf("[ info ] the job ended %.1f s after rank 1 stopped (--collective-timeout 2)\n", seconds);
+}
+
 TEST_F(DeviceTpCli, BatchTwoProcessesEqualOne) {
   {
     std::ofstream in(dir_ / "batch.jsonl");

@@ -4,7 +4,8 @@
 //   - a --tp that does not match the launcher, or does not divide the model's heads, is a
 //     one-line error, not a hang;
 //   - killing one rank mid-generation ends the whole job non-zero, with mpirun naming the
-//     rank, within k_bound_seconds (a `timeout` at 120 s would show up as exit 124);
+//     rank, within k_bound_seconds (a `timeout` at 120 s would show up as exit 124); stopping
+//     one (SIGSTOP) ends it after --collective-timeout, naming the rank;
 //   - without MPI (as under a Kubernetes LeaderWorkerSet): three processes started with
 //     --rank/--world-size/--leader form the group over TCP and print the same text.
 #include <gtest/gtest.h>
@@ -221,6 +222,40 @@ TEST_F(TpCli, KilledRankEndsTheJob) {
   EXPECT_NE(log.find("rank 1"), std::string::npos) << log;
   EXPECT_NE(log.find("signal 9"), std::string::npos) << log;
   EXPECT_EQ(log.find("generated tokens 4000"), std::string::npos) << log;
+}
+
+// A rank that stops (SIGSTOP: alive, never answering) mid-generation under mpirun: MPI has no
+// collective timeout of its own, so the MPI backend's --collective-timeout must end the job,
+// naming the rank, instead of it hanging until `timeout` (exit 124).
+TEST_F(TpCli, StoppedMpiRankEndsTheJobNamingIt) {
+  const std::string out = dir_ + "/job.out", err = dir_ + "/job.err", rc = dir_ + "/job.rc";
+  const std::string job = "timeout 120 " + k_mpirun + " -np 3 " + k_bin + generate_args(4000) +
+                          " --tp 3 --collective-timeout 2 > " + out + " 2> " + err + "; echo $? > " + rc;
+  ASSERT_EQ(std::system(("(" + job + ") &").c_str()), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  while (slurp(out).size() < 20 && elapsed() < 60 && !fs::exists(rc)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(slurp(out).size(), 20u) << "generation never started\n" << slurp(err);
+  const pid_t victim = find_rank(2, prompt_);
+  ASSERT_GT(victim, 0) << "rank 2 not found";
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const auto stopped = std::chrono::steady_clock::now();
+  while ((!fs::exists(rc) || slurp(rc).empty()) && elapsed() < 150) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  if (::kill(victim, 0) == 0) {  // left behind: clean up, then fail below
+    ::kill(victim, SIGKILL);
+    ::kill(victim, SIGCONT);
+  }
+  const std::string code = slurp(rc), log = slurp(err);
+  ASSERT_FALSE(code.empty()) << "job still running " << seconds << " s after rank 2 stopped";
+  EXPECT_NE(std::stoi(code), 0) << log;
+  EXPECT_NE(std::stoi(code), 124) << "mpirun hung until timeout killed it\n" << log;
+  EXPECT_LT(seconds, k_bound_seconds) << log;
+  // Where rank 0 waits depends on when the stop lands: an o_proj/down_proj all-reduce or the LM head's gather.
+  EXPECT_TRUE(std::regex_search(log, std::regex("comm/mpi: rank 0: (all_reduce_sum|all_gather) waited "))) << log;
+  EXPECT_NE(log.find(" for rank 2 (--collective-timeout 2 s): it died or hangs"), std::string::npos) << log;
+  EXPECT_EQ(log.find("generated tokens 4000"), std::string::npos) << log;
+  std::printf("measured: the job ended %.1f s after rank 2 stopped (--collective-timeout 2)\n", seconds);
 }
 
 TEST_F(TpCli, TcpGroupWithoutMpiMatchesOneProcess) {
