@@ -19,9 +19,11 @@
 // on their shards in the same order (run_device_engine_follower), so every pool holds the same
 // sequences in the same blocks and admission decided on rank 0 holds everywhere. The forward's
 // all-reduces and the LM head's gather run over the exchange (NCCL, or staged through that
-// communicator). A failed operation or exchange fails the group: every request ends with an
-// unavailable error and on_group_failure is called (the server exits, its launcher restarts the
-// group). About once a second a `report` op gathers every rank's device memory and exchange
+// communicator). A failed operation or exchange, or rank 0's GroupWatchdog (--step-timeout,
+// for a rank that hangs where no collective timeout would end the wait), fails the group:
+// every open request ends at once with an unavailable error through its DeviceSinkGate, from
+// whichever thread saw it, and on_group_failure is called (the server exits, its launcher
+// restarts the group). About once a second a `report` op gathers every rank's device memory and exchange
 // counters for rank 0's /metrics.
 #include <cuda_runtime.h>
 
@@ -31,6 +33,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -166,6 +170,35 @@ Status gather_reports(const DeviceShard& d, comm::Communicator& control, int64_t
   return Status::ok_status();
 }
 
+// A request's events pass through its gate, so that a group failure seen by the watchdog's
+// thread (the scheduler may be stuck inside an operation, holding mu_) can end every open
+// request with an error at once, and nothing the scheduler sends afterwards reaches the client.
+class DeviceSinkGate {
+ public:
+  explicit DeviceSinkGate(EventSink sink) : sink_(std::move(sink)) {}
+  void deliver(const EngineEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = ev.kind == EngineEvent::Kind::finished;
+    sink_(ev);
+  }
+  void fail(const Status& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    EngineEvent ev;
+    ev.kind = EngineEvent::Kind::finished;
+    ev.finish_reason = "error";
+    ev.error = st;
+    sink_(ev);
+  }
+
+ private:
+  std::mutex mu_;
+  EventSink sink_;
+  bool finished_ = false;
+};
+
 struct DevSeq : TokenStream {
   uint64_t id = 0;
   int32_t pool_seq = -1;  // the device pool's sequence (-1: not opened)
@@ -297,7 +330,13 @@ class DeviceEngine final : public Engine {
     auto s = std::make_unique<DevSeq>();
     s->id = next_id_++;
     s->req = std::move(req);
-    s->sink = std::move(sink);
+    auto gate = std::make_shared<DeviceSinkGate>(std::move(sink));
+    {
+      std::lock_guard<std::mutex> gates_lock(gates_mu_);
+      if (gates_failed_) return unavailable("the tensor-parallel group failed: " + why());
+      gates_[s->id] = gate;
+    }
+    s->sink = [gate](const EngineEvent& ev) { gate->deliver(ev); };
     s->arrival = now_seconds();
     s->layerwise = s->req.kv_policy.layerwise && s->req.kv_policy.kind != KvPolicyKind::full;
     s->layerwise_auto = layerwise_auto;
@@ -455,9 +494,10 @@ class DeviceEngine final : public Engine {
     fail(s, st);
   }
 
-  // From the scheduler thread or the watchdog's: touches no request (the scheduler may be
-  // inside an operation, holding mu_); the scheduler fails them if it gets back, and the
-  // serving process exits (on_group_failure) either way.
+  // From the scheduler thread or the watchdog's: never takes mu_ (the scheduler may be inside
+  // an operation, holding it). Every open request ends at once with an unavailable error
+  // through its gate (streams get an error event, the others a 503); the scheduler cleans its
+  // lists up if it gets back, and the serving process exits (on_group_failure) either way.
   void group_failure(const Status& st) {
     {
       std::lock_guard<std::mutex> lock(why_mu_);
@@ -467,6 +507,14 @@ class DeviceEngine final : public Engine {
     }
     std::fprintf(stderr, "snapserve: error: the tensor-parallel group failed: %s\n", st.message().c_str());
     if (cfg_.on_group_failure) cfg_.on_group_failure(st.message());
+    std::map<uint64_t, std::shared_ptr<DeviceSinkGate>> gates;
+    {
+      std::lock_guard<std::mutex> lock(gates_mu_);
+      gates_failed_ = true;
+      gates.swap(gates_);
+    }
+    const Status failed = unavailable("the tensor-parallel group failed: " + st.message());
+    for (auto& [id, gate] : gates) gate->fail(failed);
   }
 
   // After a group failure: every open request ends with an unavailable error; nothing is sent
@@ -739,6 +787,8 @@ class DeviceEngine final : public Engine {
                                                static_cast<double>(ev.kv_full_equivalent_bytes) / ev.kv_resident_bytes);
     }
     s.sink(ev);
+    std::lock_guard<std::mutex> gates_lock(gates_mu_);
+    gates_.erase(s.id);
   }
 
   void publish_stats() {
@@ -836,6 +886,10 @@ class DeviceEngine final : public Engine {
   mutable std::mutex why_mu_;        // guards broken_why_ (never held with mu_ wanted after it)
   std::string broken_why_;
   std::unique_ptr<GroupWatchdog> watchdog_;  // with a group only
+  // Every request not yet finished, by id (taken after mu_ where both are held).
+  std::mutex gates_mu_;
+  std::map<uint64_t, std::shared_ptr<DeviceSinkGate>> gates_;
+  bool gates_failed_ = false;  // group_failure has ended them: refuse new ones
   double last_report_ = -1e9;        // the last `report` op (engine thread)
   int64_t reports_ = 0;              // reports gathered
   std::vector<RankDeviceReport> reported_;  // last report per rank (counter deltas)
