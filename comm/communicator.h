@@ -91,14 +91,23 @@ class Communicator {
   // No silent hang: once armed, all_reduce_sum, all_gather and barrier (the collectives inside
   // a step, where every rank is busy alike) wait at most `timeout` for the other ranks; then
   // the call fails, naming the rank(s) waited for where the backend knows them, and the
-  // communicator is broken (a later call fails at once). Broadcasts never time out: a worker
-  // waits there for an idle leader's next step. Configured at construction
+  // communicator is broken (a later call fails at once). Broadcasts do not time out (a serving
+  // worker waits there for an idle leader's next step) unless bound_broadcasts() was called.
+  // Configured at construction
   // (CommOptions::collective_timeout) and armed by agree_on_load once every rank has loaded
   // its shard, so a slow load is not mistaken for a hang. Enforced by the TCP, MPI and NCCL
   // backends; 0 means no limit.
   void set_collective_timeout(std::chrono::milliseconds timeout) { configured_timeout_ms_ = timeout.count(); }
   void arm_collective_timeout() { armed_timeout_ms_.store(configured_timeout_ms_); }
   std::chrono::milliseconds collective_timeout() const { return std::chrono::milliseconds(armed_timeout_ms_.load()); }
+  // For a group whose leader is never idle (`generate` sends a plan or request every step):
+  // from here a rank receiving a broadcast waits at most the armed collective timeout too, so
+  // a leader that hangs between two steps ends the job ("broadcast waited ... for rank 0")
+  // instead of leaving its workers waiting for ever. TCP and MPI (NCCL carries no broadcasts).
+  void bound_broadcasts() { broadcasts_bounded_.store(true); }
+  std::chrono::milliseconds broadcast_timeout() const {
+    return broadcasts_bounded_.load() ? collective_timeout() : std::chrono::milliseconds(0);
+  }
 
  protected:
   explicit Communicator(World world) : world_(world) {}
@@ -122,6 +131,7 @@ class Communicator {
   std::array<std::atomic<int64_t>, k_num_comm_ops> nanos_{};
   int64_t configured_timeout_ms_ = 0;
   std::atomic<int64_t> armed_timeout_ms_{0};
+  std::atomic<bool> broadcasts_bounded_{false};
 };
 
 // The owner of each chunk in the two-round all-reduce (reduce-scatter, then all-gather) of

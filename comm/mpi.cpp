@@ -13,7 +13,10 @@
 // non-blocking point-to-point transfers with every peer, polled against the armed collective
 // timeout (Communicator::collective_timeout). At the deadline the call fails naming the
 // ranks whose transfers did not finish ("comm/mpi: rank 0: all_reduce_sum waited 2.0 s for
-// rank 1 (--collective-timeout 2 s): it died or hangs") and the communicator is broken.
+// rank 1 (--collective-timeout 2 s): it died or hangs") and the communicator is broken. In the
+// second round of a large all-reduce that may include a live rank still stuck in the first
+// (waiting for the hung one too); a rank in the first round, or with every live rank in the
+// second, names only the hung ones, so at least one rank's message does.
 // MPI cannot take back a transfer a collective has begun, nor finalize while a rank of the
 // job hangs (MPI_Finalize waits for every rank), so once any communicator broke, this
 // process ends the job at exit with MPI_Abort instead of MPI_Finalize: mpirun then kills the
@@ -188,8 +191,8 @@ class MpiCommunicator final : public Communicator {
   // server is idle. MPI_Bcast would spin a core the whole time (and on CPU ranks that
   // share cores, slow rank 0 down), so a receiving rank polls a non-blocking broadcast:
   // it spins for the first 200 µs (a decode step's plan arrives well within that), then
-  // sleeps between polls, backing off to 1 ms. Never timed out (a worker waits here for an
-  // idle leader), but a broken communicator fails it at once.
+  // sleeps between polls, backing off to 1 ms. Not timed out (a worker waits here for an
+  // idle leader) unless bound_broadcasts() bounds it; a broken communicator fails it at once.
   Status do_broadcast_bytes(void* buf, int64_t num_bytes, int root) override {
     SNAP_RETURN_IF_ERROR(failed_);
     SNAP_RETURN_IF_ERROR(check_int_bytes("broadcast", num_bytes));
@@ -201,13 +204,25 @@ class MpiCommunicator final : public Communicator {
       SNAP_MPI_CALL(MPI_Wait, &req, MPI_STATUS_IGNORE);
       return Status();
     }
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+    const std::chrono::milliseconds limit = broadcast_timeout();
+    const Clock::time_point start = Clock::now();
+    Clock::time_point deadline = limit.count() > 0 ? start + limit : Clock::time_point::max();
+    Clock::time_point last = start;
+    const auto spin_until = start + std::chrono::microseconds(200);
     auto nap = std::chrono::microseconds(20);
     for (;;) {
       int done = 0;
       SNAP_MPI_CALL(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
       if (done) return Status();
-      if (std::chrono::steady_clock::now() < spin_until) continue;
+      const Clock::time_point now = Clock::now();
+      if (now - last > std::chrono::seconds(1) && deadline != Clock::time_point::max()) deadline += now - last;  // see wait()
+      last = now;
+      if (now >= deadline) {
+        // An MPI collective cannot be cancelled: the request is left to MPI_Abort at exit.
+        std::vector<Transfer> none;
+        return fail(none, timed_out({root}, CommOp::broadcast, limit, start));
+      }
+      if (now < spin_until) continue;
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::microseconds(1000));
     }
@@ -279,20 +294,15 @@ class MpiCommunicator final : public Communicator {
       for (size_t i = 0; i < ts.size(); ++i) ts[i].req = reqs_[i];
       if (rc != MPI_SUCCESS) return fail(ts, mpi_failure("MPI_Testsome", rc));
       if (n_done == MPI_UNDEFINED) break;  // no transfer left
-      if (n_done == 0 && now >= deadline) return fail(ts, timed_out(ts, op, limit, start));
+      if (n_done == 0 && now >= deadline) return fail(ts, timed_out(pending_peers(ts), op, limit, start));
     }
     ts.clear();
     return Status();
   }
 
   // "comm/mpi: rank 0: all_reduce_sum waited 2.0 s for rank 1 (--collective-timeout 2 s): it died or hangs"
-  Status timed_out(const std::vector<Transfer>& ts, CommOp op, std::chrono::milliseconds limit,
+  Status timed_out(const std::vector<int>& peers, CommOp op, std::chrono::milliseconds limit,
                    Clock::time_point start) const {
-    std::vector<int> peers;
-    for (const Transfer& t : ts)
-      if (t.req != MPI_REQUEST_NULL && std::find(peers.begin(), peers.end(), t.peer) == peers.end())
-        peers.push_back(t.peer);
-    std::sort(peers.begin(), peers.end());
     std::string who = peers.size() == 1 ? "rank " : "ranks ";
     for (size_t i = 0; i < peers.size(); ++i) who += (i ? ", " : "") + std::to_string(peers[i]);
     char secs[96];
@@ -306,6 +316,16 @@ class MpiCommunicator final : public Communicator {
     text += secs;
     text += peers.size() == 1 ? ": it died or hangs" : ": they died or hang";
     return internal_error(text);
+  }
+
+  // The ranks whose transfers have not finished, in order.
+  static std::vector<int> pending_peers(const std::vector<Transfer>& ts) {
+    std::vector<int> peers;
+    for (const Transfer& t : ts)
+      if (t.req != MPI_REQUEST_NULL && std::find(peers.begin(), peers.end(), t.peer) == peers.end())
+        peers.push_back(t.peer);
+    std::sort(peers.begin(), peers.end());
+    return peers;
   }
 
   // The communicator is unusable after a failure: its transfers still in flight are

@@ -14,7 +14,8 @@
 // then fail in their current or next collective with that message (or "rank R closed the
 // connection" when the process died), never hang. A rank that hangs without dying (stopped,
 // deadlocked, swapping) is caught by the armed collective timeout (exchange()); broadcasts
-// have none (an idle worker waits for the next step plan in poll(), no spinning); a host
+// have none unless bound (an idle worker waits for the next step plan in poll(), no
+// spinning; Communicator::bound_broadcasts); a host
 // that vanishes without closing is caught by TCP keepalive / TCP_USER_TIMEOUT within ~30 s.
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -320,10 +321,10 @@ class TcpCommunicator final : public Communicator {
   // the communicator: see fail(). Inside a step (all_reduce_sum, all_gather, barrier) the
   // armed collective timeout bounds the wait; rank 0 names the ranks it waited for. The
   // others wait k_worker_grace longer, so that rank 0's notice, which names the culprit,
-  // reaches them first (they only ever wait for rank 0). Broadcasts wait for ever: a worker
-  // waits there for an idle leader's next step plan.
+  // reaches them first (they only ever wait for rank 0). Broadcasts wait for ever (a worker
+  // waits there for an idle leader's next step plan) unless bound_broadcasts() bounds them.
   Status exchange(std::vector<Transfer> ts, CommOp op) {
-    const std::chrono::milliseconds limit = op == CommOp::broadcast ? std::chrono::milliseconds(0) : collective_timeout();
+    const std::chrono::milliseconds limit = op == CommOp::broadcast ? broadcast_timeout() : collective_timeout();
     const bool bounded = limit.count() > 0;
     const Clock::time_point start = Clock::now();
     const Clock::time_point deadline =

@@ -1,7 +1,9 @@
 // Helper for tests/comm/test_comm_fault.cpp, run under mpirun: 200 rounds of an
 // all-reduce of 576 floats. `--fail RANK MODE` makes RANK fail at round 50 by MODE:
 // kill (raise SIGKILL), exit (exit code 3 without MPI_Finalize), abort (abort_job) or stop
-// (raise SIGSTOP: a rank that hangs without dying). With stop the collective timeout is 3 s,
+// (raise SIGSTOP: a rank that hangs without dying) or stopbcast (SIGSTOP after the round's
+// all-reduce, before rank 0's broadcast of the next "plan", with broadcasts bounded as
+// `generate`'s workers bound them). With stop and stopbcast the collective timeout is 3 s,
 // armed as agree_on_load arms it; the other modes keep it unarmed.
 #include <chrono>
 #include <csignal>
@@ -33,7 +35,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", comm.status().to_string().c_str());
     return 1;
   }
-  if (mode == "stop") comm.value()->arm_collective_timeout();
+  if (mode == "stop" || mode == "stopbcast") comm.value()->arm_collective_timeout();
+  if (mode == "stopbcast") comm.value()->bound_broadcasts();
+  std::vector<uint8_t> plan(64);
   std::vector<float> act(576);
   for (int round = 0; round < 200; ++round) {
     if (round == 50 && world->rank() == fail_rank) {
@@ -44,6 +48,10 @@ int main(int argc, char** argv) {
     }
     for (size_t i = 0; i < act.size(); ++i) act[i] = static_cast<float>(world->rank() + i);
     snap::Status s = comm.value()->all_reduce_sum(std::span<float>(act));
+    if (s.ok() && mode == "stopbcast") {
+      if (round == 50 && world->rank() == fail_rank) std::raise(SIGSTOP);
+      s = comm.value()->broadcast_bytes(plan.data(), static_cast<int64_t>(plan.size()), 0);
+    }
     if (!s.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", world->rank(), s.to_string().c_str());
       return 2;

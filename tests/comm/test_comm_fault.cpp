@@ -90,4 +90,21 @@ TEST(CommFault, StoppedRankTimesOutNamingIt) {
   std::printf("measured: the job ended %.1f s after it started (the stop comes at round 50 of 200)\n", r.seconds);
 }
 
+// Rank 0 stops between two steps, where the others wait in its broadcast of the next plan:
+// with broadcasts bounded (generate's workers), they give up after the collective timeout
+// naming it, and the job ends.
+TEST(CommFault, StoppedLeaderBetweenStepsTimesOutInTheBroadcast) {
+  JobResult r = run_job("--fail 0 stopbcast");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
+  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  for (int rank : {1, 2}) {
+    EXPECT_NE(r.output.find("comm/mpi: rank " + std::to_string(rank) +
+                            ": broadcast waited 3.0 s for rank 0 (--collective-timeout 3 s): it died or hangs"),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_EQ(r.output.find("200 rounds done"), std::string::npos) << r.output;
+}
+
 }  // namespace

@@ -453,7 +453,7 @@ TEST(TcpFailure, HungRankTimesOutNamingIt) {
   }
 }
 
-// Broadcasts never time out: a worker waits there for an idle leader's next step plan.
+// Broadcasts do not time out unless bound: a worker waits there for an idle leader's next step plan.
 TEST(TcpFailure, BroadcastWaitsPastTheCollectiveTimeout) {
   const int p = 2;
   const int port = snap::testing::free_port();
@@ -474,6 +474,34 @@ TEST(TcpFailure, BroadcastWaitsPastTheCollectiveTimeout) {
     return plan == 42 && (*made)->all_reduce_sum(std::span<float>(buf)).ok() && buf[0] == 2.0f ? 0 : 4;
   });
   for (int r = 0; r < p; ++r) EXPECT_EQ(out[r].exit_code, 0) << "rank " << r << ": " << out[r].output;
+}
+
+// Bounded broadcasts (generate's workers: the leader sends a plan every step): a leader silent
+// for longer than the collective timeout (+ the workers' grace) is a hang, named.
+TEST(TcpFailure, BoundBroadcastTimesOutNamingTheLeader) {
+  const int p = 2;
+  const int port = snap::testing::free_port();
+  const auto out = run_ranks(p, [&](int rank) {
+    CommOptions options = loopback_options(port);
+    options.collective_timeout = std::chrono::milliseconds(300);
+    auto made = make_communicator(CommKind::tcp, World::make(rank, p).value(), options);
+    if (!made.ok()) return 2;
+    (*made)->arm_collective_timeout();
+    (*made)->bound_broadcasts();
+    int32_t plan = rank == 0 ? 42 : 0;
+    if (rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(8000));  // past 0.3 s + the workers' 5 s grace
+      return 0;
+    }
+    const Status s = (*made)->broadcast_bytes(&plan, sizeof plan, 0);
+    std::fprintf(stderr, "%s\n", s.message().c_str());
+    return s.ok() ? 4 : 3;
+  });
+  EXPECT_EQ(out[0].exit_code, 0) << out[0].output;
+  EXPECT_EQ(out[1].exit_code, 3) << out[1].output;
+  EXPECT_NE(out[1].output.find("comm/tcp: rank 1: broadcast waited "), std::string::npos) << out[1].output;
+  EXPECT_NE(out[1].output.find(" for rank 0 (--collective-timeout 0.3 s): it died or hangs"), std::string::npos)
+      << out[1].output;
 }
 
 // Each child prints "setup error: <message>" and exits 10 when make_communicator fails
