@@ -6,12 +6,13 @@
 # runs every CUDA test (each kernel against its CPU twin, case by case; tensor parallelism on
 # one GPU in test_device_tp; NCCL's unit tests in test_comm_nccl when libnccl is there), then
 # every GPU benchmark that exists (bench_cuda_*, bench_device_forward, bench_device_tp: TP 1 vs
-# TP 2 host-staged as two processes), and writes a summary table. Then, only if the
-# machine can configure the whole project, the full-project CUDA targets (test_comm_nccl, and
-# test_device_serve: `serve --device cuda` over HTTP).
+# TP 2 host-staged as two processes), and writes a summary table. The e2e device tests that
+# drive the snapserve binary (test_device_serve, test_device_tp_cli, test_device_serve_tp) run
+# from .device-deps/bundle.tar.xz, built on the CPU machine (scripts/device_bundle.sh), right
+# after the CUDA tests; without a bundle, step 6 tries to configure the whole project here.
 #
 # How a GPU session runs it (the .debs are made HERE first; they are git-ignored, so carried):
-#   bash scripts/device_deps.sh                      # on the CPU machine: fills .device-deps/ (13 MB)
+#   bash scripts/device_deps.sh                      # on the CPU machine: fills .device-deps/ (.debs + bundle)
 #   run(command="bash scripts/device_check.sh", carry=[".device-deps"], timeout_s=600)
 # The summary is printed last and written to $OUT/device_check.txt (full log: device_check.log,
 # per-case results: test_cuda_ops.xml). Exit 0 only if every test ran on a GPU and passed.
@@ -115,18 +116,21 @@ fi
 row "build (kernels/cuda)" PASS "$((SECONDS - t0)) s"
 
 # --- 4. the CUDA tests, case by case ---------------------------------------------------------
-for exe in "$build"/test_*; do  # every test executable of the standalone project
-  [ -f "$exe" ] && [ -x "$exe" ] || continue
-  name=$(basename "$exe")
-  t0=$SECONDS
-  timeout "$(left)" "$exe" --gtest_output="xml:$out/$name.xml" >>"$log" 2>&1
+# run_gtest NAME COMMAND...: one GoogleTest executable (COMMAND may start with `env VAR=...`)
+# under what is left of the budget, its cases counted from its XML report into the summary.
+run_gtest() {
+  local name=$1 t0=$SECONDS rc counts
+  shift
+  timeout "$(left)" "$@" --gtest_output="xml:$out/$name.xml" >>"$log" 2>&1
   rc=$?
   counts=$(python3 - "$out/$name.xml" <<'EOF' 2>/dev/null
 import sys, xml.etree.ElementTree as ET
 r = ET.parse(sys.argv[1]).getroot()
-failed = [f"{c.get('classname').split('/')[-1]}.{c.get('name').split('/')[-1]}" for c in r.iter("testcase")
-          if c.find("failure") is not None]
-print(f"{int(r.get('tests')) - len(failed)}/{r.get('tests')} cases pass" + (f"; failed: {' '.join(failed[:8])}" if failed else ""))
+cases = list(r.iter("testcase"))
+failed = [f"{c.get('classname').split('/')[-1]}.{c.get('name').split('/')[-1]}" for c in cases if c.find("failure") is not None]
+skipped = sum(1 for c in cases if c.find("skipped") is not None)
+print(f"{len(cases) - len(failed) - skipped}/{len(cases)} cases pass" + (f", {skipped} skipped" if skipped else "") +
+      (f"; failed: {' '.join(failed[:8])}" if failed else ""))
 EOF
   )
   case $rc in
@@ -135,7 +139,44 @@ EOF
     124) row "$name" FAIL "timed out after $((SECONDS - t0)) s" ;;
     *) row "$name" FAIL "rc $rc; ${counts:-no per-case results}" ;;
   esac
+}
+for exe in "$build"/test_*; do  # every test executable of the standalone project
+  [ -f "$exe" ] && [ -x "$exe" ] || continue
+  run_gtest "$(basename "$exe")" "$exe"
 done
+
+# --- 4b. the e2e device tests, on binaries built on the CPU machine ---------------------------
+# `serve --device cuda` over HTTP; `generate`, `serve` and `batch --device cuda --tp 2` as two
+# processes on this GPU (host-staged). The whole project cannot be built here, so
+# scripts/device_bundle.sh (run by device_deps.sh) built snapserve and these tests for sm_90
+# there and packed them with their libraries (RPATH $ORIGIN/lib). Before the benchmarks:
+# correctness first.
+bundle_tar=$root/.device-deps/bundle.tar.xz
+bundle=/tmp/snap-device-bundle
+bundle_tests=(test_device_serve test_device_tp_cli test_device_serve_tp)
+bundle_ran=0
+if [ ! -f "$bundle_tar" ]; then
+  row "bundle (e2e device tests)" INFO "no .device-deps/bundle.tar.xz (scripts/device_bundle.sh); step 6 tries a full build"
+else
+  rm -rf "$bundle" && mkdir -p "$bundle" && tar -xJf "$bundle_tar" -C "$bundle" >>"$log" 2>&1
+  # cuBLAS is opened at first use (kernels/cuda/cublas_lazy.cpp): this machine's CUDA libraries.
+  cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
+  bundle_env=(env "LD_LIBRARY_PATH=$cuda_root/lib64:$cuda_root/lib:${LD_LIBRARY_PATH:-}" "SNAP_TEST_SNAPSERVE=$bundle/snapserve"
+    "SNAP_TEST_SOURCE_DIR=$root" "SNAP_TEST_PYTHON=$(command -v python3)")
+  if ! load=$("${bundle_env[@]}" "$bundle/snapserve" --help 2>&1 >/dev/null); then
+    row "bundle (e2e device tests)" FAIL "the carried snapserve does not start here: $(head -1 <<<"$load")"
+  else
+    row "bundle (e2e device tests)" PASS "$(ls "$bundle/lib" | wc -l) libraries carried; snapserve starts"
+    bundle_ran=1
+    for t in "${bundle_tests[@]}"; do
+      if [ -x "$bundle/$t" ]; then
+        run_gtest "$t" "${bundle_env[@]}" "$bundle/$t"
+      else
+        row "$t" FAIL "not in the bundle"
+      fi
+    done
+  fi
+fi
 
 # --- 5. GPU benchmarks (bench_cuda_* targets of the standalone project) -----------------------
 : >"$out/bench.txt"
@@ -211,7 +252,9 @@ fi
 # and `serve --device cuda --tp 2` (test_device_serve, test_device_tp_cli and
 # test_device_serve_tp need the server and snapserve).
 full=${build}-full
-if [ "$(left)" -gt 60 ] && timeout 60 cmake -S . -B "$full" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+if [ $bundle_ran = 1 ]; then
+  row "full project" INFO "not needed: the bundle ran test_device_serve, test_device_tp_cli, test_device_serve_tp"
+elif [ "$(left)" -gt 60 ] && timeout 60 cmake -S . -B "$full" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="${SNAP_CUDA_ARCH:-90}" -DSNAP_BUILD_BENCH=OFF >"$out/full_configure.log" 2>&1; then
   for t in test_comm_nccl test_device_serve test_device_tp_cli test_device_serve_tp; do
     if timeout "$(left)" cmake --build "$full" -j "$(nproc)" --target "$t" >>"$log" 2>&1; then

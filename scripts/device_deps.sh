@@ -7,6 +7,8 @@
 #   libgfortran5, libquadmath0  OpenBLAS's runtime dependencies
 #   nlohmann-json3-dev   header-only JSON, for the model loader (config.json, safetensors)
 # Those come to ~13 MB (the run tool carries at most 64 MiB). Idempotent: a present .deb is kept.
+# Then scripts/device_bundle.sh: snapserve and the e2e device tests built here for sm_90, with
+# their shared libraries (.device-deps/bundle.tar.xz), since the full project cannot be built there.
 # Usage: bash scripts/device_deps.sh   (then see scripts/device_check.sh for the run invocation)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,4 +35,8 @@ if [ ! -f tiny-gguf/model.gguf ]; then
   python3 ../tools/make_tiny_checkpoint.py --arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11 --out tiny-gguf >/dev/null
   echo "device_deps: wrote tiny-gguf/model.gguf"
 fi
-du -sh . | awk '{print "device_deps: " $1 " in .device-deps/"}'
+# snapserve and the e2e device tests, built here for the H200 with their libraries
+# (scripts/device_bundle.sh; skip with SNAP_NO_BUNDLE=1).
+cd ..
+[ "${SNAP_NO_BUNDLE:-0}" = 1 ] || bash scripts/device_bundle.sh
+du -sh "$dest" | awk '{print "device_deps: " $1 " in .device-deps/"}'

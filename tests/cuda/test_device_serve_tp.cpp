@@ -124,7 +124,7 @@ class DeviceServeTp : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("snap_devservetp_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
-    const std::string cmd = std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/make_random_model.py --shape tiny-llama3 " +
+    const std::string cmd = test_python() + " " + test_source_dir() + "/tools/make_random_model.py --shape tiny-llama3 " +
                             "--dtype bf16 --seed 3 --out " + (dir_ / "m").string() + " >/dev/null 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
