@@ -22,8 +22,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,10 +34,10 @@
 #include <regex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tests/free_port.h"
+#include "tests/mpi_stop.h"
 #include "tests/snapserve_binary.h"
 
 namespace snap {
@@ -299,9 +297,6 @@ TEST_F(DeviceTpCli, RealModelMatchesTheCpuEngine) {
   }
 }
 
-// `snapserve batch --device cuda:0 --tp 2` (what deploy/slurm/batch_tp.sbatch runs with
-// BATCH_DEVICE=cuda): the serving engine's lockstep under the batch runner; every record's
-// choices equal one process's (SnapKV lines included), and rank 1 exits 0.
 // Under mpirun the host-staged exchange goes over MPI, which has no timeout of its own: a rank
 // that stops (SIGSTOP) mid-generation must end the job within about --collective-timeout,
 // naming it (comm/mpi.cpp), rather than hang until `timeout` (exit 124). SmolLM2 at tp 3,
@@ -311,50 +306,26 @@ TEST_F(DeviceTpCli, StoppedMpiRankEndsTheJobNamingIt) {
   const std::string model = env && *env ? env : std::string(std::getenv("HOME")) + "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!fs::exists(model)) GTEST_SKIP() << "no " << model;
   if (sh(std::string(SNAP_MPIEXEC) + " --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no " << SNAP_MPIEXEC;
-  const fs::path out = dir_ / "mpistop.out", err = dir_ / "mpistop.err", rc = dir_ / "mpistop.rc";
   const std::string job = "timeout 120 " + std::string(SNAP_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 3 " + k_bin +
                           " generate --model " + model + " --prompt-file " + (dir_ / "prompt.txt").string() +
-                          " --max-tokens 4000 --ignore-eos --threads 1 --device cuda:0 --tp 3 --tp-comm host "
-                          "--collective-timeout 2 > " + out.string() + " 2> " + err.string() + "; echo $? > " + rc.string();
-  ASSERT_EQ(sh("(" + job + ") &"), 0);
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  while (slurp(out).size() < 20 && elapsed() < 90 && !fs::exists(rc)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_GE(slurp(out).size(), 20u) << "generation never started\n" << slurp(err);
-  // Rank 1: the process of this job whose environment says OMPI_COMM_WORLD_RANK=1.
-  pid_t victim = -1;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmdline = slurp(e.path() / "cmdline");
-    for (char& ch : cmdline) ch = ch == '\0' ? ' ' : ch;
-    if (cmdline.find((dir_ / "prompt.txt").string()) == std::string::npos || cmdline.find(" generate ") == std::string::npos)
-      continue;
-    if (slurp(e.path() / "environ").find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') != std::string::npos)
-      victim = static_cast<pid_t>(std::stol(name));
-  }
-  ASSERT_GT(victim, 0) << "rank 1 not found";
-  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
-  const auto stopped = std::chrono::steady_clock::now();
-  while ((!fs::exists(rc) || slurp(rc).empty()) && elapsed() < 150) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
-  if (::kill(victim, 0) == 0 && slurp(rc).empty()) {  // left behind: clean up, then fail below
-    ::kill(victim, SIGKILL);
-    ::kill(victim, SIGCONT);
-  }
-  const std::string code = slurp(rc), log = slurp(err);
-  ASSERT_FALSE(code.empty()) << "job still running " << seconds << " s after rank 1 stopped";
-  EXPECT_NE(std::stoi(code), 0) << log;
-  EXPECT_NE(std::stoi(code), 124) << "mpirun hung until timeout killed it\n" << log;
-  EXPECT_LT(seconds, 30.0) << log;
+                          " --max-tokens 4000 --ignore-eos --threads 1 --device cuda:0 --tp 3 --tp-comm host --collective-timeout 2";
+  const snap::testing::StoppedJob r = snap::testing::stop_rank_of_job(job, dir_, (dir_ / "prompt.txt").string(), 1);
+  ASSERT_TRUE(r.setup_error.empty()) << r.setup_error;
+  ASSERT_NE(r.exit_code, -1) << "job still running " << r.seconds << " s after rank 1 stopped";
+  EXPECT_NE(r.exit_code, 0) << r.log;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.log;
+  EXPECT_LT(r.seconds, 30.0) << r.log;
   // Rank 0 or 2 names rank 1 alone (a rank in the second round of a large all-reduce may also
   // name a live rank still in the first).
-  EXPECT_TRUE(std::regex_search(log, std::regex("comm/mpi: rank [02]: (all_reduce_sum|all_gather|broadcast) waited [0-9.]+ s for rank 1 "
-                                                "\\(--collective-timeout 2 s\\): it died or hangs")))
-      << log;
-  std::printf("[ info ] the job ended %.1f s after rank 1 stopped (--collective-timeout 2)\n", seconds);
+  EXPECT_TRUE(std::regex_search(r.log, std::regex("comm/mpi: rank [02]: (all_reduce_sum|all_gather|broadcast) waited [0-9.]+ s "
+                                                  "for rank 1 \\(--collective-timeout 2 s\\): it died or hangs")))
+      << r.log;
+  std::printf("[ info ] the job ended %.1f s after rank 1 stopped (--collective-timeout 2)\n", r.seconds);
 }
 
+// `snapserve batch --device cuda:0 --tp 2` (what deploy/slurm/batch_tp.sbatch runs with
+// BATCH_DEVICE=cuda): the serving engine's lockstep under the batch runner; every record's
+// choices equal one process's (SnapKV lines included), and rank 1 exits 0.
 TEST_F(DeviceTpCli, BatchTwoProcessesEqualOne) {
   {
     std::ofstream in(dir_ / "batch.jsonl");

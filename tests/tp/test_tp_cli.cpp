@@ -27,6 +27,7 @@
 
 #include "tests/snapserve_binary.h"
 #include "tests/free_port.h"
+#include "tests/mpi_stop.h"
 
 namespace {
 
@@ -176,23 +177,6 @@ TEST_F(TpCli, IndivisibleHeadsEndEveryRank) {
   EXPECT_NE(r.err.find("--tp 2 does not divide the model's 9 query heads"), std::string::npos) << r.err;
 }
 
-// The pid of the process whose environment says OMPI_COMM_WORLD_RANK=<rank> and whose
-// command line mentions `marker`, or -1.
-pid_t find_rank(int rank, const std::string& marker) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmdline = slurp(e.path().string() + "/cmdline");
-    for (char& ch : cmdline) ch = ch == '\0' ? ' ' : ch;
-    if (cmdline.find(marker) == std::string::npos || cmdline.find("snapserve generate") == std::string::npos) continue;
-    std::string env = slurp(e.path().string() + "/environ");
-    if (env.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos) {
-      return static_cast<pid_t>(std::stol(name));
-    }
-  }
-  return -1;
-}
-
 TEST_F(TpCli, KilledRankEndsTheJob) {
   const std::string out = dir_ + "/job.out", err = dir_ + "/job.err", rc = dir_ + "/job.rc";
   const std::string job = "timeout 120 " + k_mpirun + " -np 3 " + k_bin + generate_args(4000) + " --tp 3 > " + out +
@@ -203,7 +187,7 @@ TEST_F(TpCli, KilledRankEndsTheJob) {
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   while (slurp(out).size() < 20 && elapsed() < 60 && !fs::exists(rc)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_GE(slurp(out).size(), 20u) << "generation never started\n" << slurp(err);
-  const pid_t victim = find_rank(1, prompt_);
+  const pid_t victim = snap::testing::find_mpi_rank(1, prompt_);
   ASSERT_GT(victim, 0) << "rank 1 not found";
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   const auto killed = std::chrono::steady_clock::now();
@@ -234,33 +218,16 @@ TEST_F(TpCli, KilledRankEndsTheJob) {
 // (generate bounds its workers' broadcasts).
 void expect_stopped_rank_ends_the_job(const std::string& dir, const std::string& job_args, const std::string& prompt,
                                       int victim_rank, const std::string& expected) {
-  const std::string out = dir + "/job.out", err = dir + "/job.err", rc = dir + "/job.rc";
-  fs::remove(rc);
-  const std::string job = "timeout 120 " + k_mpirun + " -np 3 " + k_bin + job_args + " > " + out + " 2> " + err +
-                          "; echo $? > " + rc;
-  ASSERT_EQ(std::system(("(" + job + ") &").c_str()), 0);
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  while (slurp(out).size() < 20 && elapsed() < 60 && !fs::exists(rc)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_GE(slurp(out).size(), 20u) << "generation never started\n" << slurp(err);
-  const pid_t victim = find_rank(victim_rank, prompt);
-  ASSERT_GT(victim, 0) << "rank " << victim_rank << " not found";
-  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
-  const auto stopped = std::chrono::steady_clock::now();
-  while ((!fs::exists(rc) || slurp(rc).empty()) && elapsed() < 150) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
-  if (::kill(victim, 0) == 0 && slurp(rc).empty()) {  // left behind: clean up, then fail below
-    ::kill(victim, SIGKILL);
-    ::kill(victim, SIGCONT);
-  }
-  const std::string code = slurp(rc), log = slurp(err);
-  ASSERT_FALSE(code.empty()) << "job still running " << seconds << " s after rank " << victim_rank << " stopped";
-  EXPECT_NE(std::stoi(code), 0) << log;
-  EXPECT_NE(std::stoi(code), 124) << "mpirun hung until timeout killed it\n" << log;
-  EXPECT_LT(seconds, k_bound_seconds) << log;
-  EXPECT_TRUE(std::regex_search(log, std::regex(expected))) << expected << "\n" << log;
-  EXPECT_EQ(log.find("generated tokens 4000"), std::string::npos) << log;
-  std::printf("measured: the job ended %.1f s after rank %d stopped (--collective-timeout 2)\n", seconds, victim_rank);
+  const snap::testing::StoppedJob r =
+      snap::testing::stop_rank_of_job("timeout 120 " + k_mpirun + " -np 3 " + k_bin + job_args, dir, prompt, victim_rank);
+  ASSERT_TRUE(r.setup_error.empty()) << r.setup_error;
+  ASSERT_NE(r.exit_code, -1) << "job still running " << r.seconds << " s after rank " << victim_rank << " stopped";
+  EXPECT_NE(r.exit_code, 0) << r.log;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.log;
+  EXPECT_LT(r.seconds, k_bound_seconds) << r.log;
+  EXPECT_TRUE(std::regex_search(r.log, std::regex(expected))) << expected << "\n" << r.log;
+  EXPECT_EQ(r.log.find("generated tokens 4000"), std::string::npos) << r.log;
+  std::printf("measured: the job ended %.1f s after rank %d stopped (--collective-timeout 2)\n", r.seconds, victim_rank);
 }
 
 TEST_F(TpCli, StoppedMpiRankEndsTheJobNamingIt) {
