@@ -72,6 +72,31 @@ void finalize_at_exit() {
   MPI_Finalize();
 }
 
+// The deadline of one polled wait: `limit` from its start, none when 0. A gap of over 1 s
+// between two polls means this process itself was not running (stopped, then continued):
+// that time is not the peers' to answer for, so it moves the deadline on.
+class PollDeadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit PollDeadline(std::chrono::milliseconds limit)
+      : limit_(limit), start_(Clock::now()), last_(start_),
+        deadline_(limit.count() > 0 ? start_ + limit : Clock::time_point::max()) {}
+  // Called at every poll.
+  bool passed() {
+    const Clock::time_point now = Clock::now();
+    if (now - last_ > std::chrono::seconds(1) && deadline_ != Clock::time_point::max()) deadline_ += now - last_;
+    last_ = now;
+    return now >= deadline_;
+  }
+  std::chrono::milliseconds limit() const { return limit_; }
+  Clock::time_point start() const { return start_; }
+
+ private:
+  const std::chrono::milliseconds limit_;
+  const Clock::time_point start_;
+  Clock::time_point last_, deadline_;
+};
+
 // Point-to-point tags of the collectives written here (apart from MPI's own collectives,
 // which match in a separate context). Messages between two ranks with one tag arrive in
 // order, and every rank runs the collectives in the same order, so a tag per phase suffices.
@@ -204,25 +229,19 @@ class MpiCommunicator final : public Communicator {
       SNAP_MPI_CALL(MPI_Wait, &req, MPI_STATUS_IGNORE);
       return Status();
     }
-    const std::chrono::milliseconds limit = broadcast_timeout();
-    const Clock::time_point start = Clock::now();
-    Clock::time_point deadline = limit.count() > 0 ? start + limit : Clock::time_point::max();
-    Clock::time_point last = start;
-    const auto spin_until = start + std::chrono::microseconds(200);
+    PollDeadline deadline(broadcast_timeout());
+    const auto spin_until = deadline.start() + std::chrono::microseconds(200);
     auto nap = std::chrono::microseconds(20);
     for (;;) {
       int done = 0;
       SNAP_MPI_CALL(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
       if (done) return Status();
-      const Clock::time_point now = Clock::now();
-      if (now - last > std::chrono::seconds(1) && deadline != Clock::time_point::max()) deadline += now - last;  // see wait()
-      last = now;
-      if (now >= deadline) {
+      if (deadline.passed()) {
         // An MPI collective cannot be cancelled: the request is left to MPI_Abort at exit.
         std::vector<Transfer> none;
-        return fail(none, timed_out({root}, CommOp::broadcast, limit, start));
+        return fail(none, timed_out({root}, CommOp::broadcast, deadline));
       }
-      if (now < spin_until) continue;
+      if (Clock::now() < spin_until) continue;
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::microseconds(1000));
     }
@@ -275,39 +294,32 @@ class MpiCommunicator final : public Communicator {
   // Polls every transfer to completion (MPI_Test* also drives MPI's progress, as MPI_Wait
   // would), at most the armed collective timeout; `ts` is empty on return.
   Status wait(std::vector<Transfer>& ts, CommOp op) {
-    const std::chrono::milliseconds limit = collective_timeout();
-    const Clock::time_point start = Clock::now();
-    Clock::time_point deadline = limit.count() > 0 ? start + limit : Clock::time_point::max();
+    PollDeadline deadline(collective_timeout());
     reqs_.resize(ts.size());
     for (size_t i = 0; i < ts.size(); ++i) reqs_[i] = ts[i].req;
     done_.resize(ts.size());
-    Clock::time_point last = start;
     for (;;) {
-      // A gap between two polls means this process itself was not running (stopped, then
-      // continued): that time is not the peers' to answer for.
-      const Clock::time_point now = Clock::now();
-      if (now - last > std::chrono::seconds(1) && deadline != Clock::time_point::max()) deadline += now - last;
-      last = now;
+      const bool late = deadline.passed();
       int n_done = 0;
       const int rc = MPI_Testsome(static_cast<int>(reqs_.size()), reqs_.data(), &n_done, done_.data(),
                                   MPI_STATUSES_IGNORE);
       for (size_t i = 0; i < ts.size(); ++i) ts[i].req = reqs_[i];
       if (rc != MPI_SUCCESS) return fail(ts, mpi_failure("MPI_Testsome", rc));
       if (n_done == MPI_UNDEFINED) break;  // no transfer left
-      if (n_done == 0 && now >= deadline) return fail(ts, timed_out(pending_peers(ts), op, limit, start));
+      if (n_done == 0 && late) return fail(ts, timed_out(pending_peers(ts), op, deadline));
     }
     ts.clear();
     return Status();
   }
 
   // "comm/mpi: rank 0: all_reduce_sum waited 2.0 s for rank 1 (--collective-timeout 2 s): it died or hangs"
-  Status timed_out(const std::vector<int>& peers, CommOp op, std::chrono::milliseconds limit,
-                   Clock::time_point start) const {
+  Status timed_out(const std::vector<int>& peers, CommOp op, const PollDeadline& deadline) const {
+    const std::chrono::milliseconds limit = deadline.limit();
     std::string who = peers.size() == 1 ? "rank " : "ranks ";
     for (size_t i = 0; i < peers.size(); ++i) who += (i ? ", " : "") + std::to_string(peers[i]);
     char secs[96];
     std::snprintf(secs, sizeof secs, "%.1f s for %s (--collective-timeout %g s)",
-                  std::chrono::duration<double>(Clock::now() - start).count(), who.c_str(), limit.count() / 1000.0);
+                  std::chrono::duration<double>(Clock::now() - deadline.start()).count(), who.c_str(), limit.count() / 1000.0);
     std::string text = "comm/mpi: rank ";
     text += std::to_string(group_rank());
     text += ": ";

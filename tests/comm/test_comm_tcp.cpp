@@ -453,16 +453,22 @@ TEST(TcpFailure, HungRankTimesOutNamingIt) {
   }
 }
 
+// Rank `rank` of `p` over TCP, its collective timeout armed as agree_on_load arms it.
+Result<std::unique_ptr<Communicator>> armed_communicator(int rank, int p, int port, std::chrono::milliseconds timeout) {
+  CommOptions options = loopback_options(port);
+  options.collective_timeout = timeout;
+  auto made = make_communicator(CommKind::tcp, World::make(rank, p).value(), options);
+  if (made.ok()) (*made)->arm_collective_timeout();
+  return made;
+}
+
 // Broadcasts do not time out unless bound: a worker waits there for an idle leader's next step plan.
 TEST(TcpFailure, BroadcastWaitsPastTheCollectiveTimeout) {
   const int p = 2;
   const int port = snap::testing::free_port();
   const auto out = run_ranks(p, [&](int rank) {
-    CommOptions options = loopback_options(port);
-    options.collective_timeout = std::chrono::milliseconds(300);
-    auto made = make_communicator(CommKind::tcp, World::make(rank, p).value(), options);
+    auto made = armed_communicator(rank, p, port, std::chrono::milliseconds(300));
     if (!made.ok()) return 2;
-    (*made)->arm_collective_timeout();
     int32_t plan = rank == 0 ? 42 : 0;
     if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // an idle leader
     const Status s = (*made)->broadcast_bytes(&plan, sizeof plan, 0);
@@ -482,11 +488,8 @@ TEST(TcpFailure, BoundBroadcastTimesOutNamingTheLeader) {
   const int p = 2;
   const int port = snap::testing::free_port();
   const auto out = run_ranks(p, [&](int rank) {
-    CommOptions options = loopback_options(port);
-    options.collective_timeout = std::chrono::milliseconds(300);
-    auto made = make_communicator(CommKind::tcp, World::make(rank, p).value(), options);
+    auto made = armed_communicator(rank, p, port, std::chrono::milliseconds(300));
     if (!made.ok()) return 2;
-    (*made)->arm_collective_timeout();
     (*made)->bound_broadcasts();
     int32_t plan = rank == 0 ? 42 : 0;
     if (rank == 0) {

@@ -21,7 +21,7 @@
 // all-reduces and the LM head's gather run over the exchange (NCCL, or staged through that
 // communicator). A failed operation or exchange, or rank 0's GroupWatchdog (--step-timeout,
 // for a rank that hangs where no collective timeout would end the wait), fails the group:
-// every open request ends at once with an unavailable error through its DeviceSinkGate, from
+// every open request ends at once with an unavailable error through its SinkGate, from
 // whichever thread saw it, and on_group_failure is called (the server exits, its launcher
 // restarts the group). About once a second a `report` op gathers every rank's device memory and exchange
 // counters for rank 0's /metrics.
@@ -44,6 +44,7 @@
 #include "coordinator/engine/prefill_choice.h"
 #include "coordinator/scheduler/engine.h"
 #include "coordinator/scheduler/group_watchdog.h"
+#include "coordinator/scheduler/sink_gate.h"
 #include "coordinator/scheduler/logits_processing.h"
 #include "coordinator/scheduler/token_stream.h"
 #include "coordinator/tokenizer/tokenizer.h"
@@ -169,35 +170,6 @@ Status gather_reports(const DeviceShard& d, comm::Communicator& control, int64_t
   ++*reports;
   return Status::ok_status();
 }
-
-// A request's events pass through its gate, so that a group failure seen by the watchdog's
-// thread (the scheduler may be stuck inside an operation, holding mu_) can end every open
-// request with an error at once, and nothing the scheduler sends afterwards reaches the client.
-class DeviceSinkGate {
- public:
-  explicit DeviceSinkGate(EventSink sink) : sink_(std::move(sink)) {}
-  void deliver(const EngineEvent& ev) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (finished_) return;
-    finished_ = ev.kind == EngineEvent::Kind::finished;
-    sink_(ev);
-  }
-  void fail(const Status& st) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (finished_) return;
-    finished_ = true;
-    EngineEvent ev;
-    ev.kind = EngineEvent::Kind::finished;
-    ev.finish_reason = "error";
-    ev.error = st;
-    sink_(ev);
-  }
-
- private:
-  std::mutex mu_;
-  EventSink sink_;
-  bool finished_ = false;
-};
 
 struct DevSeq : TokenStream {
   uint64_t id = 0;
@@ -330,7 +302,7 @@ class DeviceEngine final : public Engine {
     auto s = std::make_unique<DevSeq>();
     s->id = next_id_++;
     s->req = std::move(req);
-    auto gate = std::make_shared<DeviceSinkGate>(std::move(sink));
+    auto gate = std::make_shared<SinkGate>(std::move(sink), 1);  // n > 1 is refused above
     {
       std::lock_guard<std::mutex> gates_lock(gates_mu_);
       if (gates_failed_) return unavailable("the tensor-parallel group failed: " + why());
@@ -507,7 +479,7 @@ class DeviceEngine final : public Engine {
     }
     std::fprintf(stderr, "snapserve: error: the tensor-parallel group failed: %s\n", st.message().c_str());
     if (cfg_.on_group_failure) cfg_.on_group_failure(st.message());
-    std::map<uint64_t, std::shared_ptr<DeviceSinkGate>> gates;
+    std::map<uint64_t, std::shared_ptr<SinkGate>> gates;
     {
       std::lock_guard<std::mutex> lock(gates_mu_);
       gates_failed_ = true;
@@ -888,7 +860,7 @@ class DeviceEngine final : public Engine {
   std::unique_ptr<GroupWatchdog> watchdog_;  // with a group only
   // Every request not yet finished, by id (taken after mu_ where both are held).
   std::mutex gates_mu_;
-  std::map<uint64_t, std::shared_ptr<DeviceSinkGate>> gates_;
+  std::map<uint64_t, std::shared_ptr<SinkGate>> gates_;
   bool gates_failed_ = false;  // group_failure has ended them: refuse new ones
   double last_report_ = -1e9;        // the last `report` op (engine thread)
   int64_t reports_ = 0;              // reports gathered
