@@ -188,6 +188,7 @@ Result<std::unique_ptr<Communicator>> make_communicator(CommKind kind, const Wor
                                                         const CommOptions& options) {
   SNAP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, make_backend(kind, world, options));
   comm->set_collective_timeout(options.collective_timeout);  // armed later (arm_collective_timeout)
+  comm->set_load_timeout(options.load_timeout);              // armed by agree_on_load
   return comm;
 }
 

@@ -85,6 +85,10 @@ struct CommOptions {
   // limit). Every backend enforces it (MPI through point-to-point transfers it polls, see
   // comm/mpi.cpp).
   std::chrono::milliseconds collective_timeout{120000};
+  // How long agree_on_load waits for the ranks still loading their shards, and a worker for
+  // rank 0's first plan (Communicator::arm_load_timeout, BroadcastBound::load; --load-timeout;
+  // 0: no limit). 30 minutes, as torch.distributed's default process-group timeout.
+  std::chrono::milliseconds load_timeout{1800000};
   // MPI: all-reduces of at most this many bytes gather every buffer to every rank (one
   // round, lowest latency); larger ones use the two-round reduce-scatter/all-gather
   // (bandwidth-optimal). Both give the same bits.

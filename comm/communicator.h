@@ -91,22 +91,45 @@ class Communicator {
   // No silent hang: once armed, all_reduce_sum, all_gather and barrier (the collectives inside
   // a step, where every rank is busy alike) wait at most `timeout` for the other ranks; then
   // the call fails, naming the rank(s) waited for where the backend knows them, and the
-  // communicator is broken (a later call fails at once). Broadcasts do not time out (a serving
-  // worker waits there for an idle leader's next step) unless bound_broadcasts() was called.
-  // Configured at construction
-  // (CommOptions::collective_timeout) and armed by agree_on_load once every rank has loaded
-  // its shard, so a slow load is not mistaken for a hang. Enforced by the TCP, MPI and NCCL
-  // backends; 0 means no limit.
+  // communicator is broken (a later call fails at once). Broadcasts do not time out unless
+  // bound_broadcasts() was called. Configured at construction (CommOptions::collective_timeout,
+  // --collective-timeout; CommOptions::load_timeout, --load-timeout). agree_on_load arms the
+  // load timeout for its own all-reduce (a rank still reading its shard, or stuck reading it, is
+  // waited for that long), then the collective timeout once every rank has loaded, so a slow
+  // load is not mistaken for a hang. Enforced by the TCP, MPI and NCCL backends; 0 means no limit.
   void set_collective_timeout(std::chrono::milliseconds timeout) { configured_timeout_ms_ = timeout.count(); }
-  void arm_collective_timeout() { armed_timeout_ms_.store(configured_timeout_ms_); }
+  void set_load_timeout(std::chrono::milliseconds timeout) { load_timeout_ms_ = timeout.count(); }
+  void arm_load_timeout() {
+    armed_flag_.store(k_load_timeout_flag);
+    armed_timeout_ms_.store(load_timeout_ms_);
+  }
+  void arm_collective_timeout() {
+    armed_flag_.store(k_collective_timeout_flag);
+    armed_timeout_ms_.store(configured_timeout_ms_);
+  }
   std::chrono::milliseconds collective_timeout() const { return std::chrono::milliseconds(armed_timeout_ms_.load()); }
-  // For a group whose leader is never idle (`generate` sends a plan or request every step):
-  // from here a rank receiving a broadcast waits at most the armed collective timeout too, so
-  // a leader that hangs between two steps ends the job ("broadcast waited ... for rank 0")
-  // instead of leaving its workers waiting for ever. TCP and MPI (NCCL carries no broadcasts).
-  void bound_broadcasts() { broadcasts_bounded_.store(true); }
+  // The flag that set collective_timeout(), for messages: "--collective-timeout" or "--load-timeout".
+  const char* collective_timeout_flag() const { return armed_flag_.load(); }
+
+  // How long a rank receiving a broadcast waits for the root. `none` (the default): for ever.
+  // A worker rank follows rank 0's plans, and rank 0 sends one every step and, when idle, at
+  // least once a second (the engines' rank reports), so a worker bounds its waits: `load` for
+  // the first plan (rank 0 still loads its tokenizer and reads the prompt after agree_on_load;
+  // --load-timeout), then `step` (the armed collective timeout): a leader that stops or hangs
+  // ends the job ("broadcast waited ... for rank 0") instead of leaving its workers waiting for
+  // ever. TCP and MPI (NCCL carries no broadcasts).
+  enum class BroadcastBound : uint8_t { none, load, step };
+  void bound_broadcasts(BroadcastBound bound = BroadcastBound::step) { broadcast_bound_.store(bound); }
   std::chrono::milliseconds broadcast_timeout() const {
-    return broadcasts_bounded_.load() ? collective_timeout() : std::chrono::milliseconds(0);
+    switch (broadcast_bound_.load()) {
+      case BroadcastBound::load: return std::chrono::milliseconds(load_timeout_ms_);
+      case BroadcastBound::step: return collective_timeout();
+      case BroadcastBound::none: break;
+    }
+    return std::chrono::milliseconds(0);
+  }
+  const char* broadcast_timeout_flag() const {
+    return broadcast_bound_.load() == BroadcastBound::load ? k_load_timeout_flag : collective_timeout_flag();
   }
 
  protected:
@@ -129,9 +152,13 @@ class Communicator {
   std::array<std::atomic<int64_t>, k_num_comm_ops> calls_{};
   std::array<std::atomic<int64_t>, k_num_comm_ops> bytes_{};
   std::array<std::atomic<int64_t>, k_num_comm_ops> nanos_{};
+  static constexpr const char* k_collective_timeout_flag = "--collective-timeout";
+  static constexpr const char* k_load_timeout_flag = "--load-timeout";
   int64_t configured_timeout_ms_ = 0;
+  int64_t load_timeout_ms_ = 0;
   std::atomic<int64_t> armed_timeout_ms_{0};
-  std::atomic<bool> broadcasts_bounded_{false};
+  std::atomic<const char*> armed_flag_{k_collective_timeout_flag};
+  std::atomic<BroadcastBound> broadcast_bound_{BroadcastBound::none};
 };
 
 // The owner of each chunk in the two-round all-reduce (reduce-scatter, then all-gather) of

@@ -78,8 +78,8 @@ void finalize_at_exit() {
 class PollDeadline {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit PollDeadline(std::chrono::milliseconds limit)
-      : limit_(limit), start_(Clock::now()), last_(start_),
+  PollDeadline(std::chrono::milliseconds limit, const char* flag)
+      : limit_(limit), flag_(flag), start_(Clock::now()), last_(start_),
         deadline_(limit.count() > 0 ? start_ + limit : Clock::time_point::max()) {}
   // Called at every poll.
   bool passed() {
@@ -89,10 +89,12 @@ class PollDeadline {
     return now >= deadline_;
   }
   std::chrono::milliseconds limit() const { return limit_; }
+  const char* flag() const { return flag_; }  // the flag that set the limit, for messages
   Clock::time_point start() const { return start_; }
 
  private:
   const std::chrono::milliseconds limit_;
+  const char* const flag_;
   const Clock::time_point start_;
   Clock::time_point last_, deadline_;
 };
@@ -229,7 +231,7 @@ class MpiCommunicator final : public Communicator {
       SNAP_MPI_CALL(MPI_Wait, &req, MPI_STATUS_IGNORE);
       return Status();
     }
-    PollDeadline deadline(broadcast_timeout());
+    PollDeadline deadline(broadcast_timeout(), broadcast_timeout_flag());
     const auto spin_until = deadline.start() + std::chrono::microseconds(200);
     auto nap = std::chrono::microseconds(20);
     for (;;) {
@@ -294,7 +296,7 @@ class MpiCommunicator final : public Communicator {
   // Polls every transfer to completion (MPI_Test* also drives MPI's progress, as MPI_Wait
   // would), at most the armed collective timeout; `ts` is empty on return.
   Status wait(std::vector<Transfer>& ts, CommOp op) {
-    PollDeadline deadline(collective_timeout());
+    PollDeadline deadline(collective_timeout(), collective_timeout_flag());
     reqs_.resize(ts.size());
     for (size_t i = 0; i < ts.size(); ++i) reqs_[i] = ts[i].req;
     done_.resize(ts.size());
@@ -317,9 +319,10 @@ class MpiCommunicator final : public Communicator {
     const std::chrono::milliseconds limit = deadline.limit();
     std::string who = peers.size() == 1 ? "rank " : "ranks ";
     for (size_t i = 0; i < peers.size(); ++i) who += (i ? ", " : "") + std::to_string(peers[i]);
-    char secs[96];
-    std::snprintf(secs, sizeof secs, "%.1f s for %s (--collective-timeout %g s)",
-                  std::chrono::duration<double>(Clock::now() - deadline.start()).count(), who.c_str(), limit.count() / 1000.0);
+    char secs[112];
+    std::snprintf(secs, sizeof secs, "%.1f s for %s (%s %g s)",
+                  std::chrono::duration<double>(Clock::now() - deadline.start()).count(), who.c_str(), deadline.flag(),
+                  limit.count() / 1000.0);
     std::string text = "comm/mpi: rank ";
     text += std::to_string(group_rank());
     text += ": ";

@@ -234,8 +234,8 @@ class NcclCommunicator final : public Communicator {
 
   std::string waited_text() const {
     char text[112];
-    std::snprintf(text, sizeof text, "did not finish within %.0f s (--collective-timeout): another rank died or hangs",
-                  collective_timeout().count() / 1000.0);
+    std::snprintf(text, sizeof text, "did not finish within %.0f s (%s): another rank died or hangs",
+                  collective_timeout().count() / 1000.0, collective_timeout_flag());
     return text;
   }
   // The deadline of a collective inside a step: the armed timeout from now, or none.

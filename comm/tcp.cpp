@@ -325,6 +325,7 @@ class TcpCommunicator final : public Communicator {
   // waits there for an idle leader's next step plan) unless bound_broadcasts() bounds them.
   Status exchange(std::vector<Transfer> ts, CommOp op) {
     const std::chrono::milliseconds limit = op == CommOp::broadcast ? broadcast_timeout() : collective_timeout();
+    const char* flag = op == CommOp::broadcast ? broadcast_timeout_flag() : collective_timeout_flag();
     const bool bounded = limit.count() > 0;
     const Clock::time_point start = Clock::now();
     const Clock::time_point deadline =
@@ -350,7 +351,7 @@ class TcpCommunicator final : public Communicator {
       int wait_ms = -1;
       if (bounded) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        if (left <= 0) return fail(timed_out(polled, op, limit, start));
+        if (left <= 0) return fail(timed_out(polled, op, limit, flag, start));
         wait_ms = static_cast<int>(std::min<int64_t>(left, 1 << 30));
       }
       if (::poll(fds.data(), fds.size(), wait_ms) < 0) {
@@ -369,7 +370,7 @@ class TcpCommunicator final : public Communicator {
   }
 
   // "comm/tcp: rank 0: all_reduce_sum waited 120.0 s for rank 2 (--collective-timeout 120 s): it died or hangs"
-  Status timed_out(const std::vector<Transfer*>& waiting, CommOp op, std::chrono::milliseconds limit,
+  Status timed_out(const std::vector<Transfer*>& waiting, CommOp op, std::chrono::milliseconds limit, const char* flag,
                    Clock::time_point start) const {
     std::vector<int> peers;
     for (const Transfer* t : waiting)
@@ -377,9 +378,9 @@ class TcpCommunicator final : public Communicator {
     std::sort(peers.begin(), peers.end());
     std::string who = peers.size() == 1 ? "rank " : "ranks ";
     for (size_t i = 0; i < peers.size(); ++i) who += (i ? ", " : "") + std::to_string(peers[i]);
-    char secs[96];
-    std::snprintf(secs, sizeof secs, "%.1f s for %s (--collective-timeout %g s)",
-                  std::chrono::duration<double>(Clock::now() - start).count(), who.c_str(), limit.count() / 1000.0);
+    char secs[112];
+    std::snprintf(secs, sizeof secs, "%.1f s for %s (%s %g s)", std::chrono::duration<double>(Clock::now() - start).count(),
+                  who.c_str(), flag, limit.count() / 1000.0);
     return internal_error("comm/tcp: rank " + std::to_string(group_rank()) + ": " + comm_op_name(op) + " waited " + secs +
                           ": " + (peers.size() == 1 ? "it" : "they") + " died or hang" + (peers.size() == 1 ? "s" : ""));
   }

@@ -201,7 +201,6 @@ int run_generate_device(const GenerateArgs& a) {
   if (!loaded.ok()) return fail(loaded.message());
   if (nccl) nccl->arm_collective_timeout();  // agree_on_load armed the control communicator
   if (size > 1 && !world.is_leader()) {
-    control->bound_broadcasts();  // rank 0 sends every step: a pause of --collective-timeout is a hang
     const Status st = (*device)->follow();
     if (!st.ok()) return fail("rank " + std::to_string(world.rank()) + ": " + st.message());
     return 0;
@@ -241,7 +240,6 @@ int run_generate(const GenerateArgs& a) {
   LlamaForward forward(*model, comm.get());
   Worker worker(forward);
   if (!world->is_leader()) {
-    comm->bound_broadcasts();  // rank 0 sends a plan every step: a pause of --collective-timeout is a hang
     Status st = worker_loop(worker, *comm);
     if (!st.ok()) return fail("rank " + std::to_string(world->rank()) + ": " + st.message());
     return 0;

@@ -5,6 +5,8 @@
 
 #include "common/sys.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <vector>
@@ -250,12 +252,19 @@ Status StepDriver::run(const StepPlan& plan, std::span<float* const> logits, std
 Status agree_on_load(comm::Communicator* comm, const Status& local) {
   if (!has_group(comm)) return local;
   float failed = local.ok() ? 0.0f : 1.0f;
-  SNAP_RETURN_IF_ERROR(comm->all_reduce_sum(std::span<float>(&failed, 1)));
+  comm->arm_load_timeout();  // a rank still loading (or stuck loading) is waited for --load-timeout
+  if (Status st = comm->all_reduce_sum(std::span<float>(&failed, 1)); !st.ok())
+    return Status(st.code(), "the ranks did not all load their shards: " + st.message());
   if (!local.ok()) return Status(local.code(), "rank " + std::to_string(comm->world().rank()) + ": " + local.message());
   if (failed > 0) return internal_error(std::to_string(static_cast<int>(failed)) + " other rank(s) failed to load their shard (see their message)");
   comm->reset_stats();  // the counters start with the model's traffic
   comm->arm_collective_timeout();  // from here a rank that stops answering is a failure
   return {};
+}
+
+double report_interval_seconds(const comm::Communicator* comm) {
+  const double timeout = comm ? std::chrono::duration<double>(comm->collective_timeout()).count() : 0.0;
+  return timeout > 0 ? std::min(1.0, timeout / 4) : 1.0;
 }
 
 Status StepDriver::shutdown() {
@@ -269,8 +278,12 @@ Status StepDriver::shutdown() {
 
 Status worker_loop(Worker& worker, comm::Communicator& comm) {
   std::vector<uint8_t> bytes;
-  for (;;) {
+  // Rank 0 sends a plan every step and, idle, a report at least once a second: bounded waits
+  // (Communicator::BroadcastBound), --load-timeout for the first plan, then --collective-timeout.
+  comm.bound_broadcasts(comm::Communicator::BroadcastBound::load);
+  for (bool first = true;; first = false) {
     SNAP_RETURN_IF_ERROR(comm.broadcast_message(bytes, 0, "step plan"));
+    if (first) comm.bound_broadcasts(comm::Communicator::BroadcastBound::step);
     SNAP_ASSIGN_OR_RETURN(StepPlan plan, decode_step_plan(bytes));
     if (plan.shutdown) return {};
     Status st = worker.run(plan);

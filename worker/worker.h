@@ -110,7 +110,9 @@ class StepDriver {
 // Every rank of a group calls this once after loading its shard, with how that went: an
 // error on any rank becomes an error on all ("rank 2: <message>" on that rank, "another
 // rank failed to load its shard" elsewhere), so no rank goes on alone and none hangs.
-// On success it arms the communicator's collective timeout (Communicator::arm_collective_timeout).
+// Its all-reduce waits at most the load timeout (--load-timeout) for the ranks still loading:
+// one stuck reading its shard fails the others naming it. On success it arms the
+// communicator's collective timeout (Communicator::arm_collective_timeout).
 // Without a group it returns `local`.
 Status agree_on_load(comm::Communicator* comm, const Status& local);
 
@@ -119,6 +121,13 @@ Status agree_on_load(comm::Communicator* comm, const Status& local);
 // decides: pool exhaustion and bad requests happen alike on every rank); an internal error
 // (this rank's state disagrees with the plan) ends the whole job through
 // Communicator::abort_job, on any rank; a communication error or a malformed plan returns.
+// Waits for a plan are bounded (Communicator::BroadcastBound): the first by --load-timeout,
+// the others by --collective-timeout, so rank 0 must send one at least that often (the
+// engines send a report at least once a second when idle).
 Status worker_loop(Worker& worker, comm::Communicator& comm);
+
+// Seconds between rank 0's reports (the engines' heartbeat while idle): 1, or a quarter of
+// the armed collective timeout when that is shorter, which bounds the workers' waits.
+double report_interval_seconds(const comm::Communicator* comm);
 
 }  // namespace snap

@@ -38,6 +38,7 @@ Result<TpLaunch> start_tensor_parallel(const std::string& subcommand, const TpFl
     const bool mpi = out.launch.launcher == comm::Launcher::mpirun || out.launch.launcher == comm::Launcher::slurm;
     comm::CommOptions opts;
     opts.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.collective_timeout_s * 1000));
+    opts.load_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.load_timeout_s * 1000));
     opts.leader_host = out.launch.leader_host;
     if (out.launch.port > 0) opts.port = out.launch.port;
     SNAP_ASSIGN_OR_RETURN(out.comm,

@@ -26,6 +26,9 @@ struct TpFlags {
   // --collective-timeout: seconds a collective inside a step may wait for the other ranks
   // once all have loaded (TCP, MPI and NCCL; 0: no limit).
   double collective_timeout_s = 120;
+  // --load-timeout: seconds the ranks wait for each other to load their shards (and the
+  // workers for rank 0's first plan) before the group fails naming the slow rank (0: no limit).
+  double load_timeout_s = 1800;
 };
 
 // The device-only tensor-parallel flags of generate, serve and batch (--device cuda, --tp > 1).

@@ -128,6 +128,11 @@ void add_tp_options(CLI::App* cmd, TpFlags& f, const std::string& subcommand) {
                   "(default 120; 0: no limit): a hung rank never hangs the job. TCP (--leader), MPI (mpirun, srun) "
                   "and NCCL enforce it; under MPI the job then ends (MPI_Abort)")
       ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_option("--load-timeout", f.load_timeout_s,
+                  "Seconds the ranks wait for each other to load their shards (and the other ranks for rank 0's "
+                  "first step after it loads its tokenizer) before the group fails naming the rank(s) still loading "
+                  "(default 1800; 0: no limit): a rank stuck reading its weights never hangs the job")
+      ->check(CLI::Range(0.0, 864000.0));
   add_cpu_flags(cmd);
 }
 

@@ -776,10 +776,14 @@ class EngineImpl final : public Engine {
   }
 
   void publish_stats() {
-    // Every rank's memory and traffic, gathered at most once a second (one all_gather).
+    // Every rank's memory and traffic, gathered about once a second (one all_gather). With a
+    // group also without metrics (batch): it is the idle leader's heartbeat, since the other
+    // ranks give up on a rank 0 silent for --collective-timeout (worker_loop); so it comes at
+    // least every quarter of that (report_interval_seconds).
     std::vector<RankReport> reports;
     const double now = now_seconds();
-    if (metrics_ && now - last_report_ >= 1.0) {
+    const bool grouped = cfg_.comm != nullptr && cfg_.comm->group_size() > 1;
+    if ((metrics_ || grouped) && now - last_report_ >= report_interval_seconds(cfg_.comm)) {
       last_report_ = now;
       StepPlan ask;
       ask.report = true;

@@ -11,7 +11,9 @@
 //   - a rank that dies: rank 0 fails the group (requests get 503, the server exits 3) instead
 //     of hanging; one that hangs (SIGSTOP) with no collective timeout: rank 0's watchdog
 //     (--step-timeout) answers the request in flight with 503 and ends the server (exit 3)
-//     naming it.
+//     naming it;
+//   - an idle group keeps serving past --collective-timeout; once rank 0 stops, rank 1 names
+//     it and exits instead of waiting for ever.
 // Built twice: against the CUDA runtime (exits 77 without a GPU) and against the host twin
 // (kernels/cuda/host, in CI), where the ranks run worker/device on the CPU.
 #include <cuda_runtime.h>
@@ -281,6 +283,32 @@ TEST_F(DeviceServeTp, HungRankEndsTheServerWithinTheStepTimeout) {
   EXPECT_NE(g.rank0->log().find("the tensor-parallel group failed"), std::string::npos) << g.rank0->log();
   g.rank1->signal(SIGCONT);
   g.rank1->kill_now();
+}
+
+// An idle group keeps serving past --collective-timeout (rank 0 sends a report op at least
+// once a second); once rank 0 stops (SIGSTOP), rank 1 stops waiting for its next op after
+// --collective-timeout, naming it, and exits non-zero instead of waiting for ever.
+TEST_F(DeviceServeTp, StoppedIdleLeaderEndsTheFollower) {
+  Group g = group("leader", {"--collective-timeout", "2"});
+  ASSERT_GT(g.rank0->port(), 0) << g.rank0->log() << rank1_log("leader");
+  const int port = g.rank0->port();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  EXPECT_FALSE(text(port, completion(words(30, 9), 4)).empty());
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ASSERT_EQ(g.rank1->wait(0), -1) << rank1_log("leader");
+  ::kill(g.rank0->pid(), SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = g.rank1->wait(30);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(g.rank0->pid(), SIGKILL);
+  ::kill(g.rank0->pid(), SIGCONT);
+  ASSERT_NE(rc, -1) << "rank 1 still running 30 s after rank 0 stopped\n" << rank1_log("leader");
+  EXPECT_NE(rc, 0) << rank1_log("leader");
+  EXPECT_LT(took, 15.0);  // the timeout, plus the 5 s a TCP worker leaves rank 0 to explain
+  EXPECT_NE(rank1_log("leader").find("broadcast waited"), std::string::npos) << rank1_log("leader");
+  EXPECT_NE(rank1_log("leader").find("for rank 0 (--collective-timeout 2 s): it died or hangs"), std::string::npos)
+      << rank1_log("leader");
+  std::printf("measured: rank 1 ended %.1f s after rank 0 stopped (--collective-timeout 2)\n", took);
 }
 
 }  // namespace

@@ -5,13 +5,15 @@
 //     one-line error, not a hang;
 //   - killing one rank mid-generation ends the whole job non-zero, with mpirun naming the
 //     rank, within k_bound_seconds (a `timeout` at 120 s would show up as exit 124); stopping
-//     one (SIGSTOP) ends it after --collective-timeout, naming the rank;
+//     one (SIGSTOP) ends it after --collective-timeout, naming the rank; one stuck loading
+//     its shard ends it after --load-timeout, naming the rank;
 //   - without MPI (as under a Kubernetes LeaderWorkerSet): three processes started with
 //     --rank/--world-size/--leader form the group over TCP and print the same text.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -240,6 +242,61 @@ TEST_F(TpCli, StoppedMpiLeaderEndsTheJobNamingIt) {
   expect_stopped_rank_ends_the_job(dir_, generate_args(4000) + " --tp 3 --collective-timeout 2", prompt_, 0,
                                    "comm/mpi: rank [12]: (all_reduce_sum|all_gather|broadcast) waited [0-9.]+ s for "
                                    "rank 0 \\(--collective-timeout 2 s\\): it died or hangs");
+}
+
+// A rank stuck reading its shard (its --model a FIFO no one writes: open() blocks, as on a hung
+// network file system) while the others have loaded: they give up in agree_on_load after
+// --load-timeout naming it, instead of waiting for ever, and the job ends through MPI_Abort,
+// which also kills the stuck rank.
+TEST_F(TpCli, RankStuckLoadingEndsTheJobNamingIt) {
+  const std::string fifo = dir_ + "/stuck.gguf";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string args = generate_args(8) + " --tp 3 --load-timeout 2";
+  args.replace(args.find(model_path()), model_path().size(), "\"$m\"");
+  const std::string rank_cmd = "if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then m=" + fifo + "; else m=" + model_path() +
+                               "; fi; exec " + k_bin + args;
+  const auto start = std::chrono::steady_clock::now();
+  const CmdResult r = run("timeout 120 " + k_mpirun + " -np 3 sh -c '" + rank_cmd + "'");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.err;
+  EXPECT_LT(seconds, k_bound_seconds) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("the ranks did not all load their shards: comm/mpi: rank [01]: "
+                                                  "all_reduce_sum waited [0-9.]+ s for rank 2 \\(--load-timeout 2 s\\): "
+                                                  "it died or hangs")))
+      << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  std::printf("measured: the job ended %.1f s after its start (--load-timeout 2)\n", seconds);
+}
+
+// The same over TCP (a LeaderWorkerSet): rank 0 names the stuck rank, rank 1 ends on its notice.
+TEST_F(TpCli, TcpRankStuckLoadingEndsTheGroupNamingIt) {
+  const std::string fifo = dir_ + "/stuck.gguf";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int port = snap::testing::free_port();
+  ASSERT_GT(port, 0);
+  const std::string flags = " --tp 3 --world-size 3 --load-timeout 2 --leader 127.0.0.1:" + std::to_string(port);
+  std::string stuck_args = generate_args(8);
+  stuck_args.replace(stuck_args.find(model_path()), model_path().size(), fifo);
+  ASSERT_EQ(std::system(("(" + k_bin + stuck_args + flags + " --rank 2 > " + dir_ + "/r2.log 2>&1 & echo $! > " + dir_ +
+                         "/r2.pid)").c_str()),
+            0);
+  std::string cmd = "(timeout 120 " + k_bin + generate_args(8) + flags + " --rank 1 > " + dir_ + "/r1.log 2>&1 & p1=$!; ";
+  cmd += "timeout 120 " + k_bin + generate_args(8) + flags + " --rank 0; rc=$?; wait $p1; echo $? > " + dir_ + "/r1.rc; exit $rc)";
+  const auto start = std::chrono::steady_clock::now();
+  const CmdResult r = run(cmd);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const pid_t stuck = static_cast<pid_t>(std::atoi(slurp(dir_ + "/r2.pid").c_str()));
+  if (stuck > 0) ::kill(stuck, SIGKILL);
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.exit_code, 124) << "rank 0 hung until timeout killed it\n" << r.err;
+  EXPECT_LT(seconds, k_bound_seconds) << r.err;
+  EXPECT_NE(r.err.find("the ranks did not all load their shards: comm/tcp: rank 0: all_reduce_sum waited"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("for rank 2 (--load-timeout 2 s): it died or hangs"), std::string::npos) << r.err;
+  const std::string rank1_rc = slurp(dir_ + "/r1.rc");
+  EXPECT_FALSE(rank1_rc.empty() || std::atoi(rank1_rc.c_str()) == 0 || std::atoi(rank1_rc.c_str()) == 124)
+      << rank1_rc << slurp(dir_ + "/r1.log");
 }
 
 TEST_F(TpCli, TcpGroupWithoutMpiMatchesOneProcess) {

@@ -17,18 +17,23 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/bootstrap.h"
 #include "coordinator/engine/generate.h"
 #include "coordinator/engine/prompt.h"
+#include "coordinator/scheduler/engine.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "worker/model/weights.h"
 #include "worker/worker.h"
@@ -260,6 +265,66 @@ TEST(TensorParallel, SmolLM2MatchesOneProcess) {
   const std::string dir = work_dir();
   run_case({"smollm2_full", model, prompt, KvPolicy{}}, dir);
   run_case({"smollm2_snapkv", model, prompt, snapkv(64, 16, 7)}, dir);
+}
+
+// The serving engine without metrics (as `batch` runs it) keeps its workers while idle: they
+// give up on a rank 0 silent for --collective-timeout (worker_loop bounds its waits), so an
+// idle rank 0 sends a report at least once a second. Idle here for 3.5x a 1 s timeout, then a
+// request, then a shutdown: every worker's loop must end cleanly.
+TEST(TensorParallel, IdleEngineWithoutMetricsKeepsItsWorkers) {
+  if (g_comm->group_size() != 3) GTEST_SKIP() << "runs at np 3 (SmolLM2)";
+  const std::string model = smollm2_path();
+  ASSERT_TRUE(std::filesystem::exists(model)) << model << " (run scripts/setup.sh)";
+  g_comm->set_collective_timeout(std::chrono::milliseconds(1000));  // armed by agree_on_load
+  if (leader()) {
+    EngineConfig c;
+    c.comm = g_comm;
+    c.model_path = model;
+    c.threads = 1;
+    c.kv_cache_bytes = 32LL << 20;
+    c.max_num_seqs = 1;
+    c.prefill_chunk = 64;
+    auto engine = Engine::create(c, nullptr);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+    EXPECT_TRUE((*engine)->healthy());
+    EngineRequest r;
+    r.prompt_ids = {1, 504, 3493, 282, 1646};
+    r.max_tokens = 4;
+    r.ignore_eos = true;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::string finish;
+    auto id = (*engine)->submit(std::move(r), [&](const EngineEvent& ev) {
+      if (ev.kind != EngineEvent::Kind::finished) return;
+      std::lock_guard<std::mutex> lock(mu);
+      finish = ev.finish_reason + (ev.error.ok() ? "" : ": " + ev.error.message());
+      cv.notify_all();
+    });
+    ASSERT_TRUE(id.ok()) << id.status().message();
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return !finish.empty(); }));
+      EXPECT_EQ(finish, "length");
+    }
+    (*engine)->shutdown(10);
+  } else {
+    LoadOptions opts;
+    opts.tp_rank = g_comm->group_rank();
+    opts.tp_size = g_comm->group_size();
+    auto loaded = load_model(model, opts);
+    const Status agreed = agree_on_load(g_comm, loaded.ok() ? Status() : loaded.status());
+    ASSERT_TRUE(agreed.ok()) << agreed.message();
+    LlamaForward forward(*loaded, g_comm);
+    Worker worker(forward);
+    const Status st = worker_loop(worker, *g_comm);
+    EXPECT_TRUE(st.ok()) << "rank " << g_comm->group_rank() << ": " << st.message();
+    if (!st.ok()) std::fprintf(stderr, "rank %d: %s\n", g_comm->group_rank(), st.message().c_str());
+  }
+  // The later tests run with no limits, as before.
+  g_comm->set_collective_timeout(std::chrono::milliseconds(0));
+  g_comm->arm_collective_timeout();
+  g_comm->bound_broadcasts(comm::Communicator::BroadcastBound::none);
 }
 
 // --- tiny random checkpoint, 8 query / 2 KV heads, at TP=2 and TP=4 -------------------

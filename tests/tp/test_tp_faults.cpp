@@ -7,7 +7,9 @@
 //    not streamed, before the job exits non-zero;
 //  - SIGTERM to scripts/mpirun_drain.sh (mpirun's graceful stop): a running stream finishes
 //    with "length" and the job exits 0;
-//  - SIGTERM to a worker rank: the whole group drains, the stream finishes, exit 0.
+//  - SIGTERM to a worker rank: the whole group drains, the stream finishes, exit 0;
+//  - an idle group keeps serving past --collective-timeout; once its rank 0 stops, the
+//    worker names it and the job ends.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -244,6 +246,38 @@ TEST(TpFaults, SigtermToAWorkerDrainsTheGroup) {
   const int rc = tp.wait(30);
   EXPECT_EQ(rc, 0) << tp.log();
   EXPECT_NE(tp.log().find("asking rank 0 to drain the group"), std::string::npos) << tp.log();
+}
+
+// An idle group whose rank 0 stops (SIGSTOP: alive, never answering): the worker, which waits
+// for rank 0's next plan, gives up after --collective-timeout naming it, and the job ends
+// through MPI_Abort (which kills the stopped rank 0 too) instead of hanging with no one
+// serving. Before that, idle for more than twice that timeout, the group keeps serving: rank 0
+// sends a report at least once a second.
+TEST(TpFaults, StoppedIdleLeaderEndsTheGroup) {
+  REQUIRE_MODEL();
+  ServerProcess tp(mpirun_args({"--tp", "3", "--collective-timeout", "2"}));
+  ASSERT_GT(tp.port(), 0) << tp.log();
+  const pid_t rank0 = rank_pid(tp, 0);
+  ASSERT_GT(rank0, 0) << tp.log();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  const auto ok = snap::testing::post(tp.port(), "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 4}});
+  EXPECT_EQ(ok.status, 200) << ok.body << ok.error << tp.log();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ASSERT_EQ(tp.log().find("waited"), std::string::npos) << tp.log();
+
+  const auto stopped_at = Clock::now();
+  ASSERT_EQ(::kill(rank0, SIGSTOP), 0);
+  const int rc = tp.wait(60);
+  const double took = seconds_since(stopped_at);
+  ::kill(rank0, SIGKILL);
+  ::kill(rank0, SIGCONT);
+  ASSERT_NE(rc, -1) << "mpirun still running 60 s after rank 0 stopped\n" << tp.log();
+  EXPECT_NE(rc, 0) << tp.log();
+  EXPECT_LT(took, 20.0) << tp.log();
+  EXPECT_TRUE(std::regex_search(tp.log(), std::regex("comm/mpi: rank [12]: broadcast waited [0-9.]+ s for rank 0 "
+                                                     "\\(--collective-timeout 2 s\\): it died or hangs")))
+      << tp.log();
+  std::printf("measured: the job ended %.1f s after rank 0 stopped (--collective-timeout 2)\n", took);
 }
 
 // Without MPI (a LeaderWorkerSet): rank 1 stopped; rank 0 fails its clients within the

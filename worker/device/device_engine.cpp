@@ -773,7 +773,30 @@ class DeviceEngine final : public Engine {
     stats_.kv_blocks_total = pool_->num_blocks();
     stats_.peak_step_sequences = peak_step_sequences_;
     stats_.peak_kv_blocks_used = peak_blocks_;
-    if (!metrics_) return;
+    if (metrics_) publish_metrics(lock);
+    if (!grouped(cfg_)) return;
+    // The group's, about once a second: one `report` op (an all_gather over the launcher's
+    // communicator, outside mu_: submit() must not wait for the other ranks). Without metrics
+    // (batch) too: it is the idle leader's heartbeat, since the followers give up on a rank 0
+    // silent for --collective-timeout (run_device_engine_follower); so it comes at least every
+    // quarter of that (report_interval_seconds).
+    const double now = now_seconds();
+    if (now - last_report_ < report_interval_seconds(cfg_.comm)) return;
+    last_report_ = now;
+    lock.unlock();
+    DeviceOp op;
+    op.kind = DeviceOpKind::report;
+    std::vector<RankDeviceReport> all;
+    Status st = tell(op);
+    if (st.ok()) st = gather_reports(shard_, *cfg_.comm, peak_blocks_, &reports_, &all);
+    if (!st.ok()) return group_failure(st);
+    if (metrics_)
+      for (size_t r = 0; r < all.size(); ++r) set_rank_metrics(static_cast<int>(r), all[r], true);
+  }
+
+  // This rank's gauges on /metrics (mu_ held); alone, also its memory and counters.
+  void publish_metrics(const std::unique_lock<std::mutex>&) {
+    const int64_t used = stats_.kv_blocks_used;
     int64_t full = 0;
     for (auto& s : running_)
       if (s->pool_seq >= 0) full += pool_->full_equivalent_bytes(s->pool_seq);
@@ -784,23 +807,7 @@ class DeviceEngine final : public Engine {
     metrics_->set_kv_cache_resident_bytes(0, used * bb);
     metrics_->set_kv_cache_full_equivalent_bytes(0, full);
     metrics_->set_process_resident_memory_bytes(0, current_rss_bytes());
-    if (!grouped(cfg_)) {
-      set_rank_metrics(0, local_report(shard_, nullptr, peak_blocks_, 0), false);
-      return;
-    }
-    // The group's, about once a second: one `report` op (an all_gather over the launcher's
-    // communicator, outside mu_: submit() must not wait for the other ranks).
-    const double now = now_seconds();
-    if (now - last_report_ < 1.0) return;
-    last_report_ = now;
-    lock.unlock();
-    DeviceOp op;
-    op.kind = DeviceOpKind::report;
-    std::vector<RankDeviceReport> all;
-    Status st = tell(op);
-    if (st.ok()) st = gather_reports(shard_, *cfg_.comm, peak_blocks_, &reports_, &all);
-    if (!st.ok()) return group_failure(st);
-    for (size_t r = 0; r < all.size(); ++r) set_rank_metrics(static_cast<int>(r), all[r], true);
+    if (!grouped(cfg_)) set_rank_metrics(0, local_report(shard_, nullptr, peak_blocks_, 0), false);
   }
 
   // Rank r's gauges and counters on /metrics (counters: what is new since its last report).
@@ -881,6 +888,11 @@ Status run_device_engine_follower(const DeviceSpec& spec, const EngineConfig& cf
   SNAP_RETURN_IF_ERROR(d.open_agreed(spec, cfg));
   int64_t reports = 0;
   std::vector<RankDeviceReport> all;
+  // Rank 0 sends an op every step and a report at least once a second when idle: bounded
+  // waits, --load-timeout for the first op, then --collective-timeout (a stopped or hung rank
+  // 0 ends the group instead of leaving this rank waiting for ever).
+  cfg.comm->bound_broadcasts(comm::Communicator::BroadcastBound::load);
+  bool first = true;
   const auto check_opened = [](int32_t got, int32_t want) {
     return got == want ? Status::ok_status()
                        : internal_error("device op: this rank's pool opened sequence " + std::to_string(got) +
@@ -889,6 +901,8 @@ Status run_device_engine_follower(const DeviceSpec& spec, const EngineConfig& cf
   for (;;) {
     std::vector<uint8_t> bytes;
     SNAP_RETURN_IF_ERROR(cfg.comm->broadcast_message(bytes, 0, "device op"));
+    if (first) cfg.comm->bound_broadcasts(comm::Communicator::BroadcastBound::step);
+    first = false;
     SNAP_ASSIGN_OR_RETURN(DeviceOp op, decode_device_op(bytes));
     const int64_t n = static_cast<int64_t>(op.tokens.size());
     switch (op.kind) {

@@ -233,9 +233,13 @@ Status CudaGenerator::tell_step(int32_t id, bool go) {
 // The other ranks: each request rank 0 starts, run on this shard, until the shutdown header.
 Status CudaGenerator::follow() {
   if (!grouped() || leads()) return {};
-  for (;;) {
+  // Rank 0 sends every step (generate: one request): bounded waits, --load-timeout for the
+  // first header (rank 0 loads its tokenizer and reads the prompt), then --collective-timeout.
+  control_->bound_broadcasts(comm::Communicator::BroadcastBound::load);
+  for (bool first = true;; first = false) {
     std::vector<uint8_t> bytes;
     SNAP_RETURN_IF_ERROR(control_->broadcast_message(bytes, 0, "device request header"));
+    if (first) control_->bound_broadcasts(comm::Communicator::BroadcastBound::step);
     SNAP_ASSIGN_OR_RETURN(DeviceRequestHeader h, decode_device_request(bytes));
     if (h.shutdown) return {};
     // A request's own error (pool too small, bad policy) happens alike on rank 0, which
