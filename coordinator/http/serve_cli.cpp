@@ -123,7 +123,8 @@ void add_tp_options(CLI::App* cmd, TpFlags& f, const std::string& subcommand) {
   rank->needs(size);
   size->needs(rank);
   cmd->add_option("--collective-timeout", f.collective_timeout_s,
-                  "Seconds an all-reduce or gather inside a step may wait for the other ranks, once every rank has "
+                  "Seconds an all-reduce or gather inside a step may wait for the other ranks, and a worker rank for "
+                  "rank 0's next step (an idle rank 0 reports at least every second), once every rank has "
                   "loaded, before this rank gives up naming the rank(s) it waited for and the group fails "
                   "(default 120; 0: no limit): a hung rank never hangs the job. TCP (--leader), MPI (mpirun, srun) "
                   "and NCCL enforce it; under MPI the job then ends (MPI_Abort)")
