@@ -267,6 +267,11 @@ double report_interval_seconds(const comm::Communicator* comm) {
   return timeout > 0 ? std::min(1.0, timeout / 4) : 1.0;
 }
 
+std::chrono::milliseconds idle_wait(const comm::Communicator* comm) {
+  const auto half = static_cast<int64_t>(report_interval_seconds(comm) * 500);
+  return std::chrono::milliseconds(std::clamp<int64_t>(half, 1, 200));
+}
+
 Status StepDriver::shutdown() {
   if (shut_down_) return {};
   shut_down_ = true;

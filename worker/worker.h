@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -129,5 +130,8 @@ Status worker_loop(Worker& worker, comm::Communicator& comm);
 // Seconds between rank 0's reports (the engines' heartbeat while idle): 1, or a quarter of
 // the armed collective timeout when that is shorter, which bounds the workers' waits.
 double report_interval_seconds(const comm::Communicator* comm);
+// How long an idle engine loop sleeps between looks at its queue: 200 ms, or half the report
+// interval when that is shorter, so that the reports keep their interval.
+std::chrono::milliseconds idle_wait(const comm::Communicator* comm);
 
 }  // namespace snap

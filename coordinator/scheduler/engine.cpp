@@ -404,7 +404,7 @@ class EngineImpl final : public Engine {
       bool exit_loop = false;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
+        cv_.wait_for(lock, idle_wait(cfg_.comm), [&] {
           return stopping_ || !incoming_.empty() || !cancels_.empty() || !running_.empty() || !waiting_.empty();
         });
         for (auto& s : incoming_) waiting_.push_back(std::move(s));

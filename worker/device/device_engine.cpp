@@ -402,7 +402,7 @@ class DeviceEngine final : public Engine {
       if (watchdog_) watchdog_->disarm();  // the last operation returned; idle waits have no deadline
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
+        cv_.wait_for(lock, idle_wait(cfg_.comm), [&] {
           return stopping_ || !incoming_.empty() || !cancels_.empty() || !running_.empty() || !waiting_.empty();
         });
         for (auto& s : incoming_) waiting_.push_back(std::move(s));
