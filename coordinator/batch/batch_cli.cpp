@@ -401,45 +401,58 @@ int run_batch(const BatchArgs& a) {
   std::unique_ptr<comm::Communicator> exchange = std::move(rank_device->exchange);
   if (!launch->world().is_leader() && !on_device) return run_tp_worker(a.model, *comm);
 
-  // Anything that fails before the engine exists must still release the workers: the
-  // engine's creation is what they wait for, so the checks below come first only where a
-  // worker group is not involved, and otherwise the engine is created and shut down.
-  auto shard = a.shard.empty() ? shard_from_environment() : parse_shard(a.shard);
+  // The input is checked and scanned (its SHA-256, which on a large corpus takes a while) before
+  // the model is loaded when this process is alone, so that a bad input fails at once; in a
+  // tensor-parallel group after the engine exists, whose idle reports keep the workers from
+  // taking a long scan for a hung rank 0 (they give up on a silent rank 0 after
+  // --collective-timeout, and wait --load-timeout for its engine). A failure then shuts the
+  // engine down, which releases the workers.
+  std::optional<ShardSpec> shard;
   Status early;
-  if (!shard.ok()) early = shard.status();
-  std::error_code ec;
-  if (early.ok() && std::filesystem::equivalent(a.input, a.output, ec)) {
-    early = invalid_argument("--output is the --input file");
-  }
-  const std::string out_path = early.ok() ? shard_output_path(a.output, *shard) : "";
-  const std::string progress_path = out_path + ".progress";
+  std::string out_path, progress_path;
   InputScan scan;
-  if (early.ok()) {
-    auto s = scan_input(a.input, *shard);
-    if (s.ok()) scan = std::move(s).value();
-    else early = s.status();
-  }
   std::optional<BatchOutput> output;
-  if (early.ok()) {
-    auto o = BatchOutput::open(out_path, *shard);
-    if (o.ok()) output.emplace(std::move(o).value());
-    else early = o.status();
-  }
-  if (early.ok() && output->records() > 0) {
-    std::ifstream pf(progress_path);
-    if (pf) {
-      try {
-        const json prev = json::parse(pf);
-        if (prev.value("input_sha256", "") != scan.sha256) {
-          early = invalid_argument(out_path + " holds " + std::to_string(output->records()) + " records of a different input (" +
-                                   progress_path + " records sha256 " + prev.value("input_sha256", "?") + ", " + a.input +
-                                   " is now " + scan.sha256 + "); restore that input or move the output away");
-        }
-      } catch (const json::exception&) {
-        // unreadable progress file: it is advisory; the output itself was checked
-      }
+  const auto check_input = [&] {
+    auto parsed = a.shard.empty() ? shard_from_environment() : parse_shard(a.shard);
+    if (!parsed.ok()) {
+      early = parsed.status();
+      return;
     }
-  }
+    shard = *parsed;
+    std::error_code ec;
+    if (std::filesystem::equivalent(a.input, a.output, ec)) {
+      early = invalid_argument("--output is the --input file");
+      return;
+    }
+    out_path = shard_output_path(a.output, *shard);
+    progress_path = out_path + ".progress";
+    auto s = scan_input(a.input, *shard);
+    if (!s.ok()) {
+      early = s.status();
+      return;
+    }
+    scan = std::move(s).value();
+    auto o = BatchOutput::open(out_path, *shard);
+    if (!o.ok()) {
+      early = o.status();
+      return;
+    }
+    output.emplace(std::move(o).value());
+    if (output->records() == 0) return;
+    std::ifstream pf(progress_path);
+    if (!pf) return;
+    try {
+      const json prev = json::parse(pf);
+      if (prev.value("input_sha256", "") != scan.sha256) {
+        early = invalid_argument(out_path + " holds " + std::to_string(output->records()) + " records of a different input (" +
+                                 progress_path + " records sha256 " + prev.value("input_sha256", "?") + ", " + a.input +
+                                 " is now " + scan.sha256 + "); restore that input or move the output away");
+      }
+    } catch (const json::exception&) {
+      // unreadable progress file: it is advisory; the output itself was checked
+    }
+  };
+  if (!comm) check_input();
 
   EngineConfig cfg;
   cfg.comm = comm.get();
@@ -466,10 +479,11 @@ int run_batch(const BatchArgs& a) {
     if (!st.ok()) return batch_fail("rank " + std::to_string(launch->world().rank()) + ": " + st.message());
     return 0;
   }
-  if (!early.ok() && !comm) return batch_fail(early.message());
+  if (!early.ok()) return batch_fail(early.message());
   auto engine_or = on_device ? open_device_engine(rank_device->spec, cfg, nullptr) : Engine::create(cfg, nullptr);
   if (!engine_or.ok()) return batch_fail(engine_or.status().message());
   std::unique_ptr<Engine> engine = std::move(engine_or).value();
+  if (comm) check_input();
   if (!early.ok()) {
     engine->shutdown(0);
     return batch_fail(early.message());
