@@ -2,6 +2,7 @@
 // Not part of comm's interface; include only from comm/*.cpp.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "comm/bootstrap.h"
@@ -16,7 +17,8 @@ Result<std::unique_ptr<Communicator>> make_tcp_communicator(const World& world, 
 // Defined in comm/nccl.cpp only when SNAP_HAVE_NCCL.
 Result<std::unique_ptr<Communicator>> make_nccl_communicator(const World& world, const CommOptions& options);
 // Broadcast `num_bytes` from world rank 0 over MPI_COMM_WORLD (initialising MPI if needed);
-// used by the NCCL backend to hand out its unique id under mpirun/srun.
-Status mpi_broadcast_from_rank0(void* buf, int num_bytes);
+// used by the NCCL backend to hand out its unique id under mpirun/srun. Waits at most
+// `timeout` (0: no limit); then fails naming rank 0, and the job ends at exit (MPI_Abort).
+Status mpi_broadcast_from_rank0(void* buf, int num_bytes, std::chrono::milliseconds timeout);
 
 }  // namespace snap::comm::detail

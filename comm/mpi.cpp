@@ -395,14 +395,43 @@ Result<std::unique_ptr<Communicator>> make_mpi_communicator(const World& world, 
       std::make_unique<MpiCommunicator>(world, comm, options.mpi_small_all_reduce_bytes));
 }
 
-Status mpi_broadcast_from_rank0(void* buf, int num_bytes) {
+// Non-blocking throughout (MPI_Comm_idup, then MPI_Ibcast), each step polled against `timeout`:
+// a rank 0 that failed before it (a launcher need not end the job when one rank exits) or hangs
+// is named instead of hanging the others, and the job ends at exit (MPI_Abort), as after a
+// timed-out collective.
+Status mpi_broadcast_from_rank0(void* buf, int num_bytes, std::chrono::milliseconds timeout) {
   SNAP_RETURN_IF_ERROR(ensure_mpi_initialized());
+  int rank = 0;
+  SNAP_MPI_CALL(MPI_Comm_rank, MPI_COMM_WORLD, &rank);
+  PollDeadline deadline(timeout, "the rendezvous timeout");
+  const auto wait = [&](MPI_Request* req) -> Status {
+    for (auto nap = std::chrono::microseconds(20);; nap = std::min(nap * 2, std::chrono::microseconds(1000))) {
+      int done = 0;
+      SNAP_MPI_CALL(MPI_Test, req, &done, MPI_STATUS_IGNORE);
+      if (done) return Status();
+      if (deadline.passed()) {
+        g_job_broken.store(true);  // the request cannot be cancelled: MPI_Abort at exit
+        char text[160];
+        std::snprintf(text, sizeof text, "comm/mpi: rank %d: the broadcast of the NCCL id waited %.1f s for rank 0 (%s, %g s): it "
+                      "failed before it or hangs", rank, std::chrono::duration<double>(PollDeadline::Clock::now() - deadline.start()).count(),
+                      deadline.flag(), deadline.limit().count() / 1000.0);
+        return unavailable(text);
+      }
+      std::this_thread::sleep_for(nap);
+    }
+  };
   MPI_Comm comm = MPI_COMM_NULL;
-  SNAP_MPI_CALL(MPI_Comm_dup, MPI_COMM_WORLD, &comm);
+  MPI_Request req = MPI_REQUEST_NULL;
+  SNAP_MPI_CALL(MPI_Comm_idup, MPI_COMM_WORLD, &comm, &req);
+  SNAP_RETURN_IF_ERROR(wait(&req));
   int rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-  if (rc == MPI_SUCCESS) rc = MPI_Bcast(buf, num_bytes, MPI_BYTE, 0, comm);
+  if (rc == MPI_SUCCESS) rc = MPI_Ibcast(buf, num_bytes, MPI_BYTE, 0, comm, &req);
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&comm);
+    return mpi_failure("MPI_Ibcast", rc);
+  }
+  SNAP_RETURN_IF_ERROR(wait(&req));
   MPI_Comm_free(&comm);
-  if (rc != MPI_SUCCESS) return mpi_failure("MPI_Bcast", rc);
   return Status();
 }
 

@@ -333,7 +333,7 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const World& world,
   }
   if (world.size() > 1) {
     if (options.leader_host.empty()) {
-      SNAP_RETURN_IF_ERROR(mpi_broadcast_from_rank0(&id, sizeof id));
+      SNAP_RETURN_IF_ERROR(mpi_broadcast_from_rank0(&id, sizeof id, options.rendezvous_timeout));
     } else {
       const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
       SNAP_ASSIGN_OR_RETURN(std::vector<uint8_t> got,

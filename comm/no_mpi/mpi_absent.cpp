@@ -10,7 +10,7 @@ Result<std::unique_ptr<Communicator>> make_mpi_communicator(const World&, const 
   return unimplemented("comm: this build has no MPI (the standalone CUDA build); use the tcp backend");
 }
 
-Status mpi_broadcast_from_rank0(void*, int) {
+Status mpi_broadcast_from_rank0(void*, int, std::chrono::milliseconds) {
   return unimplemented("comm/nccl: this build has no MPI to hand out the NCCL id; give a leader (TCP rendezvous)");
 }
 

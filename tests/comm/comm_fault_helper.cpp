@@ -4,7 +4,9 @@
 // (raise SIGSTOP: a rank that hangs without dying) or stopbcast (SIGSTOP after the round's
 // all-reduce, before rank 0's broadcast of the next "plan", with broadcasts bounded as
 // `generate`'s workers bound them). With stop and stopbcast the collective timeout is 3 s,
-// armed as agree_on_load arms it; the other modes keep it unarmed.
+// armed as agree_on_load arms it; the other modes keep it unarmed. idbcast: the NCCL backend's
+// broadcast of its unique id (comm/backends.h, 2 s limit) instead of the rounds, RANK stopped
+// (SIGSTOP) before it (a RANK outside the job: every rank gets the id).
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/backends.h"
 #include "comm/bootstrap.h"
 
 int main(int argc, char** argv) {
@@ -34,6 +37,21 @@ int main(int argc, char** argv) {
   if (!comm.ok()) {
     std::fprintf(stderr, "%s\n", comm.status().to_string().c_str());
     return 1;
+  }
+  if (mode == "idbcast") {
+    if (world->rank() == fail_rank) std::raise(SIGSTOP);
+    std::vector<uint8_t> id(128, world->rank() == 0 ? 7 : 0);
+    const snap::Status s = detail::mpi_broadcast_from_rank0(id.data(), static_cast<int>(id.size()), std::chrono::seconds(2));
+    if (!s.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", world->rank(), s.to_string().c_str());
+      return 2;
+    }
+    if (id[0] != 7 || id[127] != 7) {
+      std::fprintf(stderr, "rank %d: the id arrived wrong\n", world->rank());
+      return 3;
+    }
+    if (world->is_leader()) std::printf("comm_fault_helper: id broadcast done\n");
+    return 0;
   }
   if (mode == "stop" || mode == "stopbcast") comm.value()->arm_collective_timeout();
   if (mode == "stopbcast") comm.value()->bound_broadcasts();

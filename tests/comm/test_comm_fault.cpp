@@ -107,4 +107,24 @@ TEST(CommFault, StoppedLeaderBetweenStepsTimesOutInTheBroadcast) {
   EXPECT_EQ(r.output.find("200 rounds done"), std::string::npos) << r.output;
 }
 
+// The NCCL backend's unique id under mpirun/srun (comm/backends.h): it arrives on every rank,
+// and a rank 0 that never sends it (stopped; or failed before it under a launcher that does not
+// end the job on one rank's exit) is named by the others after the limit, and the job ends,
+// instead of them waiting in the broadcast for ever.
+TEST(CommFault, NcclIdBroadcastArrives) {
+  JobResult r = run_job("--fail 9 idbcast");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("id broadcast done"), std::string::npos) << r.output;
+}
+
+TEST(CommFault, StoppedLeaderBeforeTheNcclIdTimesOutNamingIt) {
+  JobResult r = run_job("--fail 0 idbcast");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
+  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  EXPECT_NE(r.output.find("the broadcast of the NCCL id waited"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("for rank 0 (the rendezvous timeout, 2 s): it failed before it or hangs"), std::string::npos)
+      << r.output;
+}
+
 }  // namespace
