@@ -132,6 +132,7 @@ Status Communicator::broadcast(void* buf, int64_t count, DType dtype, int root) 
   const auto start = std::chrono::steady_clock::now();
   SNAP_RETURN_IF_ERROR(do_broadcast(buf, count, dtype, root));
   record(CommOp::broadcast, count * dtype_size(dtype), start);
+  broadcast_arrived();
   return Status();
 }
 
@@ -142,7 +143,13 @@ Status Communicator::broadcast_bytes(void* buf, int64_t num_bytes, int root) {
   const auto start = std::chrono::steady_clock::now();
   SNAP_RETURN_IF_ERROR(do_broadcast_bytes(buf, num_bytes, root));
   record(CommOp::broadcast, num_bytes, start);
+  broadcast_arrived();
   return Status();
+}
+
+void Communicator::broadcast_arrived() {
+  BroadcastBound first = BroadcastBound::load;
+  broadcast_bound_.compare_exchange_strong(first, BroadcastBound::step);
 }
 
 Status Communicator::broadcast_message(std::vector<uint8_t>& bytes, int root, const char* what) {

@@ -113,13 +113,14 @@ class Communicator {
 
   // How long a rank receiving a broadcast waits for the root. `none` (the default): for ever.
   // A worker rank follows rank 0's plans, and rank 0 sends one every step and, when idle, at
-  // least once a second (the engines' rank reports), so a worker bounds its waits: `load` for
-  // the first plan (rank 0 still loads its tokenizer and reads the prompt after agree_on_load;
-  // --load-timeout), then `step` (the armed collective timeout): a leader that stops or hangs
-  // ends the job ("broadcast waited ... for rank 0") instead of leaving its workers waiting for
-  // ever. TCP and MPI (NCCL carries no broadcasts).
+  // least once a second (the engines' rank reports), so a worker bounds its waits: `load` waits
+  // --load-timeout for the first broadcast (rank 0 still loads its tokenizer and reads the
+  // prompt after agree_on_load) and turns into `step` once one has arrived; `step` waits the
+  // armed collective timeout: a leader that stops or hangs ends the job ("broadcast waited ...
+  // for rank 0") instead of leaving its workers waiting for ever. TCP and MPI (NCCL carries no
+  // broadcasts).
   enum class BroadcastBound : uint8_t { none, load, step };
-  void bound_broadcasts(BroadcastBound bound = BroadcastBound::step) { broadcast_bound_.store(bound); }
+  void bound_broadcasts(BroadcastBound bound = BroadcastBound::load) { broadcast_bound_.store(bound); }
   std::chrono::milliseconds broadcast_timeout() const {
     switch (broadcast_bound_.load()) {
       case BroadcastBound::load: return std::chrono::milliseconds(load_timeout_ms_);
@@ -147,6 +148,8 @@ class Communicator {
   Status check_buffer(const char* op, const void* buf, int64_t count, DType dtype) const;
   Status check_root(const char* op, int root) const;
   void record(CommOp op, int64_t bytes, std::chrono::steady_clock::time_point start);
+  // After a broadcast that arrived: BroadcastBound::load turns into step.
+  void broadcast_arrived();
 
   const World world_;
   std::array<std::atomic<int64_t>, k_num_comm_ops> calls_{};

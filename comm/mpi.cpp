@@ -99,6 +99,24 @@ class PollDeadline {
   Clock::time_point last_, deadline_;
 };
 
+// Polls `req` until it completes (*done true) or `deadline` passes (*done false; an MPI
+// collective cannot be cancelled, so the request is left to MPI_Abort at exit). Spins for the
+// first 200 µs (a decode step's plan arrives well within that), then sleeps between polls,
+// backing off to 1 ms: a rank waiting for an idle leader does not spin a core.
+Status poll_request(MPI_Request* req, PollDeadline& deadline, bool* done) {
+  const auto spin_until = deadline.start() + std::chrono::microseconds(200);
+  auto nap = std::chrono::microseconds(20);
+  for (;;) {
+    int flag = 0;
+    SNAP_MPI_CALL(MPI_Test, req, &flag, MPI_STATUS_IGNORE);
+    *done = flag != 0;
+    if (*done || deadline.passed()) return Status();
+    if (PollDeadline::Clock::now() < spin_until) continue;
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+}
+
 // Point-to-point tags of the collectives written here (apart from MPI's own collectives,
 // which match in a separate context). Messages between two ranks with one tag arrive in
 // order, and every rank runs the collectives in the same order, so a tag per phase suffices.
@@ -232,21 +250,11 @@ class MpiCommunicator final : public Communicator {
       return Status();
     }
     PollDeadline deadline(broadcast_timeout(), broadcast_timeout_flag());
-    const auto spin_until = deadline.start() + std::chrono::microseconds(200);
-    auto nap = std::chrono::microseconds(20);
-    for (;;) {
-      int done = 0;
-      SNAP_MPI_CALL(MPI_Test, &req, &done, MPI_STATUS_IGNORE);
-      if (done) return Status();
-      if (deadline.passed()) {
-        // An MPI collective cannot be cancelled: the request is left to MPI_Abort at exit.
-        std::vector<Transfer> none;
-        return fail(none, timed_out({root}, CommOp::broadcast, deadline));
-      }
-      if (Clock::now() < spin_until) continue;
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(1000));
-    }
+    bool done = false;
+    SNAP_RETURN_IF_ERROR(poll_request(&req, deadline, &done));
+    if (done) return Status();
+    std::vector<Transfer> none;
+    return fail(none, timed_out({root}, CommOp::broadcast, deadline));
   }
 
   // An empty message to and from every peer: no rank leaves before all have entered.
@@ -405,20 +413,15 @@ Status mpi_broadcast_from_rank0(void* buf, int num_bytes, std::chrono::milliseco
   SNAP_MPI_CALL(MPI_Comm_rank, MPI_COMM_WORLD, &rank);
   PollDeadline deadline(timeout, "the rendezvous timeout");
   const auto wait = [&](MPI_Request* req) -> Status {
-    for (auto nap = std::chrono::microseconds(20);; nap = std::min(nap * 2, std::chrono::microseconds(1000))) {
-      int done = 0;
-      SNAP_MPI_CALL(MPI_Test, req, &done, MPI_STATUS_IGNORE);
-      if (done) return Status();
-      if (deadline.passed()) {
-        g_job_broken.store(true);  // the request cannot be cancelled: MPI_Abort at exit
-        char text[160];
-        std::snprintf(text, sizeof text, "comm/mpi: rank %d: the broadcast of the NCCL id waited %.1f s for rank 0 (%s, %g s): it "
-                      "failed before it or hangs", rank, std::chrono::duration<double>(PollDeadline::Clock::now() - deadline.start()).count(),
-                      deadline.flag(), deadline.limit().count() / 1000.0);
-        return unavailable(text);
-      }
-      std::this_thread::sleep_for(nap);
-    }
+    bool done = false;
+    SNAP_RETURN_IF_ERROR(poll_request(req, deadline, &done));
+    if (done) return Status();
+    g_job_broken.store(true);  // the request is left to MPI_Abort at exit
+    char text[160];
+    std::snprintf(text, sizeof text, "comm/mpi: rank %d: the broadcast of the NCCL id waited %.1f s for rank 0 (%s, %g s): it "
+                  "failed before it or hangs", rank, std::chrono::duration<double>(PollDeadline::Clock::now() - deadline.start()).count(),
+                  deadline.flag(), deadline.limit().count() / 1000.0);
+    return unavailable(text);
   };
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Request req = MPI_REQUEST_NULL;

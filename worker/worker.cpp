@@ -285,10 +285,9 @@ Status worker_loop(Worker& worker, comm::Communicator& comm) {
   std::vector<uint8_t> bytes;
   // Rank 0 sends a plan every step and, idle, a report at least once a second: bounded waits
   // (Communicator::BroadcastBound), --load-timeout for the first plan, then --collective-timeout.
-  comm.bound_broadcasts(comm::Communicator::BroadcastBound::load);
-  for (bool first = true;; first = false) {
+  comm.bound_broadcasts();
+  for (;;) {
     SNAP_RETURN_IF_ERROR(comm.broadcast_message(bytes, 0, "step plan"));
-    if (first) comm.bound_broadcasts(comm::Communicator::BroadcastBound::step);
     SNAP_ASSIGN_OR_RETURN(StepPlan plan, decode_step_plan(bytes));
     if (plan.shutdown) return {};
     Status st = worker.run(plan);

@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "stop" || mode == "stopbcast") comm.value()->arm_collective_timeout();
-  if (mode == "stopbcast") comm.value()->bound_broadcasts();
+  if (mode == "stopbcast") comm.value()->bound_broadcasts(Communicator::BroadcastBound::step);
   std::vector<uint8_t> plan(64);
   std::vector<float> act(576);
   for (int round = 0; round < 200; ++round) {

@@ -40,6 +40,13 @@ JobResult run_job(const std::string& helper_args) {
 
 constexpr double k_bound_seconds = 30.0;  // `timeout` fires at 60 s (exit 124)
 
+// A failed job: non-zero, and ended by itself well before `timeout` would have killed it.
+void expect_failed_in_time(const JobResult& r) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
+  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+}
+
 TEST(CommFault, HealthyJobSucceeds) {
   JobResult r = run_job("");
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -48,9 +55,7 @@ TEST(CommFault, HealthyJobSucceeds) {
 
 TEST(CommFault, KilledRankEndsTheJob) {
   JobResult r = run_job("--fail 1 kill");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
-  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  expect_failed_in_time(r);
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("200 rounds done"), std::string::npos) << r.output;
@@ -58,17 +63,13 @@ TEST(CommFault, KilledRankEndsTheJob) {
 
 TEST(CommFault, RankExitingWithoutFinalizeEndsTheJob) {
   JobResult r = run_job("--fail 1 exit");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
-  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  expect_failed_in_time(r);
   EXPECT_EQ(r.output.find("200 rounds done"), std::string::npos) << r.output;
 }
 
 TEST(CommFault, AbortJobEndsTheJobWithItsMessage) {
   JobResult r = run_job("--fail 1 abort");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
-  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  expect_failed_in_time(r);
   EXPECT_NE(r.output.find("rank 1 aborting the job: worker failed on purpose in round 50"), std::string::npos)
       << r.output;
 }
@@ -78,9 +79,7 @@ TEST(CommFault, AbortJobEndsTheJobWithItsMessage) {
 // kills the stopped rank).
 TEST(CommFault, StoppedRankTimesOutNamingIt) {
   JobResult r = run_job("--fail 1 stop");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
-  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  expect_failed_in_time(r);
   for (int rank : {0, 2}) {
     EXPECT_NE(r.output.find("comm/mpi: rank " + std::to_string(rank) + ": all_reduce_sum waited "), std::string::npos)
         << r.output;
@@ -95,9 +94,7 @@ TEST(CommFault, StoppedRankTimesOutNamingIt) {
 // naming it, and the job ends.
 TEST(CommFault, StoppedLeaderBetweenStepsTimesOutInTheBroadcast) {
   JobResult r = run_job("--fail 0 stopbcast");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
-  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  expect_failed_in_time(r);
   for (int rank : {1, 2}) {
     EXPECT_NE(r.output.find("comm/mpi: rank " + std::to_string(rank) +
                             ": broadcast waited 3.0 s for rank 0 (--collective-timeout 3 s): it died or hangs"),
@@ -119,9 +116,7 @@ TEST(CommFault, NcclIdBroadcastArrives) {
 
 TEST(CommFault, StoppedLeaderBeforeTheNcclIdTimesOutNamingIt) {
   JobResult r = run_job("--fail 0 idbcast");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.exit_code, 124) << "mpirun hung until timeout killed it\n" << r.output;
-  EXPECT_LT(r.seconds, k_bound_seconds) << r.output;
+  expect_failed_in_time(r);
   EXPECT_NE(r.output.find("the broadcast of the NCCL id waited"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("for rank 0 (the rendezvous timeout, 2 s): it failed before it or hangs"), std::string::npos)
       << r.output;

@@ -490,7 +490,7 @@ TEST(TcpFailure, BoundBroadcastTimesOutNamingTheLeader) {
   const auto out = run_ranks(p, [&](int rank) {
     auto made = armed_communicator(rank, p, port, std::chrono::milliseconds(300));
     if (!made.ok()) return 2;
-    (*made)->bound_broadcasts();
+    (*made)->bound_broadcasts(Communicator::BroadcastBound::step);
     int32_t plan = rank == 0 ? 42 : 0;
     if (rank == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(8000));  // past 0.3 s + the workers' 5 s grace

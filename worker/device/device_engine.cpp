@@ -891,8 +891,7 @@ Status run_device_engine_follower(const DeviceSpec& spec, const EngineConfig& cf
   // Rank 0 sends an op every step and a report at least once a second when idle: bounded
   // waits, --load-timeout for the first op, then --collective-timeout (a stopped or hung rank
   // 0 ends the group instead of leaving this rank waiting for ever).
-  cfg.comm->bound_broadcasts(comm::Communicator::BroadcastBound::load);
-  bool first = true;
+  cfg.comm->bound_broadcasts();
   const auto check_opened = [](int32_t got, int32_t want) {
     return got == want ? Status::ok_status()
                        : internal_error("device op: this rank's pool opened sequence " + std::to_string(got) +
@@ -901,8 +900,6 @@ Status run_device_engine_follower(const DeviceSpec& spec, const EngineConfig& cf
   for (;;) {
     std::vector<uint8_t> bytes;
     SNAP_RETURN_IF_ERROR(cfg.comm->broadcast_message(bytes, 0, "device op"));
-    if (first) cfg.comm->bound_broadcasts(comm::Communicator::BroadcastBound::step);
-    first = false;
     SNAP_ASSIGN_OR_RETURN(DeviceOp op, decode_device_op(bytes));
     const int64_t n = static_cast<int64_t>(op.tokens.size());
     switch (op.kind) {

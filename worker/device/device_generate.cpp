@@ -235,11 +235,10 @@ Status CudaGenerator::follow() {
   if (!grouped() || leads()) return {};
   // Rank 0 sends every step (generate: one request): bounded waits, --load-timeout for the
   // first header (rank 0 loads its tokenizer and reads the prompt), then --collective-timeout.
-  control_->bound_broadcasts(comm::Communicator::BroadcastBound::load);
-  for (bool first = true;; first = false) {
+  control_->bound_broadcasts();
+  for (;;) {
     std::vector<uint8_t> bytes;
     SNAP_RETURN_IF_ERROR(control_->broadcast_message(bytes, 0, "device request header"));
-    if (first) control_->bound_broadcasts(comm::Communicator::BroadcastBound::step);
     SNAP_ASSIGN_OR_RETURN(DeviceRequestHeader h, decode_device_request(bytes));
     if (h.shutdown) return {};
     // A request's own error (pool too small, bad policy) happens alike on rank 0, which
