@@ -68,6 +68,10 @@ void set_error(cudaError_t e) {
   if (e != cudaSuccess) fail(e, "");
 }
 
+void set_error(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) fail(e, what);
+}
+
 size_t allocated_bytes() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -250,6 +254,8 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
   }
   return "cudaErrorUnknown";
 }
@@ -263,6 +269,8 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
   }
   return "unknown error";
 }

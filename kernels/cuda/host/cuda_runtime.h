@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 enum cudaError_t {
   cudaSuccess = 0,
@@ -25,7 +26,9 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidDevice = 101,
   cudaErrorNoDevice = 100,
+  cudaErrorInvalidConfiguration = 9,
   cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchFailure = 719,
 };
 using cudaError = cudaError_t;
 
@@ -95,6 +98,8 @@ bool is_device(const void* ptr, size_t bytes);
 bool require_device(const void* ptr, size_t bytes, const char* what);
 // A launcher's own error (a bad shape): the next cudaGetLastError returns it.
 void set_error(cudaError_t e);
+// The same with the text cudaGetErrorString returns for it (the kernel emulator's faults).
+void set_error(cudaError_t e, const std::string& what);
 // The bytes cudaMalloc holds now, and the emulated device's size (SNAP_HOSTCUDA_MIB, default
 // 8192 MiB): cudaMalloc beyond it fails with cudaErrorMemoryAllocation as a full GPU would.
 size_t allocated_bytes();

@@ -1,0 +1,191 @@
+// The CUDA kernel language on the CPU, for the kernel emulator (kernels/cuda/emu/README.md).
+// kernels/cuda/*.cu are compiled as C++ after emu_rewrite.py has turned each `k<<<cfg>>>(args)`
+// into `::snap_emu::launch(...)` and each `__shared__` declaration into a block-local slot, and
+// put `#include "kernels/cuda/emu/kernel_lang.h"` first. What a kernel sees here:
+//  - threadIdx, blockIdx, blockDim, gridDim, warpSize, as on the GPU (unsigned components);
+//  - __syncthreads() and the warp shuffles, which really synchronise: every CUDA thread of a
+//    block is a fiber (emu_runtime.cpp), and a thread that reaches a barrier waits there until
+//    all the threads the barrier names have reached it. A barrier some threads never reach (a
+//    __syncthreads after an early return, a full-mask shuffle in a partial warp) is a fault
+//    that names the kernel, the block and the threads, instead of a hang or undefined result;
+//  - shared memory that is fresh per block and filled with 0xFF bytes (NaN as floats), each
+//    declaration its own heap allocation of exactly its size (AddressSanitizer sees overflows);
+//    the dynamic part is exactly the launch's byte count;
+//  - the intrinsics the kernels use, with the GPU's rounding where it is specified (__fadd_rn,
+//    __fmul_rn: one rounding each, never fused; compile with -ffp-contract=off).
+// The runtime API (cudaMalloc, copies, streams) is the host twin's (kernels/cuda/host).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// --- built-in vector types and launch shapes ------------------------------------------------
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(8) int2 {
+  int x, y;
+};
+struct alignas(4) __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
+// --- function qualifiers ----------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __noinline__
+
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+
+namespace snap_emu {
+
+struct Config {
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+  Config(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = nullptr) : grid(g), block(b), smem(s), stream(st) {}
+};
+
+struct Site {
+  const char* kernel;  // as written at the launch
+  const char* file;
+  int line;
+};
+
+// The running CUDA thread's coordinates (valid only inside a kernel).
+const uint3& thread_idx();
+const uint3& block_idx();
+const dim3& block_dim();
+const dim3& grid_dim();
+
+void syncthreads();
+// Deposits `bits` for the lanes of `mask`, waits for all of them, returns lane src's bits.
+uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* what);
+inline int lane_id() { return static_cast<int>((thread_idx().x + thread_idx().y * block_dim().x +
+                                                thread_idx().z * block_dim().x * block_dim().y) % 32u); }
+
+// Block-local shared memory: the calling thread's next static `__shared__` declaration of
+// `bytes` (every thread of the block declares the same sequence), and the dynamic part.
+void* shared_slot(size_t bytes, size_t align, const char* name);
+void* dynamic_shared();
+
+// One launch: checks the configuration as the runtime does (sets the error and returns
+// without running on a bad one), then runs `body(ctx)` once per CUDA thread, block by block.
+void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), void* ctx);
+// A kernel argument that is a pointer must be device memory (or null), as on the GPU.
+void check_pointer_arg(const Site& s, int index, const void* p);
+void set_max_dynamic_shared(const void* fn, int bytes);
+
+template <typename T>
+void check_arg(const Site& s, int index, const T& v) {
+  if constexpr (std::is_pointer_v<T>) check_pointer_arg(s, index, static_cast<const void*>(v));
+}
+
+template <typename... P, typename... A>
+void launch(const Config& c, const Site& s, void (*k)(P...), A&&... a) {
+  using Params = std::tuple<std::decay_t<P>...>;
+  struct Ctx {
+    void (*k)(P...);
+    Params params;
+  } ctx{k, Params(std::forward<A>(a)...)};  // converted at the launch, as CUDA does
+  std::apply([&](const auto&... v) {
+    int i = 0;
+    (check_arg(s, i++, v), ...);
+  }, ctx.params);
+  run(c, s, reinterpret_cast<const void*>(k),
+      [](void* p) {
+        auto* x = static_cast<Ctx*>(p);
+        std::apply(x->k, x->params);  // each thread gets the same by-value parameters
+      },
+      &ctx);
+}
+
+template <typename T>
+T shfl(uint32_t mask, T v, int src_lane, const char* what) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits = warp_exchange(mask, bits, src_lane, what);
+  T r;
+  std::memcpy(&r, &bits, sizeof(T));
+  return r;
+}
+
+}  // namespace snap_emu
+
+template <typename F>
+cudaError_t cudaFuncSetAttribute(F* fn, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize)
+    snap_emu::set_max_dynamic_shared(reinterpret_cast<const void*>(fn), value);
+  return cudaSuccess;
+}
+
+#define threadIdx (::snap_emu::thread_idx())
+#define blockIdx (::snap_emu::block_idx())
+#define blockDim (::snap_emu::block_dim())
+#define gridDim (::snap_emu::grid_dim())
+constexpr int warpSize = 32;
+
+inline void __syncthreads() { snap_emu::syncthreads(); }
+
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  const int lane = snap_emu::lane_id();
+  return snap_emu::shfl(mask, v, (lane ^ lane_mask) % width + lane / width * width, "__shfl_xor_sync");
+}
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  const int lane = snap_emu::lane_id();
+  return snap_emu::shfl(mask, v, src_lane % width + lane / width * width, "__shfl_sync");
+}
+template <typename T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int lane = snap_emu::lane_id();
+  const int in_seg = lane % width;
+  return snap_emu::shfl(mask, v, in_seg + static_cast<int>(delta) < width ? lane + static_cast<int>(delta) : lane,
+                        "__shfl_down_sync");
+}
+
+// --- intrinsics (one rounding each; the emulated sources build with -ffp-contract=off) --------
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
+inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
+using std::max;
+using std::min;
+using std::isfinite;
+using std::isinf;
+using std::isnan;
