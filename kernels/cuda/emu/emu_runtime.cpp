@@ -1,6 +1,6 @@
 // The kernel emulator's execution model (kernel_lang.h says what a kernel sees): a launch runs
 // its blocks one after another on the calling OS thread; inside a block every CUDA thread is a
-// fiber (ucontext) with its own stack, run until it finishes or reaches a barrier. When no
+// fiber with its own stack, run until it finishes or reaches a barrier. When no
 // thread can run, the scheduler releases the barriers whose threads have all arrived — a warp's
 // shuffle when every lane of its mask is there, __syncthreads when every thread of the block
 // is — and reports a fault when none can be released (a barrier some threads never reach).
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -28,6 +29,49 @@
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
 #define SNAP_EMU_ASAN 1
+#endif
+
+// The context switch. On x86-64 (SysV) our own: save the callee-saved registers, MXCSR and the
+// x87 control word on the old stack, swap stack pointers, restore — no signal-mask syscall, which
+// made swapcontext ~80% of an emulated run. Elsewhere: ucontext.
+#if defined(__x86_64__) && !defined(SNAP_EMU_UCONTEXT)
+#define SNAP_EMU_ASM_SWITCH 1
+extern "C" void snap_emu_switch(void** save_sp, void* to_sp);
+extern "C" void snap_emu_trampoline();
+asm(R"(
+  .text
+  .globl snap_emu_switch
+  .type snap_emu_switch, @function
+snap_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size snap_emu_switch, .-snap_emu_switch
+  .globl snap_emu_trampoline
+  .type snap_emu_trampoline, @function
+snap_emu_trampoline:
+  call snap_emu_fiber_main
+  ud2
+  .size snap_emu_trampoline, .-snap_emu_trampoline
+)");
 #endif
 
 namespace snap_emu {
@@ -46,10 +90,19 @@ constexpr size_t k_stack_bytes = 1 << 20;
 constexpr size_t k_stack_bytes = 256 << 10;
 #endif
 
-enum class St { ready, block_bar, warp_bar, done };
+enum class St { ready, block_bar, warp_bar, faulted, done };
+
+// Thrown at a suspended thread's barrier after a fault, so that its frames unwind (their
+// destructors run) before its stack is reused.
+struct Unwind {};
 
 struct Fiber {
+  int lane = 0;
+#if defined(SNAP_EMU_ASM_SWITCH)
+  void* sp = nullptr;  // saved stack pointer while switched out
+#else
   ucontext_t ctx{};
+#endif
   void* stack = nullptr;
   uint3 tid{};
   St st = St::ready;
@@ -61,29 +114,52 @@ struct Fiber {
   size_t next_slot = 0;  // the next static __shared__ declaration
 };
 
+// A warp's shuffle in progress: the lanes that have reached it and the mask they name.
+struct WarpWait {
+  uint32_t mask = 0;
+  uint32_t arrived = 0;
+};
+
 struct Slot {
   size_t bytes;
   const char* name;
   std::unique_ptr<unsigned char[]> mem;
 };
 
-enum class Order { forward, reverse, shuffle };
+using Order = Schedule;
 
 Order order_from_env() {
   const char* v = std::getenv("SNAP_EMU_SCHEDULE");
   const std::string s = v ? v : "forward";
   if (s == "reverse") return Order::reverse;
   if (s == "shuffle") return Order::shuffle;
+  if (s != "forward") {
+    std::fprintf(stderr, "snap_emu: SNAP_EMU_SCHEDULE=%s is not forward, reverse or shuffle\n", s.c_str());
+    std::exit(2);
+  }
   return Order::forward;
 }
 
+std::atomic<int>& order_setting() {
+  static std::atomic<int> o{static_cast<int>(order_from_env())};
+  return o;
+}
+std::atomic<long long> g_launches{0}, g_faults{0};
+
+}  // namespace
+
 // One OS thread's emulator state: the launch it is running (if any) and its fiber stacks.
 struct Engine {
+#if defined(SNAP_EMU_ASM_SWITCH)
+  void* sched_sp = nullptr;
+#else
   ucontext_t sched{};
+#endif
   std::vector<Fiber> fibers;
   Fiber* cur = nullptr;
   uint3 bid{};
   dim3 bdim, gdim;
+  std::vector<WarpWait> warps;
   std::vector<Slot> slots;
   std::unique_ptr<unsigned char[]> dyn;
   size_t dyn_bytes = 0;
@@ -91,6 +167,7 @@ struct Engine {
   void (*body)(void*) = nullptr;
   void* ctx = nullptr;
   bool running = false;
+  bool unwinding = false;  // resuming suspended threads after a fault, to unwind them
   std::string fault;  // set by a thread or the scheduler; ends the launch
   std::vector<void*> stacks;
   std::mt19937 rng{12345};
@@ -103,6 +180,10 @@ struct Engine {
     for (void* s : stacks) munmap(s, k_stack_bytes);
   }
 };
+
+thread_local constinit Current t_current{};
+
+namespace {
 
 thread_local Engine t_engine;
 
@@ -141,47 +222,91 @@ std::string thread_name(const Fiber& f) {
   return "thread (" + std::to_string(f.tid.x) + "," + std::to_string(f.tid.y) + "," + std::to_string(f.tid.z) + ")";
 }
 
+void switch_to_scheduler(Engine& e, Fiber& f) {
+#if defined(SNAP_EMU_ASM_SWITCH)
+  snap_emu_switch(&f.sp, e.sched_sp);
+#else
+  swapcontext(&f.ctx, &e.sched);
+#endif
+}
+
 // Back to the scheduler from a fiber (a barrier or the end of the thread).
 void yield_to_scheduler(Engine& e) {
   Fiber* f = e.cur;
 #if defined(SNAP_EMU_ASAN)
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(f->st == St::done ? nullptr : &fake, e.main_stack_bottom, e.main_stack_size);
-  swapcontext(&f->ctx, &e.sched);
+  switch_to_scheduler(e, *f);
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
-  swapcontext(&f->ctx, &e.sched);
+  switch_to_scheduler(e, *f);
 #endif
+  if (e.unwinding) throw Unwind{};
 }
 
-void fiber_entry() {
-  Engine& e = t_engine;
+}  // namespace
+}  // namespace snap_emu
+
+// A fiber's first frame (the trampoline calls it on the fiber's stack); it never returns.
+extern "C" void snap_emu_fiber_main() {
+  using namespace snap_emu;
+  Engine& e = *t_current.engine;
 #if defined(SNAP_EMU_ASAN)
   __sanitizer_finish_switch_fiber(nullptr, &e.main_stack_bottom, &e.main_stack_size);
 #endif
-  e.body(e.ctx);
+  try {
+    e.body(e.ctx);
+  } catch (const Unwind&) {  // the launch faulted while this thread waited
+  }
   e.cur->st = St::done;
   yield_to_scheduler(e);  // never resumed
+  std::abort();
 }
+
+namespace snap_emu {
+namespace {
 
 void run_fiber(Engine& e, Fiber& f) {
   if (!f.started) {
     f.stack = take_stack(e);
+#if defined(SNAP_EMU_ASM_SWITCH)
+    // The frame snap_emu_switch pops: MXCSR + x87 control word (this thread's), six zeroed
+    // callee-saved registers, then the trampoline as the return address, placed so that the
+    // trampoline's call sees a 16-byte aligned stack as the ABI requires.
+    auto top = reinterpret_cast<uintptr_t>(f.stack) + k_stack_bytes - 16;
+    top &= ~uintptr_t{15};
+    auto* frame = reinterpret_cast<uint64_t*>(top - 64);
+    uint32_t mxcsr = 0;
+    uint16_t fpucw = 0;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpucw));
+    frame[0] = mxcsr | static_cast<uint64_t>(fpucw) << 32;
+    for (int r = 1; r <= 6; ++r) frame[r] = 0;
+    frame[7] = reinterpret_cast<uint64_t>(&snap_emu_trampoline);
+    f.sp = frame;
+#else
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = k_stack_bytes;
     f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_entry, 0);
+    makecontext(&f.ctx, reinterpret_cast<void (*)()>(&snap_emu_fiber_main), 0);
+#endif
     f.started = true;
   }
   e.cur = &f;
+  t_current.tid = f.tid;
+  t_current.lane = f.lane;
 #if defined(SNAP_EMU_ASAN)
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, k_stack_bytes);
-  swapcontext(&e.sched, &f.ctx);
-  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+#if defined(SNAP_EMU_ASM_SWITCH)
+  snap_emu_switch(&e.sched_sp, f.sp);
 #else
   swapcontext(&e.sched, &f.ctx);
+#endif
+#if defined(SNAP_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
   e.cur = nullptr;
   if (f.st == St::done) {
@@ -190,59 +315,32 @@ void run_fiber(Engine& e, Fiber& f) {
   }
 }
 
-// Releases the warps whose every named lane waits at its shuffle; a fault when a warp's lanes
-// disagree on the mask or name a lane that does not exist or has returned.
-bool release_warps(Engine& e) {
-  bool released = false;
-  const size_t n = e.fibers.size();
-  for (size_t w0 = 0; w0 < n; w0 += 32) {
-    const size_t w1 = std::min(n, w0 + 32);
-    uint32_t mask = 0;
-    bool any = false;
-    for (size_t i = w0; i < w1; ++i) {
-      const Fiber& f = e.fibers[i];
-      if (f.st != St::warp_bar) continue;
-      if (any && f.mask != mask) {
-        e.fault = "warp " + std::to_string(w0 / 32) + ": lanes wait at shuffles with different masks";
-        return false;
-      }
-      mask = f.mask;
-      any = true;
+std::string stuck(const Engine& e) {
+  size_t at_block = 0, at_warp = 0, done = 0;
+  std::string first_warp;
+  for (const Fiber& f : e.fibers) {
+    at_block += f.st == St::block_bar;
+    done += f.st == St::done;
+    if (f.st == St::warp_bar) {
+      if (at_warp++ == 0) first_warp = thread_name(f) + " at " + f.what;
     }
-    if (!any) continue;
-    bool all = true;
-    for (int lane = 0; lane < 32; ++lane) {
-      if (!(mask >> lane & 1u)) continue;
-      const size_t i = w0 + static_cast<size_t>(lane);
-      if (i >= w1) {
-        e.fault = "warp " + std::to_string(w0 / 32) + ": a shuffle's mask names lane " + std::to_string(lane) +
-                  ", which this block (" + std::to_string(n) + " threads) does not have";
-        return false;
-      }
-      if (e.fibers[i].st == St::done) {
-        e.fault = "warp " + std::to_string(w0 / 32) + ": a shuffle's mask names lane " + std::to_string(lane) +
-                  ", which has returned";
-        return false;
-      }
-      if (e.fibers[i].st != St::warp_bar) all = false;
-    }
-    if (!all) continue;
-    for (size_t i = w0; i < w1; ++i) {
-      Fiber& f = e.fibers[i];
-      if (f.st != St::warp_bar) continue;
-      const int src = f.src_lane;
-      if (src < 0 || src >= 32 || !(mask >> src & 1u)) {
-        e.fault = "warp " + std::to_string(w0 / 32) + ": lane " + std::to_string(i - w0) + "'s " + f.what +
-                  " reads lane " + std::to_string(src) + ", outside the mask";
-        return false;
-      }
-      f.result = e.fibers[w0 + static_cast<size_t>(src)].deposit;
-    }
-    for (size_t i = w0; i < w1; ++i)
-      if (e.fibers[i].st == St::warp_bar) e.fibers[i].st = St::ready;
-    released = true;
   }
-  return released;
+  return "deadlock: " + std::to_string(at_block) + " threads at __syncthreads, " + std::to_string(at_warp) +
+         " at warp shuffles" + (at_warp ? " (first: " + first_warp + ")" : "") + ", " + std::to_string(done) +
+         " returned";
+}
+
+// Why no thread can go on: a shuffle whose mask names a lane that returned, or a deadlock.
+std::string explain_stuck(const Engine& e) {
+  for (size_t w = 0; w < e.warps.size(); ++w) {
+    const WarpWait& ww = e.warps[w];
+    if (ww.arrived == 0) continue;
+    for (int l = 0; l < 32; ++l)
+      if ((ww.mask >> l & 1u) && !(ww.arrived >> l & 1u) && e.fibers[w * 32 + static_cast<size_t>(l)].st == St::done)
+        return "warp " + std::to_string(w) + ": a shuffle's mask names lane " + std::to_string(l) +
+               ", which has returned";
+  }
+  return stuck(e);
 }
 
 bool release_block(Engine& e) {
@@ -262,21 +360,6 @@ bool release_block(Engine& e) {
   return true;
 }
 
-std::string stuck(const Engine& e) {
-  size_t at_block = 0, at_warp = 0, done = 0;
-  std::string first_warp;
-  for (const Fiber& f : e.fibers) {
-    at_block += f.st == St::block_bar;
-    done += f.st == St::done;
-    if (f.st == St::warp_bar) {
-      if (at_warp++ == 0) first_warp = thread_name(f) + " at " + f.what;
-    }
-  }
-  return "deadlock: " + std::to_string(at_block) + " threads at __syncthreads, " + std::to_string(at_warp) +
-         " at warp shuffles" + (at_warp ? " (first: " + first_warp + ")" : "") + ", " + std::to_string(done) +
-         " returned";
-}
-
 // Runs the current block to its end; false with e.fault set on a fault.
 bool run_block(Engine& e, Order order) {
   const size_t n = e.fibers.size();
@@ -285,55 +368,77 @@ bool run_block(Engine& e, Order order) {
   if (order == Order::reverse) std::reverse(idx.begin(), idx.end());
   for (;;) {
     if (order == Order::shuffle) std::shuffle(idx.begin(), idx.end(), e.rng);
+    bool ran = false;
     for (size_t i : idx) {
       Fiber& f = e.fibers[i];
       if (f.st != St::ready) continue;
       run_fiber(e, f);
+      ran = true;
       if (!e.fault.empty()) return false;
     }
+    if (ran) continue;  // a shuffle's last lane may have released lanes this pass had passed
     if (std::all_of(e.fibers.begin(), e.fibers.end(), [](const Fiber& f) { return f.st == St::done; })) return true;
-    const bool warps = release_warps(e);
-    if (!e.fault.empty()) return false;
-    if (warps) continue;
-    if (release_block(e)) continue;
-    if (e.fault.empty()) e.fault = stuck(e);
+    if (release_block(e)) continue;  // warps release themselves (warp_exchange)
+    if (e.fault.empty()) e.fault = explain_stuck(e);
     return false;
   }
 }
 
 }  // namespace
 
-const uint3& thread_idx() { return t_engine.cur->tid; }
-const uint3& block_idx() { return t_engine.bid; }
-const dim3& block_dim() { return t_engine.bdim; }
-const dim3& grid_dim() { return t_engine.gdim; }
 
 void syncthreads() {
-  Engine& e = t_engine;
+  Engine& e = *t_current.engine;
   e.cur->st = St::block_bar;
   yield_to_scheduler(e);
 }
 
 uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* what) {
-  Engine& e = t_engine;
+  Engine& e = *t_current.engine;
   Fiber& f = *e.cur;
-  const int lane = lane_id();
-  if (!(mask >> lane & 1u)) {
-    e.fault = thread_name(f) + " calls " + what + " with a mask that does not name its own lane " + std::to_string(lane);
-    f.st = St::warp_bar;  // never released: the launch ends on the fault
+  const int lane = f.lane;
+  const size_t w = static_cast<size_t>(&f - e.fibers.data()) / 32;
+  WarpWait& ww = e.warps[w];
+  auto fault = [&](const std::string& why) {
+    e.fault = why;
+    f.st = St::faulted;  // the launch ends on the fault; this thread is unwound
     yield_to_scheduler(e);
-  }
+  };
+  if (!(mask >> lane & 1u))
+    fault(thread_name(f) + " calls " + what + " with a mask that does not name its own lane " + std::to_string(lane));
+  const size_t lanes_here = std::min<size_t>(32, e.fibers.size() - w * 32);
+  if (lanes_here < 32 && (mask >> lanes_here) != 0)
+    fault("warp " + std::to_string(w) + ": " + what + "'s mask names lanes this block (" +
+          std::to_string(e.fibers.size()) + " threads) does not have");
+  if (ww.arrived != 0 && ww.mask != mask)
+    fault("warp " + std::to_string(w) + ": lanes wait at shuffles with different masks");
+  if (src_lane < 0 || src_lane >= 32 || !(mask >> src_lane & 1u))
+    fault("warp " + std::to_string(w) + ": lane " + std::to_string(lane) + "'s " + what + " reads lane " +
+          std::to_string(src_lane) + ", outside the mask");
+  ww.mask = mask;
+  ww.arrived |= 1u << lane;
   f.mask = mask;
   f.src_lane = src_lane;
   f.what = what;
   f.deposit = bits;
-  f.st = St::warp_bar;
-  yield_to_scheduler(e);
+  if (ww.arrived != mask) {  // wait for the others; the last to arrive completes the exchange
+    f.st = St::warp_bar;
+    yield_to_scheduler(e);
+    return f.result;
+  }
+  Fiber* base = &e.fibers[w * 32];
+  for (int l = 0; l < 32; ++l) {
+    if (!(mask >> l & 1u)) continue;
+    Fiber& g = base[l];
+    g.result = base[g.src_lane].deposit;
+    if (&g != &f) g.st = St::ready;
+  }
+  ww.arrived = 0;
   return f.result;
 }
 
 void* shared_slot(size_t bytes, size_t align, const char* name) {
-  Engine& e = t_engine;
+  Engine& e = *t_current.engine;
   Fiber& f = *e.cur;
   const size_t k = f.next_slot++;
   if (k == e.slots.size()) {  // the first thread to reach this declaration makes it
@@ -345,37 +450,44 @@ void* shared_slot(size_t bytes, size_t align, const char* name) {
     if (total > k_max_shared) {
       e.fault = "shared memory: " + std::to_string(total) + " bytes (static + dynamic) exceed the " +
                 std::to_string(k_max_shared) + " a block may have";
-      f.st = St::done;
+      f.st = St::faulted;
       yield_to_scheduler(e);
     }
   } else if (e.slots[k].bytes != bytes || std::string(e.slots[k].name) != name) {
     e.fault = thread_name(f) + " declares __shared__ " + name + " where another thread declared " + e.slots[k].name;
-    f.st = St::done;
+    f.st = St::faulted;
     yield_to_scheduler(e);
   }
   (void)align;  // new[] aligns to alignof(std::max_align_t), enough for every type the kernels declare
   return e.slots[k].mem.get();
 }
 
-void* dynamic_shared() { return t_engine.dyn.get(); }
+void set_schedule(Schedule s) { order_setting().store(static_cast<int>(s)); }
+Schedule schedule() { return static_cast<Schedule>(order_setting().load()); }
+long long launches() { return g_launches.load(); }
+long long faults() { return g_faults.load(); }
 
-void set_max_dynamic_shared(const void* fn, int bytes) {
+void* dynamic_shared() { return t_current.engine->dyn.get(); }
+
+cudaError_t set_max_dynamic_shared(const void* fn, int bytes) {
   if (bytes < 0 || static_cast<size_t>(bytes) > k_max_shared) {
     snap::hostcuda::set_error(cudaErrorInvalidValue, "kernel emulator: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " +
                                                          std::to_string(bytes) + ") exceeds the " +
                                                          std::to_string(k_max_shared) + " bytes a block may have");
-    return;
+    return cudaErrorInvalidValue;
   }
   std::lock_guard<std::mutex> lock(g_attr_mu);
   attr_table()[fn] = static_cast<size_t>(bytes);
+  return cudaSuccess;
 }
 
-void check_pointer_arg(const Site& s, int index, const void* p) {
-  if (p == nullptr || snap::hostcuda::is_device(p, 0)) return;
+bool check_pointer_arg(const Site& s, int index, const void* p) {
+  if (p == nullptr || snap::hostcuda::is_device(p, 0)) return true;
   const std::string what = std::string("kernel emulator: ") + s.kernel + " (" + s.file + ":" + std::to_string(s.line) +
                            "): argument " + std::to_string(index) + " is not device memory";
   std::fprintf(stderr, "%s\n", what.c_str());
   snap::hostcuda::set_error(cudaErrorIllegalAddress, what);
+  return false;
 }
 
 void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), void* ctx) {
@@ -411,28 +523,40 @@ void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), vo
                                            : " its cudaFuncAttributeMaxDynamicSharedMemorySize allows"));
     return;
   }
-  static const Order order = order_from_env();
+  const Order order = static_cast<Order>(order_setting().load());
+  g_launches.fetch_add(1);
   e.running = true;
   e.site = &s;
   e.body = body;
   e.ctx = ctx;
   e.bdim = b;
   e.gdim = g;
+  t_current.engine = &e;
+  t_current.bdim = b;
+  t_current.gdim = g;
   e.fault.clear();
   e.fibers.assign(threads, Fiber{});
   for (unsigned z = 0, i = 0; z < b.z; ++z)
     for (unsigned y = 0; y < b.y; ++y)
-      for (unsigned x = 0; x < b.x; ++x) e.fibers[i++].tid = uint3{x, y, z};
+      for (unsigned x = 0; x < b.x; ++x, ++i) {
+        e.fibers[i].tid = uint3{x, y, z};
+        e.fibers[i].lane = static_cast<int>(i % 32);
+      }
+  e.warps.assign((threads + 31) / 32, WarpWait{});
   const uint64_t blocks = uint64_t{g.x} * g.y * g.z;
   for (uint64_t n = 0; n < blocks; ++n) {
     const uint64_t k = order == Order::forward ? n : blocks - 1 - n;  // shuffle: reversed blocks too
     e.bid = uint3{static_cast<unsigned>(k % g.x), static_cast<unsigned>(k / g.x % g.y),
                   static_cast<unsigned>(k / (uint64_t{g.x} * g.y))};
+    t_current.bid = e.bid;
+    std::fill(e.warps.begin(), e.warps.end(), WarpWait{});
     for (Fiber& f : e.fibers) {
       if (f.stack) e.stacks.push_back(f.stack);  // a previous block's fault left it
       const uint3 tid = f.tid;
+      const int lane = f.lane;
       f = Fiber{};
       f.tid = tid;
+      f.lane = lane;
     }
     e.slots.clear();
     e.dyn_bytes = c.smem;
@@ -442,11 +566,11 @@ void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), vo
       const std::string what = "kernel emulator: fault in " + where + ", " + block_name(e) + ": " + e.fault;
       std::fprintf(stderr, "%s\n", what.c_str());
       snap::hostcuda::set_error(cudaErrorLaunchFailure, what);
+      g_faults.fetch_add(1);
+      e.unwinding = true;  // every suspended thread throws Unwind from its barrier and ends
       for (Fiber& f : e.fibers)
-        if (f.stack) {
-          e.stacks.push_back(f.stack);
-          f.stack = nullptr;
-        }
+        if (f.started && f.st != St::done) run_fiber(e, f);
+      e.unwinding = false;
       break;
     }
   }

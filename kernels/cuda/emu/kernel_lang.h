@@ -19,6 +19,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/emu/emu.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -29,14 +31,7 @@
 #include <type_traits>
 #include <utility>
 
-// --- built-in vector types and launch shapes ------------------------------------------------
-struct uint3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-struct dim3 {
-  unsigned x = 1, y = 1, z = 1;
-  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
-};
+// --- built-in vector types (uint3 and dim3: the host twin's cuda_runtime.h) -------------------
 struct alignas(8) float2 {
   float x, y;
 };
@@ -80,17 +75,21 @@ struct Site {
   int line;
 };
 
-// The running CUDA thread's coordinates (valid only inside a kernel).
-const uint3& thread_idx();
-const uint3& block_idx();
-const dim3& block_dim();
-const dim3& grid_dim();
+// The running CUDA thread's coordinates (valid only inside a kernel), set by the scheduler on
+// every switch into a thread. constinit: no TLS wrapper call on each read of threadIdx.
+struct Engine;
+struct Current {
+  uint3 tid, bid;
+  dim3 bdim, gdim;
+  int lane = 0;  // linear thread index % 32
+  Engine* engine = nullptr;
+};
+extern thread_local constinit Current t_current;
 
 void syncthreads();
 // Deposits `bits` for the lanes of `mask`, waits for all of them, returns lane src's bits.
 uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* what);
-inline int lane_id() { return static_cast<int>((thread_idx().x + thread_idx().y * block_dim().x +
-                                                thread_idx().z * block_dim().x * block_dim().y) % 32u); }
+inline int lane_id() { return t_current.lane; }
 
 // Block-local shared memory: the calling thread's next static `__shared__` declaration of
 // `bytes` (every thread of the block declares the same sequence), and the dynamic part.
@@ -100,13 +99,16 @@ void* dynamic_shared();
 // One launch: checks the configuration as the runtime does (sets the error and returns
 // without running on a bad one), then runs `body(ctx)` once per CUDA thread, block by block.
 void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), void* ctx);
-// A kernel argument that is a pointer must be device memory (or null), as on the GPU.
-void check_pointer_arg(const Site& s, int index, const void* p);
-void set_max_dynamic_shared(const void* fn, int bytes);
+// A kernel argument that is a pointer must be device memory (or null): false, with the error
+// set to cudaErrorIllegalAddress, and the launch does not run (on a GPU it would fault when the
+// kernel reads it; an argument the kernel never reads would not, but none of ours is such).
+bool check_pointer_arg(const Site& s, int index, const void* p);
+cudaError_t set_max_dynamic_shared(const void* fn, int bytes);
 
 template <typename T>
-void check_arg(const Site& s, int index, const T& v) {
-  if constexpr (std::is_pointer_v<T>) check_pointer_arg(s, index, static_cast<const void*>(v));
+bool check_arg(const Site& s, int index, const T& v) {
+  if constexpr (std::is_pointer_v<T>) return check_pointer_arg(s, index, static_cast<const void*>(v));
+  return true;
 }
 
 template <typename... P, typename... A>
@@ -116,10 +118,11 @@ void launch(const Config& c, const Site& s, void (*k)(P...), A&&... a) {
     void (*k)(P...);
     Params params;
   } ctx{k, Params(std::forward<A>(a)...)};  // converted at the launch, as CUDA does
-  std::apply([&](const auto&... v) {
+  const bool args_ok = std::apply([&](const auto&... v) {
     int i = 0;
-    (check_arg(s, i++, v), ...);
+    return (check_arg(s, i++, v) && ...);
   }, ctx.params);
+  if (!args_ok) return;
   run(c, s, reinterpret_cast<const void*>(k),
       [](void* p) {
         auto* x = static_cast<Ctx*>(p);
@@ -144,14 +147,14 @@ T shfl(uint32_t mask, T v, int src_lane, const char* what) {
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F* fn, cudaFuncAttribute attr, int value) {
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize)
-    snap_emu::set_max_dynamic_shared(reinterpret_cast<const void*>(fn), value);
+    return snap_emu::set_max_dynamic_shared(reinterpret_cast<const void*>(fn), value);
   return cudaSuccess;
 }
 
-#define threadIdx (::snap_emu::thread_idx())
-#define blockIdx (::snap_emu::block_idx())
-#define blockDim (::snap_emu::block_dim())
-#define gridDim (::snap_emu::grid_dim())
+#define threadIdx (static_cast<const uint3&>(::snap_emu::t_current.tid))
+#define blockIdx (static_cast<const uint3&>(::snap_emu::t_current.bid))
+#define blockDim (static_cast<const dim3&>(::snap_emu::t_current.bdim))
+#define gridDim (static_cast<const dim3&>(::snap_emu::t_current.gdim))
 constexpr int warpSize = 32;
 
 inline void __syncthreads() { snap_emu::syncthreads(); }

@@ -40,6 +40,14 @@ enum cudaMemcpyKind {
   cudaMemcpyDefault = 4,
 };
 
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 

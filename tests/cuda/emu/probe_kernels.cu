@@ -1,0 +1,111 @@
+// Kernels that exercise the kernel emulator itself (kernels/cuda/emu), right and wrong, for
+// test_kernel_emulator.cpp. Written in CUDA and compiled through emu_rewrite.py like
+// kernels/cuda/*.cu; never built by nvcc (each wrong one is wrong on purpose).
+#include "tests/cuda/emu/probe_kernels.h"
+
+namespace snap::emu_probe {
+
+// Right: a block sums its 256 inputs through shared memory, __syncthreads and warp shuffles.
+__global__ void block_sum_kernel(const float* x, float* out) {
+  __shared__ float warp_sums[8];
+  float v = x[blockIdx.x * blockDim.x + threadIdx.x];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float w = threadIdx.x < blockDim.x / 32 ? warp_sums[threadIdx.x] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+    if (threadIdx.x == 0) out[blockIdx.x] = w;
+  }
+}
+
+cudaError_t block_sum(const float* x, float* out, int blocks, cudaStream_t s) {
+  block_sum_kernel<<<blocks, 256, 0, s>>>(x, out);
+  return cudaGetLastError();
+}
+
+// Wrong: thread 0 reads what thread 31 wrote to shared memory without a barrier between.
+__global__ void missing_barrier_kernel(float* out) {
+  __shared__ float s[32];
+  s[threadIdx.x] = static_cast<float>(threadIdx.x);
+  if (threadIdx.x == 0) out[0] = s[31];
+}
+
+cudaError_t missing_barrier(float* out, cudaStream_t s) {
+  missing_barrier_kernel<<<1, 32, 0, s>>>(out);
+  return cudaGetLastError();
+}
+
+// Wrong: the threads past n return before a __syncthreads the others wait at.
+__global__ void early_return_kernel(float* out, int n) {
+  __shared__ float s[64];
+  if (static_cast<int>(threadIdx.x) >= n) return;
+  s[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % n];
+}
+
+cudaError_t early_return(float* out, int n, cudaStream_t s) {
+  early_return_kernel<<<1, 64, 0, s>>>(out, n);
+  return cudaGetLastError();
+}
+
+// Wrong: a full-mask shuffle in a block of 16 threads (half a warp).
+__global__ void partial_warp_kernel(float* out) {
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, static_cast<float>(threadIdx.x), 1);
+}
+
+cudaError_t partial_warp(float* out, cudaStream_t s) {
+  partial_warp_kernel<<<1, 16, 0, s>>>(out);
+  return cudaGetLastError();
+}
+
+// Wrong: in each warp, lanes 0-15 wait at __syncthreads while lanes 16-31 wait at a full-warp
+// shuffle that needs lanes 0-15.
+__global__ void divergent_barrier_kernel(float* out) {
+  if (threadIdx.x % 32 < 16) {
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+  } else {
+    out[threadIdx.x] = __shfl_sync(0xffffffffu, 2.0f, 0);
+  }
+}
+
+cudaError_t divergent_barrier(float* out, cudaStream_t s) {
+  divergent_barrier_kernel<<<1, 64, 0, s>>>(out);
+  return cudaGetLastError();
+}
+
+// Shared memory is each block's own: every block reads its slot before writing it.
+__global__ void fresh_shared_kernel(unsigned* out) {
+  __shared__ unsigned s[1];
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = s[0];
+    s[0] = 12345u;
+  }
+}
+
+cudaError_t fresh_shared(unsigned* out, int blocks, cudaStream_t s) {
+  fresh_shared_kernel<<<blocks, 32, 0, s>>>(out);
+  return cudaGetLastError();
+}
+
+// Dynamic shared memory of `bytes`, after an optional cudaFuncSetAttribute; writes its coordinates.
+__global__ void dynamic_shared_kernel(int* out) {
+  extern __shared__ int dyn[];
+  dyn[threadIdx.x] = static_cast<int>(threadIdx.x + blockIdx.y * 1000);
+  __syncthreads();
+  out[blockIdx.y * blockDim.x + threadIdx.x] = dyn[blockDim.x - 1 - threadIdx.x];
+}
+
+cudaError_t dynamic_shared(int* out, dim3 grid, dim3 block, size_t bytes, int attribute, cudaStream_t s) {
+  if (attribute >= 0) {
+    const cudaError_t e = cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               attribute);
+    if (e != cudaSuccess) return e;
+  }
+  dynamic_shared_kernel<<<grid, block, bytes, s>>>(out);
+  return cudaGetLastError();
+}
+
+}  // namespace snap::emu_probe

@@ -1,0 +1,16 @@
+// The launchers of probe_kernels.cu (see there): the kernel emulator's own test kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace snap::emu_probe {
+
+cudaError_t block_sum(const float* x, float* out, int blocks, cudaStream_t s);
+cudaError_t missing_barrier(float* out, cudaStream_t s);
+cudaError_t early_return(float* out, int n, cudaStream_t s);
+cudaError_t partial_warp(float* out, cudaStream_t s);
+cudaError_t divergent_barrier(float* out, cudaStream_t s);
+cudaError_t fresh_shared(unsigned* out, int blocks, cudaStream_t s);
+cudaError_t dynamic_shared(int* out, dim3 grid, dim3 block, size_t bytes, int attribute, cudaStream_t s);
+
+}  // namespace snap::emu_probe
