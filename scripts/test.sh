@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: set-up (idempotent), every ctest test of the Release build, then
 # every unit test and the e2e tests that start no MPI ranks again under AddressSanitizer +
-# UBSan, and the engine's concurrency tests under ThreadSanitizer.
+# UBSan, the CUDA kernels on the kernel emulator under the same, and the engine's concurrency
+# tests under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -50,6 +51,21 @@ ctest --test-dir "$asan" --output-on-failure -j 2 \
 SNAP_TEST_SNAPSERVE=$(cd "$asan" && pwd)/snapserve ctest --test-dir "$build" --output-on-failure -j 2 \
   -R "^($(IFS='|'; echo "${drivers[*]}"))\$" || status=1
 echo "test: the ASan + UBSan tests took $((SECONDS - asan_start)) s" >&2
+
+# The CUDA kernels on the kernel emulator (kernels/cuda/emu) under ASan + UBSan, when this
+# machine has nvcc (the emulator is part of the CUDA build): the op and policy tables and the
+# emulator's own test. Every kernel's global and shared memory accesses are checked, as
+# compute-sanitizer's memcheck would on a GPU. Only these targets are built (~1.5 min).
+if [ -f "$build/kernels/cuda/emu/test_cuda_ops_emu" ]; then
+  echo "test: the CUDA kernels on the kernel emulator under AddressSanitizer + UBSan" >&2
+  emu_asan=${build}-emu-asan
+  emu_tests=(test_kernel_emulator test_cuda_ops_emu test_cuda_policies_emu)
+  emu_start=$SECONDS
+  cmake -S . -B "$emu_asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON -DSNAP_BUILD_BENCH=OFF >/dev/null
+  cmake --build "$emu_asan" -j "$(nproc)" --target "${emu_tests[@]}"
+  ctest --test-dir "$emu_asan" --output-on-failure -j 2 -R "^($(IFS='|'; echo "${emu_tests[*]}"))\$" || status=1
+  echo "test: the emulated kernels under ASan + UBSan took $((SECONDS - emu_start)) s" >&2
+fi
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
 # The engine's threads (the scheduler; clients submitting, cancelling and polling stats;

@@ -181,7 +181,7 @@ struct Engine {
   }
 };
 
-thread_local constinit Current t_current{};
+
 
 namespace {
 

@@ -84,7 +84,7 @@ struct Current {
   int lane = 0;  // linear thread index % 32
   Engine* engine = nullptr;
 };
-extern thread_local constinit Current t_current;
+inline thread_local constinit Current t_current{};
 
 void syncthreads();
 // Deposits `bits` for the lanes of `mask`, waits for all of them, returns lane src's bits.

@@ -3,7 +3,8 @@
 // CI machines without a GPU run the device path's HOST code — the forward's orchestration, the
 // KV pool, SnapKV's compaction, tensor parallelism's shard configs, exchange and lockstep —
 // through its real call sites, with kernels_host.cpp's CPU twins of kernels_cuda.h standing in
-// for the kernels. It verifies none of the CUDA kernels (tests/cuda on a GPU does).
+// for the kernels. It verifies none of the CUDA kernels (the kernel emulator in ../emu, which
+// uses this runtime, runs them on the CPU; tests/cuda on a GPU does).
 //
 // Only targets that put this directory first on their include path see it (the "-host"
 // targets of kernels/cuda/CMakeLists.txt); they never include the toolkit's headers. These
