@@ -5,6 +5,7 @@
 #include "cuda_runtime.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -237,6 +238,40 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 // A launch's error is sticky until read, as a kernel fault surfaces at the next synchronisation.
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return t_error; }
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at{};
+  bool recorded = false;
+};
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  if (event == nullptr) return fail(cudaErrorInvalidValue, "host twin: cudaEventRecord of a null event");
+  event->at = std::chrono::steady_clock::now();
+  event->recorded = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (event == nullptr) return fail(cudaErrorInvalidValue, "host twin: cudaEventSynchronize of a null event");
+  return t_error;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (start == nullptr || end == nullptr || !start->recorded || !end->recorded)
+    return fail(cudaErrorInvalidValue, "host twin: cudaEventElapsedTime of an event never recorded");
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError() {
   const cudaError_t e = t_error;
