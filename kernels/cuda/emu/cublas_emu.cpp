@@ -1,4 +1,4 @@
-// kernels/cuda/cublas_lazy.h for the kernel emulator: cuBLAS's GemmEx computed on the host with
+// cublasGemmEx for the kernel emulator (its handles: ../host/cublas_lazy_host.cpp), computed with
 // its documented meaning (column-major, C = alpha op(A) op(B) + beta C, bf16 or f32 inputs and
 // output, f32 compute), so that matmul_bf16_cuda's own code — its cuBLAS call and the bias
 // kernel after it — runs as written. The sum over k is sequential in f32; cuBLAS's order is its
@@ -10,35 +10,7 @@
 
 #include "kernels/cuda/cublas_lazy.h"
 
-struct cublasContext {
-  cudaStream_t stream = nullptr;
-};
-
 namespace snap::kernels {
-
-bool cublas_load() { return true; }
-bool cublas_loaded() { return true; }
-
-const std::string& cublas_load_error() {
-  static const std::string none;
-  return none;
-}
-
-cublasStatus_t cublas_create(cublasHandle_t* handle) {
-  *handle = new cublasContext;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublas_destroy(cublasHandle_t handle) {
-  delete handle;
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublas_set_stream(cublasHandle_t handle, cudaStream_t stream) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  handle->stream = stream;
-  return CUBLAS_STATUS_SUCCESS;
-}
 
 namespace {
 

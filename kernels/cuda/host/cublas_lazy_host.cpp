@@ -1,5 +1,6 @@
-// kernels/cuda/cublas_lazy.h on the host twin (cuda_runtime.h here): nothing to load; a handle
-// is a token that matmul_bf16_cuda's CPU twin (kernels_host.cpp) requires to be non-null.
+// kernels/cuda/cublas_lazy.h's handles on the host twin (cuda_runtime.h here) and the kernel
+// emulator (../emu): nothing to load; a handle is a token that matmul_bf16_cuda requires to be
+// non-null. cublas_gemm_ex is each one's own (kernels_host.cpp; ../emu/cublas_emu.cpp).
 #include "kernels/cuda/cublas_lazy.h"
 
 struct cublasContext {
@@ -30,13 +31,6 @@ cublasStatus_t cublas_set_stream(cublasHandle_t handle, cudaStream_t stream) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   handle->stream = stream;
   return CUBLAS_STATUS_SUCCESS;
-}
-
-// Only matmul_bf16_cuda calls cuBLAS, and its twin does not: a direct call has no twin.
-cublasStatus_t cublas_gemm_ex(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
-                              const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
-                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) {
-  return CUBLAS_STATUS_NOT_INITIALIZED;
 }
 
 }  // namespace snap::kernels

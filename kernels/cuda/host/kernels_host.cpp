@@ -516,4 +516,12 @@ cudaError_t h2o_select_cuda(const float* acc, int64_t acc_stride, int64_t num_to
   return cudaSuccess;
 }
 
+// Only matmul_bf16_cuda calls cuBLAS, and its twin does not: a direct call has no twin here
+// (the kernel emulator computes it: ../emu/cublas_emu.cpp).
+cublasStatus_t cublas_gemm_ex(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                              const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) {
+  return CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
 }  // namespace snap::kernels
