@@ -1,9 +1,10 @@
 // The kernel emulator's execution model (kernel_lang.h says what a kernel sees): a launch runs
 // its blocks one after another on the calling OS thread; inside a block every CUDA thread is a
-// fiber with its own stack, run until it finishes or reaches a barrier. When no
-// thread can run, the scheduler releases the barriers whose threads have all arrived — a warp's
-// shuffle when every lane of its mask is there, __syncthreads when every thread of the block
-// is — and reports a fault when none can be released (a barrier some threads never reach).
+// fiber with its own stack, run until it finishes or reaches a barrier. A warp shuffle is
+// completed by the last lane of its mask to arrive, which hands every lane its source lane's
+// value and lets them go on. When no thread can run, the scheduler releases __syncthreads if
+// every thread of the block waits there, and otherwise reports a fault (a barrier some
+// threads never reach, or a deadlock) after unwinding the threads that wait.
 //   SNAP_EMU_SCHEDULE=forward|reverse|shuffle (default forward) orders the threads of a pass and
 // the blocks of a grid: a kernel whose result depends on it has a race (a missing
 // __syncthreads, a read of another thread's shared memory before the barrier that orders it);
