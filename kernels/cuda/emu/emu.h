@@ -12,8 +12,7 @@ enum class Schedule { forward, reverse, shuffle };
 void set_schedule(Schedule s);
 Schedule schedule();
 
-// Launches (and faults) since the process started, on every OS thread.
-long long launches();
+// Launches that faulted since the process started, on every OS thread.
 long long faults();
 
 }  // namespace snap_emu

@@ -108,8 +108,7 @@ struct Fiber {
   uint3 tid{};
   St st = St::ready;
   bool started = false;
-  uint32_t mask = 0;          // at a warp barrier: the lanes it names
-  int src_lane = 0;           // ... and the lane whose deposit it reads
+  int src_lane = 0;            // at a warp barrier: the lane whose deposit it reads
   const char* what = nullptr;  // ... and which intrinsic
   uint64_t deposit = 0, result = 0;
   size_t next_slot = 0;  // the next static __shared__ declaration
@@ -145,7 +144,7 @@ std::atomic<int>& order_setting() {
   static std::atomic<int> o{static_cast<int>(order_from_env())};
   return o;
 }
-std::atomic<long long> g_launches{0}, g_faults{0};
+std::atomic<long long> g_faults{0};
 
 }  // namespace
 
@@ -159,12 +158,11 @@ struct Engine {
   std::vector<Fiber> fibers;
   Fiber* cur = nullptr;
   uint3 bid{};
-  dim3 bdim, gdim;
+  std::vector<size_t> order;  // the pass order of the block's threads
   std::vector<WarpWait> warps;
   std::vector<Slot> slots;
   std::unique_ptr<unsigned char[]> dyn;
   size_t dyn_bytes = 0;
-  const Site* site = nullptr;
   void (*body)(void*) = nullptr;
   void* ctx = nullptr;
   bool running = false;
@@ -243,6 +241,14 @@ void yield_to_scheduler(Engine& e) {
   switch_to_scheduler(e, *f);
 #endif
   if (e.unwinding) throw Unwind{};
+}
+
+// A fault found by the running thread: the launch ends, and this thread is unwound with the
+// others (yield_to_scheduler throws Unwind when it is resumed); never returns.
+void fault_here(Engine& e, std::string why) {
+  e.fault = std::move(why);
+  e.cur->st = St::faulted;
+  yield_to_scheduler(e);
 }
 
 }  // namespace
@@ -363,10 +369,7 @@ bool release_block(Engine& e) {
 
 // Runs the current block to its end; false with e.fault set on a fault.
 bool run_block(Engine& e, Order order) {
-  const size_t n = e.fibers.size();
-  std::vector<size_t> idx(n);
-  std::iota(idx.begin(), idx.end(), size_t{0});
-  if (order == Order::reverse) std::reverse(idx.begin(), idx.end());
+  std::vector<size_t>& idx = e.order;  // set up by run() for the launch
   for (;;) {
     if (order == Order::shuffle) std::shuffle(idx.begin(), idx.end(), e.rng);
     bool ran = false;
@@ -400,11 +403,7 @@ uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* w
   const int lane = f.lane;
   const size_t w = static_cast<size_t>(&f - e.fibers.data()) / 32;
   WarpWait& ww = e.warps[w];
-  auto fault = [&](const std::string& why) {
-    e.fault = why;
-    f.st = St::faulted;  // the launch ends on the fault; this thread is unwound
-    yield_to_scheduler(e);
-  };
+  auto fault = [&](std::string why) { fault_here(e, std::move(why)); };
   if (!(mask >> lane & 1u))
     fault(thread_name(f) + " calls " + what + " with a mask that does not name its own lane " + std::to_string(lane));
   const size_t lanes_here = std::min<size_t>(32, e.fibers.size() - w * 32);
@@ -418,7 +417,6 @@ uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* w
           std::to_string(src_lane) + ", outside the mask");
   ww.mask = mask;
   ww.arrived |= 1u << lane;
-  f.mask = mask;
   f.src_lane = src_lane;
   f.what = what;
   f.deposit = bits;
@@ -448,16 +446,12 @@ void* shared_slot(size_t bytes, size_t align, const char* name) {
     e.slots.push_back(std::move(s));
     size_t total = e.dyn_bytes;
     for (const Slot& x : e.slots) total += x.bytes;
-    if (total > k_max_shared) {
-      e.fault = "shared memory: " + std::to_string(total) + " bytes (static + dynamic) exceed the " +
-                std::to_string(k_max_shared) + " a block may have";
-      f.st = St::faulted;
-      yield_to_scheduler(e);
-    }
+    if (total > k_max_shared)
+      fault_here(e, "shared memory: " + std::to_string(total) + " bytes (static + dynamic) exceed the " +
+                        std::to_string(k_max_shared) + " a block may have");
   } else if (e.slots[k].bytes != bytes || std::string(e.slots[k].name) != name) {
-    e.fault = thread_name(f) + " declares __shared__ " + name + " where another thread declared " + e.slots[k].name;
-    f.st = St::faulted;
-    yield_to_scheduler(e);
+    fault_here(e, thread_name(f) + " declares __shared__ " + name + " where another thread declared " +
+                      e.slots[k].name);
   }
   (void)align;  // new[] aligns to alignof(std::max_align_t), enough for every type the kernels declare
   return e.slots[k].mem.get();
@@ -465,7 +459,6 @@ void* shared_slot(size_t bytes, size_t align, const char* name) {
 
 void set_schedule(Schedule s) { order_setting().store(static_cast<int>(s)); }
 Schedule schedule() { return static_cast<Schedule>(order_setting().load()); }
-long long launches() { return g_launches.load(); }
 long long faults() { return g_faults.load(); }
 
 void* dynamic_shared() { return t_current.engine->dyn.get(); }
@@ -525,13 +518,9 @@ void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), vo
     return;
   }
   const Order order = static_cast<Order>(order_setting().load());
-  g_launches.fetch_add(1);
   e.running = true;
-  e.site = &s;
   e.body = body;
   e.ctx = ctx;
-  e.bdim = b;
-  e.gdim = g;
   t_current.engine = &e;
   t_current.bdim = b;
   t_current.gdim = g;
@@ -544,6 +533,9 @@ void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), vo
         e.fibers[i].lane = static_cast<int>(i % 32);
       }
   e.warps.assign((threads + 31) / 32, WarpWait{});
+  e.order.resize(threads);
+  std::iota(e.order.begin(), e.order.end(), size_t{0});
+  if (order == Order::reverse) std::reverse(e.order.begin(), e.order.end());
   const uint64_t blocks = uint64_t{g.x} * g.y * g.z;
   for (uint64_t n = 0; n < blocks; ++n) {
     const uint64_t k = order == Order::forward ? n : blocks - 1 - n;  // shuffle: reversed blocks too
