@@ -178,11 +178,45 @@ T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
 }
 
 // --- intrinsics (one rounding each; the emulated sources build with -ffp-contract=off) --------
+#if SNAP_EMU_GPU_MATH
+// GPU-like arithmetic (README.md, "GPU-like arithmetic"): the sources build with
+// -ffp-contract=fast -mfma, so the compiler fuses a*b+c as nvcc does by default (--fmad=true),
+// and the functions whose CUDA result is not correctly rounded return a result off by up to
+// the documented bound, chosen per argument by a hash (deterministic). _rn intrinsics stay
+// single roundings: the empty asm makes each result opaque, so nothing fuses across them.
+namespace snap_emu::gpu_math {
+inline float opaque(float r) {
+  asm("" : "+x"(r));
+  return r;
+}
+// r moved by -1, 0 or +1 ulp (within CUDA's 2-ulp bound for expf and rsqrtf), by x's bits.
+inline float off_by_ulp(float r, float x) {
+  if (!std::isfinite(r) || r == 0.0f) return r;
+  const unsigned h = (std::bit_cast<unsigned>(x) * 0x9E3779B1u) >> 30;  // 0..3
+  if (h == 1) return std::nextafter(r, INFINITY);
+  if (h == 2) return std::nextafter(r, -INFINITY);
+  return r;
+}
+// CUDA's expf: at most 2 ulp from exp (CUDA Math API, single-precision functions).
+inline float expf(float x) { return off_by_ulp(std::exp(x), x); }
+// __expf: ex2.approx of the float product x * log2(e), whose rounding is the main error.
+inline float fast_expf(float x) { return off_by_ulp(std::exp2(opaque(x * 1.44269504f)), x); }
+// rsqrtf: at most 2 ulp from 1/sqrt(x).
+inline float rsqrtf(float x) { return off_by_ulp(1.0f / std::sqrt(x), x); }
+}  // namespace snap_emu::gpu_math
+inline float __fadd_rn(float a, float b) { return snap_emu::gpu_math::opaque(a + b); }
+inline float __fmul_rn(float a, float b) { return snap_emu::gpu_math::opaque(a * b); }
+inline float __fdiv_rn(float a, float b) { return snap_emu::gpu_math::opaque(a / b); }
+inline float __expf(float x) { return snap_emu::gpu_math::fast_expf(x); }
+inline float rsqrtf(float x) { return snap_emu::gpu_math::rsqrtf(x); }
+#define expf(x) ::snap_emu::gpu_math::expf(x)
+#else
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+#endif
 inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }

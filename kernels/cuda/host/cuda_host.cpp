@@ -14,6 +14,14 @@
 #include <new>
 #include <string>
 
+// What the device calls itself: the twin's kernels are CPU twins; the kernel emulator (../emu),
+// which shares this runtime (built with SNAP_HOSTCUDA_EMULATOR=1), runs the kernels' own code.
+#if SNAP_HOSTCUDA_EMULATOR
+#define SNAP_HOSTCUDA_DEVICE_NAME "kernel emulator (no GPU; kernels/cuda/emu)"
+#else
+#define SNAP_HOSTCUDA_DEVICE_NAME "host twin (no GPU; kernels/cuda/host)"
+#endif
+
 namespace snap::hostcuda {
 namespace {
 
@@ -129,7 +137,7 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (device != 0) return fail(cudaErrorInvalidDevice, "host twin: only device 0 exists");
   *prop = cudaDeviceProp{};
-  std::snprintf(prop->name, sizeof prop->name, "host twin (no GPU; kernels/cuda/host)");
+  std::snprintf(prop->name, sizeof prop->name, "%s", SNAP_HOSTCUDA_DEVICE_NAME);
   prop->totalGlobalMem = capacity_bytes();
   prop->multiProcessorCount = 1;
   return cudaSuccess;
