@@ -39,9 +39,11 @@ for b in "${bins[@]}"; do
     exit 1
   fi
   # name => path for every library the loader resolves, less what the GPU machine has itself
-  # (glibc, libstdc++/libgcc_s, libgomp, the driver) or gets from the carried .debs (OpenBLAS).
+  # (glibc and its parts: libresolv etc. call GLIBC_PRIVATE symbols of the libc they came with,
+  # so they must be the machine's own; libstdc++/libgcc_s, libgomp, the driver) or gets from the
+  # carried .debs (OpenBLAS).
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
-    grep -v -E '^(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libgomp|libcuda|libopenblas|libgfortran|libquadmath)\.so' |
+    grep -v -E '^(libc|libm|libdl|libpthread|librt|libresolv|libanl|libnsl|libutil|libstdc\+\+|libgcc_s|libgomp|libcuda|libopenblas|libgfortran|libquadmath)\.so' |
     while read -r name path; do cp -L "$path" "$stage/lib/$name"; done
 done
 # A carried library with its own RUNPATH (Open MPI's point at /usr/lib/.../openmpi/lib) would
@@ -56,7 +58,7 @@ done
 for b in "$stage"/snapserve "$stage"/test_*; do
   readelf -d "$b" | grep -q 'RPATH.*\$ORIGIN/lib' || { echo "device_bundle: $b has no \$ORIGIN/lib RPATH" >&2; exit 1; }
   outside=$(env -u LD_LIBRARY_PATH ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | grep -v " $stage/lib/" |
-    grep -v -E '^(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libgomp|libcuda|libopenblas|libgfortran|libquadmath)\.so' || true)
+    grep -v -E '^(libc|libm|libdl|libpthread|librt|libresolv|libanl|libnsl|libutil|libstdc\+\+|libgcc_s|libgomp|libcuda|libopenblas|libgfortran|libquadmath)\.so' || true)
   [ -z "$outside" ] || { echo "device_bundle: $(basename "$b") loads from outside the bundle: $outside" >&2; exit 1; }
 done
 tar -C "$stage" -cJf "$dest/bundle.tar.xz" .

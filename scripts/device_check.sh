@@ -266,7 +266,7 @@ elif [ "$(left)" -gt 60 ] && timeout 60 cmake -S . -B "$full" "${gen[@]}" -DCMAK
     fi
   done
 else
-  why=$(grep -m1 -E "Could NOT find|not found|No package" "$out/full_configure.log" 2>/dev/null | sed 's/^ *//')
+  why=$(grep -m1 -i -E "could not find|not found|no package" "$out/full_configure.log" 2>/dev/null | sed 's/^ *//')
   row "full project (test_comm_nccl, test_device_serve, test_device_tp_cli, test_device_serve_tp)" INFO "not configurable here: ${why:-no time left}"
 fi
 finish
