@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cuda/tp_selection.h"
 #include "tests/free_port.h"
 #include "tests/mpi_stop.h"
 #include "tests/snapserve_binary.h"
@@ -178,24 +179,7 @@ class DeviceTpCli : public ::testing::Test {
     ASSERT_EQ(a->rc, 0) << a->err;
     *b = two(tag + "2", kv + (dir_ / (tag + "2.sel.json")).string(), prompt);
     ASSERT_EQ(b->rc, 0) << b->err;
-    const json whole = json::parse(slurp(dir_ / (tag + "1.sel.json")));
-    for (int r = 0; r < 2; ++r) {
-      const fs::path p = dir_ / (tag + "2.sel.json.rank" + std::to_string(r));
-      ASSERT_TRUE(fs::exists(p)) << p;
-      const json part = json::parse(slurp(p));
-      ASSERT_EQ(part["layers"].size(), whole["layers"].size());
-      for (size_t l = 0; l < whole["layers"].size(); ++l) {
-        const auto& heads = part["layers"][l]["heads"];
-        ASSERT_EQ(heads.size(), 1u) << "rank " << r << " holds one KV head";
-        const auto x = whole["layers"][l]["heads"][r].get<std::vector<int32_t>>();
-        const auto y = heads[0].get<std::vector<int32_t>>();
-        EXPECT_EQ(x.size(), y.size()) << "layer " << l << " KV head " << r;
-        std::vector<int32_t> common;
-        std::set_intersection(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(common));
-        *total += static_cast<int64_t>(x.size());
-        *differ += static_cast<int64_t>(std::max(x.size(), y.size()) - common.size());
-      }
-    }
+    snap::testing::count_selection_difference(dir_ / (tag + "1.sel.json"), dir_ / (tag + "2.sel.json"), 2, total, differ);
   }
 
   static inline fs::path dir_;
