@@ -103,7 +103,7 @@ command -v ninja >/dev/null && gen=(-G Ninja)
 t0=$SECONDS
 if ! timeout "$(left)" cmake -S kernels/cuda -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="${SNAP_CUDA_ARCH:-90}" -DSNAP_DEPS_PREFIX="$prefix" \
-  -DSNAP_GTEST_SOURCE="$prefix/usr/src/googletest" >>"$log" 2>&1; then
+  -DSNAP_GTEST_SOURCE="$prefix/usr/src/googletest" -DPython3_EXECUTABLE="$(command -v python3)" >>"$log" 2>&1; then
   row "configure (kernels/cuda)" FAIL "see $log: $(grep -m1 -i 'error' "$log")"
   finish
 fi
