@@ -125,7 +125,8 @@ struct PagedLayer {
   }
 };
 
-double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos) {
+// tc: attention_prefill_tc_cuda (tensor cores, what prompt chunks run) instead of attention_paged_cuda.
+double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos, bool tc = false) {
   AttentionParams p{k_heads, k_kv_heads, k_head_dim, 0.088388f, 0};
   Dev q(4ull * num_tokens * k_heads * k_head_dim), out(4ull * num_tokens * k_heads * k_head_dim);
   std::vector<int32_t> qp(static_cast<size_t>(num_tokens));
@@ -135,9 +136,13 @@ double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos)
   const size_t ws_bytes = attention_paged_cuda_workspace_bytes(num_tokens, p, kv.view.max_length);
   Dev ws(std::max<size_t>(ws_bytes, 1));
   return time_ms([&] {
-    check(attention_paged_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(), ws.p, ws_bytes,
-                               nullptr),
-          "attention_paged_cuda");
+    if (tc)
+      check(attention_prefill_tc_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(), nullptr),
+            "attention_prefill_tc_cuda");
+    else
+      check(attention_paged_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(), ws.p,
+                                 ws_bytes, nullptr),
+            "attention_paged_cuda");
   });
 }
 
@@ -216,12 +221,16 @@ int main(int argc, char** argv) {
     row("decode, 1 query, " + std::to_string(ctx) + " keys per head", ms,
         fmt("%.0f GB/s = %.2f x the HBM floor", bytes / (ms * 1e-3) / 1e9, bw / (bytes / (ms * 1e-3) / 1e9)));
     const int64_t chunk = std::min<int64_t>(ctx, 2048);
-    const double pms = attention_ms(kv, chunk, static_cast<int32_t>(ctx - chunk));
     // causal: query i sees ctx − chunk + i + 1 keys; 4 flops per (query, key, dim): QK and PV
+    // (the useful ones: the tensor-core kernel's bf16-pair MMAs do twice as many)
     const double flops = 4.0 * k_heads * k_head_dim * (chunk * (ctx - chunk) + chunk * (chunk + 1) / 2.0);
-    const double tf = flops / (pms * 1e-3) / 1e12;
-    row("prefill, last " + std::to_string(chunk) + " queries over " + std::to_string(ctx) + " keys", pms,
-        fmt("%.1f TFLOP/s = %.1f%% of peak", tf, 100.0 * tf / k_peak_bf16_tflops));
+    for (bool tc : {true, false}) {
+      const double pms = attention_ms(kv, chunk, static_cast<int32_t>(ctx - chunk), tc);
+      const double tf = flops / (pms * 1e-3) / 1e12;
+      row(std::string("prefill") + (tc ? " (tensor cores)" : " (f32 CUDA cores)") + ", last " + std::to_string(chunk) +
+              " queries over " + std::to_string(ctx) + " keys",
+          pms, fmt("%.1f TFLOP/s = %.1f%% of peak", tf, 100.0 * tf / k_peak_bf16_tflops));
+    }
   }
   PagedLayer snap_kv(2048);
   const double snap_attn_ms = attention_ms(snap_kv, 1, 1 << 20);

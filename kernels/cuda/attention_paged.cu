@@ -6,16 +6,19 @@
 //   chunks of 32 (K padded to head_dim + 1 floats so lane j reading key j is conflict-free);
 //   lane j scores key j, the warp's max/sum give the online-softmax update, and each lane
 //   accumulates head_dim / 32 output dims (V reads are consecutive across lanes).
-//   Prefill: many rows, one split. Decode (≤ 64 rows per KV head): each head's keys are cut
-//   into fixed 512-key splits ("flash-decoding"), so a 128K-key head runs as 256 blocks on
-//   all SMs, a compressed head runs only the splits it holds, and the partials (m, l, acc)
-//   are merged in split order by a second kernel. Split boundaries depend only on 512, so a
-//   row's bits never depend on the other rows or heads of the call.
+//   Prefill: many rows, one split (prompt chunks normally take attention_prefill_tc.cu).
+//   Decode (≤ 64 rows per KV head): each head's keys are cut into splits of attention_split's
+//   size ("flash-decoding": 512 keys, smaller for short heads so that there are ≥ 256 blocks),
+//   so a 128K-key head runs as 256 blocks on all SMs, a compressed head runs only the splits
+//   it holds, and the partials (m, l, acc) are merged in split order by a second kernel. Split
+//   boundaries depend only on the split size, the same for every row of the call, so a row's
+//   bits never depend on the other rows or heads of the call.
 //   Visibility per row is a key range found by binary search over the head's ascending
 //   positions (causal by position + sliding window), as on the CPU.
 #include <cmath>
 
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/paged_kv.cuh"
 
 namespace snap::kernels {
 
@@ -23,9 +26,7 @@ namespace {
 constexpr int k_rows = 16;  // query rows per block
 constexpr int k_warps = 4;  // warp w owns rows w, w + 4, w + 8, w + 12
 constexpr int k_rows_per_warp = k_rows / k_warps;
-constexpr int k_chunk = 32;           // keys per shared-memory chunk (one per lane)
-constexpr int64_t k_split_keys = 512;  // keys per split in the decode form
-constexpr int k_max_split_rows = 64;   // rows per KV head up to which keys are split
+constexpr int k_chunk = 32;  // keys per shared-memory chunk (one per lane)
 
 __device__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -34,29 +35,6 @@ __device__ float warp_max(float v) {
 __device__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
-}
-
-__device__ int32_t key_position(const PagedKvCuda& kv, const PagedKvHead& h, int64_t j) {
-  return kv.pos_base[h.block_table[j / kv.block_size] * kv.pos_block_stride + j % kv.block_size];
-}
-
-// First j in [0, length) with pos_j > bound (positions ascend within a head).
-__device__ int64_t first_above(const PagedKvCuda& kv, const PagedKvHead& h, int64_t bound) {
-  int64_t lo = 0, hi = h.length;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (key_position(kv, h, mid) <= bound)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
-int64_t num_splits(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
-  const int64_t rows_per_head = num_tokens * (p.num_heads / p.num_kv_heads);
-  if (rows_per_head > k_max_split_rows || max_length <= k_split_keys) return 1;
-  return (max_length + k_split_keys - 1) / k_split_keys;
 }
 
 size_t smem_bytes(int head_dim) {
@@ -69,7 +47,8 @@ size_t smem_bytes(int head_dim) {
 template <int kDims>
 __global__ void __launch_bounds__(k_warps * 32)
     attention_paged_kernel(const float* q, const int32_t* q_positions, int64_t num_tokens, PagedKvCuda kv,
-                           AttentionParams p, int64_t splits, float* out, float* ws_state, float* ws_acc) {
+                           AttentionParams p, int64_t splits, int64_t split_keys, bool vec, float* out,
+                           float* ws_state, float* ws_acc) {
   constexpr int hd = kDims * 32;
   extern __shared__ float smem[];
   float* q_s = smem;                      // [k_rows][hd], pre-scaled
@@ -86,14 +65,14 @@ __global__ void __launch_bounds__(k_warps * 32)
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * k_rows;
   const int nrows = static_cast<int>(rows_total - r0 < k_rows ? rows_total - r0 : k_rows);
   const PagedKvHead head = kv.heads[g];
-  const int64_t kb = splits > 1 ? split * k_split_keys : 0;
-  const int64_t ke = splits > 1 ? (kb + k_split_keys < head.length ? kb + k_split_keys : head.length) : head.length;
+  const int64_t kb = splits > 1 ? split * split_keys : 0;
+  const int64_t ke = splits > 1 ? (kb + split_keys < head.length ? kb + split_keys : head.length) : head.length;
 
   if (tid < nrows) {  // this row's visible keys within [kb, ke)
     const int64_t t = (r0 + tid) / group;
     const int32_t qp = q_positions[t];
-    int64_t hi = first_above(kv, head, qp);
-    int64_t lo = p.sliding_window > 0 ? first_above(kv, head, static_cast<int64_t>(qp) - p.sliding_window) : 0;
+    int64_t hi = paged::first_above(kv, head, qp);
+    int64_t lo = p.sliding_window > 0 ? paged::first_above(kv, head, static_cast<int64_t>(qp) - p.sliding_window) : 0;
     lo = lo > kb ? lo : kb;
     hi = hi < ke ? hi : ke;
     lo_s[tid] = lo;
@@ -107,16 +86,7 @@ __global__ void __launch_bounds__(k_warps * 32)
     q_s[idx] = q[(t * p.num_heads + h) * hd + i] * p.scale;
   }
   __syncthreads();
-  if (tid == 0) {  // the union of the rows' ranges; [0, 0) when no row sees a key here
-    int64_t lo_all = INT64_MAX, hi_all = 0;
-    for (int rr = 0; rr < nrows; ++rr) {
-      if (lo_s[rr] >= hi_s[rr]) continue;
-      lo_all = lo_s[rr] < lo_all ? lo_s[rr] : lo_all;
-      hi_all = hi_s[rr] > hi_all ? hi_s[rr] : hi_all;
-    }
-    range_s[0] = lo_all < hi_all ? lo_all : 0;
-    range_s[1] = lo_all < hi_all ? hi_all : 0;
-  }
+  if (tid == 0) paged::range_union(lo_s, hi_s, 0, nrows, &range_s[0], &range_s[1]);  // [0, 0): no key here
   __syncthreads();
   const int64_t lo_all = range_s[0], hi_all = range_s[1];
 
@@ -133,12 +103,30 @@ __global__ void __launch_bounds__(k_warps * 32)
   // rescale sequence and bits, does not depend on the other rows sharing the block.
   for (int64_t j0 = lo_all - lo_all % k_chunk; j0 < hi_all; j0 += k_chunk) {
     const int n = static_cast<int>(hi_all - j0 < k_chunk ? hi_all - j0 : k_chunk);
-    for (int idx = tid; idx < n * hd; idx += blockDim.x) {
-      const int jj = idx / hd, i = idx % hd;
-      const int64_t j = j0 + jj;
-      const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
-      k_s[jj * (hd + 1) + i] = __bfloat162float(kv.k_base[blk * kv.k_block_stride + slot * hd + i]);
-      v_s[jj * hd + i] = __bfloat162float(kv.v_base[blk * kv.v_block_stride + slot * hd + i]);
+    if (vec) {  // 8 bf16 (16 B) per load: decode is bound by these reads
+      for (int idx = tid; idx < n * (hd / 8); idx += blockDim.x) {
+        const int jj = idx / (hd / 8), i = (idx % (hd / 8)) * 8;
+        const int64_t j = j0 + jj;
+        const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+        const uint4 kr = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * hd + i);
+        const uint4 vr = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * hd + i);
+        const unsigned kw[4] = {kr.x, kr.y, kr.z, kr.w}, vw[4] = {vr.x, vr.y, vr.z, vr.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // word e holds elements 2e (low half) and 2e + 1; bf16 → f32 is << 16
+          k_s[jj * (hd + 1) + i + 2 * e] = __uint_as_float(kw[e] << 16);
+          k_s[jj * (hd + 1) + i + 2 * e + 1] = __uint_as_float(kw[e] & 0xffff0000u);
+          v_s[jj * hd + i + 2 * e] = __uint_as_float(vw[e] << 16);
+          v_s[jj * hd + i + 2 * e + 1] = __uint_as_float(vw[e] & 0xffff0000u);
+        }
+      }
+    } else {
+      for (int idx = tid; idx < n * hd; idx += blockDim.x) {
+        const int jj = idx / hd, i = idx % hd;
+        const int64_t j = j0 + jj;
+        const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+        k_s[jj * (hd + 1) + i] = __bfloat162float(kv.k_base[blk * kv.k_block_stride + slot * hd + i]);
+        v_s[jj * hd + i] = __bfloat162float(kv.v_base[blk * kv.v_block_stride + slot * hd + i]);
+      }
     }
     __syncthreads();
 #pragma unroll
@@ -218,7 +206,7 @@ __global__ void attention_merge_kernel(const float* ws_state, const float* ws_ac
 }
 
 size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
-  const int64_t splits = num_splits(num_tokens, p, max_length);
+  const int64_t splits = attention_split(num_tokens, p, max_length).splits;
   if (splits <= 1) return 0;
   return sizeof(float) * static_cast<size_t>(splits * num_tokens * p.num_heads) * (2 + static_cast<size_t>(p.head_dim));
 }
@@ -226,7 +214,7 @@ size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionP
 namespace {
 template <int kDims>
 void launch(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
-            const AttentionParams& p, int64_t splits, float* out, float* ws_state, float* ws_acc,
+            const AttentionParams& p, const AttentionSplit& split, float* out, float* ws_state, float* ws_acc,
             cudaStream_t stream) {
   const size_t smem = smem_bytes(kDims * 32);
   // Above the 48 KiB default (head_dim > 128) the kernel must opt in (sm_80: up to 163 KiB).
@@ -235,9 +223,12 @@ void launch(const float* q, const int32_t* q_positions, int64_t num_tokens, cons
                          static_cast<int>(smem));
   const int64_t rows_total = num_tokens * (p.num_heads / p.num_kv_heads);
   const dim3 grid(static_cast<unsigned>((rows_total + k_rows - 1) / k_rows), static_cast<unsigned>(p.num_kv_heads),
-                  static_cast<unsigned>(splits));
-  attention_paged_kernel<kDims><<<grid, k_warps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, splits, out,
-                                                                     ws_state, ws_acc);
+                  static_cast<unsigned>(split.splits));
+  // 16-byte K/V loads where every row starts 16-byte aligned (the device pool's views do).
+  const bool vec = kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(kv.k_base) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_base) % 16 == 0;
+  attention_paged_kernel<kDims><<<grid, k_warps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
+                                                                     split.keys, vec, out, ws_state, ws_acc);
 }
 }  // namespace
 
@@ -248,20 +239,21 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
   if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.head_dim % 32 != 0 || p.head_dim < 32 ||
       p.head_dim > 256 || kv.block_size <= 0 ||
       workspace_bytes < attention_paged_cuda_workspace_bytes(num_tokens, p, kv.max_length) ||
-      num_splits(num_tokens, p, kv.max_length) > 65535)  // grid z: 33.5M keys per head
+      attention_split(num_tokens, p, kv.max_length).splits > 65535)  // grid z: 33.5M keys per head
     return cudaErrorInvalidValue;
-  const int64_t splits = num_splits(num_tokens, p, kv.max_length);
+  const AttentionSplit split = attention_split(num_tokens, p, kv.max_length);
+  const int64_t splits = split.splits;
   float* ws_state = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float* ws_acc = splits > 1 ? ws_state + 2 * splits * num_tokens * p.num_heads : nullptr;
   switch (p.head_dim / 32) {
-    case 1: launch<1>(q, q_positions, num_tokens, kv, p, splits, out, ws_state, ws_acc, stream); break;
-    case 2: launch<2>(q, q_positions, num_tokens, kv, p, splits, out, ws_state, ws_acc, stream); break;
-    case 3: launch<3>(q, q_positions, num_tokens, kv, p, splits, out, ws_state, ws_acc, stream); break;
-    case 4: launch<4>(q, q_positions, num_tokens, kv, p, splits, out, ws_state, ws_acc, stream); break;
-    case 5: launch<5>(q, q_positions, num_tokens, kv, p, splits, out, ws_state, ws_acc, stream); break;
-    case 6: launch<6>(q, q_positions, num_tokens, kv, p, splits, out, ws_state, ws_acc, stream); break;
-    case 7: launch<7>(q, q_positions, num_tokens, kv, p, splits, out, ws_state, ws_acc, stream); break;
-    case 8: launch<8>(q, q_positions, num_tokens, kv, p, splits, out, ws_state, ws_acc, stream); break;
+    case 1: launch<1>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+    case 2: launch<2>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+    case 3: launch<3>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+    case 4: launch<4>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+    case 5: launch<5>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+    case 6: launch<6>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+    case 7: launch<7>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+    case 8: launch<8>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
   }
   if (splits > 1) {
     const int64_t rows = num_tokens * p.num_heads;

@@ -77,16 +77,48 @@ struct PagedKvCuda {
 };
 // Same semantics as attention_paged_cpu (causal by position, sliding window, GQA, zeros for a
 // query with no visible key): q, out [num_tokens, num_heads, head_dim] f32 on the device.
-// Few query rows (decode): keys split into fixed 512-key parts per head ("flash-decoding"),
+// Few query rows (decode): keys split into parts per head ("flash-decoding", attention_split),
 // merged in split order, so long heads use every SM and a row's bits do not depend on the
 // other rows. head_dim must be a multiple of 32, at most 256. `workspace` holds the split
 // partials: at least attention_paged_cuda_workspace_bytes(...) bytes (0 when unsplit).
 // Returns cudaErrorInvalidValue for unsupported shapes or a short workspace, else the launch's
 // cudaGetLastError().
+// The decode form's key split: with at most 64 query rows per KV head, each head's keys are cut
+// into parts of `keys` keys — 512, or the largest power of two down to 64 that still makes at
+// least 256 blocks (parts × KV heads), so that a short head (SnapKV's 2048 keys) spreads over
+// the SMs as a 128K one does. It depends only on the rows, the KV heads and max_length, so
+// every row of a call is cut alike. splits == 1 (keys 0): one pass over every key.
+struct AttentionSplit {
+  int64_t splits = 1, keys = 0;
+};
+inline AttentionSplit attention_split(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
+  if (p.num_kv_heads <= 0 || num_tokens * (p.num_heads / p.num_kv_heads) > 64) return {};
+  int64_t keys = 512;
+  while (keys > 64 && (max_length + keys - 1) / keys * p.num_kv_heads < 256) keys /= 2;
+  if (max_length <= keys) return {};
+  return {(max_length + keys - 1) / keys, keys};
+}
 size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length);
 cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                  const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream);
+
+// The tensor-core form for prompt chunks (attention_prefill_tc.cu): the same semantics on bf16
+// MMAs (WMMA, f32 accumulation), FlashAttention-2 style. f32-accurate: the f32 operands (q·scale,
+// the softmax weights) go in as bf16 hi + lo pairs, two MMAs each, so it meets
+// attention_paged_cpu's reference with the f32 kernel's tolerance (its bits differ). A row's
+// bits depend only on its own query and keys, never on the other rows of the call. No
+// workspace; no key splits (many rows: a prompt chunk). Needs what
+// attention_prefill_tc_supported says (the device pool's views always have it); otherwise
+// cudaErrorInvalidValue.
+inline bool attention_prefill_tc_supported(const AttentionParams& p, const PagedKvCuda& kv) {
+  return p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.head_dim % 32 == 0 && p.head_dim >= 32 &&
+         p.head_dim <= 256 && kv.block_size > 0 && kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(kv.k_base) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_base) % 16 == 0;
+}
+cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
+                                      const PagedKvCuda& kv, const AttentionParams& p, float* out,
+                                      cudaStream_t stream);
 
 // --- KV cache writes (slot = block · block_size + offset, computed by the host pool) ----------
 // K/V rows [num_tokens, num_kv_heads, head_dim] f32 -> bf16 at dst_slots[t · num_kv_heads + g];

@@ -144,22 +144,32 @@ struct PagedFixture {
   }
 };
 
-// The paged fixture on the device; `view` points into it.
+// One element in front of `v`: the data then starts 2 bytes past cudaMalloc's alignment.
+inline std::vector<uint16_t> shifted(const std::vector<uint16_t>& v, bool shift) {
+  if (!shift) return v;
+  std::vector<uint16_t> r{0};
+  r.insert(r.end(), v.begin(), v.end());
+  return r;
+}
+
+// The paged fixture on the device; `view` points into it. misaligned: K and V start 2 bytes
+// past a 16-byte boundary (the kernels' scalar load path; the tensor-core kernel refuses it).
 struct DevicePaged {
   DeviceBuffer<uint16_t> k, v;
   DeviceBuffer<int32_t> pos;
   std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> tables;
   std::unique_ptr<DeviceBuffer<PagedKvHead>> heads;
   PagedKvCuda view;
-  explicit DevicePaged(const PagedFixture& f, int head_dim) : k(f.k), v(f.v), pos(f.pos) {
+  explicit DevicePaged(const PagedFixture& f, int head_dim, bool misaligned = false)
+      : k(shifted(f.k, misaligned)), v(shifted(f.v, misaligned)), pos(f.pos) {
     std::vector<PagedKvHead> dh;
     for (size_t g = 0; g < f.tables.size(); ++g) {
       tables.push_back(std::make_unique<DeviceBuffer<int32_t>>(f.tables[g]));
       dh.push_back({tables.back()->ptr, f.heads[g].length});
     }
     heads = std::make_unique<DeviceBuffer<PagedKvHead>>(dh);
-    view.k_base = as_bf16(k.ptr);
-    view.v_base = as_bf16(v.ptr);
+    view.k_base = as_bf16(k.ptr) + (misaligned ? 1 : 0);
+    view.v_base = as_bf16(v.ptr) + (misaligned ? 1 : 0);
     view.pos_base = pos.ptr;
     view.k_block_stride = view.v_block_stride = static_cast<int64_t>(k_block) * head_dim;
     view.pos_block_stride = k_block;

@@ -308,22 +308,25 @@ void add_argmax(std::vector<OpCase>& t) {
 
 // --- attention over the paged cache ----------------------------------------------------------
 
-// Runs attention_paged_cuda on q/positions; the output on the host.
+// Runs attention_paged_cuda (tc: attention_prefill_tc_cuda) on q/positions; the output on the host.
 AssertionResult run_attention_cuda(const DevicePaged& d, const std::vector<float>& q, const std::vector<int32_t>& qpos,
-                                   const AttentionParams& p, std::vector<float>& got) {
+                                   const AttentionParams& p, std::vector<float>& got, bool tc = false) {
   const int64_t n = static_cast<int64_t>(qpos.size());
   DeviceBuffer<float> dq(q), dout(q.size());
   DeviceBuffer<int32_t> dpos(qpos);
-  const size_t ws = attention_paged_cuda_workspace_bytes(n, p, d.view.max_length);
+  const size_t ws = tc ? 0 : attention_paged_cuda_workspace_bytes(n, p, d.view.max_length);
   DeviceBuffer<char> dws(ws);
-  CUDA_TRY(attention_paged_cuda(dq.ptr, dpos.ptr, n, d.view, p, dout.ptr, dws.ptr, ws, nullptr));
+  if (tc)
+    CUDA_TRY(attention_prefill_tc_cuda(dq.ptr, dpos.ptr, n, d.view, p, dout.ptr, nullptr));
+  else
+    CUDA_TRY(attention_paged_cuda(dq.ptr, dpos.ptr, n, d.view, p, dout.ptr, dws.ptr, ws, nullptr));
   if (auto r = sync_ok(); !r) return r;
   got = dout.to_host();
   return AssertionSuccess();
 }
 
-void add_attention(std::vector<OpCase>& t) {
-  const std::vector<AttnShape> shapes = {
+const std::vector<AttnShape>& attention_shapes() {
+  static const std::vector<AttnShape> shapes = {
       {"smollm2_prefill", 9, 3, 64, {100, 100, 100}, 100, false, false, 0},
       {"llama3_chunk_vs_cache", 32, 8, 128, {300, 300, 300, 300, 300, 300, 300, 300}, 37, false, false, 0},
       {"llama3_decode_ragged", 32, 8, 128, {0, 1, 17, 513, 1000, 1500, 2048, 4999}, 1, true, true, 0},
@@ -339,44 +342,79 @@ void add_attention(std::vector<OpCase>& t) {
       {"group32_rows96_unsplit", 32, 1, 32, {2000}, 3, true, false, 0},
       {"group3_rows21", 9, 3, 64, {7, 30, 64}, 7, false, true, 0},
   };
-  for (const AttnShape& s : shapes) {
-    t.push_back({std::string("attention_paged_") + s.name, [=]() -> AssertionResult {
+  return shapes;
+}
+
+// The queries and positions of an attention case: after every key (decode), or the last
+// num_tokens positions (a prompt chunk against its cache).
+AttentionParams attention_params(const AttnShape& s) {
+  AttentionParams p;
+  p.num_heads = s.num_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  p.sliding_window = s.window;
+  return p;
+}
+std::vector<int32_t> attention_positions(const AttnShape& s, const PagedFixture& f) {
+  std::vector<int32_t> qpos(static_cast<size_t>(s.num_tokens));
+  for (int64_t i = 0; i < s.num_tokens; ++i)
+    qpos[i] = s.decode ? f.max_pos + 1 + static_cast<int32_t>(i) : f.max_pos - static_cast<int32_t>(s.num_tokens - 1 - i);
+  return qpos;
+}
+
+// One attention case against attention_paged_ref within 1e-4 (both kernels are f32-accurate:
+// the tensor-core one's bf16 pairs carry q·scale and the weights to 2^-18), then row invariance:
+// each query alone gives the bits it had among the others.
+AssertionResult attention_case(const AttnShape& s, bool tc) {
+  const PagedFixture f(s, 41);
+  const AttentionParams p = attention_params(s);
+  const std::vector<int32_t> qpos = attention_positions(s, f);
+  const auto q = test::random_floats(s.num_tokens * s.num_heads * s.head_dim, 43, -2.0f, 2.0f);
+  std::vector<float> want(q.size()), got;
+  attention_paged_ref(q.data(), qpos.data(), s.num_tokens, f.cpu_view(), p, want.data());
+  const DevicePaged d(f, s.head_dim);
+  if (auto r = run_attention_cuda(d, q, qpos, p, got, tc); !r) return r;
+  if (auto c = test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-4); !c) return c;
+  const int64_t row = static_cast<int64_t>(s.num_heads) * s.head_dim;
+  for (int64_t i = 0; i < s.num_tokens && s.num_tokens > 1; i += std::max<int64_t>(1, s.num_tokens / 3)) {
+    const std::vector<float> q1(q.begin() + i * row, q.begin() + (i + 1) * row);
+    std::vector<float> got1;
+    if (auto r = run_attention_cuda(d, q1, {qpos[i]}, p, got1, tc); !r) return r;
+    const std::vector<float> in_batch(got.begin() + i * row, got.begin() + (i + 1) * row);
+    // Alone, a prefill query may take attention_paged_cuda's split form; then only the tolerance holds.
+    const bool same_form = tc || (attention_paged_cuda_workspace_bytes(1, p, f.max_len) == 0) ==
+                                     (attention_paged_cuda_workspace_bytes(s.num_tokens, p, f.max_len) == 0);
+    if (same_form) {
+      if (auto c = bitwise_equal(got1, in_batch); !c) return c << " (query " << i << " alone)";
+    } else if (auto c = test::all_close(got1.data(), in_batch.data(), row, 1e-4); !c) {
+      return c << " (query " << i << " alone, split form)";
+    }
+  }
+  return AssertionSuccess();
+}
+
+void add_attention(std::vector<OpCase>& t) {
+  for (const AttnShape& s : attention_shapes())
+    t.push_back({std::string("attention_paged_") + s.name, [=]() { return attention_case(s, false); }});
+  // K/V that are not 16-byte aligned take the scalar loads (the pool's views never are): the
+  // same bits as the vector loads give on the aligned copy.
+  for (const char* name : {"llama3_decode_4_rows", "qwen2_group7_prefill_gaps"}) {
+    t.push_back({std::string("attention_paged_misaligned_kv_") + name, [name]() -> AssertionResult {
+                   const auto it = std::find_if(attention_shapes().begin(), attention_shapes().end(),
+                                                [&](const AttnShape& x) { return std::string(x.name) == name; });
+                   const AttnShape& s = *it;
                    const PagedFixture f(s, 41);
-                   AttentionParams p;
-                   p.num_heads = s.num_heads;
-                   p.num_kv_heads = s.num_kv_heads;
-                   p.head_dim = s.head_dim;
-                   p.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-                   p.sliding_window = s.window;
-                   std::vector<int32_t> qpos(static_cast<size_t>(s.num_tokens));
-                   for (int64_t i = 0; i < s.num_tokens; ++i)
-                     qpos[i] = s.decode ? f.max_pos + 1 + static_cast<int32_t>(i)
-                                        : f.max_pos - static_cast<int32_t>(s.num_tokens - 1 - i);
+                   const AttentionParams p = attention_params(s);
+                   const std::vector<int32_t> qpos = attention_positions(s, f);
                    const auto q = test::random_floats(s.num_tokens * s.num_heads * s.head_dim, 43, -2.0f, 2.0f);
-                   std::vector<float> want(q.size()), got;
-                   const PagedKv cpu = f.cpu_view();
-                   attention_paged_ref(q.data(), qpos.data(), s.num_tokens, cpu, p, want.data());
-                   const DevicePaged d(f, s.head_dim);
-                   if (auto r = run_attention_cuda(d, q, qpos, p, got); !r) return r;
-                   if (auto c = test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-4); !c)
-                     return c;
-                   // Row invariance: each query alone gives the bits it had among the others.
-                   const int64_t row = static_cast<int64_t>(s.num_heads) * s.head_dim;
-                   for (int64_t i = 0; i < s.num_tokens && s.num_tokens > 1; i += std::max<int64_t>(1, s.num_tokens / 3)) {
-                     const std::vector<float> q1(q.begin() + i * row, q.begin() + (i + 1) * row);
-                     std::vector<float> got1;
-                     if (auto r = run_attention_cuda(d, q1, {qpos[i]}, p, got1); !r) return r;
-                     const std::vector<float> in_batch(got.begin() + i * row, got.begin() + (i + 1) * row);
-                     // Alone, a prefill query may take the split form; then only the tolerance holds.
-                     const bool same_form = (attention_paged_cuda_workspace_bytes(1, p, f.max_len) == 0) ==
-                                            (attention_paged_cuda_workspace_bytes(s.num_tokens, p, f.max_len) == 0);
-                     if (same_form) {
-                       if (auto c = bitwise_equal(got1, in_batch); !c) return c << " (query " << i << " alone)";
-                     } else if (auto c = test::all_close(got1.data(), in_batch.data(), row, 1e-4); !c) {
-                       return c << " (query " << i << " alone, split form)";
-                     }
-                   }
-                   return AssertionSuccess();
+                   std::vector<float> aligned, misaligned;
+                   if (auto r = run_attention_cuda(DevicePaged(f, s.head_dim), q, qpos, p, aligned); !r) return r;
+                   const DevicePaged d(f, s.head_dim, true);
+                   if (auto r = run_attention_cuda(d, q, qpos, p, misaligned); !r) return r;
+                   if (attention_prefill_tc_supported(p, d.view))
+                     return AssertionFailure() << "the tensor-core kernel must refuse K/V 2 bytes off alignment";
+                   return bitwise_equal(misaligned, aligned);
                  }});
   }
   t.push_back({"attention_paged_rejects_bad_shapes", []() -> AssertionResult {
@@ -390,6 +428,31 @@ void add_attention(std::vector<OpCase>& t) {
                  p.num_kv_heads = 3;
                  if (attention_paged_cuda(nullptr, nullptr, 1, d.view, p, nullptr, nullptr, 0, nullptr) != cudaErrorInvalidValue)
                    return AssertionFailure() << "4 heads over 3 KV heads must be refused";
+                 return AssertionSuccess();
+               }});
+}
+
+// --- the tensor-core prompt kernel (attention_prefill_tc_cuda) --------------------------------
+
+void add_attention_tc(std::vector<OpCase>& t) {
+  for (const AttnShape& s : attention_shapes())
+    t.push_back({std::string("attention_prefill_tc_") + s.name, [=]() { return attention_case(s, true); }});
+  t.push_back({"attention_prefill_tc_rejects_bad_shapes", []() -> AssertionResult {
+                 AttnShape s{"bad", 4, 2, 64, {10, 10}, 1, true, false, 0};
+                 const PagedFixture f(s, 5);
+                 const DevicePaged d(f, 64);
+                 AttentionParams p{4, 2, 48, 0.1f, 0};
+                 if (attention_prefill_tc_cuda(nullptr, nullptr, 1, d.view, p, nullptr, nullptr) != cudaErrorInvalidValue)
+                   return AssertionFailure() << "head_dim 48 (not a multiple of 32) must be refused";
+                 p.head_dim = 64;
+                 p.num_kv_heads = 3;
+                 if (attention_prefill_tc_cuda(nullptr, nullptr, 1, d.view, p, nullptr, nullptr) != cudaErrorInvalidValue)
+                   return AssertionFailure() << "4 heads over 3 KV heads must be refused";
+                 p.num_kv_heads = 2;
+                 PagedKvCuda odd = d.view;
+                 odd.k_block_stride += 4;  // rows no longer 16-byte aligned
+                 if (attention_prefill_tc_cuda(nullptr, nullptr, 1, odd, p, nullptr, nullptr) != cudaErrorInvalidValue)
+                   return AssertionFailure() << "a K block stride that is not a multiple of 8 elements must be refused";
                  return AssertionSuccess();
                }});
 }
@@ -523,6 +586,7 @@ std::vector<OpCase> all_cases() {
   add_matmul(t);
   add_argmax(t);
   add_attention(t);
+  add_attention_tc(t);
   add_snapkv(t);
   return t;
 }

@@ -1,8 +1,9 @@
 // The device forward end to end on a GPU: random models of three families
 // (tools/make_random_model.py: llama3 rope + GQA, mistral sliding window, qwen2 bias + tied
 // embeddings) loaded as the service loads them, run through DeviceForward over the device
-// KV pool in prompt chunks, against the numpy reference tools/reference_llama.py on the same
-// ids (python3 + numpy, present on the GPU machine):
+// KV pool in prompt chunks — their attention on the tensor cores (the default), then again on
+// the CUDA-core kernel — against the numpy reference tools/reference_llama.py on the same ids
+// (python3 + numpy, present on the GPU machine), the same bounds for both:
 //   prompt logits: every position's reference top 5 within 0.05 + 2^-9·|logit| (bf16
 //     activations feed the prefill GEMMs: 2^-9 relative per element, so the bound grows with
 //     the logit: ~0.01 on logits of magnitude ~3, ~0.08 measured on the tied-f16 model's ~100
@@ -92,16 +93,28 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
   auto weights = DeviceWeights::upload(*model);
   ASSERT_TRUE(weights.ok()) << weights.status().to_string();
 
+  std::vector<int32_t> ids(45);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+  const int64_t vocab = c.vocab_size;
+  const json r = reference(model_dir, ids, 6, dir / "ref.json");
+  ASSERT_EQ(r["positions"].size(), ids.size());
+  // Greedy continuation: margins of each step from the reference on the extended ids.
+  const std::vector<int32_t> want = r["greedy"].get<std::vector<int32_t>>();
+  std::vector<int32_t> ext = ids;
+  ext.insert(ext.end(), want.begin(), want.end() - 1);
+  const json r2 = reference(model_dir, ext, 0, dir / "ref2.json");
+
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  {
+  // Both prompt attentions (the tensor-core kernel, the default, and the CUDA-core one) within
+  // the same bounds.
+  for (const auto pa : {DeviceForward::PromptAttention::tensor_cores, DeviceForward::PromptAttention::f32}) {
+    SCOPED_TRACE(std::string("prompt attention ") + DeviceForward::prompt_attention_name(pa));
     auto pool = DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, int64_t{64} << 20, stream);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     DeviceForward fwd(c, **weights, **pool);
+    fwd.set_prompt_attention(pa);
 
-    std::vector<int32_t> ids(45);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
-    const int64_t vocab = c.vocab_size;
     const int32_t seq = (*pool)->add_sequence();
     std::vector<float> logits(ids.size() * vocab);
     int32_t next = -1;
@@ -118,8 +131,6 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
     }
     EXPECT_EQ((*pool)->appended(seq, 0), static_cast<int64_t>(ids.size() + 5));
 
-    const json r = reference(model_dir, ids, 6, dir / "ref.json");
-    ASSERT_EQ(r["positions"].size(), ids.size());
     for (size_t t = 0; t < ids.size(); ++t) {
       const json& p = r["positions"][t];
       const float* row = logits.data() + t * vocab;
@@ -136,11 +147,6 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
         EXPECT_EQ(best, p["top_ids"][0].get<int64_t>()) << f.name << " argmax at " << t;
       }
     }
-    // Greedy continuation: margins of each step from the reference on the extended ids.
-    const std::vector<int32_t> want = r["greedy"].get<std::vector<int32_t>>();
-    std::vector<int32_t> ext = ids;
-    ext.insert(ext.end(), want.begin(), want.end() - 1);
-    const json r2 = reference(model_dir, ext, 0, dir / "ref2.json");
     for (size_t s = 0; s < want.size(); ++s) {
       const json& p = r2["positions"][ids.size() - 1 + s];
       const double margin = p["top_logits"][0].get<double>() - p["top_logits"][1].get<double>();

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/kernels_cuda.h"
@@ -57,6 +59,13 @@ DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& wei
   // would (as LlamaForward does on the CPU).
   score_attn_ = attn_;
   score_attn_.num_heads = weights.shard.tp_size > 1 ? weights.shard.q_load_heads : config_.num_heads;
+  if (const char* e = std::getenv("SNAP_DEVICE_PROMPT_ATTENTION"); e != nullptr && *e != '\0') {
+    const std::string v = e;
+    if (v == "f32")
+      prompt_attention_ = PromptAttention::f32;
+    else if (v != "tc")
+      std::fprintf(stderr, "snapserve: SNAP_DEVICE_PROMPT_ATTENTION=%s is neither tc nor f32; using tc\n", e);
+  }
 }
 
 void DeviceForward::free_scratch() {
@@ -144,6 +153,12 @@ Status DeviceForward::project_rows(const DeviceMatrix& w, const float* bias, con
 // as heads grow; every call on the stream, so one workspace serves them in turn).
 Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32_t* positions, int64_t n, float* out) {
   SNAP_ASSIGN_OR_RETURN(kernels::PagedKvCuda view, pool_.view(seq, layer));
+  if (n > 1 && prompt_attention_ == PromptAttention::tensor_cores &&
+      kernels::attention_prefill_tc_supported(attn_, view)) {  // the pool's views always are
+    DEV_TRY("attention_prefill_tc_cuda",
+            kernels::attention_prefill_tc_cuda(q, positions, n, view, attn_, out, stream_));
+    return Status::ok_status();
+  }
   const size_t ws = kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length);
   if (ws > attn_ws_bytes_) {
     cudaStreamSynchronize(stream_);

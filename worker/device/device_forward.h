@@ -117,6 +117,18 @@ class DeviceForward {
   Status compress(int32_t seq, const KvPolicy& policy, int64_t compress_at,
                   std::vector<std::vector<std::vector<int32_t>>>* kept, int layer = -1);
 
+  // Attention of prompt chunks (n > 1 rows in forward() and the layer-wise prefill): the
+  // tensor-core kernel (attention_prefill_tc_cuda: bf16 MMAs with the f32 operands split into
+  // bf16 pairs, f32-accurate; the default) or the CUDA-core kernel that decode rows use
+  // (attention_paged_cuda, f32 FMAs). Both meet the CPU's attention within the same tolerance;
+  // their bits differ. A one-row chunk goes the decode way, as project() does. The environment
+  // variable SNAP_DEVICE_PROMPT_ATTENTION=f32 chooses f32 for every DeviceForward of the
+  // process (`tc` or unset: tensor cores); anything else is ignored with a warning.
+  enum class PromptAttention { tensor_cores, f32 };
+  void set_prompt_attention(PromptAttention a) { prompt_attention_ = a; }
+  PromptAttention prompt_attention() const { return prompt_attention_; }
+  static const char* prompt_attention_name(PromptAttention a) { return a == PromptAttention::f32 ? "f32" : "tc"; }
+
   // Bytes of device scratch held now (activations for the largest chunk seen + workspaces).
   int64_t scratch_bytes() const { return scratch_bytes_; }
   // Whether this rank receives the logits (tp rank 0, or the only rank).
@@ -173,6 +185,7 @@ class DeviceForward {
   int32_t *tokens_ = nullptr, *positions_ = nullptr, *greedy_ = nullptr;
   void* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
+  PromptAttention prompt_attention_ = PromptAttention::tensor_cores;
   int window_ = 0;               // observed window W (0: none)
   int64_t window_rows_ = 0;      // rows the last observed chunk had (must be >= W)
   std::vector<float*> win_q_;    // [layer] device [W, num_heads, head_dim]

@@ -6,7 +6,7 @@ fault messages point at the .cu source through a #line directive):
   k<<<grid, block[, smem[, stream]]>>>(args)
       -> ::snap_emu::launch(::snap_emu::Config(grid, block[, smem[, stream]]),
                             ::snap_emu::Site{"k", "file.cu", line}, &k, args)
-  extern __shared__ T name[];      -> T* name = static_cast<T*>(::snap_emu::dynamic_shared());
+  extern __shared__ [__align__(N)] T name[];  -> T* name = static_cast<T*>(::snap_emu::dynamic_shared());
   __shared__ T a[N], b[M];         -> T (&a)[N] = *static_cast<T(*)[N]>(::snap_emu::shared_slot(...)); ...
 and `#include "kernels/cuda/emu/kernel_lang.h"` in front.
 
@@ -81,7 +81,8 @@ def rewrite_launches(text, path):
         pos = end
 
 
-SHARED_EXTERN = re.compile(r"extern\s+__shared__\s+([\w:]+)\s+(\w+)\s*\[\s*\]\s*;")
+SHARED_EXTERN = re.compile(
+    r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?((?:unsigned\s+)?[\w:]+)\s+(\w+)\s*\[\s*\]\s*;")
 SHARED_STATIC = re.compile(r"__shared__\s+([\w:]+)\s+([^;]+);")
 
 

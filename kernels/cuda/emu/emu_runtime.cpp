@@ -111,7 +111,8 @@ struct Fiber {
   int src_lane = 0;            // at a warp barrier: the lane whose deposit it reads
   const char* what = nullptr;  // ... and which intrinsic
   uint64_t deposit = 0, result = 0;
-  size_t next_slot = 0;  // the next static __shared__ declaration
+  bool collective = false;  // at a warp-collective operation (warp_collective), not a shuffle
+  size_t next_slot = 0;     // the next static __shared__ declaration
 };
 
 // A warp's shuffle in progress: the lanes that have reached it and the mask they name.
@@ -161,7 +162,10 @@ struct Engine {
   std::vector<size_t> order;  // the pass order of the block's threads
   std::vector<WarpWait> warps;
   std::vector<Slot> slots;
-  std::unique_ptr<unsigned char[]> dyn;
+  struct AlignedDelete {
+    void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t{128}); }
+  };
+  std::unique_ptr<unsigned char[], AlignedDelete> dyn;
   size_t dyn_bytes = 0;
   void (*body)(void*) = nullptr;
   void* ctx = nullptr;
@@ -397,7 +401,11 @@ void syncthreads() {
   yield_to_scheduler(e);
 }
 
-uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* what) {
+namespace {
+// A lane arrives at a warp barrier (a shuffle, or a collective when fn is set) with `bits`.
+// The last lane of the mask to arrive completes it: a collective's fn runs once over every
+// lane's deposit, then each lane gets its source lane's deposit and goes on.
+uint64_t warp_arrive(uint32_t mask, uint64_t bits, int src_lane, const char* what, WarpCollectiveFn fn) {
   Engine& e = *t_current.engine;
   Fiber& f = *e.cur;
   const int lane = f.lane;
@@ -415,17 +423,30 @@ uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* w
   if (src_lane < 0 || src_lane >= 32 || !(mask >> src_lane & 1u))
     fault("warp " + std::to_string(w) + ": lane " + std::to_string(lane) + "'s " + what + " reads lane " +
           std::to_string(src_lane) + ", outside the mask");
+  Fiber* base = &e.fibers[w * 32];
+  if (ww.arrived != 0) {  // a collective meets only the same collective
+    const Fiber& first = base[std::countr_zero(ww.arrived)];
+    if ((fn != nullptr || first.collective) && std::strcmp(first.what, what) != 0)
+      fault("warp " + std::to_string(w) + ": lane " + std::to_string(lane) + " is at " + what + " while lane " +
+            std::to_string(std::countr_zero(ww.arrived)) + " waits at " + first.what);
+  }
   ww.mask = mask;
   ww.arrived |= 1u << lane;
   f.src_lane = src_lane;
   f.what = what;
   f.deposit = bits;
+  f.collective = fn != nullptr;
   if (ww.arrived != mask) {  // wait for the others; the last to arrive completes the exchange
     f.st = St::warp_bar;
     yield_to_scheduler(e);
     return f.result;
   }
-  Fiber* base = &e.fibers[w * 32];
+  if (fn != nullptr) {
+    void* args[32] = {};
+    for (int l = 0; l < 32; ++l)
+      if (mask >> l & 1u) args[l] = reinterpret_cast<void*>(base[l].deposit);
+    if (const char* err = fn(args, mask); err != nullptr) fault("warp " + std::to_string(w) + ": " + what + ": " + err);
+  }
   for (int l = 0; l < 32; ++l) {
     if (!(mask >> l & 1u)) continue;
     Fiber& g = base[l];
@@ -434,6 +455,15 @@ uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* w
   }
   ww.arrived = 0;
   return f.result;
+}
+}  // namespace
+
+uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* what) {
+  return warp_arrive(mask, bits, src_lane, what, nullptr);
+}
+
+void warp_collective(uint32_t mask, void* arg, WarpCollectiveFn fn, const char* what) {
+  warp_arrive(mask, reinterpret_cast<uint64_t>(arg), lane_id(), what, fn);
 }
 
 void* shared_slot(size_t bytes, size_t align, const char* name) {
@@ -553,7 +583,8 @@ void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), vo
     }
     e.slots.clear();
     e.dyn_bytes = c.smem;
-    e.dyn.reset(new unsigned char[std::max<size_t>(c.smem, 1)]);
+    // 128-byte aligned, as a GPU's dynamic shared memory is at least (WMMA needs 32).
+    e.dyn.reset(new (std::align_val_t{128}) unsigned char[std::max<size_t>(c.smem, 1)]);
     std::memset(e.dyn.get(), 0xff, c.smem);
     if (!run_block(e, order)) {
       const std::string what = "kernel emulator: fault in " + where + ", " + block_name(e) + ": " + e.fault;

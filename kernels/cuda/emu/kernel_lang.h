@@ -49,6 +49,7 @@ struct alignas(4) __nv_bfloat162 {
 };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
 // --- function qualifiers ----------------------------------------------------------------------
 #define __global__
@@ -57,6 +58,7 @@ inline float4 make_float4(float x, float y, float z, float w) { return float4{x,
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __noinline__
+#define __align__(n) alignas(n)
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
@@ -90,6 +92,12 @@ void syncthreads();
 // Deposits `bits` for the lanes of `mask`, waits for all of them, returns lane src's bits.
 uint64_t warp_exchange(uint32_t mask, uint64_t bits, int src_lane, const char* what);
 inline int lane_id() { return t_current.lane; }
+// A warp-collective operation (WMMA's load/store/mma in include/mma.h, __syncwarp): every lane
+// of `mask` deposits `arg`; the last to arrive runs fn(args, mask) once, args[l] being lane l's
+// deposit, before any lane goes on. fn returns null, or what is wrong (a fault: the launch ends).
+// Lanes at a collective must all be at the same one (`what`), not at a shuffle.
+using WarpCollectiveFn = const char* (*)(void* const* args, uint32_t mask);
+void warp_collective(uint32_t mask, void* arg, WarpCollectiveFn fn, const char* what);
 
 // Block-local shared memory: the calling thread's next static `__shared__` declaration of
 // `bytes` (every thread of the block declares the same sequence), and the dynamic part.
@@ -158,6 +166,10 @@ cudaError_t cudaFuncSetAttribute(F* fn, cudaFuncAttribute attr, int value) {
 constexpr int warpSize = 32;
 
 inline void __syncthreads() { snap_emu::syncthreads(); }
+// Every lane of mask waits for the others (a collective with nothing to do).
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  snap_emu::warp_collective(mask, nullptr, [](void* const*, uint32_t) -> const char* { return nullptr; }, "__syncwarp");
+}
 
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
@@ -219,6 +231,7 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 #endif
 inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
 using std::max;

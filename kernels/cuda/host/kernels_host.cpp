@@ -115,14 +115,6 @@ bool h2o_select_valid(int64_t n, const AttentionParams& p, int64_t budget, int64
          n * p.num_kv_heads < (int64_t{1} << 31);
 }
 
-// The decode form's key splits (attention_paged.cu): only the workspace size depends on them.
-int64_t num_splits(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
-  constexpr int64_t k_split_keys = 512, k_max_split_rows = 64;
-  const int64_t rows_per_head = num_tokens * (p.num_heads / p.num_kv_heads);
-  if (rows_per_head > k_max_split_rows || max_length <= k_split_keys) return 1;
-  return (max_length + k_split_keys - 1) / k_split_keys;
-}
-
 // A nominal workspace for the selections: the launchers only check that they got it.
 size_t nominal_workspace(int64_t n, const AttentionParams& p) {
   return sizeof(float) * static_cast<size_t>(n) * static_cast<size_t>(p.num_kv_heads) * 4 + 256;
@@ -248,7 +240,7 @@ void argmax_cuda(const float* logits, int64_t num_tokens, int64_t vocab_size, in
 }
 
 size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
-  const int64_t splits = num_splits(num_tokens, p, max_length);
+  const int64_t splits = attention_split(num_tokens, p, max_length).splits;
   if (splits <= 1) return 0;
   return sizeof(float) * static_cast<size_t>(splits * num_tokens * p.num_heads) * (2 + static_cast<size_t>(p.head_dim));
 }
@@ -260,7 +252,7 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
   if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.head_dim % 32 != 0 || p.head_dim < 32 ||
       p.head_dim > 256 || kv.block_size <= 0 ||
       workspace_bytes < attention_paged_cuda_workspace_bytes(num_tokens, p, kv.max_length) ||
-      num_splits(num_tokens, p, kv.max_length) > 65535)
+      attention_split(num_tokens, p, kv.max_length).splits > 65535)
     return cudaErrorInvalidValue;
   const size_t rows = f32s(num_tokens * p.num_heads * p.head_dim);
   if (workspace_bytes > 0 && !require_device(workspace, workspace_bytes, "attention workspace"))
@@ -272,6 +264,21 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
     return cudaErrorIllegalAddress;
   for (int g = 0; g < p.num_kv_heads; ++g)
     if (kv.heads[g].length > kv.max_length) return cudaErrorInvalidValue;  // max_length sizes the splits
+  attention_paged_cpu(q, q_positions, num_tokens, view, p, out);
+  return cudaSuccess;
+}
+
+// The tensor-core kernel's twin: the CPU attention (that kernel is f32-accurate).
+cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
+                                      const PagedKvCuda& kv, const AttentionParams& p, float* out, cudaStream_t) {
+  if (num_tokens <= 0) return cudaSuccess;
+  if (!attention_prefill_tc_supported(p, kv)) return cudaErrorInvalidValue;
+  const size_t rows = f32s(num_tokens * p.num_heads * p.head_dim);
+  PagedKv view;
+  if (!require_device(q, rows, "attention q") ||
+      !require_device(q_positions, sizeof(int32_t) * num_tokens, "attention q_positions") ||
+      !require_device(out, rows, "attention out") || !paged_view(kv, p.num_kv_heads, &view))
+    return cudaErrorIllegalAddress;
   attention_paged_cpu(q, q_positions, num_tokens, view, p, out);
   return cudaSuccess;
 }

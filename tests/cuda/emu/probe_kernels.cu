@@ -1,6 +1,8 @@
 // Kernels that exercise the kernel emulator itself (kernels/cuda/emu), right and wrong, for
 // test_kernel_emulator.cpp. Written in CUDA and compiled through emu_rewrite.py like
 // kernels/cuda/*.cu; never built by nvcc (each wrong one is wrong on purpose).
+#include <mma.h>
+
 #include "tests/cuda/emu/probe_kernels.h"
 
 namespace snap::emu_probe {
@@ -105,6 +107,44 @@ cudaError_t dynamic_shared(int* out, dim3 grid, dim3 block, size_t bytes, int at
     if (e != cudaSuccess) return e;
   }
   dynamic_shared_kernel<<<grid, block, bytes, s>>>(out);
+  return cudaGetLastError();
+}
+
+// WMMA (kernels/cuda/emu/include/mma.h). Right: one warp computes D = A·B + C for 16×16 tiles
+// (A row-major, B column-major in global memory, C and D row-major), with the same tile loaded
+// into an accumulator telling each lane the row of its elements (`rows`: D's rows scaled by
+// row + 1 through that mapping). mode 1 (wrong): A's pointer off by 8 bytes (not 256-bit
+// aligned). mode 2 (wrong): lane 5 passes another pointer than the others. mode 3 (wrong):
+// assumes lane l's x[e] is element 8l + e (CUDA leaves the mapping unspecified) when scaling.
+// mode 4 (right): __syncwarp between a lane's shared write and another lane's read.
+__global__ void wmma_probe_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d,
+                                  const float* row_tile, int mode) {
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc, rows;
+  const __nv_bfloat16* pa = mode == 1 ? a + 4 : mode == 2 && threadIdx.x == 5 ? a + 16 : a;
+  wmma::load_matrix_sync(fa, pa, 16);
+  wmma::load_matrix_sync(fb, b, 16);
+  wmma::load_matrix_sync(fc, c, 16, wmma::mem_row_major);
+  wmma::load_matrix_sync(rows, row_tile, 16, wmma::mem_row_major);
+  wmma::mma_sync(fc, fa, fb, fc);
+  for (int e = 0; e < fc.num_elements; ++e) {
+    const float row = mode == 3 ? static_cast<float>((threadIdx.x * 8 + e) / 16) : rows.x[e];
+    fc.x[e] *= row + 1.0f;
+  }
+  wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
+  if (mode == 4) {
+    __shared__ float handoff[32];
+    handoff[threadIdx.x] = static_cast<float>(threadIdx.x);
+    __syncwarp();
+    d[256 + threadIdx.x] = handoff[31 - threadIdx.x];
+  }
+}
+
+cudaError_t wmma_probe(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d, const float* row_tile,
+                       int mode, cudaStream_t s) {
+  wmma_probe_kernel<<<1, 32, 0, s>>>(a, b, c, d, row_tile, mode);
   return cudaGetLastError();
 }
 

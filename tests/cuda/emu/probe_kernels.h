@@ -1,6 +1,7 @@
 // The launchers of probe_kernels.cu (see there): the kernel emulator's own test kernels.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 namespace snap::emu_probe {
@@ -12,5 +13,8 @@ cudaError_t partial_warp(float* out, cudaStream_t s);
 cudaError_t divergent_barrier(float* out, cudaStream_t s);
 cudaError_t fresh_shared(unsigned* out, int blocks, cudaStream_t s);
 cudaError_t dynamic_shared(int* out, dim3 grid, dim3 block, size_t bytes, int attribute, cudaStream_t s);
+// mode 0 right, 1 misaligned, 2 lanes disagree, 3 assumes a layout, 4 right + __syncwarp (probe_kernels.cu).
+cudaError_t wmma_probe(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d, const float* row_tile,
+                       int mode, cudaStream_t s);
 
 }  // namespace snap::emu_probe

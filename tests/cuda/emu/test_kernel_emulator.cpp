@@ -211,4 +211,48 @@ TEST_F(Emulator, GemmExIsColumnMajorOpTimesOp) {
   snap::kernels::cublas_destroy(h);
 }
 
+// WMMA as CUDA documents it: D = A·B + C per 16×16 tile in f32 from bf16 operands, whatever the
+// (unspecified, here scrambled) element mapping; an accumulator loaded from a tile of row
+// indices tells each lane its elements' rows. A misaligned pointer and lanes that disagree
+// are faults; code that assumes a mapping gets wrong numbers, not a pass.
+TEST_F(Emulator, WmmaIsATileProductWhateverTheMapping) {
+  std::vector<__nv_bfloat16> a(256), b(256);
+  std::vector<float> c(256), rows(256), fa(256), fb(256);
+  for (int i = 0; i < 256; ++i) {
+    a[i] = __float2bfloat16(static_cast<float>((i * 7) % 13) - 6.0f);  // A row-major: (r, k) at r*16 + k
+    b[i] = __float2bfloat16(static_cast<float>((i * 5) % 11) * 0.5f);  // B col-major: (k, n) at n*16 + k
+    fa[i] = __bfloat162float(a[i]);
+    fb[i] = __bfloat162float(b[i]);
+    c[i] = 0.25f * static_cast<float>(i % 9);
+    rows[i] = static_cast<float>(i / 16);
+  }
+  std::vector<float> want(256);
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 16; ++n) {
+      float acc = c[r * 16 + n];
+      for (int k = 0; k < 16; ++k) acc += fa[r * 16 + k] * fb[n * 16 + k];
+      want[r * 16 + n] = acc * static_cast<float>(r + 1);
+    }
+  Dev<__nv_bfloat16> da(a), db(b);
+  Dev<float> dc(c), drows(rows), dd(256 + 32);
+  for (int mode : {0, 4}) {
+    ASSERT_EQ(wmma_probe(da.p, db.p, dc.p, dd.p, drows.p, mode, nullptr), cudaSuccess) << "mode " << mode;
+    const auto got = dd.get();
+    for (int i = 0; i < 256; ++i) ASSERT_EQ(got[i], want[i]) << "element " << i << " mode " << mode;
+    if (mode == 4)
+      for (int l = 0; l < 32; ++l) EXPECT_EQ(got[256 + l], static_cast<float>(31 - l)) << "lane " << l;
+  }
+  EXPECT_EQ(wmma_probe(da.p, db.p, dc.p, dd.p, drows.p, 1, nullptr), cudaErrorLaunchFailure);
+  std::string what = cudaGetErrorString(cudaErrorLaunchFailure);
+  EXPECT_NE(what.find("not 256-bit aligned"), std::string::npos) << what;
+  EXPECT_EQ(wmma_probe(da.p, db.p, dc.p, dd.p, drows.p, 2, nullptr), cudaErrorLaunchFailure);
+  what = cudaGetErrorString(cudaErrorLaunchFailure);
+  EXPECT_NE(what.find("lane 5 passes another pointer"), std::string::npos) << what;
+  ASSERT_EQ(wmma_probe(da.p, db.p, dc.p, dd.p, drows.p, 3, nullptr), cudaSuccess);
+  const auto assumed = dd.get();
+  int wrong = 0;
+  for (int i = 0; i < 256; ++i) wrong += assumed[i] != want[i];
+  EXPECT_GT(wrong, 128) << "a kernel that assumes lane l holds elements 8l..8l+7 must not pass";
+}
+
 }  // namespace

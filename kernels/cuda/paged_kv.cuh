@@ -1,0 +1,44 @@
+// Device helpers over a PagedKvCuda view shared by the attention kernels (attention_paged.cu,
+// attention_prefill_tc.cu): a key's position, the binary search for a query's visible keys and
+// the union of several rows' visible ranges.
+// Header-only (inline __device__), so every .cu that includes it gets its own copy.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace snap::kernels::paged {
+
+inline __device__ int32_t key_position(const PagedKvCuda& kv, const PagedKvHead& h, int64_t j) {
+  return kv.pos_base[h.block_table[j / kv.block_size] * kv.pos_block_stride + j % kv.block_size];
+}
+
+// First j in [0, length) with pos_j > bound (positions ascend within a head).
+inline __device__ int64_t first_above(const PagedKvCuda& kv, const PagedKvHead& h, int64_t bound) {
+  int64_t lo = 0, hi = h.length;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (key_position(kv, h, mid) <= bound)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// The union [*lo, *hi) of the rows' visible key ranges [lo_s[r], hi_s[r]), r in [first, last),
+// skipping empty ones; [0, 0) when every range is empty.
+inline __device__ void range_union(const int64_t* lo_s, const int64_t* hi_s, int first, int last, int64_t* lo,
+                                   int64_t* hi) {
+  int64_t a = INT64_MAX, b = 0;
+  for (int r = first; r < last; ++r) {
+    if (lo_s[r] >= hi_s[r]) continue;
+    a = lo_s[r] < a ? lo_s[r] : a;
+    b = hi_s[r] > b ? hi_s[r] : b;
+  }
+  *lo = a < b ? a : 0;
+  *hi = a < b ? b : 0;
+}
+
+}  // namespace snap::kernels::paged
