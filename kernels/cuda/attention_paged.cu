@@ -237,12 +237,13 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
                                  size_t workspace_bytes, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
   if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.head_dim % 32 != 0 || p.head_dim < 32 ||
-      p.head_dim > 256 || kv.block_size <= 0 ||
-      workspace_bytes < attention_paged_cuda_workspace_bytes(num_tokens, p, kv.max_length) ||
-      attention_split(num_tokens, p, kv.max_length).splits > 65535)  // grid z: 33.5M keys per head
+      p.head_dim > 256 || kv.block_size <= 0)
     return cudaErrorInvalidValue;
   const AttentionSplit split = attention_split(num_tokens, p, kv.max_length);
   const int64_t splits = split.splits;
+  if (workspace_bytes < attention_paged_cuda_workspace_bytes(num_tokens, p, kv.max_length) ||
+      splits > 65535)  // grid z: 33.5M keys per head
+    return cudaErrorInvalidValue;
   float* ws_state = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float* ws_acc = splits > 1 ? ws_state + 2 * splits * num_tokens * p.num_heads : nullptr;
   switch (p.head_dim / 32) {

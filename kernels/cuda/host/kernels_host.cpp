@@ -239,6 +239,25 @@ void argmax_cuda(const float* logits, int64_t num_tokens, int64_t vocab_size, in
   }
 }
 
+namespace {
+// Both attention launchers' twin once their shapes are checked: q, positions and out must be
+// device memory and the view readable; split_lengths (attention_paged_cuda, whose max_length
+// sizes the key splits): no head longer than max_length. Then the CPU attention.
+cudaError_t cpu_attention(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
+                          const AttentionParams& p, float* out, bool split_lengths) {
+  const size_t rows = f32s(num_tokens * p.num_heads * p.head_dim);
+  PagedKv view;
+  if (!require_device(q, rows, "attention q") ||
+      !require_device(q_positions, sizeof(int32_t) * num_tokens, "attention q_positions") ||
+      !require_device(out, rows, "attention out") || !paged_view(kv, p.num_kv_heads, &view))
+    return cudaErrorIllegalAddress;
+  for (int g = 0; g < p.num_kv_heads && split_lengths; ++g)
+    if (kv.heads[g].length > kv.max_length) return cudaErrorInvalidValue;
+  attention_paged_cpu(q, q_positions, num_tokens, view, p, out);
+  return cudaSuccess;
+}
+}  // namespace
+
 size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
   const int64_t splits = attention_split(num_tokens, p, max_length).splits;
   if (splits <= 1) return 0;
@@ -254,18 +273,9 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
       workspace_bytes < attention_paged_cuda_workspace_bytes(num_tokens, p, kv.max_length) ||
       attention_split(num_tokens, p, kv.max_length).splits > 65535)
     return cudaErrorInvalidValue;
-  const size_t rows = f32s(num_tokens * p.num_heads * p.head_dim);
   if (workspace_bytes > 0 && !require_device(workspace, workspace_bytes, "attention workspace"))
     return cudaErrorIllegalAddress;
-  PagedKv view;
-  if (!require_device(q, rows, "attention q") ||
-      !require_device(q_positions, sizeof(int32_t) * num_tokens, "attention q_positions") ||
-      !require_device(out, rows, "attention out") || !paged_view(kv, p.num_kv_heads, &view))
-    return cudaErrorIllegalAddress;
-  for (int g = 0; g < p.num_kv_heads; ++g)
-    if (kv.heads[g].length > kv.max_length) return cudaErrorInvalidValue;  // max_length sizes the splits
-  attention_paged_cpu(q, q_positions, num_tokens, view, p, out);
-  return cudaSuccess;
+  return cpu_attention(q, q_positions, num_tokens, kv, p, out, true);
 }
 
 // The tensor-core kernel's twin: the CPU attention (that kernel is f32-accurate).
@@ -273,14 +283,7 @@ cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions
                                       const PagedKvCuda& kv, const AttentionParams& p, float* out, cudaStream_t) {
   if (num_tokens <= 0) return cudaSuccess;
   if (!attention_prefill_tc_supported(p, kv)) return cudaErrorInvalidValue;
-  const size_t rows = f32s(num_tokens * p.num_heads * p.head_dim);
-  PagedKv view;
-  if (!require_device(q, rows, "attention q") ||
-      !require_device(q_positions, sizeof(int32_t) * num_tokens, "attention q_positions") ||
-      !require_device(out, rows, "attention out") || !paged_view(kv, p.num_kv_heads, &view))
-    return cudaErrorIllegalAddress;
-  attention_paged_cpu(q, q_positions, num_tokens, view, p, out);
-  return cudaSuccess;
+  return cpu_attention(q, q_positions, num_tokens, kv, p, out, false);
 }
 
 void kv_scatter_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
