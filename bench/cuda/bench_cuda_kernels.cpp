@@ -198,16 +198,18 @@ int main(int argc, char** argv) {
   double layer_gemv_ms = 0, lm_head_ms = 0;
   for (int64_t tokens : {1, 8}) {
     Dev x(4ull * tokens * k_mlp), y(4ull * tokens * k_vocab);
-    for (const Gemm& g : gemms) {
-      const double ms = time_ms([&] {
-        matmul_rowwise_cuda(x.as<float>(), g.w->as<__nv_bfloat16>(), nullptr, y.as<float>(), tokens, g.rows, g.cols,
-                            nullptr);
-      });
-      const double gbs = 2.0 * g.rows * g.cols / (ms * 1e-3) / 1e9;
-      row(std::string(g.name) + " x " + std::to_string(tokens) + " rows", ms,
-          fmt("%.0f GB/s = %.2f x the HBM floor", gbs, bw / gbs));
-      if (tokens == 1) (g.rows == k_vocab ? lm_head_ms : layer_gemv_ms) += ms;
-    }
+    for (const Gemm& g : gemms)
+      for (int loads : {4, 1}) {  // 16-byte loads in flight per lane: 4 (the default) vs 1, same bits
+        if (loads == 1 && tokens != 1) continue;
+        const double ms = time_ms([&] {
+          matmul_rowwise_cuda(x.as<float>(), g.w->as<__nv_bfloat16>(), nullptr, y.as<float>(), tokens, g.rows, g.cols,
+                              nullptr, loads);
+        });
+        const double gbs = 2.0 * g.rows * g.cols / (ms * 1e-3) / 1e9;
+        row(std::string(g.name) + " x " + std::to_string(tokens) + " rows" + (loads == 1 ? ", 1 load in flight" : ""),
+            ms, fmt("%.0f GB/s = %.2f x the HBM floor", gbs, bw / gbs));
+        if (tokens == 1 && loads == 4) (g.rows == k_vocab ? lm_head_ms : layer_gemv_ms) += ms;
+      }
   }
 
   std::printf("paged attention, one layer (32 q / 8 KV heads, head_dim 128):\n");

@@ -52,8 +52,10 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
 // Decode rows (the twin of matmul_rowwise_cpu): f32 x, bf16 w, f32 accumulation in an order
 // fixed by cols alone, so each row's result is bitwise independent of num_tokens and of what
 // shares the step (batch invariance). Memory-bound: each weight row is read once per 8 tokens.
+// `loads`: 16-byte weight loads each lane keeps in flight (1 or 4; the bits are the same,
+// bench_cuda_kernels times both).
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
-                         int64_t rows, int64_t cols, cudaStream_t stream);
+                         int64_t rows, int64_t cols, cudaStream_t stream, int loads = 4);
 
 // --- sampling --------------------------------------------------------------------------
 // ids[t] = argmax_v logits[t, v] (greedy; lowest id wins ties, NaN never wins; all -inf/NaN -> 0),

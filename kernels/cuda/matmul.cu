@@ -49,7 +49,11 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
 
 // Grid: x = ceil(rows / k_warps), y = ceil(num_tokens / k_group_tokens). kVector: 16-byte
 // loads of 8 bf16 weights and two float4 of x (needs cols % 8 == 0 and aligned bases).
-template <bool kVector>
+// kLoads (vector path): how many of a lane's 16-byte weight loads are issued before the first
+// of them is used. A decode GEMV is bound by HBM latency × bytes in flight, and one load per
+// lane keeps only 512 B per warp in flight; kLoads = 4 keeps 2 KB. The FMAs still consume the
+// chunks in ascending column order, so every kLoads gives the same bits.
+template <bool kVector, int kLoads>
 __global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
                                       int64_t num_tokens, int64_t rows, int64_t cols) {
   const int lane = threadIdx.x & 31;
@@ -62,15 +66,14 @@ __global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, co
 #pragma unroll
   for (int k = 0; k < k_group_tokens; ++k) acc[k] = 0.0f;
   if (kVector) {
-    for (int64_t c = static_cast<int64_t>(lane) * 8; c < cols; c += 256) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(wr + c);
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-      float wf[8];
+    // 8 bf16 weights (one 16-byte load) at column c, times 8 columns of each token's x.
+    const auto consume = [&](const uint4& raw, int64_t c) {
+      float wf[8];  // bf16 -> f32 is the bits shifted up: exact, and no type punning
+      const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(h[e]);
-        wf[2 * e] = f.x;
-        wf[2 * e + 1] = f.y;
+        wf[2 * e] = __uint_as_float(words[e] << 16);
+        wf[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
       }
 #pragma unroll
       for (int k = 0; k < k_group_tokens; ++k) {
@@ -89,7 +92,16 @@ __global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, co
           acc[k] = s;
         }
       }
+    };
+    int64_t c = static_cast<int64_t>(lane) * 8;
+    for (; c + (kLoads - 1) * 256 < cols; c += kLoads * 256) {
+      uint4 raw[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) raw[u] = *reinterpret_cast<const uint4*>(wr + c + u * 256);
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) consume(raw[u], c + u * 256);
     }
+    for (; c < cols; c += 256) consume(*reinterpret_cast<const uint4*>(wr + c), c);
   } else {
     for (int64_t c = lane; c < cols; c += 32) {
       const float wf = __bfloat162float(wr[c]);
@@ -106,15 +118,17 @@ __global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, co
 }
 
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
-                         int64_t rows, int64_t cols, cudaStream_t stream) {
+                         int64_t rows, int64_t cols, cudaStream_t stream, int loads) {
   if (num_tokens <= 0 || rows <= 0) return;
   const dim3 grid(static_cast<unsigned>((rows + k_warps - 1) / k_warps),
                   static_cast<unsigned>((num_tokens + k_group_tokens - 1) / k_group_tokens));
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  if (cols % 8 == 0 && aligned)
-    matmul_rowwise_kernel<true><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+  if (cols % 8 != 0 || !aligned)
+    matmul_rowwise_kernel<false, 1><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+  else if (loads <= 1)
+    matmul_rowwise_kernel<true, 1><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
   else
-    matmul_rowwise_kernel<false><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+    matmul_rowwise_kernel<true, 4><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
 }
 
 }  // namespace snap::kernels

@@ -206,7 +206,7 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
 }
 
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
-                         int64_t rows, int64_t cols, cudaStream_t) {
+                         int64_t rows, int64_t cols, cudaStream_t, int) {
   if (num_tokens <= 0 || rows <= 0) return;
   if (!require_device(x, f32s(num_tokens * cols), "matmul_rowwise x") ||
       !require_device(w, 2 * static_cast<size_t>(rows * cols), "matmul_rowwise w") ||
