@@ -5,8 +5,9 @@
 # the CUDA twins + tests/cuda, needing only OpenMP, OpenBLAS and GoogleTest, brought as .debs),
 # runs every CUDA test (each kernel against its CPU twin, case by case; tensor parallelism on
 # one GPU in test_device_tp; NCCL's unit tests in test_comm_nccl when libnccl is there), then
-# every GPU benchmark that exists (bench_cuda_*, bench_device_forward, bench_device_tp: TP 1 vs
-# TP 2 host-staged as two processes), and writes a summary table. The e2e device tests that
+# every GPU benchmark that exists (bench_cuda_*, bench_device_forward, the Hugging Face anchor
+# bench/cuda/hf_decode_anchor.py, bench_device_tp: TP 1 vs TP 2 host-staged as two processes),
+# and writes a summary table. The e2e device tests that
 # drive the snapserve binary (test_device_serve, test_device_tp_cli, test_device_serve_tp) run
 # from .device-deps/bundle.tar.xz, built on the CPU machine (scripts/device_bundle.sh), right
 # after the CUDA tests; without a bundle, step 6 tries to configure the whole project here.
@@ -195,16 +196,21 @@ done
 [ $nbench = 0 ] && row "benchmarks" INFO "no bench_cuda_* target exists yet"
 
 # The device forward end to end on a Llama-3-8B-shaped random model with 4 of its 32 layers
-# (3.9 GB bf16: written here in ~1 min by numpy, never carried), 8K and 32K contexts.
+# (3.9 GB bf16: written here in ~1 min by numpy, never carried), 8K, 32K and 128K contexts.
 fwd_model=${SNAP_DEVICE_MODEL_DIR:-/tmp/snap-llama3-8b-4l}
 if [ -x "$build/bench_device_forward" ] && [ "$(left)" -gt 180 ]; then
   t0=$SECONDS
   if [ -f "$fwd_model/model.safetensors" ] ||
     timeout "$(left)" python3 tools/make_random_model.py --shape llama3-8b --layers 4 --out "$fwd_model" >>"$log" 2>&1; then
-    # Then layer-wise prefill + SnapKV at growing prompts, while the budget lasts (rows are
-    # flushed one by one, so a prompt cut by the timeout leaves the shorter ones' rows).
-    if timeout "$(left)" "$build/bench_device_forward" --model "$fwd_model" --contexts 8192,32768 --decode 16 \
-      --layerwise-contexts 65536,131072,262144,524288,1048576 --time-budget $(($(left) > 240 ? ($(left) - 120) / 2 : 30)) \
+    # The full-cache table at 8K, 32K and 128K while --contexts-budget lasts (each next context is
+    # predicted from the last), then layer-wise prefill + SnapKV at growing prompts with about half
+    # of what is left after that (rows are flushed one by one, so a prompt cut by the timeout leaves
+    # the shorter ones' rows).
+    ctx_budget=$(($(left) > 360 ? 90 : 30))
+    lw_budget=$(($(left) > 240 + ctx_budget ? ($(left) - 120 - ctx_budget) / 2 : 30))
+    if timeout "$(left)" "$build/bench_device_forward" --model "$fwd_model" --contexts 8192,32768,131072 --decode 16 \
+      --contexts-budget "$ctx_budget" \
+      --layerwise-contexts 65536,131072,262144,524288,1048576 --time-budget "$lw_budget" \
       >>"$out/bench.txt" 2>>"$log"; then
       row "bench_device_forward" PASS "$((SECONDS - t0)) s incl. the model (table below)"
     else
@@ -215,6 +221,26 @@ if [ -x "$build/bench_device_forward" ] && [ "$(left)" -gt 180 ]; then
   fi
 else
   row "bench_device_forward" INFO "skipped: not built or under 180 s left"
+fi
+
+# The side-by-side anchor (#9): the same model, prompts and decode lengths through Hugging Face
+# transformers (bf16, SDPA, its full DynamicCache) on this GPU, then HF ms/token ÷ ours, full and
+# snapkv 2048, from the rows bench_device_forward wrote above (its layer-wise table gives the
+# snapkv row at 131072). torch and transformers are on the device machine, not carried.
+if [ -f "$fwd_model/config.json" ] && [ "$(left)" -gt 60 ]; then
+  t0=$SECONDS
+  lim=$(($(left) > 150 ? 120 : $(left) - 30))
+  cp "$out/bench.txt" "$out/bench_ours.txt"
+  timeout "$lim" python3 bench/cuda/hf_decode_anchor.py --model "$fwd_model" --contexts 8192,32768,131072 \
+    --decode 16 --time-budget $((lim > 75 ? lim - 45 : 30)) --ours "$out/bench_ours.txt" >>"$out/bench.txt" 2>>"$log"
+  rc=$?
+  case $rc in
+    0) row "hf_decode_anchor" PASS "$((SECONDS - t0)) s: HF transformers full cache vs ours (table below)" ;;
+    77) row "hf_decode_anchor" INFO "torch/transformers or a GPU missing for python3 (see $log)" ;;
+    *) row "hf_decode_anchor" FAIL "rc $rc after $((SECONDS - t0)) s (see $log)" ;;
+  esac
+else
+  row "hf_decode_anchor" INFO "skipped: no model or under 60 s left"
 fi
 
 # Tensor parallelism on one GPU: TP = 1 against TP = 2 as two processes sharing the GPU through

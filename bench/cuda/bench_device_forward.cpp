@@ -15,8 +15,11 @@
 // pool's peak and the device memory in use, decode ms/token, and the memory model that says how
 // far this device would go: per prompt token one layer's K/V (num_kv_heads blocks' worth) + its
 // f32 hidden state, on top of the weights and every layer's compressed 2048 + decode entries.
+// With --contexts-budget S, a context of the first two tables runs only if its predicted time
+// (the last one's, grown ~n^2 by attention, for both tables) fits in what is left of S seconds.
 //   usage: bench_device_forward --model DIR [--contexts 8192,32768] [--decode 16]
-//                               [--layerwise-contexts 131072,524288] [--time-budget 240]
+//                               [--contexts-budget 0] [--layerwise-contexts 131072,524288]
+//                               [--time-budget 240]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,6 +56,7 @@ int main(int argc, char** argv) {
   int decode = 16;
   std::vector<int64_t> layerwise_contexts;
   double time_budget = 240;
+  double contexts_budget = 0;  // 0: no limit
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
@@ -68,9 +72,12 @@ int main(int argc, char** argv) {
       for (std::string t; std::getline(ss, t, ',');) layerwise_contexts.push_back(std::atoll(t.c_str()));
     } else if (a == "--time-budget" && i + 1 < argc) {
       time_budget = std::atof(argv[++i]);
+    } else if (a == "--contexts-budget" && i + 1 < argc) {
+      contexts_budget = std::atof(argv[++i]);
     } else {
       return fail("unknown or incomplete argument '" + a +
-                  "' (usage: --model DIR [--contexts 8192,32768] [--decode 16] [--layerwise-contexts N,...] [--time-budget S])");
+                  "' (usage: --model DIR [--contexts 8192,32768] [--decode 16] [--contexts-budget S] "
+                  "[--layerwise-contexts N,...] [--time-budget S])");
     }
   }
   if (model_dir.empty()) return fail("--model DIR is required");
@@ -140,7 +147,18 @@ int main(int argc, char** argv) {
               "snapkv ms/tok", "select ms", "full x32/L", "snapkv x32/L", "full/floor", "snapkv/floor");
   snap::kernels::SnapKvCudaParams sp;  // budget 2048; the defaults: window 32, avg pooling kernel 31, mean over the group
   sp.budget = 2048;
+  std::sort(contexts.begin(), contexts.end());
+  std::vector<int64_t> ran;  // the contexts the first table measured; the second runs the same
+  const double t_contexts = now_s();
+  double last_ctx = 0, last_ctx_s = 0;
   for (int64_t ctx : contexts) {
+    const double predicted = last_ctx > 0 ? last_ctx_s * (ctx / last_ctx) * (ctx / last_ctx) : 0;
+    if (contexts_budget > 0 && now_s() - t_contexts + 2 * predicted > contexts_budget) {
+      std::printf("  %-8lld skipped: ~%.0f s predicted for both tables, over what is left of --contexts-budget %.0f s\n",
+                  static_cast<long long>(ctx), 2 * predicted, contexts_budget);
+      break;
+    }
+    const double t_ctx = now_s();
     std::vector<int32_t> ids(static_cast<size_t>(ctx));
     for (int64_t i = 0; i < ctx; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
     double prefill_s = 0, ms[2] = {0, 0}, select_ms = 0;
@@ -176,6 +194,10 @@ int main(int argc, char** argv) {
     std::printf("  %-8lld %13.0f %12.2f %12.2f %12.1f %14.2f %14.2f %11.2f %11.2f\n", static_cast<long long>(ctx),
                 ctx / prefill_s, ms[0], ms[1], select_ms, ms[0] * scale, ms[1] * scale, ms[0] / floor_ms(ctx + mid),
                 ms[1] / floor_ms(std::min<int64_t>(ctx, sp.budget) + mid));
+    std::fflush(stdout);
+    ran.push_back(ctx);
+    last_ctx = static_cast<double>(ctx);
+    last_ctx_s = now_s() - t_ctx;
   }
   std::printf("  device scratch %.1f MB, KV pool %.2f GB\n", fwd.scratch_bytes() / 1e6, pool_bytes / 1e9);
 
@@ -186,7 +208,7 @@ int main(int argc, char** argv) {
   if (!gen.ok()) return fail(gen.status().to_string());
   std::printf("  generate --device cuda (DeviceGenerator): decode ms/token, %d tokens after the prompt\n", decode);
   std::printf("  %-8s %12s %12s %14s\n", "context", "full ms/tok", "snapkv ms/tok", "snapkv KV x");
-  for (int64_t ctx : contexts) {
+  for (int64_t ctx : ran) {
     snap::GenerateRequest req;
     for (int64_t i = 0; i < ctx; ++i) req.prompt_ids.push_back(static_cast<int32_t>((i * 7919 + 13) % c.vocab_size));
     req.max_tokens = decode + 1;
@@ -202,6 +224,7 @@ int main(int argc, char** argv) {
       if (snapkv) ratio = static_cast<double>(r->stats.kv_full_equivalent_bytes) / std::max<int64_t>(r->stats.kv_resident_bytes, 1);
     }
     std::printf("  %-8lld %12.2f %12.2f %14.1f\n", static_cast<long long>(ctx), gms[0], gms[1], ratio);
+    std::fflush(stdout);
   }
   std::printf("  %s\n", (*gen)->describe_memory().c_str());
   if (layerwise_contexts.empty()) return 0;  // the stream, pool and weights go with the process

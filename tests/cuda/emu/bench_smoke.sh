@@ -22,12 +22,28 @@ fail() {
 "$python" "$src/tools/make_random_model.py" --shape tiny-llama3 --out "$tmp/model" >/dev/null
 
 # bench_device_forward: prefill + decode (full, snapkv), the generator, layer-wise prefill.
-"$bin/bench_device_forward_emu" --model "$tmp/model" --contexts 96 --decode 2 --layerwise-contexts 160 \
-  --time-budget 120 >"$tmp/fwd.txt" 2>&1 || { cat "$tmp/fwd.txt"; fail "bench_device_forward exited $?"; }
+# --contexts-budget: 96 runs, then 100000 is predicted ~10^6 times as long and must be skipped
+# (and left out of the generator's table).
+"$bin/bench_device_forward_emu" --model "$tmp/model" --contexts 100000,96 --contexts-budget 600 --decode 2 \
+  --layerwise-contexts 160 --time-budget 120 >"$tmp/fwd.txt" 2>&1 || { cat "$tmp/fwd.txt"; fail "bench_device_forward exited $?"; }
 cat "$tmp/fwd.txt"
 grep -Eq '^  96 +[0-9]+ +[0-9.]+ +[0-9.]+ ' "$tmp/fwd.txt" || fail "no prefill/decode row for context 96"
 grep -Eq '^  96 +[0-9.]+ +[0-9.]+ +[0-9.]+$' "$tmp/fwd.txt" || fail "no generator row for context 96"
+grep -Eq '^  100000 +skipped: .*--contexts-budget' "$tmp/fwd.txt" || fail "context 100000 should be skipped by --contexts-budget"
+[ "$(grep -Ec '^  100000 ' "$tmp/fwd.txt")" = 1 ] || fail "context 100000 must appear once (skipped), in no table"
 grep -Eq '^  160 +[0-9]+ ' "$tmp/fwd.txt" || fail "no layer-wise prefill row for prompt 160"
+
+# The Hugging Face anchor on the CPU, its ratio table read from the rows above (exit 77: this
+# python has no torch/transformers, as in CI; its arguments and the model are checked first).
+rc=0
+"$python" "$src/bench/cuda/hf_decode_anchor.py" --model "$tmp/model" --contexts 96 --decode 2 --device cpu \
+  --ours "$tmp/fwd.txt" >"$tmp/hf.txt" 2>&1 || rc=$?
+cat "$tmp/hf.txt"
+case $rc in
+  0) grep -Eq '^  96 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$' "$tmp/hf.txt" || fail "no HF/ours ratio row for 96" ;;
+  77) grep -q "nothing measured" "$tmp/hf.txt" || fail "hf_decode_anchor exited 77 without saying why" ;;
+  *) fail "hf_decode_anchor exited $rc" ;;
+esac
 
 # bench_device_tp: TP 1, then TP 2 as two processes (host-staged exchange over TCP).
 port=$((20000 + RANDOM % 20000))
