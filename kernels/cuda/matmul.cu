@@ -3,7 +3,7 @@
 //  - matmul_bf16_cuda: prompt chunks through cuBLAS (bf16 in, f32 out, f32 compute). Row-major
 //    y = x·wᵀ is column-major yᵀ = w_cmᵀ · x_cm, i.e. GemmEx(T, N, m = rows, n = tokens, k = cols).
 //  - matmul_rowwise_cuda: decode rows, batch-invariant by construction. One warp per output
-//    row r and group of ≤ 8 tokens; lane l accumulates columns {l·8 + 256·i .. +8} (vector
+//    row r and group of ≤ 8 tokens (a lone token gets a 1-token kernel, same FMAs); lane l accumulates columns {l·8 + 256·i .. +8} (vector
 //    path, cols % 8 == 0) or {l + 32·i} (scalar path) in ascending i, then a fixed xor-shuffle
 //    tree. The order depends only on cols (and the path, which depends only on cols and
 //    alignment), never on num_tokens or which tokens share the group.
@@ -53,18 +53,20 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
 // of them is used. A decode GEMV is bound by HBM latency × bytes in flight, and one load per
 // lane keeps only 512 B per warp in flight; kLoads = 4 keeps 2 KB. The FMAs still consume the
 // chunks in ascending column order, so every kLoads gives the same bits.
-template <bool kVector, int kLoads>
+// kTokens: tokens sharing one read of a weight row (k_group_tokens, or 1 for a lone decode row:
+// fewer registers, so more warps per SM; a token's FMAs are the same either way, so its bits are).
+template <bool kVector, int kLoads, int kTokens>
 __global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
                                       int64_t num_tokens, int64_t rows, int64_t cols) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * k_warps + (threadIdx.x >> 5);
   if (r >= rows) return;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * k_group_tokens;
-  const int nt = static_cast<int>(num_tokens - t0 < k_group_tokens ? num_tokens - t0 : k_group_tokens);
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokens;
+  const int nt = static_cast<int>(num_tokens - t0 < kTokens ? num_tokens - t0 : kTokens);
   const __nv_bfloat16* wr = w + r * cols;
-  float acc[k_group_tokens];
+  float acc[kTokens];
 #pragma unroll
-  for (int k = 0; k < k_group_tokens; ++k) acc[k] = 0.0f;
+  for (int k = 0; k < kTokens; ++k) acc[k] = 0.0f;
   if (kVector) {
     // 8 bf16 weights (one 16-byte load) at column c, times 8 columns of each token's x.
     const auto consume = [&](const uint4& raw, int64_t c) {
@@ -76,7 +78,7 @@ __global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, co
         wf[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
       }
 #pragma unroll
-      for (int k = 0; k < k_group_tokens; ++k) {
+      for (int k = 0; k < kTokens; ++k) {
         if (k < nt) {
           const float4* xv = reinterpret_cast<const float4*>(x + (t0 + k) * cols + c);
           const float4 a = xv[0], b = xv[1];
@@ -106,29 +108,38 @@ __global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, co
     for (int64_t c = lane; c < cols; c += 32) {
       const float wf = __bfloat162float(wr[c]);
 #pragma unroll
-      for (int k = 0; k < k_group_tokens; ++k)
+      for (int k = 0; k < kTokens; ++k)
         if (k < nt) acc[k] = fmaf(wf, x[(t0 + k) * cols + c], acc[k]);
     }
   }
 #pragma unroll
-  for (int k = 0; k < k_group_tokens; ++k) {
+  for (int k = 0; k < kTokens; ++k) {
     const float s = warp_sum(acc[k]);  // every lane takes part (full mask), even past nt
     if (lane == 0 && k < nt) y[(t0 + k) * rows + r] = s + (bias != nullptr ? bias[r] : 0.0f);
   }
 }
 
+template <int kTokens>
+void launch_rowwise(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
+                    int64_t rows, int64_t cols, cudaStream_t stream, int loads) {
+  const dim3 grid(static_cast<unsigned>((rows + k_warps - 1) / k_warps),
+                  static_cast<unsigned>((num_tokens + kTokens - 1) / kTokens));
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  if (cols % 8 != 0 || !aligned)
+    matmul_rowwise_kernel<false, 1, kTokens><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+  else if (loads <= 1)
+    matmul_rowwise_kernel<true, 1, kTokens><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+  else
+    matmul_rowwise_kernel<true, 4, kTokens><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+}
+
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
                          int64_t rows, int64_t cols, cudaStream_t stream, int loads) {
   if (num_tokens <= 0 || rows <= 0) return;
-  const dim3 grid(static_cast<unsigned>((rows + k_warps - 1) / k_warps),
-                  static_cast<unsigned>((num_tokens + k_group_tokens - 1) / k_group_tokens));
-  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  if (cols % 8 != 0 || !aligned)
-    matmul_rowwise_kernel<false, 1><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
-  else if (loads <= 1)
-    matmul_rowwise_kernel<true, 1><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+  if (num_tokens == 1)
+    launch_rowwise<1>(x, w, bias, y, num_tokens, rows, cols, stream, loads);
   else
-    matmul_rowwise_kernel<true, 4><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+    launch_rowwise<k_group_tokens>(x, w, bias, y, num_tokens, rows, cols, stream, loads);
 }
 
 }  // namespace snap::kernels
