@@ -104,19 +104,35 @@ __global__ void __launch_bounds__(k_warps * 32)
   for (int64_t j0 = lo_all - lo_all % k_chunk; j0 < hi_all; j0 += k_chunk) {
     const int n = static_cast<int>(hi_all - j0 < k_chunk ? hi_all - j0 : k_chunk);
     if (vec) {  // 8 bf16 (16 B) per load: decode is bound by these reads
-      for (int idx = tid; idx < n * (hd / 8); idx += blockDim.x) {
-        const int jj = idx / (hd / 8), i = (idx % (hd / 8)) * 8;
-        const int64_t j = j0 + jj;
-        const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
-        const uint4 kr = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * hd + i);
-        const uint4 vr = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * hd + i);
-        const unsigned kw[4] = {kr.x, kr.y, kr.z, kr.w}, vw[4] = {vr.x, vr.y, vr.z, vr.w};
+      // A chunk is at most k_chunk * hd / 8 = 128 * kDims loads of K (and of V): kDims per
+      // thread. All of them are issued before the first is stored, so a thread keeps 2 * kDims
+      // 16-byte loads in flight, not 2 (the stores to shared memory would otherwise order each
+      // pair behind the last). The values stored are the same, so are the bits.
+      uint4 kr[kDims], vr[kDims];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {  // word e holds elements 2e (low half) and 2e + 1; bf16 → f32 is << 16
-          k_s[jj * (hd + 1) + i + 2 * e] = __uint_as_float(kw[e] << 16);
-          k_s[jj * (hd + 1) + i + 2 * e + 1] = __uint_as_float(kw[e] & 0xffff0000u);
-          v_s[jj * hd + i + 2 * e] = __uint_as_float(vw[e] << 16);
-          v_s[jj * hd + i + 2 * e + 1] = __uint_as_float(vw[e] & 0xffff0000u);
+      for (int u = 0; u < kDims; ++u) {
+        const int idx = tid + u * k_warps * 32;
+        if (idx < n * (hd / 8)) {
+          const int jj = idx / (hd / 8), i = (idx % (hd / 8)) * 8;
+          const int64_t j = j0 + jj;
+          const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+          kr[u] = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * hd + i);
+          vr[u] = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * hd + i);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kDims; ++u) {
+        const int idx = tid + u * k_warps * 32;
+        if (idx < n * (hd / 8)) {
+          const int jj = idx / (hd / 8), i = (idx % (hd / 8)) * 8;
+          const unsigned kw[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w}, vw[4] = {vr[u].x, vr[u].y, vr[u].z, vr[u].w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {  // word e holds elements 2e (low half) and 2e + 1; bf16 → f32 is << 16
+            k_s[jj * (hd + 1) + i + 2 * e] = __uint_as_float(kw[e] << 16);
+            k_s[jj * (hd + 1) + i + 2 * e + 1] = __uint_as_float(kw[e] & 0xffff0000u);
+            v_s[jj * hd + i + 2 * e] = __uint_as_float(vw[e] << 16);
+            v_s[jj * hd + i + 2 * e + 1] = __uint_as_float(vw[e] & 0xffff0000u);
+          }
         }
       }
     } else {
