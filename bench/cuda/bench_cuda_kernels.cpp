@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/kernels_cuda.h"
@@ -125,8 +126,10 @@ struct PagedLayer {
   }
 };
 
-// tc: attention_prefill_tc_cuda (tensor cores, what prompt chunks run) instead of attention_paged_cuda.
-double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos, bool tc = false) {
+// tc: attention_prefill_tc_cuda (tensor cores, what prompt chunks run) instead of attention_paged_cuda;
+// decode: the kernel attention_paged_cuda runs decode rows on.
+double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos, bool tc = false,
+                    DecodeAttention decode = DecodeAttention::key_threads) {
   AttentionParams p{k_heads, k_kv_heads, k_head_dim, 0.088388f, 0};
   Dev q(4ull * num_tokens * k_heads * k_head_dim), out(4ull * num_tokens * k_heads * k_head_dim);
   std::vector<int32_t> qp(static_cast<size_t>(num_tokens));
@@ -141,7 +144,7 @@ double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos,
             "attention_prefill_tc_cuda");
     else
       check(attention_paged_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(), ws.p,
-                                 ws_bytes, nullptr),
+                                 ws_bytes, nullptr, decode),
             "attention_paged_cuda");
   });
 }
@@ -217,11 +220,14 @@ int main(int argc, char** argv) {
   std::vector<double> decode_attn_ms;
   for (int64_t ctx : contexts) {
     PagedLayer kv(ctx);
-    const double ms = attention_ms(kv, 1, static_cast<int32_t>(ctx));
     const double bytes = 2.0 * 2 * k_kv_heads * ctx * k_head_dim;  // K + V bf16
-    decode_attn_ms.push_back(ms);
-    row("decode, 1 query, " + std::to_string(ctx) + " keys per head", ms,
-        fmt("%.0f GB/s = %.2f x the HBM floor", bytes / (ms * 1e-3) / 1e9, bw / (bytes / (ms * 1e-3) / 1e9)));
+    for (const DecodeAttention da : {DecodeAttention::key_threads, DecodeAttention::row_warps}) {
+      const double ms = attention_ms(kv, 1, static_cast<int32_t>(ctx), false, da);
+      if (da == DecodeAttention::key_threads) decode_attn_ms.push_back(ms);  // the default
+      row(std::string("decode (") + (da == DecodeAttention::key_threads ? "key_threads" : "row_warps") + "), 1 query, " +
+              std::to_string(ctx) + " keys per head",
+          ms, fmt("%.0f GB/s = %.2f x the HBM floor", bytes / (ms * 1e-3) / 1e9, bw / (bytes / (ms * 1e-3) / 1e9)));
+    }
     const int64_t chunk = std::min<int64_t>(ctx, 2048);
     // causal: query i sees ctx − chunk + i + 1 keys; 4 flops per (query, key, dim): QK and PV
     // (the useful ones: the tensor-core kernel's bf16-pair MMAs do twice as many)
@@ -236,6 +242,13 @@ int main(int argc, char** argv) {
   }
   PagedLayer snap_kv(2048);
   const double snap_attn_ms = attention_ms(snap_kv, 1, 1 << 20);
+  {
+    const double bytes = 2.0 * 2 * k_kv_heads * 2048 * k_head_dim;
+    const std::pair<const char*, double> runs[] = {
+        {"key_threads", snap_attn_ms}, {"row_warps", attention_ms(snap_kv, 1, 1 << 20, false, DecodeAttention::row_warps)}};
+    for (const auto& [name, ms] : runs)
+      row(std::string("decode (") + name + "), 1 query, 2048 keys per head (SnapKV's budget)", ms, fmt("%.0f GB/s = %.2f x the HBM floor", bytes / (ms * 1e-3) / 1e9, bw / (bytes / (ms * 1e-3) / 1e9)));
+  }
 
   std::printf("SnapKV selection, one layer (W 32, avg pooling kernel 31, budget 2048):\n");
   for (int64_t ctx : contexts) {

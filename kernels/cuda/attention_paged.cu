@@ -7,7 +7,10 @@
 //   lane j scores key j, the warp's max/sum give the online-softmax update, and each lane
 //   accumulates head_dim / 32 output dims (V reads are consecutive across lanes).
 //   Prefill: many rows, one split (prompt chunks normally take attention_prefill_tc.cu).
-//   Decode (≤ 64 rows per KV head): each head's keys are cut into splits of attention_split's
+//   Decode (≤ 64 rows per KV head) runs on attention_decode_kernel (DecodeAttention::key_threads,
+//   below: raw bf16 K/V in shared memory, each K element read once per chunk for all the rows of
+//   the block) unless row_warps is asked for, which runs the kernel above on decode rows. Either
+//   way each head's keys are cut into splits of attention_split's
 //   size ("flash-decoding": 512 keys, smaller for short heads so that there are ≥ 256 blocks),
 //   so a 128K-key head runs as 256 blocks on all SMs, a compressed head runs only the splits
 //   it holds, and the partials (m, l, acc) are merged in split order by a second kernel. Split
@@ -202,6 +205,298 @@ __global__ void __launch_bounds__(k_warps * 32)
   }
 }
 
+// --- the decode form's key_threads kernel ----------------------------------------------------
+// Block = up to kd_rows query rows of one KV head × one key split, kd_threads threads. Per
+// aligned chunk of kd_keys keys: K and V go to shared memory as raw bf16 (16-byte copies, no
+// conversion); thread (key kj = tid / 2, half hf = tid % 2) scores its half of key kj's dims
+// against every row and the pair adds the halves (lo + hi on both lanes: the same bits); the
+// rows' chunk maxima and weight sums go through fixed-order warp trees and a fixed-order sum
+// over the 4 warps; then thread (dim pair, key class cls) accumulates p·V over the keys
+// cls, cls + classes, ... of the chunk for every row. The classes' partial sums are added in
+// class order at the end. Every order here is fixed by the chunk grid (multiples of kd_keys)
+// and the thread mapping, and a row that sees no key of a chunk keeps its state exactly, so a
+// row's bits depend only on its own query and keys.
+namespace {
+constexpr int kd_rows = 8;        // query rows per block
+constexpr int kd_keys = 64;       // keys per chunk: two threads per key
+constexpr int kd_threads = 128;   // 4 warps
+constexpr int kd_warps = kd_threads / 32;
+constexpr int kd_batch = 4;       // 16-byte pieces of K (and of V) a thread loads before storing them
+
+// Shared memory (bytes): q_s [kd_rows][hd + 4] f32 (the upper half of each row 4 floats on, so
+// the two halves of a key read different banks), k_s [kd_keys][hd + 16] bf16 (the upper half 8
+// on), v_s [kd_keys][hd] bf16, p_s [kd_keys][kd_rows] f32, red_s [2][kd_warps][kd_rows] f32. At
+// the end the classes' partial sums, [classes][kd_rows][hd] f32 = 8 KB, reuse k_s + v_s.
+size_t decode_smem_bytes(int hd) {
+  return sizeof(float) * kd_rows * (hd + 4) + 2 * static_cast<size_t>(kd_keys) * (hd + 16) +
+         2 * static_cast<size_t>(kd_keys) * hd + sizeof(float) * kd_keys * kd_rows + sizeof(float) * 2 * kd_warps * kd_rows;
+}
+}  // namespace
+
+template <int kDims>
+__global__ void __launch_bounds__(kd_threads, 4)
+    attention_decode_kernel(const float* q, const int32_t* q_positions, int64_t num_tokens, PagedKvCuda kv,
+                            AttentionParams p, int64_t splits, int64_t split_keys, bool vec, float* out,
+                            float* ws_state, float* ws_acc) {
+  constexpr int hd = kDims * 32, half = hd / 2;
+  constexpr int qs = hd + 4;                           // q_s row stride, floats
+  constexpr int ks = hd + 16;                          // k_s row stride, bf16
+  constexpr int pairs = hd / 2;                        // p·V: one bf16 pair of dims per thread ...
+  constexpr int classes = kd_threads / pairs;          // ... and one class of keys (≥ 1: hd ≤ 256)
+  constexpr int pieces = kd_keys * hd / 8 / kd_threads;  // 16-byte pieces of K (and of V) per thread
+  extern __shared__ float dsmem[];
+  float* q_s = dsmem;
+  unsigned short* k_s = reinterpret_cast<unsigned short*>(q_s + kd_rows * qs);
+  unsigned short* v_s = k_s + kd_keys * ks;
+  float* p_s = reinterpret_cast<float*>(v_s + kd_keys * hd);
+  float* red_s = p_s + kd_keys * kd_rows;
+  float* acc_s = reinterpret_cast<float*>(k_s);
+  __shared__ int64_t lo_s[kd_rows], hi_s[kd_rows];
+  __shared__ int64_t range_s[2];
+  __shared__ float ml_s[2 * kd_rows];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int g = blockIdx.y;
+  const int64_t split = blockIdx.z;
+  const int64_t rows_total = num_tokens * group;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kd_rows;
+  const int nrows = static_cast<int>(rows_total - r0 < kd_rows ? rows_total - r0 : kd_rows);
+  const PagedKvHead head = kv.heads[g];
+  const int64_t kb = splits > 1 ? split * split_keys : 0;
+  const int64_t ke = splits > 1 ? (kb + split_keys < head.length ? kb + split_keys : head.length) : head.length;
+
+  if (tid < nrows) {  // this row's visible keys within [kb, ke), as the other kernel
+    const int64_t t = (r0 + tid) / group;
+    const int32_t qp = q_positions[t];
+    int64_t hi = paged::first_above(kv, head, qp);
+    int64_t lo = p.sliding_window > 0 ? paged::first_above(kv, head, static_cast<int64_t>(qp) - p.sliding_window) : 0;
+    lo = lo > kb ? lo : kb;
+    hi = hi < ke ? hi : ke;
+    lo_s[tid] = lo;
+    hi_s[tid] = hi > lo ? hi : lo;
+  }
+  for (int idx = tid; idx < nrows * hd; idx += kd_threads) {
+    const int rr = idx / hd, i = idx % hd;
+    const int64_t r = r0 + rr;
+    const int64_t t = r / group;
+    const int h = g * group + static_cast<int>(r % group);
+    q_s[rr * qs + i + (i < half ? 0 : 4)] = q[(t * p.num_heads + h) * hd + i] * p.scale;
+  }
+  __syncthreads();
+  if (tid == 0) paged::range_union(lo_s, hi_s, 0, nrows, &range_s[0], &range_s[1]);
+  __syncthreads();
+  const int64_t lo_all = range_s[0], hi_all = range_s[1];
+
+  float m[kd_rows], l[kd_rows], acc[kd_rows][2];
+#pragma unroll
+  for (int r = 0; r < kd_rows; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    acc[r][0] = acc[r][1] = 0.0f;
+  }
+  const int kj = tid >> 1, hf = tid & 1;              // scoring: key kj of the chunk, half hf
+  const int cls = tid / pairs, d0 = (tid % pairs) * 2;  // p·V: dims d0, d0 + 1, keys of class cls
+  const bool pv_thread = cls < classes;
+
+  for (int64_t j0 = lo_all - lo_all % kd_keys; j0 < hi_all; j0 += kd_keys) {
+    const int n = static_cast<int>(hi_all - j0 < kd_keys ? hi_all - j0 : kd_keys);
+    // 1. K and V of keys j0 .. j0 + n - 1 into shared memory, in rounds of kd_batch 16-byte
+    //    pieces of each: a round's loads are all issued before its first store.
+    if (vec) {
+      constexpr int batch = pieces < kd_batch ? pieces : kd_batch;
+#pragma unroll 1
+      for (int u0 = 0; u0 < pieces; u0 += batch) {
+        uint4 kr[batch], vr[batch];
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          const int idx = tid + (u0 + u) * kd_threads, jj = idx / (hd / 8), c = (idx % (hd / 8)) * 8;
+          if (jj < n) {
+            const int64_t j = j0 + jj;
+            const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+            kr[u] = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * hd + c);
+            vr[u] = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * hd + c);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < batch; ++u) {
+          const int idx = tid + (u0 + u) * kd_threads, jj = idx / (hd / 8), c = (idx % (hd / 8)) * 8;
+          if (jj < n) {
+            *reinterpret_cast<uint4*>(k_s + jj * ks + c + (c < half ? 0 : 8)) = kr[u];
+            *reinterpret_cast<uint4*>(v_s + jj * hd + c) = vr[u];
+          }
+        }
+      }
+    } else {  // K/V rows not 16-byte aligned: the same bf16 values, two bytes at a time
+      const unsigned short* kb16 = reinterpret_cast<const unsigned short*>(kv.k_base);
+      const unsigned short* vb16 = reinterpret_cast<const unsigned short*>(kv.v_base);
+      for (int idx = tid; idx < n * hd; idx += kd_threads) {
+        const int jj = idx / hd, i = idx % hd;
+        const int64_t j = j0 + jj;
+        const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+        k_s[jj * ks + i + (i < half ? 0 : 8)] = kb16[blk * kv.k_block_stride + slot * hd + i];
+        v_s[jj * hd + i] = vb16[blk * kv.v_block_stride + slot * hd + i];
+      }
+    }
+    // Each row's visible part of this chunk, [ra, rb) in chunk offsets (empty: ra == rb).
+    int ra[kd_rows], rb[kd_rows];
+#pragma unroll
+    for (int r = 0; r < kd_rows; ++r) {
+      ra[r] = rb[r] = 0;
+      if (r < nrows) {
+        const int64_t a = lo_s[r] > j0 ? lo_s[r] : j0;
+        const int64_t b = hi_s[r] < j0 + n ? hi_s[r] : j0 + n;
+        if (a < b) {
+          ra[r] = static_cast<int>(a - j0);
+          rb[r] = static_cast<int>(b - j0);
+        }
+      }
+    }
+    __syncthreads();
+
+    // 2. Scores: this thread's half of key kj against every row; the pair adds the halves.
+    float sc[kd_rows];
+    {
+      float part[kd_rows];
+#pragma unroll
+      for (int r = 0; r < kd_rows; ++r) part[r] = 0.0f;
+      if (kj < n) {
+        const unsigned short* kr = k_s + kj * ks + hf * (half + 8);
+        const float* qh = q_s + hf * (half + 4);
+#pragma unroll 1
+        for (int i = 0; i < half; i += 8) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(kr + i);
+          const unsigned kw[4] = {raw.x, raw.y, raw.z, raw.w};
+          float kf[8];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            kf[2 * e] = __uint_as_float(kw[e] << 16);
+            kf[2 * e + 1] = __uint_as_float(kw[e] & 0xffff0000u);
+          }
+#pragma unroll
+          for (int r = 0; r < kd_rows; ++r) {
+            if (r < nrows) {
+              const float4 a = *reinterpret_cast<const float4*>(qh + r * qs + i);
+              const float4 b = *reinterpret_cast<const float4*>(qh + r * qs + i + 4);
+              float d = part[r];
+              d = fmaf(a.x, kf[0], d);
+              d = fmaf(a.y, kf[1], d);
+              d = fmaf(a.z, kf[2], d);
+              d = fmaf(a.w, kf[3], d);
+              d = fmaf(b.x, kf[4], d);
+              d = fmaf(b.y, kf[5], d);
+              d = fmaf(b.z, kf[6], d);
+              d = fmaf(b.w, kf[7], d);
+              part[r] = d;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kd_rows; ++r) {
+        const float whole = part[r] + __shfl_xor_sync(0xffffffffu, part[r], 1);  // lo + hi == hi + lo
+        sc[r] = kj >= ra[r] && kj < rb[r] ? whole : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kd_rows; ++r) {
+      if (r < nrows) {  // uniform: every warp reaches these shuffles
+        const float wm = warp_max(sc[r]);
+        if (lane == 0) red_s[warp * kd_rows + r] = wm;
+      }
+    }
+    __syncthreads();
+
+    // 3. Per row: the chunk's max (warps in order), the new running max, the weights and their sum.
+    float f[kd_rows];
+#pragma unroll
+    for (int r = 0; r < kd_rows; ++r) {
+      f[r] = 1.0f;
+      if (r < nrows) {
+        float cm = red_s[r];
+#pragma unroll
+        for (int w = 1; w < kd_warps; ++w) cm = fmaxf(cm, red_s[w * kd_rows + r]);
+        const bool seen = ra[r] < rb[r];  // no key of this chunk: the row's state stays exactly as it was
+        const float m_new = seen ? fmaxf(m[r], cm) : m[r];
+        if (seen) f[r] = expf(m[r] - m_new);  // 0 on the row's first keys (m was -inf)
+        const float pj = sc[r] > -INFINITY ? expf(sc[r] - m_new) : 0.0f;
+        m[r] = m_new;
+        if (hf == 0 && kj < n) p_s[kj * kd_rows + r] = pj;
+        const float ws = warp_sum(hf == 0 ? pj : 0.0f);  // each key once
+        if (lane == 0) red_s[(kd_warps + warp) * kd_rows + r] = ws;
+      }
+    }
+    __syncthreads();
+
+    // 4. l, and acc += p·V over this thread's keys of the chunk (ascending), per row.
+#pragma unroll
+    for (int r = 0; r < kd_rows; ++r) {
+      if (r < nrows && ra[r] < rb[r]) {
+        float sum = red_s[kd_warps * kd_rows + r];
+#pragma unroll
+        for (int w = 1; w < kd_warps; ++w) sum += red_s[(kd_warps + w) * kd_rows + r];
+        l[r] = l[r] * f[r] + sum;
+        acc[r][0] *= f[r];
+        acc[r][1] *= f[r];
+      }
+    }
+    if (pv_thread) {
+      for (int jj = cls; jj < n; jj += classes) {
+        const unsigned vw = *reinterpret_cast<const unsigned*>(v_s + jj * hd + d0);
+        const float v0 = __uint_as_float(vw << 16), v1 = __uint_as_float(vw & 0xffff0000u);
+#pragma unroll
+        for (int r = 0; r < kd_rows; ++r) {
+          if (r < nrows && jj >= ra[r] && jj < rb[r]) {
+            const float w = p_s[jj * kd_rows + r];
+            acc[r][0] = fmaf(w, v0, acc[r][0]);
+            acc[r][1] = fmaf(w, v1, acc[r][1]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // 5. The classes' partial sums, added in class order; out (one split) or the split's partials.
+  if (pv_thread) {
+#pragma unroll
+    for (int r = 0; r < kd_rows; ++r)
+      if (r < nrows) {
+        acc_s[(cls * kd_rows + r) * hd + d0] = acc[r][0];
+        acc_s[(cls * kd_rows + r) * hd + d0 + 1] = acc[r][1];
+      }
+  }
+  if (tid == 0) {
+#pragma unroll
+    for (int r = 0; r < kd_rows; ++r) {
+      ml_s[2 * r] = m[r];
+      ml_s[2 * r + 1] = l[r];
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < nrows * hd; idx += kd_threads) {
+    const int rr = idx / hd, d = idx % hd;
+    float a = acc_s[rr * hd + d];
+#pragma unroll
+    for (int c = 1; c < classes; ++c) a += acc_s[(c * kd_rows + rr) * hd + d];
+    const int64_t r = r0 + rr;
+    const int64_t t = r / group;
+    const int h = g * group + static_cast<int>(r % group);
+    const int64_t row = t * p.num_heads + h;
+    const float lr = ml_s[2 * rr + 1];
+    if (splits == 1) {
+      out[row * hd + d] = a * (lr > 0.0f ? 1.0f / lr : 0.0f);  // no visible key: zeros
+    } else {
+      const int64_t srow = split * num_tokens * p.num_heads + row;
+      ws_acc[srow * hd + d] = a;
+      if (d == 0) {
+        ws_state[2 * srow] = ml_s[2 * rr];
+        ws_state[2 * srow + 1] = lr;
+      }
+    }
+  }
+}
+
 // out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M = max_s m_s, in split order; zeros
 // when no split saw a key. One block per (token, head), one thread per dim.
 __global__ void attention_merge_kernel(const float* ws_state, const float* ws_acc, int64_t splits, int64_t rows,
@@ -246,11 +541,28 @@ void launch(const float* q, const int32_t* q_positions, int64_t num_tokens, cons
   attention_paged_kernel<kDims><<<grid, k_warps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
                                                                      split.keys, vec, out, ws_state, ws_acc);
 }
+
+template <int kDims>
+void launch_decode(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
+                   const AttentionParams& p, const AttentionSplit& split, float* out, float* ws_state, float* ws_acc,
+                   cudaStream_t stream) {
+  const size_t smem = decode_smem_bytes(kDims * 32);
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(attention_decode_kernel<kDims>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+  const int64_t rows_total = num_tokens * (p.num_heads / p.num_kv_heads);
+  const dim3 grid(static_cast<unsigned>((rows_total + kd_rows - 1) / kd_rows), static_cast<unsigned>(p.num_kv_heads),
+                  static_cast<unsigned>(split.splits));
+  const bool vec = kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(kv.k_base) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_base) % 16 == 0;
+  attention_decode_kernel<kDims><<<grid, kd_threads, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
+                                                                     split.keys, vec, out, ws_state, ws_acc);
+}
 }  // namespace
 
 cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                  const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream) {
+                                 size_t workspace_bytes, cudaStream_t stream, DecodeAttention decode) {
   if (num_tokens <= 0) return cudaSuccess;
   if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.head_dim % 32 != 0 || p.head_dim < 32 ||
       p.head_dim > 256 || kv.block_size <= 0)
@@ -262,7 +574,18 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
     return cudaErrorInvalidValue;
   float* ws_state = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float* ws_acc = splits > 1 ? ws_state + 2 * splits * num_tokens * p.num_heads : nullptr;
-  switch (p.head_dim / 32) {
+  if (decode == DecodeAttention::key_threads && attention_decode_form(num_tokens, p)) {
+    switch (p.head_dim / 32) {
+      case 1: launch_decode<1>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+      case 2: launch_decode<2>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+      case 3: launch_decode<3>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+      case 4: launch_decode<4>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+      case 5: launch_decode<5>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+      case 6: launch_decode<6>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+      case 7: launch_decode<7>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+      case 8: launch_decode<8>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+    }
+  } else switch (p.head_dim / 32) {
     case 1: launch<1>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
     case 2: launch<2>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
     case 3: launch<3>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;

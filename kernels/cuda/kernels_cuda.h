@@ -93,17 +93,33 @@ struct PagedKvCuda {
 struct AttentionSplit {
   int64_t splits = 1, keys = 0;
 };
+// The decode form: at most 64 query rows (tokens × the GQA group) per KV head.
+inline bool attention_decode_form(int64_t num_tokens, const AttentionParams& p) {
+  return p.num_kv_heads > 0 && num_tokens * (p.num_heads / p.num_kv_heads) <= 64;
+}
 inline AttentionSplit attention_split(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
-  if (p.num_kv_heads <= 0 || num_tokens * (p.num_heads / p.num_kv_heads) > 64) return {};
+  if (!attention_decode_form(num_tokens, p)) return {};
   int64_t keys = 512;
   while (keys > 64 && (max_length + keys - 1) / keys * p.num_kv_heads < 256) keys /= 2;
   if (max_length <= keys) return {};
   return {(max_length + keys - 1) / keys, keys};
 }
+// Which kernel runs the decode form (the split and the workspace are the same for both):
+//  - key_threads (the default): a block holds up to 8 query rows of one KV head; keys stream
+//    through shared memory as raw bf16 in aligned chunks of 64, two threads per key score it
+//    against every row (so each K element is read from shared memory once per chunk, not once
+//    per row), and the weighted sum of V runs with a thread per dimension pair and key class.
+//  - row_warps: the prompt-form kernel run on decode rows (a warp per row, a lane per key, K and
+//    V staged as f32): every row re-reads the chunk from shared memory. Kept for comparison
+//    (bench_cuda_kernels times both; SNAP_DEVICE_DECODE_ATTENTION=row_warps in DeviceForward).
+// Both meet attention_paged_cpu within the same tolerance; their bits differ. Within one kernel
+// a row's bits depend only on its own query and keys.
+enum class DecodeAttention { key_threads, row_warps };
 size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length);
 cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                  const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream);
+                                 size_t workspace_bytes, cudaStream_t stream,
+                                 DecodeAttention decode = DecodeAttention::key_threads);
 
 // The tensor-core form for prompt chunks (attention_prefill_tc.cu): the same semantics on bf16
 // MMAs (WMMA, f32 accumulation), FlashAttention-2 style. f32-accurate: the f32 operands (q·scale,

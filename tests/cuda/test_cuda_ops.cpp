@@ -314,8 +314,10 @@ void add_argmax(std::vector<OpCase>& t) {
 // --- attention over the paged cache ----------------------------------------------------------
 
 // Runs attention_paged_cuda (tc: attention_prefill_tc_cuda) on q/positions; the output on the host.
+// `decode`: which kernel attention_paged_cuda runs the decode form on.
 AssertionResult run_attention_cuda(const DevicePaged& d, const std::vector<float>& q, const std::vector<int32_t>& qpos,
-                                   const AttentionParams& p, std::vector<float>& got, bool tc = false) {
+                                   const AttentionParams& p, std::vector<float>& got, bool tc = false,
+                                   DecodeAttention decode = DecodeAttention::key_threads) {
   const int64_t n = static_cast<int64_t>(qpos.size());
   DeviceBuffer<float> dq(q), dout(q.size());
   DeviceBuffer<int32_t> dpos(qpos);
@@ -324,7 +326,7 @@ AssertionResult run_attention_cuda(const DevicePaged& d, const std::vector<float
   if (tc)
     CUDA_TRY(attention_prefill_tc_cuda(dq.ptr, dpos.ptr, n, d.view, p, dout.ptr, nullptr));
   else
-    CUDA_TRY(attention_paged_cuda(dq.ptr, dpos.ptr, n, d.view, p, dout.ptr, dws.ptr, ws, nullptr));
+    CUDA_TRY(attention_paged_cuda(dq.ptr, dpos.ptr, n, d.view, p, dout.ptr, dws.ptr, ws, nullptr, decode));
   if (auto r = sync_ok(); !r) return r;
   got = dout.to_host();
   return AssertionSuccess();
@@ -371,7 +373,7 @@ std::vector<int32_t> attention_positions(const AttnShape& s, const PagedFixture&
 // One attention case against attention_paged_ref within 1e-4 (both kernels are f32-accurate:
 // the tensor-core one's bf16 pairs carry q·scale and the weights to 2^-18), then row invariance:
 // each query alone gives the bits it had among the others.
-AssertionResult attention_case(const AttnShape& s, bool tc) {
+AssertionResult attention_case(const AttnShape& s, bool tc, DecodeAttention decode = DecodeAttention::key_threads) {
   const PagedFixture f(s, 41);
   const AttentionParams p = attention_params(s);
   const std::vector<int32_t> qpos = attention_positions(s, f);
@@ -379,17 +381,21 @@ AssertionResult attention_case(const AttnShape& s, bool tc) {
   std::vector<float> want(q.size()), got;
   attention_paged_ref(q.data(), qpos.data(), s.num_tokens, f.cpu_view(), p, want.data());
   const DevicePaged d(f, s.head_dim);
-  if (auto r = run_attention_cuda(d, q, qpos, p, got, tc); !r) return r;
+  if (auto r = run_attention_cuda(d, q, qpos, p, got, tc, decode); !r) return r;
   if (auto c = test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-4); !c) return c;
   const int64_t row = static_cast<int64_t>(s.num_heads) * s.head_dim;
   for (int64_t i = 0; i < s.num_tokens && s.num_tokens > 1; i += std::max<int64_t>(1, s.num_tokens / 3)) {
     const std::vector<float> q1(q.begin() + i * row, q.begin() + (i + 1) * row);
     std::vector<float> got1;
-    if (auto r = run_attention_cuda(d, q1, {qpos[i]}, p, got1, tc); !r) return r;
+    if (auto r = run_attention_cuda(d, q1, {qpos[i]}, p, got1, tc, decode); !r) return r;
     const std::vector<float> in_batch(got.begin() + i * row, got.begin() + (i + 1) * row);
-    // Alone, a prefill query may take attention_paged_cuda's split form; then only the tolerance holds.
-    const bool same_form = tc || (attention_paged_cuda_workspace_bytes(1, p, f.max_len) == 0) ==
-                                     (attention_paged_cuda_workspace_bytes(s.num_tokens, p, f.max_len) == 0);
+    // Alone, a prefill query may take attention_paged_cuda's decode form (the key_threads kernel,
+    // or the split); then only the tolerance holds.
+    const bool same_form =
+        tc || ((attention_paged_cuda_workspace_bytes(1, p, f.max_len) == 0) ==
+                   (attention_paged_cuda_workspace_bytes(s.num_tokens, p, f.max_len) == 0) &&
+               (decode == DecodeAttention::row_warps ||
+                attention_decode_form(1, p) == attention_decode_form(s.num_tokens, p)));
     if (same_form) {
       if (auto c = bitwise_equal(got1, in_batch); !c) return c << " (query " << i << " alone)";
     } else if (auto c = test::all_close(got1.data(), in_batch.data(), row, 1e-4); !c) {
@@ -402,6 +408,11 @@ AssertionResult attention_case(const AttnShape& s, bool tc) {
 void add_attention(std::vector<OpCase>& t) {
   for (const AttnShape& s : attention_shapes())
     t.push_back({std::string("attention_paged_") + s.name, [=]() { return attention_case(s, false); }});
+  // The decode form on the row_warps kernel too (the prompt form runs it whatever is asked).
+  for (const AttnShape& s : attention_shapes())
+    if (attention_decode_form(s.num_tokens, attention_params(s)))
+      t.push_back({std::string("attention_paged_row_warps_") + s.name,
+                   [=]() { return attention_case(s, false, DecodeAttention::row_warps); }});
   // K/V that are not 16-byte aligned take the scalar loads (the pool's views never are): the
   // same bits as the vector loads give on the aligned copy.
   for (const char* name : {"llama3_decode_4_rows", "qwen2_group7_prefill_gaps"}) {

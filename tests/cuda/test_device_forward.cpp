@@ -1,8 +1,9 @@
 // The device forward end to end on a GPU: random models of three families
 // (tools/make_random_model.py: llama3 rope + GQA, mistral sliding window, qwen2 bias + tied
 // embeddings) loaded as the service loads them, run through DeviceForward over the device
-// KV pool in prompt chunks — their attention on the tensor cores (the default), then again on
-// the CUDA-core kernel — against the numpy reference tools/reference_llama.py on the same ids
+// KV pool in prompt chunks — their attention on the tensor cores and decode steps on the
+// key_threads kernel (the defaults), then again on the CUDA-core kernel and row_warps — against
+// the numpy reference tools/reference_llama.py on the same ids
 // (python3 + numpy, present on the GPU machine), the same bounds for both:
 //   prompt logits: every position's reference top 5 within 0.05 + 2^-9·|logit| (bf16
 //     activations feed the prefill GEMMs: 2^-9 relative per element, so the bound grows with
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <utility>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -106,14 +108,19 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
 
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  // Both prompt attentions (the tensor-core kernel, the default, and the CUDA-core one) within
-  // the same bounds.
-  for (const auto pa : {DeviceForward::PromptAttention::tensor_cores, DeviceForward::PromptAttention::f32}) {
-    SCOPED_TRACE(std::string("prompt attention ") + DeviceForward::prompt_attention_name(pa));
+  // Both prompt attentions (the tensor-core kernel, the default, and the CUDA-core one) and both
+  // decode attentions (key_threads, the default, and row_warps) within the same bounds: the
+  // defaults together, then the other two.
+  using PA = DeviceForward::PromptAttention;
+  using DA = kernels::DecodeAttention;
+  for (const auto& [pa, da] : {std::pair{PA::tensor_cores, DA::key_threads}, std::pair{PA::f32, DA::row_warps}}) {
+    SCOPED_TRACE(std::string("prompt attention ") + DeviceForward::prompt_attention_name(pa) + ", decode attention " +
+                 DeviceForward::decode_attention_name(da));
     auto pool = DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, int64_t{64} << 20, stream);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     DeviceForward fwd(c, **weights, **pool);
     fwd.set_prompt_attention(pa);
+    fwd.set_decode_attention(da);
 
     const int32_t seq = (*pool)->add_sequence();
     std::vector<float> logits(ids.size() * vocab);

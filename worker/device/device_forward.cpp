@@ -66,6 +66,14 @@ DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& wei
     else if (v != "tc")
       std::fprintf(stderr, "snapserve: SNAP_DEVICE_PROMPT_ATTENTION=%s is neither tc nor f32; using tc\n", e);
   }
+  if (const char* e = std::getenv("SNAP_DEVICE_DECODE_ATTENTION"); e != nullptr && *e != '\0') {
+    const std::string v = e;
+    if (v == "row_warps")
+      decode_attention_ = kernels::DecodeAttention::row_warps;
+    else if (v != "key_threads")
+      std::fprintf(stderr,
+                   "snapserve: SNAP_DEVICE_DECODE_ATTENTION=%s is neither key_threads nor row_warps; using key_threads\n", e);
+  }
 }
 
 void DeviceForward::free_scratch() {
@@ -169,7 +177,8 @@ Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32
     attn_ws_bytes_ = ws;
   }
   DEV_TRY("attention_paged_cuda",
-          kernels::attention_paged_cuda(q, positions, n, view, attn_, out, attn_ws_, attn_ws_bytes_, stream_));
+          kernels::attention_paged_cuda(q, positions, n, view, attn_, out, attn_ws_, attn_ws_bytes_, stream_,
+                                        decode_attention_));
   return Status::ok_status();
 }
 

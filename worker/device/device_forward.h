@@ -129,6 +129,17 @@ class DeviceForward {
   PromptAttention prompt_attention() const { return prompt_attention_; }
   static const char* prompt_attention_name(PromptAttention a) { return a == PromptAttention::f32 ? "f32" : "tc"; }
 
+  // The kernel of decode rows (attention_paged_cuda's decode form: ≤ 64 query rows per KV
+  // head): key_threads (the default: each K element read from shared memory once per chunk for
+  // all the rows of a block) or row_warps (a warp per row). Same tolerance, different bits.
+  // SNAP_DEVICE_DECODE_ATTENTION=row_warps chooses it for every DeviceForward of the process
+  // (`key_threads` or unset: the default); anything else is ignored with a warning.
+  void set_decode_attention(kernels::DecodeAttention a) { decode_attention_ = a; }
+  kernels::DecodeAttention decode_attention() const { return decode_attention_; }
+  static const char* decode_attention_name(kernels::DecodeAttention a) {
+    return a == kernels::DecodeAttention::row_warps ? "row_warps" : "key_threads";
+  }
+
   // Bytes of device scratch held now (activations for the largest chunk seen + workspaces).
   int64_t scratch_bytes() const { return scratch_bytes_; }
   // Whether this rank receives the logits (tp rank 0, or the only rank).
@@ -186,6 +197,7 @@ class DeviceForward {
   void* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
   PromptAttention prompt_attention_ = PromptAttention::tensor_cores;
+  kernels::DecodeAttention decode_attention_ = kernels::DecodeAttention::key_threads;
   int window_ = 0;               // observed window W (0: none)
   int64_t window_rows_ = 0;      // rows the last observed chunk had (must be >= W)
   std::vector<float*> win_q_;    // [layer] device [W, num_heads, head_dim]

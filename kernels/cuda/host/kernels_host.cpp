@@ -266,7 +266,7 @@ size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionP
 
 cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                  const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t) {
+                                 size_t workspace_bytes, cudaStream_t, DecodeAttention) {
   if (num_tokens <= 0) return cudaSuccess;
   if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.head_dim % 32 != 0 || p.head_dim < 32 ||
       p.head_dim > 256 || kv.block_size <= 0 ||
