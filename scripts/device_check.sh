@@ -18,9 +18,19 @@
 # The summary is printed last and written to $OUT/device_check.txt (full log: device_check.log,
 # per-case results: test_cuda_ops.xml). Exit 0 only if every test ran on a GPU and passed.
 # Budget: 8 minutes in all (SNAP_DEVICE_BUDGET_S); each step gets what is left.
+# Last, while time is left: compute-sanitizer (memcheck, racecheck) over the kernel tests, for
+# what the kernel emulator cannot see (device memory errors, shared-memory hazards on the real
+# scheduler). `device_check.sh --sanitize` builds (or reuses the warm build) and runs only that,
+# with the whole budget.
 # Random models at real shapes are generated on the device, never carried:
 #   python3 tools/make_random_model.py --shape llama3-8b --out /tmp/llama3-8b   (16 GB bf16)
 set -uo pipefail
+mode=all
+case ${1:-} in
+  "") ;;
+  --sanitize) mode=sanitize ;;
+  *) echo "usage: device_check.sh [--sanitize]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 root=$PWD
 out=${OUT:-/tmp/snap-device-out}
@@ -141,6 +151,61 @@ EOF
     *) row "$name" FAIL "rc $rc; ${counts:-no per-case results}" ;;
   esac
 }
+# compute-sanitizer over the kernel tests (each run bounded by what is left): memcheck over every
+# case, racecheck (shared memory) over the kernels that share it. A hazard or error fails the row;
+# a run cut by the clock reports how far it got.
+run_sanitizers() {
+  local san spec tool exe filter name t0 rc lim summary nrep ncase
+  san=$(command -v compute-sanitizer || true)
+  [ -z "$san" ] && [ -x "$cuda_root/bin/compute-sanitizer" ] && san=$cuda_root/bin/compute-sanitizer
+  if [ -z "$san" ]; then
+    row "compute-sanitizer" INFO "not on this machine"
+    return
+  fi
+  local specs=("memcheck test_cuda_ops *" "racecheck test_cuda_ops *attention*:*snapkv*:*argmax*"
+    "memcheck test_cuda_policies *" "racecheck test_cuda_policies *")
+  local runs_left=${#specs[@]}
+  for spec in "${specs[@]}"; do
+    read -r tool exe filter <<<"$spec"
+    runs_left=$((runs_left - 1))
+    name="sanitizer $tool $exe"
+    if [ ! -x "$build/$exe" ]; then
+      row "$name" FAIL "$exe not built"
+      continue
+    fi
+    if [ "$(left)" -lt 20 ]; then
+      row "$name" INFO "skipped: under 20 s left"
+      continue
+    fi
+    t0=$SECONDS
+    lim=$(($(left) / (runs_left + 1)))  # an equal share of what is left to each run still to go
+    timeout "$lim" "$san" --tool "$tool" --error-exitcode 99 --print-limit 20 "$build/$exe" --gtest_filter="$filter" \
+      >"$out/$tool-$exe.log" 2>&1
+    rc=$?
+    cat "$out/$tool-$exe.log" >>"$log"
+    summary=$(grep -m1 -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool-$exe.log" | sed 's/^========= //')
+    case $rc in
+      0) row "$name" PASS "${summary:-no errors}; $((SECONDS - t0)) s" ;;
+      124)
+        nrep=$(grep -c '^========= .*\(Invalid\|Race\|hazard\|Error\)' "$out/$tool-$exe.log")
+        ncase=$(grep -c '^\[       OK \]' "$out/$tool-$exe.log")
+        if [ "$nrep" -gt 0 ]; then
+          row "$name" FAIL "cut at $((SECONDS - t0)) s after $ncase cases, $nrep reports before it (see $out/$tool-$exe.log)"
+        else
+          row "$name" INFO "cut at $((SECONDS - t0)) s after $ncase cases, nothing reported before it"
+        fi
+        ;;
+      77) row "$name" SKIP "no GPU visible" ;;
+      *) row "$name" FAIL "rc $rc: ${summary:-see $out/$tool-$exe.log}" ;;
+    esac
+  done
+}
+cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
+if [ $mode = sanitize ]; then
+  run_sanitizers
+  finish
+fi
+
 for exe in "$build"/test_*; do  # every test executable of the standalone project
   [ -f "$exe" ] && [ -x "$exe" ] || continue
   run_gtest "$(basename "$exe")" "$exe"
@@ -161,7 +226,6 @@ if [ ! -f "$bundle_tar" ]; then
 else
   rm -rf "$bundle" && mkdir -p "$bundle" && tar -xJf "$bundle_tar" -C "$bundle" >>"$log" 2>&1
   # cuBLAS is opened at first use (kernels/cuda/cublas_lazy.cpp): this machine's CUDA libraries.
-  cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
   bundle_env=(env "LD_LIBRARY_PATH=$cuda_root/lib64:$cuda_root/lib:${LD_LIBRARY_PATH:-}" "SNAP_TEST_SNAPSERVE=$bundle/snapserve"
     "SNAP_TEST_SOURCE_DIR=$root" "SNAP_TEST_PYTHON=$(command -v python3)")
   if ! load=$("${bundle_env[@]}" "$bundle/snapserve" --help 2>&1 >/dev/null); then
@@ -294,5 +358,12 @@ elif [ "$(left)" -gt 60 ] && timeout 60 cmake -S . -B "$full" "${gen[@]}" -DCMAK
 else
   why=$(grep -m1 -i -E "could not find|not found|no package" "$out/full_configure.log" 2>/dev/null | sed 's/^ *//')
   row "full project (test_comm_nccl, test_device_serve, test_device_tp_cli, test_device_serve_tp)" INFO "not configurable here: ${why:-no time left}"
+fi
+
+# --- 7. compute-sanitizer, with what is left (all of the budget under --sanitize) -------------
+if [ "$(left)" -gt 60 ]; then
+  run_sanitizers
+else
+  row "compute-sanitizer" INFO "skipped: under 60 s left (device_check.sh --sanitize runs only this)"
 fi
 finish
