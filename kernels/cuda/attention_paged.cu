@@ -523,40 +523,29 @@ size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionP
 }
 
 namespace {
+// key_threads: the decode form's attention_decode_kernel; otherwise attention_paged_kernel.
 template <int kDims>
 void launch(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
-            const AttentionParams& p, const AttentionSplit& split, float* out, float* ws_state, float* ws_acc,
-            cudaStream_t stream) {
-  const size_t smem = smem_bytes(kDims * 32);
+            const AttentionParams& p, const AttentionSplit& split, bool key_threads, float* out, float* ws_state,
+            float* ws_acc, cudaStream_t stream) {
+  const size_t smem = key_threads ? decode_smem_bytes(kDims * 32) : smem_bytes(kDims * 32);
   // Above the 48 KiB default (head_dim > 128) the kernel must opt in (sm_80: up to 163 KiB).
   if (smem > 48 * 1024)
-    cudaFuncSetAttribute(attention_paged_kernel<kDims>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
+    cudaFuncSetAttribute(key_threads ? attention_decode_kernel<kDims> : attention_paged_kernel<kDims>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   const int64_t rows_total = num_tokens * (p.num_heads / p.num_kv_heads);
-  const dim3 grid(static_cast<unsigned>((rows_total + k_rows - 1) / k_rows), static_cast<unsigned>(p.num_kv_heads),
-                  static_cast<unsigned>(split.splits));
+  const int64_t rows_per_block = key_threads ? kd_rows : k_rows;
+  const dim3 grid(static_cast<unsigned>((rows_total + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(split.splits));
   // 16-byte K/V loads where every row starts 16-byte aligned (the device pool's views do).
   const bool vec = kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(kv.k_base) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_base) % 16 == 0;
-  attention_paged_kernel<kDims><<<grid, k_warps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
-                                                                     split.keys, vec, out, ws_state, ws_acc);
-}
-
-template <int kDims>
-void launch_decode(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
-                   const AttentionParams& p, const AttentionSplit& split, float* out, float* ws_state, float* ws_acc,
-                   cudaStream_t stream) {
-  const size_t smem = decode_smem_bytes(kDims * 32);
-  if (smem > 48 * 1024)
-    cudaFuncSetAttribute(attention_decode_kernel<kDims>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
-  const int64_t rows_total = num_tokens * (p.num_heads / p.num_kv_heads);
-  const dim3 grid(static_cast<unsigned>((rows_total + kd_rows - 1) / kd_rows), static_cast<unsigned>(p.num_kv_heads),
-                  static_cast<unsigned>(split.splits));
-  const bool vec = kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(kv.k_base) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_base) % 16 == 0;
-  attention_decode_kernel<kDims><<<grid, kd_threads, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
-                                                                     split.keys, vec, out, ws_state, ws_acc);
+  if (key_threads)
+    attention_decode_kernel<kDims><<<grid, kd_threads, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
+                                                                       split.keys, vec, out, ws_state, ws_acc);
+  else
+    attention_paged_kernel<kDims><<<grid, k_warps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
+                                                                       split.keys, vec, out, ws_state, ws_acc);
 }
 }  // namespace
 
@@ -574,26 +563,16 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
     return cudaErrorInvalidValue;
   float* ws_state = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float* ws_acc = splits > 1 ? ws_state + 2 * splits * num_tokens * p.num_heads : nullptr;
-  if (decode == DecodeAttention::key_threads && attention_decode_form(num_tokens, p)) {
-    switch (p.head_dim / 32) {
-      case 1: launch_decode<1>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-      case 2: launch_decode<2>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-      case 3: launch_decode<3>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-      case 4: launch_decode<4>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-      case 5: launch_decode<5>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-      case 6: launch_decode<6>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-      case 7: launch_decode<7>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-      case 8: launch_decode<8>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-    }
-  } else switch (p.head_dim / 32) {
-    case 1: launch<1>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-    case 2: launch<2>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-    case 3: launch<3>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-    case 4: launch<4>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-    case 5: launch<5>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-    case 6: launch<6>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-    case 7: launch<7>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
-    case 8: launch<8>(q, q_positions, num_tokens, kv, p, split, out, ws_state, ws_acc, stream); break;
+  const bool key_threads = decode == DecodeAttention::key_threads && attention_decode_form(num_tokens, p);
+  switch (p.head_dim / 32) {
+    case 1: launch<1>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
+    case 2: launch<2>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
+    case 3: launch<3>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
+    case 4: launch<4>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
+    case 5: launch<5>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
+    case 6: launch<6>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
+    case 7: launch<7>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
+    case 8: launch<8>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
   }
   if (splits > 1) {
     const int64_t rows = num_tokens * p.num_heads;
