@@ -44,6 +44,29 @@ size_t smem_bytes(int head_dim) {
   return sizeof(float) * (static_cast<size_t>(k_rows) * head_dim + static_cast<size_t>(k_chunk) * (head_dim + 1) +
                           static_cast<size_t>(k_chunk) * head_dim);
 }
+
+// A block's share of the work, for both kernels: rows [r0, r0 + nrows) of KV head g
+// (blockIdx.y; row r is token r / group, query head g·group + r % group), keys [kb, ke) of
+// split blockIdx.z (every key when unsplit).
+struct BlockSpan {
+  int group, g, nrows;
+  int64_t split, r0, kb, ke;
+  PagedKvHead head;
+};
+__device__ BlockSpan block_span(const PagedKvCuda& kv, const AttentionParams& p, int64_t num_tokens,
+                                int rows_per_block, int64_t splits, int64_t split_keys) {
+  BlockSpan b;
+  b.group = p.num_heads / p.num_kv_heads;
+  b.g = blockIdx.y;
+  b.split = blockIdx.z;
+  const int64_t rows_total = num_tokens * b.group;
+  b.r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  b.nrows = static_cast<int>(rows_total - b.r0 < rows_per_block ? rows_total - b.r0 : rows_per_block);
+  b.head = kv.heads[b.g];
+  b.kb = splits > 1 ? b.split * split_keys : 0;
+  b.ke = splits > 1 ? (b.kb + split_keys < b.head.length ? b.kb + split_keys : b.head.length) : b.head.length;
+  return b;
+}
 }  // namespace
 
 // kDims = head_dim / 32: output dims per lane. Grid: x row chunks, y KV heads, z splits.
@@ -61,26 +84,10 @@ __global__ void __launch_bounds__(k_warps * 32)
   __shared__ int64_t range_s[2];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int group = p.num_heads / p.num_kv_heads;
-  const int g = blockIdx.y;
-  const int64_t split = blockIdx.z;
-  const int64_t rows_total = num_tokens * group;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * k_rows;
-  const int nrows = static_cast<int>(rows_total - r0 < k_rows ? rows_total - r0 : k_rows);
-  const PagedKvHead head = kv.heads[g];
-  const int64_t kb = splits > 1 ? split * split_keys : 0;
-  const int64_t ke = splits > 1 ? (kb + split_keys < head.length ? kb + split_keys : head.length) : head.length;
+  const auto [group, g, nrows, split, r0, kb, ke, head] = block_span(kv, p, num_tokens, k_rows, splits, split_keys);
 
-  if (tid < nrows) {  // this row's visible keys within [kb, ke)
-    const int64_t t = (r0 + tid) / group;
-    const int32_t qp = q_positions[t];
-    int64_t hi = paged::first_above(kv, head, qp);
-    int64_t lo = p.sliding_window > 0 ? paged::first_above(kv, head, static_cast<int64_t>(qp) - p.sliding_window) : 0;
-    lo = lo > kb ? lo : kb;
-    hi = hi < ke ? hi : ke;
-    lo_s[tid] = lo;
-    hi_s[tid] = hi > lo ? hi : lo;
-  }
+  if (tid < nrows)  // this row's visible keys within [kb, ke)
+    paged::visible_keys(kv, head, q_positions[(r0 + tid) / group], p.sliding_window, kb, ke, &lo_s[tid], &hi_s[tid]);
   for (int idx = tid; idx < nrows * hd; idx += blockDim.x) {
     const int rr = idx / hd, i = idx % hd;
     const int64_t r = r0 + rr;
@@ -115,13 +122,7 @@ __global__ void __launch_bounds__(k_warps * 32)
 #pragma unroll
       for (int u = 0; u < kDims; ++u) {
         const int idx = tid + u * k_warps * 32;
-        if (idx < n * (hd / 8)) {
-          const int jj = idx / (hd / 8), i = (idx % (hd / 8)) * 8;
-          const int64_t j = j0 + jj;
-          const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
-          kr[u] = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * hd + i);
-          vr[u] = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * hd + i);
-        }
+        if (idx < n * (hd / 8)) paged::kv_piece(kv, head, j0 + idx / (hd / 8), hd, (idx % (hd / 8)) * 8, &kr[u], &vr[u]);
       }
 #pragma unroll
       for (int u = 0; u < kDims; ++u) {
@@ -256,26 +257,10 @@ __global__ void __launch_bounds__(kd_threads, 4)
   __shared__ float ml_s[2 * kd_rows];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int group = p.num_heads / p.num_kv_heads;
-  const int g = blockIdx.y;
-  const int64_t split = blockIdx.z;
-  const int64_t rows_total = num_tokens * group;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kd_rows;
-  const int nrows = static_cast<int>(rows_total - r0 < kd_rows ? rows_total - r0 : kd_rows);
-  const PagedKvHead head = kv.heads[g];
-  const int64_t kb = splits > 1 ? split * split_keys : 0;
-  const int64_t ke = splits > 1 ? (kb + split_keys < head.length ? kb + split_keys : head.length) : head.length;
+  const auto [group, g, nrows, split, r0, kb, ke, head] = block_span(kv, p, num_tokens, kd_rows, splits, split_keys);
 
-  if (tid < nrows) {  // this row's visible keys within [kb, ke), as the other kernel
-    const int64_t t = (r0 + tid) / group;
-    const int32_t qp = q_positions[t];
-    int64_t hi = paged::first_above(kv, head, qp);
-    int64_t lo = p.sliding_window > 0 ? paged::first_above(kv, head, static_cast<int64_t>(qp) - p.sliding_window) : 0;
-    lo = lo > kb ? lo : kb;
-    hi = hi < ke ? hi : ke;
-    lo_s[tid] = lo;
-    hi_s[tid] = hi > lo ? hi : lo;
-  }
+  if (tid < nrows)  // this row's visible keys within [kb, ke)
+    paged::visible_keys(kv, head, q_positions[(r0 + tid) / group], p.sliding_window, kb, ke, &lo_s[tid], &hi_s[tid]);
   for (int idx = tid; idx < nrows * hd; idx += kd_threads) {
     const int rr = idx / hd, i = idx % hd;
     const int64_t r = r0 + rr;
@@ -310,13 +295,8 @@ __global__ void __launch_bounds__(kd_threads, 4)
         uint4 kr[batch], vr[batch];
 #pragma unroll
         for (int u = 0; u < batch; ++u) {
-          const int idx = tid + (u0 + u) * kd_threads, jj = idx / (hd / 8), c = (idx % (hd / 8)) * 8;
-          if (jj < n) {
-            const int64_t j = j0 + jj;
-            const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
-            kr[u] = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * hd + c);
-            vr[u] = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * hd + c);
-          }
+          const int idx = tid + (u0 + u) * kd_threads, jj = idx / (hd / 8);
+          if (jj < n) paged::kv_piece(kv, head, j0 + jj, hd, (idx % (hd / 8)) * 8, &kr[u], &vr[u]);
         }
 #pragma unroll
         for (int u = 0; u < batch; ++u) {

@@ -91,12 +91,8 @@ __global__ void __launch_bounds__(k_tc_warps * 32)
 
   if (tid < k_tc_rows) {  // each row's visible keys; none for the rows past the end
     int64_t lo = 0, hi = 0;
-    if (tid < nrows) {
-      const int32_t qp = q_positions[(r0 + tid) / group];
-      hi = paged::first_above(kv, head, qp);
-      lo = p.sliding_window > 0 ? paged::first_above(kv, head, static_cast<int64_t>(qp) - p.sliding_window) : 0;
-      hi = hi > lo ? hi : lo;
-    }
+    if (tid < nrows)
+      paged::visible_keys(kv, head, q_positions[(r0 + tid) / group], p.sliding_window, 0, head.length, &lo, &hi);
     lo_s[tid] = lo;
     hi_s[tid] = hi;
   }

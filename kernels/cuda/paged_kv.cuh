@@ -14,6 +14,14 @@ inline __device__ int32_t key_position(const PagedKvCuda& kv, const PagedKvHead&
   return kv.pos_base[h.block_table[j / kv.block_size] * kv.pos_block_stride + j % kv.block_size];
 }
 
+// Elements c .. c + 7 of key j's K and V rows as 16-byte loads (the rows must be 16-byte aligned).
+inline __device__ void kv_piece(const PagedKvCuda& kv, const PagedKvHead& h, int64_t j, int head_dim, int c, uint4* k,
+                                uint4* v) {
+  const int64_t blk = h.block_table[j / kv.block_size], slot = j % kv.block_size;
+  *k = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * head_dim + c);
+  *v = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * head_dim + c);
+}
+
 // First j in [0, length) with pos_j > bound (positions ascend within a head).
 inline __device__ int64_t first_above(const PagedKvCuda& kv, const PagedKvHead& h, int64_t bound) {
   int64_t lo = 0, hi = h.length;
@@ -25,6 +33,18 @@ inline __device__ int64_t first_above(const PagedKvCuda& kv, const PagedKvHead& 
       hi = mid;
   }
   return lo;
+}
+
+// The keys [*lo, *hi) a query at position qp sees (causal by position, and within the sliding
+// window when there is one), clipped to [kb, ke); empty ranges come out as lo == hi.
+inline __device__ void visible_keys(const PagedKvCuda& kv, const PagedKvHead& h, int32_t qp, int sliding_window,
+                                    int64_t kb, int64_t ke, int64_t* lo, int64_t* hi) {
+  int64_t b = first_above(kv, h, qp);
+  int64_t a = sliding_window > 0 ? first_above(kv, h, static_cast<int64_t>(qp) - sliding_window) : 0;
+  a = a > kb ? a : kb;
+  b = b < ke ? b : ke;
+  *lo = a;
+  *hi = b > a ? b : a;
 }
 
 // The union [*lo, *hi) of the rows' visible key ranges [lo_s[r], hi_s[r]), r in [first, last),
