@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(k_warps * 32)
 // and the thread mapping, and a row that sees no key of a chunk keeps its state exactly, so a
 // row's bits depend only on its own query and keys.
 namespace {
-constexpr int kd_rows = 8;        // query rows per block
+constexpr int kd_rows = 8;        // query rows per block (p·V reads a key's weights as two float4)
 constexpr int kd_keys = 64;       // keys per chunk: two threads per key
 constexpr int kd_threads = 128;   // 4 warps
 constexpr int kd_warps = kd_threads / 32;
@@ -424,12 +424,15 @@ __global__ void __launch_bounds__(kd_threads, 4)
       for (int jj = cls; jj < n; jj += classes) {
         const unsigned vw = *reinterpret_cast<const unsigned*>(v_s + jj * hd + d0);
         const float v0 = __uint_as_float(vw << 16), v1 = __uint_as_float(vw & 0xffff0000u);
+        // The key's weights for rows 0-3 (and 4-7) in one broadcast 16-byte read each.
+        const float4 pa = *reinterpret_cast<const float4*>(p_s + jj * kd_rows);
+        const float4 pb = nrows > 4 ? *reinterpret_cast<const float4*>(p_s + jj * kd_rows + 4) : make_float4(0, 0, 0, 0);
+        const float pw[kd_rows] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
 #pragma unroll
         for (int r = 0; r < kd_rows; ++r) {
           if (r < nrows && jj >= ra[r] && jj < rb[r]) {
-            const float w = p_s[jj * kd_rows + r];
-            acc[r][0] = fmaf(w, v0, acc[r][0]);
-            acc[r][1] = fmaf(w, v1, acc[r][1]);
+            acc[r][0] = fmaf(pw[r], v0, acc[r][0]);
+            acc[r][1] = fmaf(pw[r], v1, acc[r][1]);
           }
         }
       }
