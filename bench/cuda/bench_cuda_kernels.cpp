@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -126,10 +127,11 @@ struct PagedLayer {
   }
 };
 
-// tc: attention_prefill_tc_cuda (tensor cores, what prompt chunks run) instead of attention_paged_cuda;
-// decode: the kernel attention_paged_cuda runs decode rows on.
+// tc: attention_prefill_tc_cuda (tensor cores, what prompt chunks run; kernel `prefill`) instead
+// of attention_paged_cuda; decode: the kernel attention_paged_cuda runs decode rows on.
 double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos, bool tc = false,
-                    DecodeAttention decode = DecodeAttention::key_threads) {
+                    DecodeAttention decode = DecodeAttention::key_threads,
+                    PrefillAttention prefill = PrefillAttention::mma) {
   AttentionParams p{k_heads, k_kv_heads, k_head_dim, 0.088388f, 0};
   Dev q(4ull * num_tokens * k_heads * k_head_dim), out(4ull * num_tokens * k_heads * k_head_dim);
   std::vector<int32_t> qp(static_cast<size_t>(num_tokens));
@@ -140,7 +142,8 @@ double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos,
   Dev ws(std::max<size_t>(ws_bytes, 1));
   return time_ms([&] {
     if (tc)
-      check(attention_prefill_tc_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(), nullptr),
+      check(attention_prefill_tc_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(), nullptr,
+                                      prefill),
             "attention_prefill_tc_cuda");
     else
       check(attention_paged_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(), ws.p,
@@ -232,11 +235,18 @@ int main(int argc, char** argv) {
     // causal: query i sees ctx − chunk + i + 1 keys; 4 flops per (query, key, dim): QK and PV
     // (the useful ones: the tensor-core kernel's bf16-pair MMAs do twice as many)
     const double flops = 4.0 * k_heads * k_head_dim * (chunk * (ctx - chunk) + chunk * (chunk + 1) / 2.0);
-    for (bool tc : {true, false}) {
-      const double pms = attention_ms(kv, chunk, static_cast<int32_t>(ctx - chunk), tc);
+    // The prompt kernels: mma (the default, f32-accurate), mma_bf16 (bf16 operands), wmma (the
+    // first tensor-core kernel), then the f32 CUDA-core one.
+    const std::tuple<const char*, bool, PrefillAttention> kernels[] = {
+        {"tensor cores, mma", true, PrefillAttention::mma},
+        {"tensor cores, mma_bf16", true, PrefillAttention::mma_bf16},
+        {"tensor cores, wmma", true, PrefillAttention::wmma},
+        {"f32 CUDA cores", false, PrefillAttention::mma}};
+    for (const auto& [name, tc, kernel] : kernels) {
+      const double pms = attention_ms(kv, chunk, static_cast<int32_t>(ctx - chunk), tc, DecodeAttention::key_threads, kernel);
       const double tf = flops / (pms * 1e-3) / 1e12;
-      row(std::string("prefill") + (tc ? " (tensor cores)" : " (f32 CUDA cores)") + ", last " + std::to_string(chunk) +
-              " queries over " + std::to_string(ctx) + " keys",
+      row(std::string("prefill (") + name + "), last " + std::to_string(chunk) + " queries over " + std::to_string(ctx) +
+              " keys",
           pms, fmt("%.1f TFLOP/s = %.1f%% of peak", tf, 100.0 * tf / k_peak_bf16_tflops));
     }
   }

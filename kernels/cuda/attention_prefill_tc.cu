@@ -1,6 +1,7 @@
-// Tensor-core twin of attention_paged_cuda for prompt chunks (attention_prefill_tc_cuda in
-// kernels_cuda.h): causal GQA attention over the paged per-KV-head cache with bf16 MMAs (WMMA
-// m16n16k16, f32 accumulation), FlashAttention-2 style: tiled online softmax, no N×N matrix.
+// The WMMA tensor-core twin of attention_paged_cuda for prompt chunks (attention_prefill_tc_cuda
+// in kernels_cuda.h with PrefillAttention::wmma; the default, mma, is attention_prefill_mma.cu):
+// causal GQA attention over the paged per-KV-head cache with bf16 MMAs (WMMA m16n16k16, f32
+// accumulation), FlashAttention-2 style: tiled online softmax, no N×N matrix.
 //   Block = 64 query rows (t, h) of one KV head g, 4 warps of 16 rows each; the rows of a GQA
 //   group share every K/V load. Keys stream through shared memory in aligned chunks of 64
 //   (bf16, rows padded by 8 elements). Per chunk a warp computes S = Q·Kᵀ (16 × 64) on the
@@ -243,7 +244,10 @@ void launch_tc(const float* q, const int32_t* q_positions, int64_t num_tokens, c
 
 cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                       const PagedKvCuda& kv, const AttentionParams& p, float* out,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, PrefillAttention kernel) {
+  if (kernel != PrefillAttention::wmma)
+    return attention_prefill_mma_cuda(q, q_positions, num_tokens, kv, p, out, stream,
+                                      kernel == PrefillAttention::mma_bf16);
   if (num_tokens <= 0) return cudaSuccess;
   if (!attention_prefill_tc_supported(p, kv)) return cudaErrorInvalidValue;
   switch (p.head_dim / 32) {

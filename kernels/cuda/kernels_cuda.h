@@ -121,14 +121,21 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
                                  size_t workspace_bytes, cudaStream_t stream,
                                  DecodeAttention decode = DecodeAttention::key_threads);
 
-// The tensor-core form for prompt chunks (attention_prefill_tc.cu): the same semantics on bf16
-// MMAs (WMMA, f32 accumulation), FlashAttention-2 style. f32-accurate: the f32 operands (q·scale,
-// the softmax weights) go in as bf16 hi + lo pairs, two MMAs each, so it meets
-// attention_paged_cpu's reference with the f32 kernel's tolerance (its bits differ). A row's
-// bits depend only on its own query and keys, never on the other rows of the call. No
-// workspace; no key splits (many rows: a prompt chunk). Needs what
+// The tensor-core form for prompt chunks: the same semantics on bf16 MMAs (f32 accumulation),
+// FlashAttention-2 style. A row's bits depend only on its own query and keys, never on the
+// other rows of the call. No workspace; no key splits (many rows: a prompt chunk). Needs what
 // attention_prefill_tc_supported says (the device pool's views always have it); otherwise
-// cudaErrorInvalidValue.
+// cudaErrorInvalidValue. Three kernels (bench_cuda_kernels times each; DeviceForward takes
+// SNAP_DEVICE_PROMPT_ATTENTION):
+//  - mma (the default; attention_prefill_mma.cu): mma.sync m16n8k16 with S, the softmax and P
+//    in registers, K/V through ldmatrix, double-buffered with cp.async. f32-accurate: the f32
+//    operands (q·scale, the softmax weights) go in as bf16 hi + lo pairs, two MMAs each, so it
+//    meets attention_paged_cpu's reference with the f32 kernel's tolerance (its bits differ).
+//  - mma_bf16: the same kernel with q·scale and the weights rounded once to bf16, one MMA each
+//    (FlashAttention's precision, half the tensor work); within a bf16 tolerance only.
+//  - wmma (attention_prefill_tc.cu): the first tensor-core kernel, WMMA m16n16k16 with S and P
+//    through shared memory and synchronous loads; f32-accurate as mma.
+enum class PrefillAttention { mma, mma_bf16, wmma };
 inline bool attention_prefill_tc_supported(const AttentionParams& p, const PagedKvCuda& kv) {
   return p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.head_dim % 32 == 0 && p.head_dim >= 32 &&
          p.head_dim <= 256 && kv.block_size > 0 && kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 &&
@@ -136,7 +143,11 @@ inline bool attention_prefill_tc_supported(const AttentionParams& p, const Paged
 }
 cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                       const PagedKvCuda& kv, const AttentionParams& p, float* out,
-                                      cudaStream_t stream);
+                                      cudaStream_t stream, PrefillAttention kernel = PrefillAttention::mma);
+// The mma kernels directly (attention_prefill_tc_cuda's mma and mma_bf16).
+cudaError_t attention_prefill_mma_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
+                                       const PagedKvCuda& kv, const AttentionParams& p, float* out,
+                                       cudaStream_t stream, bool bf16_operands);
 
 // --- KV cache writes (slot = block · block_size + offset, computed by the host pool) ----------
 // K/V rows [num_tokens, num_kv_heads, head_dim] f32 -> bf16 at dst_slots[t · num_kv_heads + g];

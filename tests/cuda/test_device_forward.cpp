@@ -33,6 +33,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/dtype.h"
@@ -108,19 +109,23 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
 
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  // Both prompt attentions (the tensor-core kernel, the default, and the CUDA-core one) and both
-  // decode attentions (key_threads, the default, and row_warps) within the same bounds: the
-  // defaults together, then the other two.
+  // The prompt attentions (the tensor-core mma kernel, the default; the CUDA-core one; the
+  // wmma tensor-core kernel) and both decode attentions (key_threads, the default, and
+  // row_warps) within the same bounds: the defaults together, then the others.
   using PA = DeviceForward::PromptAttention;
+  using PK = kernels::PrefillAttention;
   using DA = kernels::DecodeAttention;
-  for (const auto& [pa, da] : {std::pair{PA::tensor_cores, DA::key_threads}, std::pair{PA::f32, DA::row_warps}}) {
-    SCOPED_TRACE(std::string("prompt attention ") + DeviceForward::prompt_attention_name(pa) + ", decode attention " +
-                 DeviceForward::decode_attention_name(da));
+  for (const auto& [pa, pk, da] : {std::tuple{PA::tensor_cores, PK::mma, DA::key_threads},
+                                   std::tuple{PA::f32, PK::mma, DA::row_warps},
+                                   std::tuple{PA::tensor_cores, PK::wmma, DA::key_threads}}) {
     auto pool = DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, int64_t{64} << 20, stream);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     DeviceForward fwd(c, **weights, **pool);
     fwd.set_prompt_attention(pa);
+    fwd.set_prefill_kernel(pk);
     fwd.set_decode_attention(da);
+    SCOPED_TRACE(std::string("prompt attention ") + fwd.prompt_attention_name() + ", decode attention " +
+                 DeviceForward::decode_attention_name(da));
 
     const int32_t seq = (*pool)->add_sequence();
     std::vector<float> logits(ids.size() * vocab);

@@ -63,8 +63,14 @@ DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& wei
     const std::string v = e;
     if (v == "f32")
       prompt_attention_ = PromptAttention::f32;
-    else if (v != "tc")
-      std::fprintf(stderr, "snapserve: SNAP_DEVICE_PROMPT_ATTENTION=%s is neither tc nor f32; using tc\n", e);
+    else if (v == "mma_bf16")
+      prefill_kernel_ = kernels::PrefillAttention::mma_bf16;
+    else if (v == "wmma")
+      prefill_kernel_ = kernels::PrefillAttention::wmma;
+    else if (v != "tc" && v != "mma")
+      std::fprintf(stderr,
+                   "snapserve: SNAP_DEVICE_PROMPT_ATTENTION=%s is none of tc, mma, mma_bf16, wmma, f32; using tc (mma)\n",
+                   e);
   }
   if (const char* e = std::getenv("SNAP_DEVICE_DECODE_ATTENTION"); e != nullptr && *e != '\0') {
     const std::string v = e;
@@ -164,7 +170,7 @@ Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32
   if (n > 1 && prompt_attention_ == PromptAttention::tensor_cores &&
       kernels::attention_prefill_tc_supported(attn_, view)) {  // the pool's views always are
     DEV_TRY("attention_prefill_tc_cuda",
-            kernels::attention_prefill_tc_cuda(q, positions, n, view, attn_, out, stream_));
+            kernels::attention_prefill_tc_cuda(q, positions, n, view, attn_, out, stream_, prefill_kernel_));
     return Status::ok_status();
   }
   const size_t ws = kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length);

@@ -117,16 +117,32 @@ class DeviceForward {
   Status compress(int32_t seq, const KvPolicy& policy, int64_t compress_at,
                   std::vector<std::vector<std::vector<int32_t>>>* kept, int layer = -1);
 
-  // Attention of prompt chunks (n > 1 rows in forward() and the layer-wise prefill): the
-  // tensor-core kernel (attention_prefill_tc_cuda: bf16 MMAs with the f32 operands split into
-  // bf16 pairs, f32-accurate; the default) or the CUDA-core kernel that decode rows use
-  // (attention_paged_cuda, f32 FMAs). Both meet the CPU's attention within the same tolerance;
-  // their bits differ. A one-row chunk goes the decode way, as project() does. The environment
-  // variable SNAP_DEVICE_PROMPT_ATTENTION=f32 chooses f32 for every DeviceForward of the
-  // process (`tc` or unset: tensor cores); anything else is ignored with a warning.
+  // Attention of prompt chunks (n > 1 rows in forward() and the layer-wise prefill): a
+  // tensor-core kernel (attention_prefill_tc_cuda; the default) or the CUDA-core kernel that
+  // decode rows use (attention_paged_cuda, f32 FMAs). A one-row chunk goes the decode way, as
+  // project() does. The tensor-core kernel is one of kernels::PrefillAttention:
+  //  - mma (the default): mma.sync, everything of a row in registers, cp.async double buffer;
+  //    bf16 MMAs with the f32 operands split into bf16 pairs, f32-accurate;
+  //  - mma_bf16: the same with q·scale and the softmax weights in bf16 once (FlashAttention's
+  //    precision, half the tensor work): logits move by more than f32 rounding, so greedy
+  //    tokens can differ from the CPU's at near-ties; an opt-in for speed;
+  //  - wmma: the first tensor-core kernel, f32-accurate.
+  // mma, wmma and f32 meet the CPU's attention within the same tolerance; their bits differ.
+  // The environment variable SNAP_DEVICE_PROMPT_ATTENTION chooses for every DeviceForward of
+  // the process: tc or mma (or unset: the default), mma_bf16, wmma, f32; anything else is
+  // ignored with a warning.
   enum class PromptAttention { tensor_cores, f32 };
   void set_prompt_attention(PromptAttention a) { prompt_attention_ = a; }
   PromptAttention prompt_attention() const { return prompt_attention_; }
+  void set_prefill_kernel(kernels::PrefillAttention k) { prefill_kernel_ = k; }
+  kernels::PrefillAttention prefill_kernel() const { return prefill_kernel_; }
+  static const char* prefill_kernel_name(kernels::PrefillAttention k) {
+    return k == kernels::PrefillAttention::mma_bf16 ? "mma_bf16" : k == kernels::PrefillAttention::wmma ? "wmma" : "mma";
+  }
+  // "f32", or "tc (mma)" etc.
+  std::string prompt_attention_name() const {
+    return prompt_attention_ == PromptAttention::f32 ? "f32" : std::string("tc (") + prefill_kernel_name(prefill_kernel_) + ")";
+  }
   static const char* prompt_attention_name(PromptAttention a) { return a == PromptAttention::f32 ? "f32" : "tc"; }
 
   // The kernel of decode rows (attention_paged_cuda's decode form: ≤ 64 query rows per KV
@@ -197,6 +213,7 @@ class DeviceForward {
   void* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
   PromptAttention prompt_attention_ = PromptAttention::tensor_cores;
+  kernels::PrefillAttention prefill_kernel_ = kernels::PrefillAttention::mma;
   kernels::DecodeAttention decode_attention_ = kernels::DecodeAttention::key_threads;
   int window_ = 0;               // observed window W (0: none)
   int64_t window_rows_ = 0;      // rows the last observed chunk had (must be >= W)

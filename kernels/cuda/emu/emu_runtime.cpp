@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,6 +94,12 @@ constexpr size_t k_stack_bytes = 256 << 10;
 
 enum class St { ready, block_bar, warp_bar, faulted, done };
 
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  size_t bytes, src_bytes;  // src_bytes < bytes: the rest is zero-filled
+};
+
 // Thrown at a suspended thread's barrier after a fault, so that its frames unwind (their
 // destructors run) before its stack is reused.
 struct Unwind {};
@@ -113,6 +120,10 @@ struct Fiber {
   uint64_t deposit = 0, result = 0;
   bool collective = false;  // at a warp-collective operation (warp_collective), not a shuffle
   size_t next_slot = 0;     // the next static __shared__ declaration
+  // cp.async (kernel_lang.h): copies issued and not yet committed, then the committed groups,
+  // oldest first. A group's bytes land when cp_async_wait lets it complete, not before.
+  std::vector<AsyncCopy> async_open;
+  std::deque<std::vector<AsyncCopy>> async_groups;
 };
 
 // A warp's shuffle in progress: the lanes that have reached it and the mask they name.
@@ -485,6 +496,52 @@ void* shared_slot(size_t bytes, size_t align, const char* name) {
   }
   (void)align;  // new[] aligns to alignof(std::max_align_t), enough for every type the kernels declare
   return e.slots[k].mem.get();
+}
+
+bool is_shared(const void* p, size_t bytes) {
+  const Engine& e = *t_current.engine;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto inside = [&](const void* base, size_t n) {
+    const auto b = reinterpret_cast<uintptr_t>(base);
+    return a >= b && a - b <= n && bytes <= n - (a - b);
+  };
+  if (e.dyn && inside(e.dyn.get(), e.dyn_bytes)) return true;
+  for (const Slot& s : e.slots)
+    if (inside(s.mem.get(), s.bytes)) return true;
+  return false;
+}
+
+void cp_async(void* dst, const void* src, size_t bytes, size_t src_bytes) {
+  Engine& e = *t_current.engine;
+  Fiber& f = *e.cur;
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  if ((bytes != 4 && bytes != 8 && bytes != 16) || src_bytes > bytes)
+    fault_here(e, thread_name(f) + ": cp.async of " + std::to_string(bytes) + " bytes (" + std::to_string(src_bytes) +
+                      " from global); PTX allows 4, 8 or 16, and no more source bytes than that");
+  if (d % bytes != 0 || s % bytes != 0)
+    fault_here(e, thread_name(f) + ": cp.async of " + std::to_string(bytes) + " bytes with an address not aligned to it");
+  if (!is_shared(dst, bytes))
+    fault_here(e, thread_name(f) + ": cp.async destination is not this block's shared memory");
+  if (src_bytes > 0 && !snap::hostcuda::is_device(src, src_bytes))
+    fault_here(e, thread_name(f) + ": cp.async source is not device memory of " + std::to_string(src_bytes) + " bytes");
+  f.async_open.push_back(AsyncCopy{dst, src, bytes, src_bytes});
+}
+
+void cp_async_commit() {
+  Fiber& f = *t_current.engine->cur;
+  f.async_groups.push_back(std::move(f.async_open));
+  f.async_open.clear();
+}
+
+void cp_async_wait(int pending) {
+  Fiber& f = *t_current.engine->cur;
+  while (f.async_groups.size() > static_cast<size_t>(pending < 0 ? 0 : pending)) {
+    for (const AsyncCopy& c : f.async_groups.front()) {
+      if (c.src_bytes > 0) std::memcpy(c.dst, c.src, c.src_bytes);
+      std::memset(static_cast<unsigned char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+    }
+    f.async_groups.pop_front();
+  }
 }
 
 void set_schedule(Schedule s) { order_setting().store(static_cast<int>(s)); }

@@ -16,6 +16,10 @@
 // The runtime API (cudaMalloc, copies, streams) is the host twin's (kernels/cuda/host).
 #pragma once
 
+// Code that must differ under the emulator tests this (kernels/cuda/ptx.cuh: the PTX
+// instructions come from emu/ptx_emu.h instead of inline asm).
+#define SNAP_KERNEL_EMULATOR 1
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -98,6 +102,21 @@ inline int lane_id() { return t_current.lane; }
 // Lanes at a collective must all be at the same one (`what`), not at a shuffle.
 using WarpCollectiveFn = const char* (*)(void* const* args, uint32_t mask);
 void warp_collective(uint32_t mask, void* arg, WarpCollectiveFn fn, const char* what);
+
+// cp.async (the PTX instructions, through kernels/cuda/ptx.cuh): a copy of `bytes` (4, 8 or
+// 16, aligned) from global to this block's shared memory, of which the first src_bytes come
+// from src and the rest are zeros. Nothing lands when it is issued: cp_async_commit closes the
+// thread's open copies into a group, and cp_async_wait(n) completes the thread's groups but
+// the n most recent, oldest first (cp.async.wait_group n). So a kernel that reads the
+// destination before its wait (and the __syncthreads after it) reads the old bytes — 0xFF,
+// NaN, in fresh shared memory — as it might on the GPU. Groups still pending when a thread
+// ends never land. A destination outside the block's shared memory, a source that is not
+// device memory, or a size or alignment PTX refuses is a fault.
+void cp_async(void* dst, const void* src, size_t bytes, size_t src_bytes);
+void cp_async_commit();
+void cp_async_wait(int pending);
+// Whether [p, p + bytes) lies in the running block's shared memory (static or dynamic).
+bool is_shared(const void* p, size_t bytes);
 
 // Block-local shared memory: the calling thread's next static `__shared__` declaration of
 // `bytes` (every thread of the block declares the same sequence), and the dynamic part.
@@ -233,6 +252,7 @@ inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
 inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
 using std::max;
 using std::min;

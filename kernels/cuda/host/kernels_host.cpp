@@ -278,12 +278,19 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
   return cpu_attention(q, q_positions, num_tokens, kv, p, out, true);
 }
 
-// The tensor-core kernel's twin: the CPU attention (that kernel is f32-accurate).
-cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
-                                      const PagedKvCuda& kv, const AttentionParams& p, float* out, cudaStream_t) {
+// The tensor-core kernels' twin: the CPU attention (mma and wmma are f32-accurate; mma_bf16's
+// twin is as exact, more so than the kernel).
+cudaError_t attention_prefill_mma_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
+                                       const PagedKvCuda& kv, const AttentionParams& p, float* out, cudaStream_t,
+                                       bool) {
   if (num_tokens <= 0) return cudaSuccess;
   if (!attention_prefill_tc_supported(p, kv)) return cudaErrorInvalidValue;
   return cpu_attention(q, q_positions, num_tokens, kv, p, out, false);
+}
+cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
+                                      const PagedKvCuda& kv, const AttentionParams& p, float* out,
+                                      cudaStream_t stream, PrefillAttention) {
+  return attention_prefill_mma_cuda(q, q_positions, num_tokens, kv, p, out, stream, false);
 }
 
 void kv_scatter_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,

@@ -3,6 +3,8 @@
 // kernels/cuda/*.cu; never built by nvcc (each wrong one is wrong on purpose).
 #include <mma.h>
 
+#include "kernels/cuda/ptx.cuh"
+
 #include "tests/cuda/emu/probe_kernels.h"
 
 namespace snap::emu_probe {
@@ -145,6 +147,48 @@ __global__ void wmma_probe_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b
 cudaError_t wmma_probe(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d, const float* row_tile,
                        int mode, cudaStream_t s) {
   wmma_probe_kernel<<<1, 32, 0, s>>>(a, b, c, d, row_tile, mode);
+  return cudaGetLastError();
+}
+
+// PTX: mma.sync m16n8k16, ldmatrix (plain and transposed) and cp.async, used as
+// attention_prefill_mma.cu uses them (A as Q, Kt as a chunk of keys, V as values). Right in
+// modes 0 and 3; mode 1 (wrong) reads the tiles before its cp.async group has completed;
+// mode 2 (wrong) gives lane 3 a row address that is not 16-byte aligned.
+__global__ void ptx_probe_kernel(const __nv_bfloat16* a, const __nv_bfloat16* kt, const __nv_bfloat16* v, float* d,
+                                 int mode) {
+  namespace ptx = snap::kernels::ptx;
+  constexpr int ld = 24;  // padded rows, as the kernel pads them
+  extern __shared__ __align__(128) unsigned char probe_smem[];
+  __nv_bfloat16* s = reinterpret_cast<__nv_bfloat16*>(probe_smem);  // [3][16][ld]
+  const int lane = threadIdx.x, gq = lane >> 2, tq = lane & 3;
+  for (int i = lane; i < 3 * 16 * 2; i += 32) {  // 3 tiles x 16 rows x 2 pieces of 16 bytes
+    const int t = i / 32, row = (i / 2) % 16, c8 = (i % 2) * 8;
+    const __nv_bfloat16* src = (t == 0 ? a : t == 1 ? kt : v) + row * 16 + c8;
+    ptx::cp_async_16(s + (t * 16 + row) * ld + c8, src, !(mode == 3 && t == 1 && row >= 8));
+  }
+  ptx::cp_async_commit();
+  if (mode != 1) ptx::cp_async_wait<0>();
+  __syncthreads();
+  uint32_t fa[4], fk[4], fv[4];
+  const __nv_bfloat16* pa = s + (lane & 15) * ld + (lane >> 4) * 8;
+  if (mode == 2 && lane == 3) pa += 4;
+  ptx::ldmatrix_x4(fa, pa);
+  ptx::ldmatrix_x4(fk, s + (16 + (lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8);
+  ptx::ldmatrix_x4_trans(fv, s + (32 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8);
+  float c[4][4] = {};
+  ptx::mma_bf16_16816(c[0], fa, fk[0], fk[1]);
+  ptx::mma_bf16_16816(c[1], fa, fk[2], fk[3]);
+  ptx::mma_bf16_16816(c[2], fa, fv[0], fv[1]);
+  ptx::mma_bf16_16816(c[3], fa, fv[2], fv[3]);
+  for (int i = 0; i < 4; ++i)
+    for (int e = 0; e < 4; ++e)
+      d[(i / 2) * 256 + (gq + (e >= 2 ? 8 : 0)) * 16 + (i % 2) * 8 + 2 * tq + (e & 1)] = c[i][e];
+  if (mode == 1) ptx::cp_async_wait<0>();
+}
+
+cudaError_t ptx_probe(const __nv_bfloat16* a, const __nv_bfloat16* kt, const __nv_bfloat16* v, float* d, int mode,
+                      cudaStream_t s) {
+  ptx_probe_kernel<<<1, 32, 3 * 16 * 24 * sizeof(__nv_bfloat16), s>>>(a, kt, v, d, mode);
   return cudaGetLastError();
 }
 

@@ -17,4 +17,11 @@ cudaError_t dynamic_shared(int* out, dim3 grid, dim3 block, size_t bytes, int at
 cudaError_t wmma_probe(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d, const float* row_tile,
                        int mode, cudaStream_t s);
 
+// PTX (kernels/cuda/ptx.cuh) on one warp: d[0..255] = A·Ktᵀ and d[256..511] = A·V (16×16,
+// row-major), the tiles (16×16 bf16, row-major) staged through cp.async and loaded with
+// ldmatrix as attention_prefill_mma.cu loads Q, K and V. mode 1: reads before cp_async_wait;
+// mode 2: lane 3's ldmatrix address 8 bytes off; mode 3: Kt's rows 8..15 fetched as zeros.
+cudaError_t ptx_probe(const __nv_bfloat16* a, const __nv_bfloat16* kt, const __nv_bfloat16* v, float* d, int mode,
+                      cudaStream_t s);
+
 }  // namespace snap::emu_probe

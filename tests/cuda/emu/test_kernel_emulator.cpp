@@ -255,4 +255,52 @@ TEST_F(Emulator, WmmaIsATileProductWhateverTheMapping) {
   EXPECT_GT(wrong, 128) << "a kernel that assumes lane l holds elements 8l..8l+7 must not pass";
 }
 
+// PTX's mma.sync m16n8k16, ldmatrix and cp.async follow the layouts the PTX ISA documents
+// (kernels/cuda/ptx.cuh): loaded and multiplied as attention_prefill_mma.cu does, the tiles
+// give exactly A·Ktᵀ and A·V (small integers: every order of summation is exact). A cp.async
+// lands only at its wait: a read before it sees the old bytes (0xFF: NaN). A zero-filled
+// cp.async gives zeros; a misaligned ldmatrix address is a fault.
+TEST_F(Emulator, PtxMmaLdmatrixCpAsyncFollowThePtxLayouts) {
+  std::vector<__nv_bfloat16> a(256), kt(256), v(256);
+  std::vector<float> fa(256), fk(256), fv(256);
+  for (int i = 0; i < 256; ++i) {
+    a[i] = __float2bfloat16(static_cast<float>((i * 7) % 13) - 6.0f);
+    kt[i] = __float2bfloat16(static_cast<float>((i * 5) % 11) - 5.0f);
+    v[i] = __float2bfloat16(static_cast<float>((i * 3) % 17) - 8.0f);
+    fa[i] = __bfloat162float(a[i]);
+    fk[i] = __bfloat162float(kt[i]);
+    fv[i] = __bfloat162float(v[i]);
+  }
+  std::vector<float> want(512);
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 16; ++n) {
+      float qk = 0.0f, pv = 0.0f;
+      for (int k = 0; k < 16; ++k) {
+        qk += fa[r * 16 + k] * fk[n * 16 + k];
+        pv += fa[r * 16 + k] * fv[k * 16 + n];
+      }
+      want[r * 16 + n] = qk;
+      want[256 + r * 16 + n] = pv;
+    }
+  Dev<__nv_bfloat16> da(a), dk(kt), dv(v);
+  Dev<float> dd(512);
+  ASSERT_EQ(ptx_probe(da.p, dk.p, dv.p, dd.p, 0, nullptr), cudaSuccess);
+  auto got = dd.get();
+  for (int i = 0; i < 512; ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+  ASSERT_EQ(ptx_probe(da.p, dk.p, dv.p, dd.p, 3, nullptr), cudaSuccess);  // Kt rows 8..15 zero-filled
+  got = dd.get();
+  for (int i = 0; i < 512; ++i) {
+    const bool zeroed = i < 256 && i % 16 >= 8;
+    ASSERT_EQ(got[i], zeroed ? 0.0f : want[i]) << "element " << i << " (mode 3)";
+  }
+  ASSERT_EQ(ptx_probe(da.p, dk.p, dv.p, dd.p, 1, nullptr), cudaSuccess);  // read before the wait
+  got = dd.get();
+  int nan = 0;
+  for (float x : got) nan += std::isnan(x);
+  EXPECT_EQ(nan, 512) << "tiles read before their cp.async group completed must not hold the data";
+  EXPECT_EQ(ptx_probe(da.p, dk.p, dv.p, dd.p, 2, nullptr), cudaErrorLaunchFailure);
+  const std::string what = cudaGetErrorString(cudaErrorLaunchFailure);
+  EXPECT_NE(what.find("lane 3's row address is not 16-byte aligned"), std::string::npos) << what;
+}
+
 }  // namespace
