@@ -138,8 +138,9 @@ __global__ void __launch_bounds__(k_mma_warps * 32)
       const bool valid = j < hi_all;
       const __nv_bfloat16* k_src = kv.k_base;
       const __nv_bfloat16* v_src = kv.v_base;
-      if (valid) {
-        const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+      if (valid) {  // 32-bit division (a head holds < 2^31 keys): int64's is a long software routine
+        const int32_t j32 = static_cast<int32_t>(j), bs = kv.block_size;
+        const int64_t blk = head.block_table[j32 / bs], slot = j32 % bs;
         k_src += blk * kv.k_block_stride + slot * hd + c8;
         v_src += blk * kv.v_block_stride + slot * hd + c8;
       }
@@ -182,14 +183,15 @@ __global__ void __launch_bounds__(k_mma_warps * 32)
         }
       }
       // The online softmax on the registers: each row's keys are on its 4 lanes (xor 1, 2).
-      const int64_t a0 = lo_a > j0 ? lo_a : j0, a1 = hi_a < j0 + k_mma_keys ? hi_a : j0 + k_mma_keys;
-      const int64_t b0 = lo_b > j0 ? lo_b : j0, b1 = hi_b < j0 + k_mma_keys ? hi_b : j0 + k_mma_keys;
+      // Each row's visible keys as offsets in the chunk, [a0, a1) and [b0, b1) within [0, 64].
+      auto clip = [&](int64_t x) { return static_cast<int>(x < j0 ? 0 : x > j0 + k_mma_keys ? k_mma_keys : x - j0); };
+      const int a0 = clip(lo_a), a1 = clip(hi_a), b0 = clip(lo_b), b1 = clip(hi_b);
       float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
       for (int n = 0; n < k_mma_keys / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int64_t j = j0 + 8 * n + 2 * tq + e;
+          const int j = 8 * n + 2 * tq + e;
           if (j >= a0 && j < a1) mx_a = fmaxf(mx_a, s[n][e]);
           if (j >= b0 && j < b1) mx_b = fmaxf(mx_b, s[n][2 + e]);
         }
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(k_mma_warps * 32)
       for (int n = 0; n < k_mma_keys / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int64_t j = j0 + 8 * n + 2 * tq + e;
+          const int j = 8 * n + 2 * tq + e;
           s[n][e] = j >= a0 && j < a1 ? expf(s[n][e] - mn_a) : 0.0f;
           s[n][2 + e] = j >= b0 && j < b1 ? expf(s[n][2 + e] - mn_b) : 0.0f;
           sum_a += s[n][e];
