@@ -22,9 +22,14 @@ inline __device__ void kv_piece(const PagedKvCuda& kv, const PagedKvHead& h, int
   *v = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * head_dim + c);
 }
 
-// First j in [0, length) with pos_j > bound (positions ascend within a head).
+// First j in [0, length) with pos_j > bound (positions ascend within a head); length if none.
+// The ends are looked at first: a decode query sees every key (one load instead of a binary
+// search of log2(length) dependent loads, ~17 at 128K keys, which every split block of the
+// decode kernel would otherwise wait through).
 inline __device__ int64_t first_above(const PagedKvCuda& kv, const PagedKvHead& h, int64_t bound) {
-  int64_t lo = 0, hi = h.length;
+  if (h.length == 0 || key_position(kv, h, h.length - 1) <= bound) return h.length;
+  if (key_position(kv, h, 0) > bound) return 0;
+  int64_t lo = 1, hi = h.length - 1;  // pos_0 <= bound < pos_(length-1)
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (key_position(kv, h, mid) <= bound)
