@@ -23,6 +23,7 @@ before stay valid. Runs on the CPU too (--device cpu, for a check of the script 
 model); it never downloads anything. Exit 77 when torch or transformers is missing.
 """
 import argparse
+import inspect
 import json
 import os
 import re
@@ -112,7 +113,7 @@ def main():
     layers, vocab = cfg.num_hidden_layers, cfg.vocab_size
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     load_s = time.time() - t0
-    fwd_params = set(__import__("inspect").signature(model.forward).parameters)
+    fwd_params = set(inspect.signature(model.forward).parameters)
     keep = {}
     if "logits_to_keep" in fwd_params:
         keep = {"logits_to_keep": 1}
@@ -170,7 +171,7 @@ def main():
             # Twice: the first pass pays one-time costs per new shape (on the H200, PyTorch's
             # cuDNN attention builds a plan for every new key length: ~40 ms a step, measured
             # 2026-12-04, against ~3 ms once built); the second pass is HF's steady state.
-            cold_s, cold_steps = prefill_and_decode(n, a.decode)
+            _, cold_steps = prefill_and_decode(n, a.decode)
             prefill_s, steps = prefill_and_decode(n, a.decode)
         except (RuntimeError, MemoryError) as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
             print(f"  {n:<8} failed: {str(e).splitlines()[0][:160]}")
