@@ -481,19 +481,53 @@ __global__ void __launch_bounds__(kd_threads, 4)
 }
 
 // out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M = max_s m_s, in split order; zeros
-// when no split saw a key. One block per (token, head), one thread per dim.
+// when no split saw a key. One block per (token, head), one thread per dim (head_dim ≤ 256).
+// Latency, not bandwidth, is its cost (a few MB at 128K keys), so nothing waits on one load at
+// a time: the threads find M over the splits together (a block max), each tile of blockDim
+// splits has its weights e^(m_s − M) computed once into shared memory, and each thread reads
+// its acc_s eight at a time before adding them in split order — the same operations in the
+// same order as a one-split-at-a-time loop, so the same bits.
 __global__ void attention_merge_kernel(const float* ws_state, const float* ws_acc, int64_t splits, int64_t rows,
                                        int head_dim, float* out) {
+  __shared__ float warp_mx[8];
+  __shared__ float w_s[256], l_s[256];
   const int64_t row = blockIdx.x;
-  const int d = threadIdx.x;
+  const int d = threadIdx.x, nt = blockDim.x;
   float mx = -INFINITY;
-  for (int64_t s = 0; s < splits; ++s) mx = fmaxf(mx, ws_state[2 * (s * rows + row)]);
+  for (int64_t s = d; s < splits; s += nt) mx = fmaxf(mx, ws_state[2 * (s * rows + row)]);
+  mx = warp_max(mx);
+  if ((d & 31) == 0) warp_mx[d >> 5] = mx;
+  __syncthreads();
+  mx = warp_mx[0];
+  for (int w = 1; w < nt / 32; ++w) mx = fmaxf(mx, warp_mx[w]);
   float num = 0.0f, den = 0.0f;
-  if (mx > -INFINITY) {
-    for (int64_t s = 0; s < splits; ++s) {
-      const float w = expf(ws_state[2 * (s * rows + row)] - mx);
-      num += w * ws_acc[(s * rows + row) * head_dim + d];
-      den += w * ws_state[2 * (s * rows + row) + 1];
+  if (mx > -INFINITY) {  // the same on every thread
+    for (int64_t s0 = 0; s0 < splits; s0 += nt) {
+      const int n = static_cast<int>(splits - s0 < nt ? splits - s0 : nt);
+      __syncthreads();  // the previous tile's weights are used up
+      if (d < n) {
+        const float* st = ws_state + 2 * ((s0 + d) * rows + row);
+        w_s[d] = expf(st[0] - mx);
+        l_s[d] = st[1];
+      }
+      __syncthreads();
+      const float* acc = ws_acc + (s0 * rows + row) * head_dim + d;  // split s0 + i at acc[i · rows · head_dim]
+      const int64_t step = rows * head_dim;
+      int i = 0;
+      for (; i + 8 <= n; i += 8) {
+        float a[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) a[k] = acc[(i + k) * step];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          num += w_s[i + k] * a[k];
+          den += w_s[i + k] * l_s[i + k];
+        }
+      }
+      for (; i < n; ++i) {
+        num += w_s[i] * acc[i * step];
+        den += w_s[i] * l_s[i];
+      }
     }
   }
   out[row * head_dim + d] = den > 0.0f ? num / den : 0.0f;

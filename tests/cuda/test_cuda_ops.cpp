@@ -350,6 +350,8 @@ const std::vector<AttnShape>& attention_shapes() {
       {"group16_prefill", 16, 1, 64, {40}, 5, false, false, 0},
       {"group32_rows96_unsplit", 32, 1, 32, {2000}, 3, true, false, 0},
       {"group3_rows21", 9, 3, 64, {7, 30, 64}, 7, false, true, 0},
+      // 65 splits of 64 keys against a 32-thread merge block: the merge's weights in 3 tiles.
+      {"d32_decode_65_splits", 4, 1, 32, {4100}, 2, true, true, 0},
   };
   return shapes;
 }
