@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(k_warps * 32)
       for (int idx = tid; idx < n * hd; idx += blockDim.x) {
         const int jj = idx / hd, i = idx % hd;
         const int64_t j = j0 + jj;
-        const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+        const paged::KeySlot at = paged::key_slot(kv, head, j);
+        const int64_t blk = at.block, slot = at.slot;
         k_s[jj * (hd + 1) + i] = __bfloat162float(kv.k_base[blk * kv.k_block_stride + slot * hd + i]);
         v_s[jj * hd + i] = __bfloat162float(kv.v_base[blk * kv.v_block_stride + slot * hd + i]);
       }
@@ -313,7 +314,8 @@ __global__ void __launch_bounds__(kd_threads, 4)
       for (int idx = tid; idx < n * hd; idx += kd_threads) {
         const int jj = idx / hd, i = idx % hd;
         const int64_t j = j0 + jj;
-        const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+        const paged::KeySlot at = paged::key_slot(kv, head, j);
+        const int64_t blk = at.block, slot = at.slot;
         k_s[jj * ks + i + (i < half ? 0 : 8)] = kb16[blk * kv.k_block_stride + slot * hd + i];
         v_s[jj * hd + i] = vb16[blk * kv.v_block_stride + slot * hd + i];
       }

@@ -138,11 +138,10 @@ __global__ void __launch_bounds__(k_mma_warps * 32)
       const bool valid = j < hi_all;
       const __nv_bfloat16* k_src = kv.k_base;
       const __nv_bfloat16* v_src = kv.v_base;
-      if (valid) {  // 32-bit division (a head holds < 2^31 keys): int64's is a long software routine
-        const int32_t j32 = static_cast<int32_t>(j), bs = kv.block_size;
-        const int64_t blk = head.block_table[j32 / bs], slot = j32 % bs;
-        k_src += blk * kv.k_block_stride + slot * hd + c8;
-        v_src += blk * kv.v_block_stride + slot * hd + c8;
+      if (valid) {
+        const paged::KeySlot at = paged::key_slot(kv, head, j);
+        k_src += at.block * kv.k_block_stride + static_cast<int64_t>(at.slot) * hd + c8;
+        v_src += at.block * kv.v_block_stride + static_cast<int64_t>(at.slot) * hd + c8;
       }
       ptx::cp_async_16(k_dst + jj * ld + c8, k_src, valid);
       ptx::cp_async_16(v_dst + jj * ld + c8, v_src, valid);

@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(k_tc_warps * 32)
       uint4 kr = make_uint4(0u, 0u, 0u, 0u), vr = make_uint4(0u, 0u, 0u, 0u);
       if (jj < n) {
         const int64_t j = j0 + jj;
-        const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+        const paged::KeySlot at = paged::key_slot(kv, head, j);
+        const int64_t blk = at.block, slot = at.slot;
         kr = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * hd + c);
         vr = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * hd + c);
       }

@@ -10,14 +10,28 @@
 
 namespace snap::kernels::paged {
 
+// Key j's block (from the head's block table) and its slot in the block. 32-bit division: a
+// head holds fewer than 2^31 keys, and int64 division is a long software routine on the GPU
+// (it cost the decode kernel more instructions per chunk than its arithmetic).
+struct KeySlot {
+  int64_t block;
+  int32_t slot;
+};
+inline __device__ KeySlot key_slot(const PagedKvCuda& kv, const PagedKvHead& h, int64_t j) {
+  const int32_t j32 = static_cast<int32_t>(j), b = j32 / kv.block_size;
+  return {h.block_table[b], j32 - b * kv.block_size};
+}
+
 inline __device__ int32_t key_position(const PagedKvCuda& kv, const PagedKvHead& h, int64_t j) {
-  return kv.pos_base[h.block_table[j / kv.block_size] * kv.pos_block_stride + j % kv.block_size];
+  const KeySlot ks = key_slot(kv, h, j);
+  return kv.pos_base[ks.block * kv.pos_block_stride + ks.slot];
 }
 
 // Elements c .. c + 7 of key j's K and V rows as 16-byte loads (the rows must be 16-byte aligned).
 inline __device__ void kv_piece(const PagedKvCuda& kv, const PagedKvHead& h, int64_t j, int head_dim, int c, uint4* k,
                                 uint4* v) {
-  const int64_t blk = h.block_table[j / kv.block_size], slot = j % kv.block_size;
+  const KeySlot ks = key_slot(kv, h, j);
+  const int64_t blk = ks.block, slot = ks.slot;
   *k = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * head_dim + c);
   *v = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * head_dim + c);
 }

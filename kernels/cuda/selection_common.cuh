@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/paged_kv.cuh"
 
 namespace snap::kernels::selection {
 
@@ -31,7 +32,8 @@ inline __device__ float dot_as_cpu(const float* q, const float* k, int hd) {
 
 // Logical key j of a head (bf16 in the paged cache), element d, as f32.
 inline __device__ float paged_key(const PagedKvCuda& kv, const PagedKvHead& head, int64_t j, int hd, int d) {
-  const int64_t blk = head.block_table[j / kv.block_size], slot = j % kv.block_size;
+  const paged::KeySlot at = paged::key_slot(kv, head, j);
+  const int64_t blk = at.block, slot = at.slot;
   return __bfloat162float(kv.k_base[blk * kv.k_block_stride + slot * hd + d]);
 }
 
