@@ -131,7 +131,7 @@ struct PagedLayer {
 // of attention_paged_cuda; decode: the kernel attention_paged_cuda runs decode rows on.
 double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos, bool tc = false,
                     DecodeAttention decode = DecodeAttention::key_threads,
-                    PrefillAttention prefill = PrefillAttention::mma) {
+                    PrefillAttention prefill = PrefillAttention::mma, int mma_warps = 4) {
   AttentionParams p{k_heads, k_kv_heads, k_head_dim, 0.088388f, 0};
   Dev q(4ull * num_tokens * k_heads * k_head_dim), out(4ull * num_tokens * k_heads * k_head_dim);
   std::vector<int32_t> qp(static_cast<size_t>(num_tokens));
@@ -141,7 +141,11 @@ double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos,
   const size_t ws_bytes = attention_paged_cuda_workspace_bytes(num_tokens, p, kv.view.max_length);
   Dev ws(std::max<size_t>(ws_bytes, 1));
   return time_ms([&] {
-    if (tc)
+    if (tc && prefill != PrefillAttention::wmma && mma_warps != 4)
+      check(attention_prefill_mma_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(),
+                                       nullptr, prefill == PrefillAttention::mma_bf16, mma_warps),
+            "attention_prefill_mma_cuda");
+    else if (tc)
       check(attention_prefill_tc_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(), nullptr,
                                       prefill),
             "attention_prefill_tc_cuda");
@@ -235,15 +239,18 @@ int main(int argc, char** argv) {
     // causal: query i sees ctx − chunk + i + 1 keys; 4 flops per (query, key, dim): QK and PV
     // (the useful ones: the tensor-core kernel's bf16-pair MMAs do twice as many)
     const double flops = 4.0 * k_heads * k_head_dim * (chunk * (ctx - chunk) + chunk * (chunk + 1) / 2.0);
-    // The prompt kernels: mma (the default, f32-accurate), mma_bf16 (bf16 operands), wmma (the
-    // first tensor-core kernel), then the f32 CUDA-core one.
-    const std::tuple<const char*, bool, PrefillAttention> kernels[] = {
-        {"tensor cores, mma", true, PrefillAttention::mma},
-        {"tensor cores, mma_bf16", true, PrefillAttention::mma_bf16},
-        {"tensor cores, wmma", true, PrefillAttention::wmma},
-        {"f32 CUDA cores", false, PrefillAttention::mma}};
-    for (const auto& [name, tc, kernel] : kernels) {
-      const double pms = attention_ms(kv, chunk, static_cast<int32_t>(ctx - chunk), tc, DecodeAttention::key_threads, kernel);
+    // The prompt kernels: mma (the default, f32-accurate; 4 warps, and 8 for comparison),
+    // mma_bf16 (bf16 operands), wmma (the first tensor-core kernel), then the f32 CUDA-core one.
+    const std::tuple<const char*, bool, PrefillAttention, int> kernels[] = {
+        {"tensor cores, mma", true, PrefillAttention::mma, 4},
+        {"tensor cores, mma 8 warps", true, PrefillAttention::mma, 8},
+        {"tensor cores, mma_bf16", true, PrefillAttention::mma_bf16, 4},
+        {"tensor cores, mma_bf16 8 warps", true, PrefillAttention::mma_bf16, 8},
+        {"tensor cores, wmma", true, PrefillAttention::wmma, 4},
+        {"f32 CUDA cores", false, PrefillAttention::mma, 4}};
+    for (const auto& [name, tc, kernel, warps] : kernels) {
+      const double pms =
+          attention_ms(kv, chunk, static_cast<int32_t>(ctx - chunk), tc, DecodeAttention::key_threads, kernel, warps);
       const double tf = flops / (pms * 1e-3) / 1e12;
       row(std::string("prefill (") + name + "), last " + std::to_string(chunk) + " queries over " + std::to_string(ctx) +
               " keys",

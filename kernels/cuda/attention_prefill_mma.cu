@@ -1,8 +1,8 @@
 // The FlashAttention-2-class prompt kernel (attention_prefill_mma_cuda in kernels_cuda.h):
 // causal GQA attention of prompt chunks over the paged per-KV-head cache, on mma.sync m16n8k16
 // bf16 MMAs with f32 accumulation (ptx.cuh), everything of a row in registers.
-//   Block = 64 query rows (t, h) of one KV head g, 4 warps of 16 rows each, so the rows of a GQA
-//   group share every K/V load. Keys stream through shared memory in aligned chunks of 64,
+//   Block = 64 query rows (t, h) of one KV head g, 4 warps of 16 rows each (or 128 rows, 8 warps:
+//   attention_prefill_mma_cuda's `warps`), so the rows of a GQA group share every K/V load. Keys stream through shared memory in aligned chunks of 64,
 //   double-buffered: cp.async fetches chunk c + 1 (16-byte pieces through the head's block
 //   table, zeros past the last key any row sees) while the warps compute on chunk c. Per chunk
 //   a warp computes S = Q·Kᵀ (16 × 64) into registers (Q from registers, K through ldmatrix),
@@ -33,8 +33,8 @@
 namespace snap::kernels {
 
 namespace {
-constexpr int k_mma_warps = 4;
-constexpr int k_mma_rows = 16 * k_mma_warps;  // query rows per block
+// A warp holds 16 query rows; a block 4 warps (64 rows, the default) or 8 (128 rows: half the
+// K/V traffic per row, one block per SM at head_dim 128).
 constexpr int k_mma_keys = 64;                // keys per chunk
 constexpr int k_mma_pad = 8;                  // bf16 per shared row (16 B): ldmatrix rows fall in distinct banks
 constexpr int k_mma_stages = 2;               // chunks in flight
@@ -44,30 +44,32 @@ constexpr int k_mma_stages = 2;               // chunks in flight
 struct MmaLayout {
   size_t kv, qhi, qlo, rows, total;
 };
-__host__ __device__ inline MmaLayout mma_layout(int hd, bool split) {
+__host__ __device__ inline MmaLayout mma_layout(int hd, bool split, int warps) {
+  const int rows = 16 * warps;
   const size_t tile = sizeof(__nv_bfloat16) * k_mma_keys * (hd + k_mma_pad);  // one K or V chunk
-  const size_t qtile = sizeof(__nv_bfloat16) * k_mma_rows * (hd + k_mma_pad);
+  const size_t qtile = sizeof(__nv_bfloat16) * rows * (hd + k_mma_pad);
   MmaLayout L{};
   L.kv = 0;  // stage s: K at 2s·tile, V at (2s + 1)·tile
   L.qhi = L.kv + 2 * k_mma_stages * tile;
   L.qlo = L.qhi + qtile;
   L.rows = L.qlo + (split ? qtile : 0);
-  L.total = L.rows + sizeof(int64_t) * (2 * k_mma_rows + 2);  // rows' key ranges, their union
+  L.total = L.rows + sizeof(int64_t) * (2 * rows + 2);  // rows' key ranges, their union
   return L;
 }
 }  // namespace
 
-// kD = head_dim / 16. Grid: x row chunks of 64, y KV heads.
-template <int kD, bool kSplit>
-__global__ void __launch_bounds__(k_mma_warps * 32)
+// kD = head_dim / 16. Grid: x row chunks of 16·kWarps, y KV heads.
+template <int kD, bool kSplit, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
     attention_prefill_mma_kernel(const float* q, const int32_t* q_positions, int64_t num_tokens, PagedKvCuda kv,
                                  AttentionParams p, float* out) {
   constexpr int hd = kD * 16;
   constexpr int ld = hd + k_mma_pad;           // shared rows (bf16)
   constexpr int tile = k_mma_keys * ld;         // elements of one K or V chunk
   constexpr int pieces = hd / 8;                // 16-byte pieces of a key row
+  constexpr int k_mma_rows = 16 * kWarps;       // query rows per block
   extern __shared__ __align__(128) unsigned char mma_smem[];
-  const MmaLayout L = mma_layout(hd, kSplit);
+  const MmaLayout L = mma_layout(hd, kSplit, kWarps);
   __nv_bfloat16* kv_s = reinterpret_cast<__nv_bfloat16*>(mma_smem + L.kv);
   __nv_bfloat16* qhi_s = reinterpret_cast<__nv_bfloat16*>(mma_smem + L.qhi);
   __nv_bfloat16* qlo_s = reinterpret_cast<__nv_bfloat16*>(mma_smem + L.qlo);
@@ -281,44 +283,57 @@ __global__ void __launch_bounds__(k_mma_warps * 32)
 }
 
 namespace {
-template <int kD, bool kSplit>
+constexpr size_t k_max_smem = 227 * 1024;  // sm_90's most per block (sm_80: 163 KiB)
+
+template <int kD, bool kSplit, int kWarps>
 void launch_mma(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
                 const AttentionParams& p, float* out, cudaStream_t stream) {
-  const size_t smem = mma_layout(kD * 16, kSplit).total;
+  const size_t smem = mma_layout(kD * 16, kSplit, kWarps).total;
   if (smem > 48 * 1024)  // above the default the kernel opts in (sm_80: up to 163 KiB; sm_90: 227 KiB)
-    cudaFuncSetAttribute(attention_prefill_mma_kernel<kD, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
+    cudaFuncSetAttribute(attention_prefill_mma_kernel<kD, kSplit, kWarps>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   const int64_t rows_total = num_tokens * (p.num_heads / p.num_kv_heads);
-  const dim3 grid(static_cast<unsigned>((rows_total + k_mma_rows - 1) / k_mma_rows),
-                  static_cast<unsigned>(p.num_kv_heads));
-  attention_prefill_mma_kernel<kD, kSplit><<<grid, k_mma_warps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, out);
+  const int64_t rows = 16 * kWarps;
+  const dim3 grid(static_cast<unsigned>((rows_total + rows - 1) / rows), static_cast<unsigned>(p.num_kv_heads));
+  attention_prefill_mma_kernel<kD, kSplit, kWarps>
+      <<<grid, kWarps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, out);
+}
+
+// 8 warps where their shared memory fits (not at head_dim ≥ 224 with split operands), else 4.
+template <int kD, bool kSplit>
+void launch_warps(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
+                  const AttentionParams& p, float* out, cudaStream_t stream, int warps) {
+  if (warps == 8 && mma_layout(kD * 16, kSplit, 8).total <= k_max_smem)
+    launch_mma<kD, kSplit, 8>(q, q_positions, num_tokens, kv, p, out, stream);
+  else
+    launch_mma<kD, kSplit, 4>(q, q_positions, num_tokens, kv, p, out, stream);
 }
 
 template <bool kSplit>
 void dispatch_mma(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
-                  const AttentionParams& p, float* out, cudaStream_t stream) {
+                  const AttentionParams& p, float* out, cudaStream_t stream, int warps) {
   switch (p.head_dim / 32) {
-    case 1: launch_mma<2, kSplit>(q, q_positions, num_tokens, kv, p, out, stream); break;
-    case 2: launch_mma<4, kSplit>(q, q_positions, num_tokens, kv, p, out, stream); break;
-    case 3: launch_mma<6, kSplit>(q, q_positions, num_tokens, kv, p, out, stream); break;
-    case 4: launch_mma<8, kSplit>(q, q_positions, num_tokens, kv, p, out, stream); break;
-    case 5: launch_mma<10, kSplit>(q, q_positions, num_tokens, kv, p, out, stream); break;
-    case 6: launch_mma<12, kSplit>(q, q_positions, num_tokens, kv, p, out, stream); break;
-    case 7: launch_mma<14, kSplit>(q, q_positions, num_tokens, kv, p, out, stream); break;
-    case 8: launch_mma<16, kSplit>(q, q_positions, num_tokens, kv, p, out, stream); break;
+    case 1: launch_warps<2, kSplit>(q, q_positions, num_tokens, kv, p, out, stream, warps); break;
+    case 2: launch_warps<4, kSplit>(q, q_positions, num_tokens, kv, p, out, stream, warps); break;
+    case 3: launch_warps<6, kSplit>(q, q_positions, num_tokens, kv, p, out, stream, warps); break;
+    case 4: launch_warps<8, kSplit>(q, q_positions, num_tokens, kv, p, out, stream, warps); break;
+    case 5: launch_warps<10, kSplit>(q, q_positions, num_tokens, kv, p, out, stream, warps); break;
+    case 6: launch_warps<12, kSplit>(q, q_positions, num_tokens, kv, p, out, stream, warps); break;
+    case 7: launch_warps<14, kSplit>(q, q_positions, num_tokens, kv, p, out, stream, warps); break;
+    case 8: launch_warps<16, kSplit>(q, q_positions, num_tokens, kv, p, out, stream, warps); break;
   }
 }
 }  // namespace
 
 cudaError_t attention_prefill_mma_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                        const PagedKvCuda& kv, const AttentionParams& p, float* out,
-                                       cudaStream_t stream, bool bf16_operands) {
+                                       cudaStream_t stream, bool bf16_operands, int warps) {
   if (num_tokens <= 0) return cudaSuccess;
-  if (!attention_prefill_tc_supported(p, kv)) return cudaErrorInvalidValue;
+  if (!attention_prefill_tc_supported(p, kv) || (warps != 4 && warps != 8)) return cudaErrorInvalidValue;
   if (bf16_operands)
-    dispatch_mma<false>(q, q_positions, num_tokens, kv, p, out, stream);
+    dispatch_mma<false>(q, q_positions, num_tokens, kv, p, out, stream, warps);
   else
-    dispatch_mma<true>(q, q_positions, num_tokens, kv, p, out, stream);
+    dispatch_mma<true>(q, q_positions, num_tokens, kv, p, out, stream, warps);
   return cudaGetLastError();
 }
 

@@ -144,10 +144,13 @@ inline bool attention_prefill_tc_supported(const AttentionParams& p, const Paged
 cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                       const PagedKvCuda& kv, const AttentionParams& p, float* out,
                                       cudaStream_t stream, PrefillAttention kernel = PrefillAttention::mma);
-// The mma kernels directly (attention_prefill_tc_cuda's mma and mma_bf16).
+// The mma kernels directly (attention_prefill_tc_cuda's mma and mma_bf16, which run 4 warps).
+// warps: 4 (64 query rows per block) or 8 (128 rows: half the K/V loads per row; 4 where its
+// shared memory would not fit, head_dim ≥ 224 with split operands); else cudaErrorInvalidValue.
+// Both give the same bits (a row's bits never depend on the rows beside it).
 cudaError_t attention_prefill_mma_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                        const PagedKvCuda& kv, const AttentionParams& p, float* out,
-                                       cudaStream_t stream, bool bf16_operands);
+                                       cudaStream_t stream, bool bf16_operands, int warps = 4);
 
 // --- KV cache writes (slot = block · block_size + offset, computed by the host pool) ----------
 // K/V rows [num_tokens, num_kv_heads, head_dim] f32 -> bf16 at dst_slots[t · num_kv_heads + g];

@@ -472,6 +472,24 @@ void add_attention_tc(std::vector<OpCase>& t) {
     for (const AttnShape& s : attention_shapes())
       t.push_back({std::string(prefix) + s.name,
                    [=]() { return attention_case(s, true, DecodeAttention::key_threads, kernel); }});
+    if (kernel != PrefillAttention::wmma)  // 8 warps (128 rows per block): the 4-warp bits exactly
+      for (const AttnShape& s : attention_shapes())
+        t.push_back({std::string(prefix) + "8_warps_" + s.name, [=]() -> AssertionResult {
+                       const PagedFixture f(s, 41);
+                       const AttentionParams p = attention_params(s);
+                       const std::vector<int32_t> qpos = attention_positions(s, f);
+                       const auto q = test::random_floats(s.num_tokens * s.num_heads * s.head_dim, 43, -2.0f, 2.0f);
+                       const DevicePaged d(f, s.head_dim);
+                       std::vector<float> four;
+                       if (auto r = run_attention_cuda(d, q, qpos, p, four, true, DecodeAttention::key_threads, kernel); !r)
+                         return r;
+                       DeviceBuffer<float> dq(q), dout(q.size());
+                       DeviceBuffer<int32_t> dpos(qpos);
+                       CUDA_TRY(attention_prefill_mma_cuda(dq.ptr, dpos.ptr, s.num_tokens, d.view, p, dout.ptr, nullptr,
+                                                           kernel == PrefillAttention::mma_bf16, 8));
+                       if (auto r = sync_ok(); !r) return r;
+                       return bitwise_equal(dout.to_host(), four);
+                     }});
     t.push_back({std::string(prefix) + "rejects_bad_shapes", [kernel]() -> AssertionResult {
                    AttnShape s{"bad", 4, 2, 64, {10, 10}, 1, true, false, 0};
                    const PagedFixture f(s, 5);
@@ -491,6 +509,10 @@ void add_attention_tc(std::vector<OpCase>& t) {
                    if (attention_prefill_tc_cuda(nullptr, nullptr, 1, odd, p, nullptr, nullptr, kernel) !=
                        cudaErrorInvalidValue)
                      return AssertionFailure() << "a K block stride that is not a multiple of 8 elements must be refused";
+                   if (kernel != PrefillAttention::wmma &&
+                       attention_prefill_mma_cuda(nullptr, nullptr, 1, d.view, p, nullptr, nullptr,
+                                                  kernel == PrefillAttention::mma_bf16, 6) != cudaErrorInvalidValue)
+                     return AssertionFailure() << "6 warps (neither 4 nor 8) must be refused";
                    return AssertionSuccess();
                  }});
   }

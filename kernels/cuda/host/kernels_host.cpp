@@ -282,9 +282,9 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
 // twin is as exact, more so than the kernel).
 cudaError_t attention_prefill_mma_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                        const PagedKvCuda& kv, const AttentionParams& p, float* out, cudaStream_t,
-                                       bool) {
+                                       bool, int warps) {
   if (num_tokens <= 0) return cudaSuccess;
-  if (!attention_prefill_tc_supported(p, kv)) return cudaErrorInvalidValue;
+  if (!attention_prefill_tc_supported(p, kv) || (warps != 4 && warps != 8)) return cudaErrorInvalidValue;
   return cpu_attention(q, q_positions, num_tokens, kv, p, out, false);
 }
 cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
