@@ -45,28 +45,6 @@ size_t smem_bytes(int head_dim) {
                           static_cast<size_t>(k_chunk) * head_dim);
 }
 
-// A block's share of the work, for both kernels: rows [r0, r0 + nrows) of KV head g
-// (blockIdx.y; row r is token r / group, query head g·group + r % group), keys [kb, ke) of
-// split blockIdx.z (every key when unsplit).
-struct BlockSpan {
-  int group, g, nrows;
-  int64_t split, r0, kb, ke;
-  PagedKvHead head;
-};
-__device__ BlockSpan block_span(const PagedKvCuda& kv, const AttentionParams& p, int64_t num_tokens,
-                                int rows_per_block, int64_t splits, int64_t split_keys) {
-  BlockSpan b;
-  b.group = p.num_heads / p.num_kv_heads;
-  b.g = blockIdx.y;
-  b.split = blockIdx.z;
-  const int64_t rows_total = num_tokens * b.group;
-  b.r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
-  b.nrows = static_cast<int>(rows_total - b.r0 < rows_per_block ? rows_total - b.r0 : rows_per_block);
-  b.head = kv.heads[b.g];
-  b.kb = splits > 1 ? b.split * split_keys : 0;
-  b.ke = splits > 1 ? (b.kb + split_keys < b.head.length ? b.kb + split_keys : b.head.length) : b.head.length;
-  return b;
-}
 }  // namespace
 
 // kDims = head_dim / 32: output dims per lane. Grid: x row chunks, y KV heads, z splits.
@@ -84,7 +62,7 @@ __global__ void __launch_bounds__(k_warps * 32)
   __shared__ int64_t range_s[2];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const auto [group, g, nrows, split, r0, kb, ke, head] = block_span(kv, p, num_tokens, k_rows, splits, split_keys);
+  const auto [group, g, nrows, split, r0, kb, ke, head] = paged::block_span(kv, p, num_tokens, k_rows, splits, split_keys);
 
   if (tid < nrows)  // this row's visible keys within [kb, ke)
     paged::visible_keys(kv, head, q_positions[(r0 + tid) / group], p.sliding_window, kb, ke, &lo_s[tid], &hi_s[tid]);
@@ -258,7 +236,7 @@ __global__ void __launch_bounds__(kd_threads, 4)
   __shared__ float ml_s[2 * kd_rows];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const auto [group, g, nrows, split, r0, kb, ke, head] = block_span(kv, p, num_tokens, kd_rows, splits, split_keys);
+  const auto [group, g, nrows, split, r0, kb, ke, head] = paged::block_span(kv, p, num_tokens, kd_rows, splits, split_keys);
 
   if (tid < nrows)  // this row's visible keys within [kb, ke)
     paged::visible_keys(kv, head, q_positions[(r0 + tid) / group], p.sliding_window, kb, ke, &lo_s[tid], &hi_s[tid]);

@@ -79,30 +79,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gq = lane >> 2, tq = lane & 3;  // the MMA fragments' row group and thread in group
 
-  const int group = p.num_heads / p.num_kv_heads;
-  const int g = blockIdx.y;
-  const int64_t rows_total = num_tokens * group;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * k_mma_rows;
-  const int nrows = static_cast<int>(rows_total - r0 < k_mma_rows ? rows_total - r0 : k_mma_rows);
-  const PagedKvHead head = kv.heads[g];
+  const paged::BlockSpan span = paged::block_span(kv, p, num_tokens, k_mma_rows);
+  const int nrows = span.nrows;
+  const PagedKvHead head = span.head;
 
-  if (tid < k_mma_rows) {  // each row's visible keys; none for the rows past the end
-    int64_t lo = 0, hi = 0;
-    if (tid < nrows)
-      paged::visible_keys(kv, head, q_positions[(r0 + tid) / group], p.sliding_window, 0, head.length, &lo, &hi);
-    lo_s[tid] = lo;
-    hi_s[tid] = hi;
-  }
+  paged::span_visible(kv, span, q_positions, p.sliding_window, tid, k_mma_rows, lo_s, hi_s);  // each row's keys
   // q·scale staged as bf16 (hi, and lo when split), warp w's rows at w·16·ld, zeros past the end.
   for (int idx = tid; idx < k_mma_rows * hd; idx += blockDim.x) {
     const int rr = idx / hd, i = idx % hd;
-    float x = 0.0f;
-    if (rr < nrows) {
-      const int64_t r = r0 + rr;
-      const int64_t t = r / group;
-      const int h = g * group + static_cast<int>(r % group);
-      x = q[(t * p.num_heads + h) * hd + i] * p.scale;
-    }
+    const float x = rr < nrows ? q[paged::span_row(span, p.num_heads, rr) * hd + i] * p.scale : 0.0f;
     const __nv_bfloat16 hi = __float2bfloat16_rn(x);
     qhi_s[rr * ld + i] = hi;
     if constexpr (kSplit) qlo_s[rr * ld + i] = __float2bfloat16_rn(x - __bfloat162float(hi));
@@ -270,10 +255,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (row >= nrows) continue;
     const float l = half == 0 ? l_a : l_b;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: zeros
-    const int64_t r = r0 + row;
-    const int64_t t = r / group;
-    const int h = g * group + static_cast<int>(r % group);
-    float* dst = out + (t * p.num_heads + h) * hd + 2 * tq;
+    float* dst = out + paged::span_row(span, p.num_heads, row) * hd + 2 * tq;
 #pragma unroll
     for (int d = 0; d < 2 * kD; ++d) {
       dst[8 * d] = o[d][2 * half] * inv;

@@ -83,32 +83,17 @@ __global__ void __launch_bounds__(k_tc_warps * 32)
   int64_t* hi_s = lo_s + k_tc_rows;
   int64_t* range_s = hi_s + k_tc_rows;
 
-  const int group = p.num_heads / p.num_kv_heads;
-  const int g = blockIdx.y;
-  const int64_t rows_total = num_tokens * group;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * k_tc_rows;
-  const int nrows = static_cast<int>(rows_total - r0 < k_tc_rows ? rows_total - r0 : k_tc_rows);
-  const PagedKvHead head = kv.heads[g];
+  const paged::BlockSpan span = paged::block_span(kv, p, num_tokens, k_tc_rows);
+  const int nrows = span.nrows;
+  const PagedKvHead head = span.head;
 
-  if (tid < k_tc_rows) {  // each row's visible keys; none for the rows past the end
-    int64_t lo = 0, hi = 0;
-    if (tid < nrows)
-      paged::visible_keys(kv, head, q_positions[(r0 + tid) / group], p.sliding_window, 0, head.length, &lo, &hi);
-    lo_s[tid] = lo;
-    hi_s[tid] = hi;
-  }
+  paged::span_visible(kv, span, q_positions, p.sliding_window, tid, k_tc_rows, lo_s, hi_s);  // each row's keys
   for (int idx = tid; idx < 16 * 16; idx += blockDim.x) row_tile[idx] = static_cast<float>(idx / 16);
   // q·scale as a bf16 pair: hi staged in the K region (then held in registers), lo in its own
   // region (read at each use: registers would spill); warp w's rows at w·16·ld, zeros past the end.
   for (int idx = tid; idx < k_tc_rows * hd; idx += blockDim.x) {
     const int rr = idx / hd, i = idx % hd;
-    float x = 0.0f;
-    if (rr < nrows) {
-      const int64_t r = r0 + rr;
-      const int64_t t = r / group;
-      const int h = g * group + static_cast<int>(r % group);
-      x = q[(t * p.num_heads + h) * hd + i] * p.scale;
-    }
+    const float x = rr < nrows ? q[paged::span_row(span, p.num_heads, rr) * hd + i] * p.scale : 0.0f;
     const __nv_bfloat16 hi = __float2bfloat16_rn(x);
     k_s[rr * ld + i] = hi;
     qlo_s[rr * ld + i] = __float2bfloat16_rn(x - __bfloat162float(hi));
@@ -222,10 +207,7 @@ __global__ void __launch_bounds__(k_tc_warps * 32)
     const int rr = idx / hd, i = idx % hd;
     const int row = warp * 16 + rr;
     if (row >= nrows) continue;
-    const int64_t r = r0 + row;
-    const int64_t t = r / group;
-    const int h = g * group + static_cast<int>(r % group);
-    out[(t * p.num_heads + h) * hd + i] = o_w[idx] * f_w[rr];
+    out[paged::span_row(span, p.num_heads, row) * hd + i] = o_w[idx] * f_w[rr];
   }
 }
 

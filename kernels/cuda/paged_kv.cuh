@@ -80,4 +80,45 @@ inline __device__ void range_union(const int64_t* lo_s, const int64_t* hi_s, int
   *hi = a < b ? b : 0;
 }
 
+// A block's share of an attention kernel's work: rows [r0, r0 + nrows) of KV head g
+// (blockIdx.y; row r is token r / group, query head g·group + r % group), keys [kb, ke) of
+// split blockIdx.z (every key when unsplit: the prompt kernels).
+struct BlockSpan {
+  int group, g, nrows;
+  int64_t split, r0, kb, ke;
+  PagedKvHead head;
+};
+inline __device__ BlockSpan block_span(const PagedKvCuda& kv, const AttentionParams& p, int64_t num_tokens,
+                                       int rows_per_block, int64_t splits = 1, int64_t split_keys = 0) {
+  BlockSpan b;
+  b.group = p.num_heads / p.num_kv_heads;
+  b.g = blockIdx.y;
+  b.split = blockIdx.z;
+  const int64_t rows_total = num_tokens * b.group;
+  b.r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  b.nrows = static_cast<int>(rows_total - b.r0 < rows_per_block ? rows_total - b.r0 : rows_per_block);
+  b.head = kv.heads[b.g];
+  b.kb = splits > 1 ? b.split * split_keys : 0;
+  b.ke = splits > 1 ? (b.kb + split_keys < b.head.length ? b.kb + split_keys : b.head.length) : b.head.length;
+  return b;
+}
+
+// Row rr of the span as a row of q and out: t · num_heads + h.
+inline __device__ int64_t span_row(const BlockSpan& b, int num_heads, int rr) {
+  const int64_t r = b.r0 + rr;
+  return r / b.group * num_heads + b.g * b.group + r % b.group;
+}
+
+// Thread tid < rows sets [lo_s[tid], hi_s[tid]): the keys of [kb, ke) span row tid sees, empty
+// for the rows past nrows.
+inline __device__ void span_visible(const PagedKvCuda& kv, const BlockSpan& b, const int32_t* q_positions,
+                                    int sliding_window, int tid, int rows, int64_t* lo_s, int64_t* hi_s) {
+  if (tid >= rows) return;
+  int64_t lo = 0, hi = 0;
+  if (tid < b.nrows)
+    visible_keys(kv, b.head, q_positions[(b.r0 + tid) / b.group], sliding_window, b.kb, b.ke, &lo, &hi);
+  lo_s[tid] = lo;
+  hi_s[tid] = hi;
+}
+
 }  // namespace snap::kernels::paged
