@@ -239,8 +239,9 @@ TEST_F(Emulator, WmmaIsATileProductWhateverTheMapping) {
     ASSERT_EQ(wmma_probe(da.p, db.p, dc.p, dd.p, drows.p, mode, nullptr), cudaSuccess) << "mode " << mode;
     const auto got = dd.get();
     for (int i = 0; i < 256; ++i) ASSERT_EQ(got[i], want[i]) << "element " << i << " mode " << mode;
-    if (mode == 4)
+    if (mode == 4) {
       for (int l = 0; l < 32; ++l) EXPECT_EQ(got[256 + l], static_cast<float>(31 - l)) << "lane " << l;
+    }
   }
   EXPECT_EQ(wmma_probe(da.p, db.p, dc.p, dd.p, drows.p, 1, nullptr), cudaErrorLaunchFailure);
   std::string what = cudaGetErrorString(cudaErrorLaunchFailure);
