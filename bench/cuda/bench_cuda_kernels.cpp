@@ -141,7 +141,7 @@ double attention_ms(const PagedLayer& kv, int64_t num_tokens, int32_t first_pos,
   const size_t ws_bytes = attention_paged_cuda_workspace_bytes(num_tokens, p, kv.view.max_length);
   Dev ws(std::max<size_t>(ws_bytes, 1));
   return time_ms([&] {
-    if (tc && prefill != PrefillAttention::wmma && mma_warps != 4)
+    if (tc && prefill != PrefillAttention::wmma)
       check(attention_prefill_mma_cuda(q.as<float>(), dqp.as<int32_t>(), num_tokens, kv.view, p, out.as<float>(),
                                        nullptr, prefill == PrefillAttention::mma_bf16, mma_warps),
             "attention_prefill_mma_cuda");

@@ -62,16 +62,13 @@ __global__ void __launch_bounds__(k_warps * 32)
   __shared__ int64_t range_s[2];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const auto [group, g, nrows, split, r0, kb, ke, head] = paged::block_span(kv, p, num_tokens, k_rows, splits, split_keys);
+  const paged::BlockSpan span = paged::block_span(kv, p, num_tokens, k_rows, splits, split_keys);
+  const auto [group, g, nrows, split, r0, kb, ke, head] = span;
 
-  if (tid < nrows)  // this row's visible keys within [kb, ke)
-    paged::visible_keys(kv, head, q_positions[(r0 + tid) / group], p.sliding_window, kb, ke, &lo_s[tid], &hi_s[tid]);
+  paged::span_visible(kv, span, q_positions, p.sliding_window, tid, nrows, lo_s, hi_s);  // within [kb, ke)
   for (int idx = tid; idx < nrows * hd; idx += blockDim.x) {
     const int rr = idx / hd, i = idx % hd;
-    const int64_t r = r0 + rr;
-    const int64_t t = r / group;
-    const int h = g * group + static_cast<int>(r % group);
-    q_s[idx] = q[(t * p.num_heads + h) * hd + i] * p.scale;
+    q_s[idx] = q[paged::span_row(span, p.num_heads, rr) * hd + i] * p.scale;
   }
   __syncthreads();
   if (tid == 0) paged::range_union(lo_s, hi_s, 0, nrows, &range_s[0], &range_s[1]);  // [0, 0): no key here
@@ -121,10 +118,9 @@ __global__ void __launch_bounds__(k_warps * 32)
       for (int idx = tid; idx < n * hd; idx += blockDim.x) {
         const int jj = idx / hd, i = idx % hd;
         const int64_t j = j0 + jj;
-        const paged::KeySlot at = paged::key_slot(kv, head, j);
-        const int64_t blk = at.block, slot = at.slot;
-        k_s[jj * (hd + 1) + i] = __bfloat162float(kv.k_base[blk * kv.k_block_stride + slot * hd + i]);
-        v_s[jj * hd + i] = __bfloat162float(kv.v_base[blk * kv.v_block_stride + slot * hd + i]);
+        const paged::KvRows rows = paged::kv_rows(kv, head, j, hd);
+        k_s[jj * (hd + 1) + i] = __bfloat162float(rows.k[i]);
+        v_s[jj * hd + i] = __bfloat162float(rows.v[i]);
       }
     }
     __syncthreads();
@@ -165,10 +161,7 @@ __global__ void __launch_bounds__(k_warps * 32)
   for (int k = 0; k < k_rows_per_warp; ++k) {
     const int rr = warp + k * k_warps;
     if (rr >= nrows) continue;
-    const int64_t r = r0 + rr;
-    const int64_t t = r / group;
-    const int h = g * group + static_cast<int>(r % group);
-    const int64_t row = t * p.num_heads + h;
+    const int64_t row = paged::span_row(span, p.num_heads, rr);
     if (splits == 1) {
       const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;  // no visible key: zeros
 #pragma unroll
@@ -236,16 +229,13 @@ __global__ void __launch_bounds__(kd_threads, 4)
   __shared__ float ml_s[2 * kd_rows];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const auto [group, g, nrows, split, r0, kb, ke, head] = paged::block_span(kv, p, num_tokens, kd_rows, splits, split_keys);
+  const paged::BlockSpan span = paged::block_span(kv, p, num_tokens, kd_rows, splits, split_keys);
+  const auto [group, g, nrows, split, r0, kb, ke, head] = span;
 
-  if (tid < nrows)  // this row's visible keys within [kb, ke)
-    paged::visible_keys(kv, head, q_positions[(r0 + tid) / group], p.sliding_window, kb, ke, &lo_s[tid], &hi_s[tid]);
+  paged::span_visible(kv, span, q_positions, p.sliding_window, tid, nrows, lo_s, hi_s);  // within [kb, ke)
   for (int idx = tid; idx < nrows * hd; idx += kd_threads) {
     const int rr = idx / hd, i = idx % hd;
-    const int64_t r = r0 + rr;
-    const int64_t t = r / group;
-    const int h = g * group + static_cast<int>(r % group);
-    q_s[rr * qs + i + (i < half ? 0 : 4)] = q[(t * p.num_heads + h) * hd + i] * p.scale;
+    q_s[rr * qs + i + (i < half ? 0 : 4)] = q[paged::span_row(span, p.num_heads, rr) * hd + i] * p.scale;
   }
   __syncthreads();
   if (tid == 0) paged::range_union(lo_s, hi_s, 0, nrows, &range_s[0], &range_s[1]);
@@ -287,15 +277,11 @@ __global__ void __launch_bounds__(kd_threads, 4)
         }
       }
     } else {  // K/V rows not 16-byte aligned: the same bf16 values, two bytes at a time
-      const unsigned short* kb16 = reinterpret_cast<const unsigned short*>(kv.k_base);
-      const unsigned short* vb16 = reinterpret_cast<const unsigned short*>(kv.v_base);
       for (int idx = tid; idx < n * hd; idx += kd_threads) {
         const int jj = idx / hd, i = idx % hd;
-        const int64_t j = j0 + jj;
-        const paged::KeySlot at = paged::key_slot(kv, head, j);
-        const int64_t blk = at.block, slot = at.slot;
-        k_s[jj * ks + i + (i < half ? 0 : 8)] = kb16[blk * kv.k_block_stride + slot * hd + i];
-        v_s[jj * hd + i] = vb16[blk * kv.v_block_stride + slot * hd + i];
+        const paged::KvRows rows = paged::kv_rows(kv, head, j0 + jj, hd);
+        k_s[jj * ks + i + (i < half ? 0 : 8)] = reinterpret_cast<const unsigned short*>(rows.k)[i];
+        v_s[jj * hd + i] = reinterpret_cast<const unsigned short*>(rows.v)[i];
       }
     }
     // Each row's visible part of this chunk, [ra, rb) in chunk offsets (empty: ra == rb).
@@ -442,10 +428,7 @@ __global__ void __launch_bounds__(kd_threads, 4)
     float a = acc_s[rr * hd + d];
 #pragma unroll
     for (int c = 1; c < classes; ++c) a += acc_s[(c * kd_rows + rr) * hd + d];
-    const int64_t r = r0 + rr;
-    const int64_t t = r / group;
-    const int h = g * group + static_cast<int>(r % group);
-    const int64_t row = t * p.num_heads + h;
+    const int64_t row = paged::span_row(span, p.num_heads, rr);
     const float lr = ml_s[2 * rr + 1];
     if (splits == 1) {
       out[row * hd + d] = a * (lr > 0.0f ? 1.0f / lr : 0.0f);  // no visible key: zeros

@@ -126,9 +126,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       const __nv_bfloat16* k_src = kv.k_base;
       const __nv_bfloat16* v_src = kv.v_base;
       if (valid) {
-        const paged::KeySlot at = paged::key_slot(kv, head, j);
-        k_src += at.block * kv.k_block_stride + static_cast<int64_t>(at.slot) * hd + c8;
-        v_src += at.block * kv.v_block_stride + static_cast<int64_t>(at.slot) * hd + c8;
+        const paged::KvRows rows = paged::kv_rows(kv, head, j, hd);
+        k_src = rows.k + c8;
+        v_src = rows.v + c8;
       }
       ptx::cp_async_16(k_dst + jj * ld + c8, k_src, valid);
       ptx::cp_async_16(v_dst + jj * ld + c8, v_src, valid);

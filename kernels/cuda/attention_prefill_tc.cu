@@ -124,11 +124,7 @@ __global__ void __launch_bounds__(k_tc_warps * 32)
       const int jj = idx / (hd / 8), c = (idx % (hd / 8)) * 8;
       uint4 kr = make_uint4(0u, 0u, 0u, 0u), vr = make_uint4(0u, 0u, 0u, 0u);
       if (jj < n) {
-        const int64_t j = j0 + jj;
-        const paged::KeySlot at = paged::key_slot(kv, head, j);
-        const int64_t blk = at.block, slot = at.slot;
-        kr = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * hd + c);
-        vr = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * hd + c);
+        paged::kv_piece(kv, head, j0 + jj, hd, c, &kr, &vr);
       }
       *reinterpret_cast<uint4*>(k_s + jj * ld + c) = kr;
       *reinterpret_cast<uint4*>(v_s + jj * ld + c) = vr;

@@ -23,17 +23,27 @@ inline __device__ KeySlot key_slot(const PagedKvCuda& kv, const PagedKvHead& h, 
 }
 
 inline __device__ int32_t key_position(const PagedKvCuda& kv, const PagedKvHead& h, int64_t j) {
-  const KeySlot ks = key_slot(kv, h, j);
-  return kv.pos_base[ks.block * kv.pos_block_stride + ks.slot];
+  const KeySlot at = key_slot(kv, h, j);
+  return kv.pos_base[at.block * kv.pos_block_stride + at.slot];
+}
+
+// Key j's K and V rows (head_dim bf16 each) in the paged cache.
+struct KvRows {
+  const __nv_bfloat16* k;
+  const __nv_bfloat16* v;
+};
+inline __device__ KvRows kv_rows(const PagedKvCuda& kv, const PagedKvHead& h, int64_t j, int head_dim) {
+  const KeySlot at = key_slot(kv, h, j);
+  const int64_t off = static_cast<int64_t>(at.slot) * head_dim;
+  return {kv.k_base + at.block * kv.k_block_stride + off, kv.v_base + at.block * kv.v_block_stride + off};
 }
 
 // Elements c .. c + 7 of key j's K and V rows as 16-byte loads (the rows must be 16-byte aligned).
 inline __device__ void kv_piece(const PagedKvCuda& kv, const PagedKvHead& h, int64_t j, int head_dim, int c, uint4* k,
                                 uint4* v) {
-  const KeySlot ks = key_slot(kv, h, j);
-  const int64_t blk = ks.block, slot = ks.slot;
-  *k = *reinterpret_cast<const uint4*>(kv.k_base + blk * kv.k_block_stride + slot * head_dim + c);
-  *v = *reinterpret_cast<const uint4*>(kv.v_base + blk * kv.v_block_stride + slot * head_dim + c);
+  const KvRows rows = kv_rows(kv, h, j, head_dim);
+  *k = *reinterpret_cast<const uint4*>(rows.k + c);
+  *v = *reinterpret_cast<const uint4*>(rows.v + c);
 }
 
 // First j in [0, length) with pos_j > bound (positions ascend within a head); length if none.

@@ -32,9 +32,7 @@ inline __device__ float dot_as_cpu(const float* q, const float* k, int hd) {
 
 // Logical key j of a head (bf16 in the paged cache), element d, as f32.
 inline __device__ float paged_key(const PagedKvCuda& kv, const PagedKvHead& head, int64_t j, int hd, int d) {
-  const paged::KeySlot at = paged::key_slot(kv, head, j);
-  const int64_t blk = at.block, slot = at.slot;
-  return __bfloat162float(kv.k_base[blk * kv.k_block_stride + slot * hd + d]);
+  return __bfloat162float(paged::kv_rows(kv, head, j, hd).k[d]);
 }
 
 // Loads keys [j0, j0 + n) of a head into k_s[k_tile][hd + 1] as f32 (+1: no bank conflicts
