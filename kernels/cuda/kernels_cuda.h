@@ -152,12 +152,24 @@ cudaError_t attention_prefill_mma_cuda(const float* q, const int32_t* q_position
                                        const PagedKvCuda& kv, const AttentionParams& p, float* out,
                                        cudaStream_t stream, bool bf16_operands, int warps = 4);
 
-// --- KV cache writes (slot = block · block_size + offset, computed by the host pool) ----------
-// K/V rows [num_tokens, num_kv_heads, head_dim] f32 -> bf16 at dst_slots[t · num_kv_heads + g];
-// pos_base[slot] = positions[t]. Slabs are [slots, head_dim] bf16 and [slots] int32.
-void kv_scatter_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
-                     int num_kv_heads, int head_dim, const int64_t* dst_slots, __nv_bfloat16* k_base,
-                     __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);
+// --- KV cache writes (slot = block · block_size + offset) -------------------------------------
+// Appends K/V rows [num_tokens, num_kv_heads, head_dim] f32 as bf16 at the ends of the heads'
+// block tables: row (t, g) becomes logical entry heads[g].length − num_tokens + t of head g (the
+// DEVICE head table must already hold the new lengths and blocks); pos_base[slot] = positions[t].
+// Slabs are [slots, head_dim] bf16 and [slots] int32.
+void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
+                    int num_kv_heads, int head_dim, const PagedKvHead* heads, int block_size, __nv_bfloat16* k_base,
+                    __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);
+// words[index[i]] = value[i] for i < count, on the stream: small edits of a device buffer carried
+// in the launch's arguments (no host memory to keep alive, no wait). 1.9 KB of arguments, under
+// the 4 KB every CUDA version takes.
+struct WordEdits {
+  static constexpr int k_max = 240;
+  int32_t count = 0;
+  int32_t index[k_max];
+  int32_t value[k_max];
+};
+void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t stream);
 // Row copies src_slots[i] -> dst_slots[i] (K, V and position); the two sets must not overlap.
 void kv_gather_cuda(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,
                     __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);

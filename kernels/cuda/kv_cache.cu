@@ -1,9 +1,12 @@
-// Device KV cache writes: the twins of the paged cache's append and compaction copies, on
-// raw slot indices (slot = block · block_size + offset; the host pool computes them).
-//   kv_scatter_cuda: new K/V rows (f32, [num_tokens, num_kv_heads, head_dim], after RoPE)
-//     -> bf16 slots dst_slots[t · num_kv_heads + g], with their positions.
+// Device KV cache writes: the twins of the paged cache's append and compaction copies.
+//   kv_append_cuda: new K/V rows (f32, [num_tokens, num_kv_heads, head_dim], after RoPE) -> bf16
+//     at the ends of the heads' block tables, with their positions. Each head's slots come from
+//     the DEVICE head table (its length already counts the new rows), so the host uploads no
+//     slot list and waits for nothing.
 //   kv_gather_cuda: rows src_slots[i] -> dst_slots[i] (compaction into fresh blocks: the
 //     ranges never overlap, so every row is read before anything could overwrite it).
+//   word_edits_cuda: a few int32 words of a device buffer set from the launch's own arguments
+//     (the pool's block-table edits: a new block id, a head's length), stream-ordered.
 // One warp per row, lanes over head_dim: each row is 2·head_dim contiguous bytes.
 #include "kernels/cuda/kernels_cuda.h"
 
@@ -13,27 +16,41 @@ namespace {
 constexpr int k_warps = 8;
 }
 
-__global__ void kv_scatter_kernel(const float* k_new, const float* v_new, const int32_t* positions, int64_t rows,
-                                  int num_kv_heads, int head_dim, const int64_t* dst_slots, __nv_bfloat16* k_base,
-                                  __nv_bfloat16* v_base, int32_t* pos_base) {
+__global__ void kv_append_kernel(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
+                                 int num_kv_heads, int head_dim, const PagedKvHead* heads, int block_size,
+                                 __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * k_warps + (threadIdx.x >> 5);
-  if (r >= rows) return;
+  if (r >= num_tokens * num_kv_heads) return;
   const int lane = threadIdx.x & 31;
-  const int64_t dst = dst_slots[r];
+  const int64_t t = r / num_kv_heads;
+  const int g = static_cast<int>(r - t * num_kv_heads);
+  const PagedKvHead h = heads[g];
+  const int64_t j = h.length - num_tokens + t;  // the logical entry this row becomes
+  const int64_t dst = int64_t{h.block_table[j / block_size]} * block_size + j % block_size;
   for (int d = lane; d < head_dim; d += 32) {
     k_base[dst * head_dim + d] = __float2bfloat16_rn(k_new[r * head_dim + d]);
     v_base[dst * head_dim + d] = __float2bfloat16_rn(v_new[r * head_dim + d]);
   }
-  if (lane == 0) pos_base[dst] = positions[r / num_kv_heads];
+  if (lane == 0) pos_base[dst] = positions[t];
 }
 
-void kv_scatter_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
-                     int num_kv_heads, int head_dim, const int64_t* dst_slots, __nv_bfloat16* k_base,
-                     __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
+void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
+                    int num_kv_heads, int head_dim, const PagedKvHead* heads, int block_size, __nv_bfloat16* k_base,
+                    __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
   const int64_t rows = num_tokens * num_kv_heads;
   if (rows <= 0) return;
-  kv_scatter_kernel<<<static_cast<unsigned>((rows + k_warps - 1) / k_warps), k_warps * 32, 0, stream>>>(
-      k_new, v_new, positions, rows, num_kv_heads, head_dim, dst_slots, k_base, v_base, pos_base);
+  kv_append_kernel<<<static_cast<unsigned>((rows + k_warps - 1) / k_warps), k_warps * 32, 0, stream>>>(
+      k_new, v_new, positions, num_tokens, num_kv_heads, head_dim, heads, block_size, k_base, v_base, pos_base);
+}
+
+__global__ void word_edits_kernel(int32_t* words, WordEdits edits) {
+  for (int i = static_cast<int>(threadIdx.x); i < edits.count; i += static_cast<int>(blockDim.x))
+    words[edits.index[i]] = edits.value[i];
+}
+
+void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t stream) {
+  if (edits.count <= 0) return;
+  word_edits_kernel<<<1, 256, 0, stream>>>(words, edits);
 }
 
 __global__ void kv_gather_kernel(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,

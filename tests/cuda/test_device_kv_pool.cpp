@@ -3,7 +3,9 @@
 // name; the pool's view drives attention_paged_cuda to the CPU reference's output;
 // compaction keeps exactly the listed entries in order and frees exactly the blocks it no
 // longer needs; resident/full-equivalent bytes are exact; running out of blocks or bad lists
-// are refused with one-line errors and change nothing. Exits 77 without a usable GPU.
+// are refused with one-line errors and change nothing; the device view stays equal to the host
+// tables through appends that edit it in place, capacity growth and compaction, and decode-sized
+// appends upload no view (no wait for the GPU). Exits 77 without a usable GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -164,6 +166,25 @@ class DeviceKvPoolTest : public ::testing::Test {
     }
   }
 
+  // The device view of (seq, layer), read back, names the blocks and lengths the host holds.
+  void expect_view_is_host(int32_t seq, int layer) {
+    auto view = pool_->view(seq, layer);
+    ASSERT_TRUE(view.ok()) << view.status().to_string();
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    const auto heads = download(view->heads, k_kv_heads);
+    int64_t max_len = 0;
+    for (int g = 0; g < k_kv_heads; ++g) {
+      const int64_t len = pool_->length(seq, layer, g);
+      max_len = std::max(max_len, len);
+      ASSERT_EQ(heads[g].length, len) << "seq " << seq << " layer " << layer << " head " << g;
+      const auto table = download(heads[g].block_table, static_cast<size_t>((len + k_block - 1) / k_block));
+      for (int64_t j = 0; j < len; j += k_block)
+        ASSERT_EQ(int64_t{table[j / k_block]} * k_block, pool_->slot(seq, layer, g, j))
+            << "seq " << seq << " layer " << layer << " head " << g << " block " << j / k_block;
+    }
+    EXPECT_EQ(view->max_length, max_len);
+  }
+
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<DeviceKvPool> pool_;
   std::vector<std::vector<Expected>> expected_;  // [layer][g]
@@ -235,6 +256,86 @@ TEST_F(DeviceKvPoolTest, AppendViewCompactAccount) {
   ASSERT_TRUE(pool_->release(other).ok());
   EXPECT_EQ(pool_->used_blocks(), 0);
   EXPECT_EQ(pool_->append(seq, 0, nullptr, nullptr, nullptr, 1).code(), StatusCode::k_invalid_argument);
+}
+
+// Decode: one token at a time edits the resident view in place — no upload, no wait — until a
+// head outgrows the view's room (which doubles); two sequences interleave without disturbing
+// each other; compaction uploads once and later appends edit again, also in more edits than
+// one launch carries.
+TEST_F(DeviceKvPoolTest, DecodeAppendsEditTheResidentView) {
+  {
+    auto p = DeviceKvPool::create(DeviceKvShape{k_layers, k_kv_heads, k_head_dim, k_block},
+                                  400 * pool_->block_bytes(), stream_);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    pool_ = std::move(*p);
+  }
+  auto compact = [&](int32_t seq, int layer, const std::vector<std::vector<int32_t>>& kept) {
+    ASSERT_TRUE(pool_->compact(seq, layer, kept).ok());
+    for (int g = 0; g < k_kv_heads; ++g) {
+      Expected& e = expected_[layer][g];
+      Expected c;
+      for (int32_t j : kept[g]) {
+        c.k.insert(c.k.end(), e.k.begin() + j * k_head_dim, e.k.begin() + (j + 1) * k_head_dim);
+        c.v.insert(c.v.end(), e.v.begin() + j * k_head_dim, e.v.begin() + (j + 1) * k_head_dim);
+        c.pos.push_back(e.pos[j]);
+      }
+      e = std::move(c);
+    }
+  };
+  const int32_t seq = pool_->add_sequence();
+  const int32_t other = pool_->add_sequence();
+  ASSERT_TRUE(append(seq, 0, 5, 0, 1).ok());  // the layer's first: uploads its view
+  ASSERT_TRUE(append(other, 0, 3, 0, 2).ok());
+  const int64_t after_first = pool_->table_uploads();
+  EXPECT_EQ(after_first, 2);
+  int64_t growths = 0, room = 8;  // the first view has room for 8 blocks per head
+  for (int32_t t = 5; t < 5 + 9 * k_block; ++t) {  // 149 tokens: 10 blocks, one growth (8 -> 16)
+    ASSERT_TRUE(append(seq, 0, 1, t, static_cast<uint32_t>(100 + t)).ok());
+    if ((t + 1 + k_block - 1) / k_block > room) {
+      ++growths;
+      room *= 2;
+    }
+    ASSERT_EQ(pool_->table_uploads(), after_first + growths) << "token " << t;
+    if (t % 7 == 0) {
+      ASSERT_TRUE(append(other, 0, 1, 3 + t / 7, static_cast<uint32_t>(t)).ok());
+    }
+    if (t % 23 == 0) expect_view_is_host(seq, 0);
+  }
+  EXPECT_EQ(growths, 1);
+  EXPECT_EQ(pool_->table_uploads(), after_first + 1);
+  expect_view_is_host(seq, 0);
+  expect_view_is_host(other, 0);
+  expect_contents();
+  expect_attention(0);
+
+  // Compaction: one upload; the appends after it edit the new tables.
+  std::vector<std::vector<int32_t>> kept(k_kv_heads);
+  for (int g = 0; g < k_kv_heads; ++g)
+    for (int32_t j = g; j < pool_->length(seq, 0, g); j += 3 + g) kept[g].push_back(j);
+  compact(seq, 0, kept);
+  const int64_t after_compact = pool_->table_uploads();
+  EXPECT_EQ(after_compact, after_first + 2);
+  expect_view_is_host(seq, 0);
+  for (int32_t t = 149; t < 149 + 40; ++t) ASSERT_TRUE(append(seq, 0, 1, t, static_cast<uint32_t>(t)).ok());
+  EXPECT_EQ(pool_->table_uploads(), after_compact);
+  expect_view_is_host(seq, 0);
+  expect_contents();
+  expect_attention(0);
+
+  // Layer 1: a prompt of 1300 tokens (82 blocks per head, uploaded), compacted to every 50th
+  // entry (2 blocks per head), then a chunk of 1280 more: 80 new blocks per head, 246 edits in
+  // the room the prompt left, so two launches of edits and no upload.
+  ASSERT_TRUE(append(seq, 1, 1300, 0, 7).ok());
+  kept.assign(k_kv_heads, {});
+  for (int g = 0; g < k_kv_heads; ++g)
+    for (int32_t j = g; j < 1300; j += 50) kept[g].push_back(j);
+  compact(seq, 1, kept);
+  const int64_t before_chunk = pool_->table_uploads();
+  ASSERT_TRUE(append(seq, 1, 1280, 1300, 8).ok());
+  EXPECT_EQ(pool_->table_uploads(), before_chunk);
+  expect_view_is_host(seq, 1);
+  expect_contents();
+  expect_attention(1);
 }
 
 }  // namespace

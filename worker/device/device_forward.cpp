@@ -173,8 +173,9 @@ Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32
             kernels::attention_prefill_tc_cuda(q, positions, n, view, attn_, out, stream_, prefill_kernel_));
     return Status::ok_status();
   }
-  const size_t ws = kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length);
+  size_t ws = kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length);
   if (ws > attn_ws_bytes_) {
+    ws = std::max(ws, 2 * attn_ws_bytes_);  // a decode's splits grow with its keys: double, wait rarely
     cudaStreamSynchronize(stream_);
     cudaFree(attn_ws_);
     attn_ws_ = nullptr;

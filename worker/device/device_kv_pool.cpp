@@ -3,6 +3,7 @@
 #include "worker/device/device_kv_pool.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 
 namespace snap {
@@ -12,6 +13,15 @@ std::string cuda_message(const char* what, cudaError_t e) {
   return std::string("device KV pool: ") + what + ": " + cudaGetErrorString(e);
 }
 int64_t blocks_for(int64_t n, int bs) { return (n + bs - 1) / bs; }
+// int32 words of a view buffer ([nkv] PagedKvHead, then nkv tables of `cap` ids): head g's
+// length (low word; the high word follows) and entry i of its table.
+static_assert(sizeof(kernels::PagedKvHead) % 4 == 0 && offsetof(kernels::PagedKvHead, length) % 4 == 0);
+int32_t view_length_word(int g) {
+  return static_cast<int32_t>((sizeof(kernels::PagedKvHead) * g + offsetof(kernels::PagedKvHead, length)) / 4);
+}
+int32_t view_table_word(int nkv, int64_t cap, int g, int64_t i) {
+  return static_cast<int32_t>(sizeof(kernels::PagedKvHead) * nkv / 4 + g * cap + i);
+}
 }  // namespace
 
 Result<std::unique_ptr<DeviceKvPool>> DeviceKvPool::create(const DeviceKvShape& shape, int64_t bytes,
@@ -58,7 +68,7 @@ int32_t DeviceKvPool::add_sequence() {
   s.lengths.assign(shape_.num_layers, std::vector<int64_t>(shape_.num_kv_heads, 0));
   s.appended.assign(shape_.num_layers, 0);
   s.view_buf.assign(shape_.num_layers, nullptr);
-  s.view_bytes.assign(shape_.num_layers, 0);
+  s.table_cap.assign(shape_.num_layers, 0);
   seqs_.push_back(std::move(s));
   return static_cast<int32_t>(seqs_.size() - 1);
 }
@@ -88,6 +98,7 @@ Status DeviceKvPool::release(int32_t seq) {
     cudaFree(p);
     p = nullptr;
   }
+  std::fill(s.table_cap.begin(), s.table_cap.end(), 0);
   s.live = false;
   return Status::ok_status();
 }
@@ -123,26 +134,43 @@ Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float*
   if (need > free_blocks())
     return resource_exhausted("device KV pool: appending " + std::to_string(num_tokens) + " tokens needs " +
                               std::to_string(need) + " blocks, " + std::to_string(free_blocks()) + " free");
-  std::vector<int64_t> slots(static_cast<size_t>(num_tokens * nkv));
+  // The host tables first; the device view then gets the same new block ids and lengths.
+  std::vector<std::pair<int32_t, int32_t>> edits;  // (int32 word of the view buffer, value)
+  const int64_t cap = s.table_cap[layer];
+  int64_t widest = 0;
   for (int g = 0; g < nkv; ++g) {
     std::vector<int32_t>& table = s.tables[layer][g];
     const int64_t len = s.lengths[layer][g];
     while (static_cast<int64_t>(table.size()) < blocks_for(len + num_tokens, bs)) {
+      edits.emplace_back(view_table_word(nkv, cap, g, static_cast<int64_t>(table.size())), free_.back());
       table.push_back(free_.back());
       free_.pop_back();
     }
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      const int64_t j = len + t;
-      slots[t * nkv + g] = int64_t{table[j / bs]} * bs + j % bs;
-    }
     s.lengths[layer][g] = len + num_tokens;
+    widest = std::max(widest, static_cast<int64_t>(table.size()));
+    const int64_t length = s.lengths[layer][g];
+    edits.emplace_back(view_length_word(g), static_cast<int32_t>(length & 0xffffffff));
+    edits.emplace_back(view_length_word(g) + 1, static_cast<int32_t>(length >> 32));
   }
   s.appended[layer] += num_tokens;
   peak_used_ = std::max(peak_used_, used_blocks());
-  SNAP_RETURN_IF_ERROR(stage(slots));
-  kernels::kv_scatter_cuda(k, v, positions, num_tokens, nkv, shape_.head_dim, staging_, k_, v_, pos_, stream_);
+  if (widest > cap) {
+    SNAP_RETURN_IF_ERROR(upload_view(s, layer, widest));  // the edits are in it
+  } else {
+    int32_t* words = static_cast<int32_t*>(s.view_buf[layer]);
+    for (size_t i = 0; i < edits.size();) {
+      kernels::WordEdits e;
+      for (; i < edits.size() && e.count < kernels::WordEdits::k_max; ++i, ++e.count) {
+        e.index[e.count] = edits[i].first;
+        e.value[e.count] = edits[i].second;
+      }
+      kernels::word_edits_cuda(words, e, stream_);
+    }
+  }
+  kernels::kv_append_cuda(k, v, positions, num_tokens, nkv, shape_.head_dim,
+                          static_cast<const kernels::PagedKvHead*>(s.view_buf[layer]), bs, k_, v_, pos_, stream_);
   const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("kv_scatter_cuda", e));
+  return e == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("kv_append_cuda", e));
 }
 
 Status DeviceKvPool::compact(int32_t seq, int layer, const std::vector<std::vector<int32_t>>& kept) {
@@ -191,7 +219,8 @@ Status DeviceKvPool::compact(int32_t seq, int layer, const std::vector<std::vect
     s.tables[layer][g] = std::move(fresh[g]);
     s.lengths[layer][g] = static_cast<int64_t>(kept[g].size());
   }
-  return Status::ok_status();
+  // The new tables are never longer than the old: the room there is suffices.
+  return upload_view(s, layer, 0);
 }
 
 int64_t DeviceKvPool::length(int32_t seq, int layer, int g) const { return seqs_.at(seq).lengths.at(layer).at(g); }
@@ -215,41 +244,44 @@ int64_t DeviceKvPool::full_equivalent_bytes(int32_t seq) const {
   return blocks * block_bytes();
 }
 
-Result<kernels::PagedKvCuda> DeviceKvPool::view(int32_t seq, int layer) {
-  SNAP_RETURN_IF_ERROR(check_seq(seq, layer));
-  Sequence& s = seqs_[seq];
+Status DeviceKvPool::upload_view(Sequence& s, int layer, int64_t min_cap) {
   const int nkv = shape_.num_kv_heads;
-  // One device buffer: [nkv] PagedKvHead, then the block tables back to back.
-  size_t table_ints = 0;
-  for (const auto& t : s.tables[layer]) table_ints += t.size();
-  const size_t bytes = sizeof(kernels::PagedKvHead) * nkv + sizeof(int32_t) * std::max<size_t>(table_ints, 1);
-  if (bytes > s.view_bytes[layer]) {
-    cudaStreamSynchronize(stream_);
+  int64_t cap = s.table_cap[layer];
+  if (s.view_buf[layer] == nullptr || min_cap > cap) {
+    cap = std::max({min_cap, 2 * cap, int64_t{8}});
+    cudaStreamSynchronize(stream_);  // queued kernels may still read the old buffer
     cudaFree(s.view_buf[layer]);
     s.view_buf[layer] = nullptr;
-    s.view_bytes[layer] = 0;
+    s.table_cap[layer] = 0;
+    const size_t bytes = sizeof(kernels::PagedKvHead) * nkv + sizeof(int32_t) * static_cast<size_t>(nkv * cap);
     const cudaError_t e = cudaMalloc(&s.view_buf[layer], bytes);
     if (e != cudaSuccess) return resource_exhausted(cuda_message("block-table view", e));
-    s.view_bytes[layer] = bytes;
+    s.table_cap[layer] = cap;
   }
   char* dev = static_cast<char*>(s.view_buf[layer]);
   auto* dev_tables = reinterpret_cast<int32_t*>(dev + sizeof(kernels::PagedKvHead) * nkv);
+  const size_t bytes = sizeof(kernels::PagedKvHead) * nkv + sizeof(int32_t) * static_cast<size_t>(nkv * cap);
   std::vector<char> host(bytes);
   auto* heads = reinterpret_cast<kernels::PagedKvHead*>(host.data());
   auto* tables = reinterpret_cast<int32_t*>(host.data() + sizeof(kernels::PagedKvHead) * nkv);
-  size_t at = 0;
-  int64_t max_len = 0;
   for (int g = 0; g < nkv; ++g) {
     const std::vector<int32_t>& t = s.tables[layer][g];
-    std::copy(t.begin(), t.end(), tables + at);
-    heads[g].block_table = dev_tables + at;
+    std::copy(t.begin(), t.end(), tables + g * cap);
+    heads[g].block_table = dev_tables + g * cap;
     heads[g].length = s.lengths[layer][g];
-    max_len = std::max(max_len, s.lengths[layer][g]);
-    at += t.size();
   }
+  ++table_uploads_;
   cudaError_t e = cudaMemcpyAsync(dev, host.data(), bytes, cudaMemcpyHostToDevice, stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);  // `host` goes out of scope
-  if (e != cudaSuccess) return internal_error(cuda_message("uploading block tables", e));
+  return e == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("uploading block tables", e));
+}
+
+Result<kernels::PagedKvCuda> DeviceKvPool::view(int32_t seq, int layer) {
+  SNAP_RETURN_IF_ERROR(check_seq(seq, layer));
+  Sequence& s = seqs_[seq];
+  if (s.view_buf[layer] == nullptr) SNAP_RETURN_IF_ERROR(upload_view(s, layer, 0));
+  int64_t max_len = 0;
+  for (int64_t len : s.lengths[layer]) max_len = std::max(max_len, len);
   kernels::PagedKvCuda v;
   v.k_base = k_;
   v.v_base = v_;
@@ -257,7 +289,7 @@ Result<kernels::PagedKvCuda> DeviceKvPool::view(int32_t seq, int layer) {
   v.k_block_stride = v.v_block_stride = int64_t{shape_.block_size} * shape_.head_dim;
   v.pos_block_stride = shape_.block_size;
   v.block_size = shape_.block_size;
-  v.heads = reinterpret_cast<const kernels::PagedKvHead*>(dev);
+  v.heads = static_cast<const kernels::PagedKvHead*>(s.view_buf[layer]);
   v.max_length = max_len;
   return v;
 }

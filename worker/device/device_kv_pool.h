@@ -4,6 +4,14 @@
 // one (layer, KV head) of one sequence, so heads hold different lengths after compression and
 // compaction really frees blocks. Everything runs on the pool's stream, in order, so a freed
 // block can be reused at once by later work on that stream.
+//
+// Each (sequence, layer) keeps its device view — the heads' lengths and block tables — in one
+// device buffer for its whole life, with room for `table capacity` blocks per head. An append
+// edits it in place through word_edits_cuda (the new block ids and lengths travel in the
+// launch's arguments) and kv_append_cuda reads its slots from it, so a decode step's appends
+// and views upload nothing and never wait for the GPU. The whole view is uploaded (and the
+// host waits) only when a head outgrows the capacity (doubled each time), at compaction and at
+// a layer's first view: table_uploads() counts these.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -59,8 +67,9 @@ class DeviceKvPool {
   int64_t resident_bytes(int32_t seq) const;         // blocks held × block_bytes
   int64_t full_equivalent_bytes(int32_t seq) const;  // blocks the uncompressed cache would hold
 
-  // The device view of (seq, layer) for attention_paged_cuda / snapkv_select_cuda (block
-  // tables uploaded on the pool's stream). Valid until the next append/compact/release of seq.
+  // The device view of (seq, layer) for attention_paged_cuda / snapkv_select_cuda: the resident
+  // buffer, current for every kernel enqueued after this call on the pool's stream. Its
+  // pointers stay valid until the release of seq or an append that outgrows its capacity.
   Result<kernels::PagedKvCuda> view(int32_t seq, int layer);
   // Slot of logical entry j of (seq, layer, g): block · block_size + j % block_size.
   int64_t slot(int32_t seq, int layer, int g, int64_t j) const;
@@ -69,6 +78,9 @@ class DeviceKvPool {
   const __nv_bfloat16* v_slab() const { return v_; }
   const int32_t* pos_slab() const { return pos_; }
   cudaStream_t stream() const { return stream_; }
+  // Whole-view uploads so far (each one waits for the stream): a layer's first, a capacity
+  // growth, a compaction. Appends within the capacity make none.
+  int64_t table_uploads() const { return table_uploads_; }
 
  private:
   DeviceKvPool(const DeviceKvShape& shape, int64_t num_blocks, cudaStream_t stream);
@@ -77,10 +89,13 @@ class DeviceKvPool {
     std::vector<std::vector<std::vector<int32_t>>> tables;  // [layer][g] block ids
     std::vector<std::vector<int64_t>> lengths;              // [layer][g]
     std::vector<int64_t> appended;                          // [layer]
-    std::vector<void*> view_buf;                            // [layer] device: heads + tables
-    std::vector<size_t> view_bytes;
+    std::vector<void*> view_buf;     // [layer] device: [nkv] PagedKvHead, then nkv tables of table_cap ids
+    std::vector<int64_t> table_cap;  // [layer] blocks each head's table has room for (0: no buffer)
   };
   Status check_seq(int32_t seq, int layer) const;
+  // The whole view of (seq, layer) to the device, in a buffer with room for at least
+  // `min_cap` blocks per head (grown to twice the old room or more); waits for the stream.
+  Status upload_view(Sequence& s, int layer, int64_t min_cap);
   Status stage(const std::vector<int64_t>& slots);  // -> staging_ (device), grows it
   void free_blocks_of(std::vector<int32_t>& blocks);
 
@@ -92,6 +107,7 @@ class DeviceKvPool {
   int32_t* pos_ = nullptr;
   int64_t* staging_ = nullptr;  // slot lists for the scatter/gather kernels
   size_t staging_count_ = 0;
+  int64_t table_uploads_ = 0;
   std::vector<int32_t> free_;  // kept sorted descending: the lowest id is popped first
   int64_t peak_used_ = 0;
   std::vector<Sequence> seqs_;

@@ -293,23 +293,25 @@ cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions
   return attention_prefill_mma_cuda(q, q_positions, num_tokens, kv, p, out, stream, false);
 }
 
-void kv_scatter_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
-                     int num_kv_heads, int head_dim, const int64_t* dst_slots, __nv_bfloat16* k_base,
-                     __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t) {
+void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
+                    int num_kv_heads, int head_dim, const PagedKvHead* heads, int block_size, __nv_bfloat16* k_base,
+                    __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t) {
   if (num_tokens <= 0) return;
   const size_t rows = f32s(num_tokens * num_kv_heads * head_dim);
-  if (!require_device(k_new, rows, "kv_scatter k") || !require_device(v_new, rows, "kv_scatter v") ||
-      !require_device(positions, sizeof(int32_t) * num_tokens, "kv_scatter positions") ||
-      !require_device(dst_slots, sizeof(int64_t) * num_tokens * num_kv_heads, "kv_scatter slots"))
+  if (!require_device(k_new, rows, "kv_append k") || !require_device(v_new, rows, "kv_append v") ||
+      !require_device(positions, sizeof(int32_t) * num_tokens, "kv_append positions") ||
+      !require_device(heads, sizeof(PagedKvHead) * num_kv_heads, "kv_append heads"))
     return;
   for (int64_t t = 0; t < num_tokens; ++t)
     for (int g = 0; g < num_kv_heads; ++g) {
-      const int64_t slot = dst_slots[t * num_kv_heads + g];
+      const int64_t j = heads[g].length - num_tokens + t;
+      if (j < 0 || !require_device(heads[g].block_table + j / block_size, 4, "kv_append block table")) return;
+      const int64_t slot = int64_t{heads[g].block_table[j / block_size]} * block_size + j % block_size;
       uint16_t* kd = bits(k_base) + slot * head_dim;
       uint16_t* vd = bits(v_base) + slot * head_dim;
-      if (!require_device(kd, 2 * static_cast<size_t>(head_dim), "kv_scatter K slab row") ||
-          !require_device(vd, 2 * static_cast<size_t>(head_dim), "kv_scatter V slab row") ||
-          !require_device(pos_base + slot, 4, "kv_scatter position slab"))
+      if (!require_device(kd, 2 * static_cast<size_t>(head_dim), "kv_append K slab row") ||
+          !require_device(vd, 2 * static_cast<size_t>(head_dim), "kv_append V slab row") ||
+          !require_device(pos_base + slot, 4, "kv_append position slab"))
         return;
       const float* ks = k_new + (t * num_kv_heads + g) * head_dim;
       const float* vs = v_new + (t * num_kv_heads + g) * head_dim;
@@ -319,6 +321,13 @@ void kv_scatter_cuda(const float* k_new, const float* v_new, const int32_t* posi
       }
       pos_base[slot] = positions[t];
     }
+}
+
+void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t) {
+  for (int i = 0; i < edits.count; ++i) {
+    if (!require_device(words + edits.index[i], 4, "word_edits word")) return;
+    words[edits.index[i]] = edits.value[i];
+  }
 }
 
 void kv_gather_cuda(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,
