@@ -56,6 +56,27 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
 // bench_cuda_kernels times both).
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
                          int64_t rows, int64_t cols, cudaStream_t stream, int loads = 4);
+// Fused decode GEMVs: the same per-row code as matmul_rowwise_cuda, several outputs in one launch
+// (one launch costs a few µs on the GPU, about what a 4096 × 1024 GEMV reads in). Each output's
+// bits equal the separate launches' (the path, vector or scalar, follows cols and the alignment
+// of x and of every weight: give aligned bases to keep matmul_rowwise_cuda's path).
+//  - multi: outs[i].y [num_tokens, outs[i].rows] = x · outs[i].wᵀ (+ bias), e.g. q, k and v;
+//    up to 3 outputs per launch (more: several launches).
+//  - residual: y [num_tokens, rows] += x · wᵀ (+ bias): matmul_rowwise_cuda then residual_add_cuda.
+//  - swiglu: out [num_tokens, rows] = SwiGLU(x · gateᵀ, x · upᵀ), a row's gate and up in one
+//    warp: two matmul_rowwise_cuda then swiglu_cuda.
+struct RowwiseOut {
+  const __nv_bfloat16* w = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  int64_t rows = 0;
+};
+void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count, int64_t num_tokens, int64_t cols,
+                               cudaStream_t stream, int loads = 4);
+void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
+                                  int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
+void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
+                                int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // --- sampling --------------------------------------------------------------------------
 // ids[t] = argmax_v logits[t, v] (greedy; lowest id wins ties, NaN never wins; all -inf/NaN -> 0),

@@ -7,6 +7,10 @@
 //    path, cols % 8 == 0) or {l + 32·i} (scalar path) in ascending i, then a fixed xor-shuffle
 //    tree. The order depends only on cols (and the path, which depends only on cols and
 //    alignment), never on num_tokens or which tokens share the group.
+//  - the fused decode GEMVs run that same per-row code in one launch for several outputs:
+//    matmul_rowwise_multi_cuda (q, k and v over the same x), matmul_rowwise_residual_cuda (o_proj
+//    or down_proj added into the residual stream) and matmul_rowwise_swiglu_cuda (gate and up of
+//    a row in one warp, then SwiGLU). Each output's bits are those of the separate launches.
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace snap::kernels {
@@ -47,24 +51,29 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// Grid: x = ceil(rows / k_warps), y = ceil(num_tokens / k_group_tokens). kVector: 16-byte
-// loads of 8 bf16 weights and two float4 of x (needs cols % 8 == 0 and aligned bases).
-// kLoads (vector path): how many of a lane's 16-byte weight loads are issued before the first
-// of them is used. A decode GEMV is bound by HBM latency × bytes in flight, and one load per
-// lane keeps only 512 B per warp in flight; kLoads = 4 keeps 2 KB. The FMAs still consume the
-// chunks in ascending column order, so every kLoads gives the same bits.
-// kTokens: tokens sharing one read of a weight row (k_group_tokens, or 1 for a lone decode row:
-// fewer registers, so more warps per SM; a token's FMAs are the same either way, so its bits are).
+namespace {
+// What one launch computes. store: y_i = x·w_iᵀ (+ bias_i) for each segment i (count ≤ k_max),
+// the launch's warps over the segments' rows in order; add: y_0 += x·w_0ᵀ (+ bias_0); swiglu:
+// y_0 = SwiGLU(x·w_0ᵀ + b_0, x·w_1ᵀ + b_1) (gate w_0, up w_1, rows_0 = rows_1 rows).
+enum class Epilogue { store, add, swiglu };
+struct Segments {
+  static constexpr int k_max = 3;
+  const __nv_bfloat16* w[k_max] = {};
+  const float* bias[k_max] = {};
+  float* y[k_max] = {};
+  int64_t rows[k_max] = {};
+  int count = 0;
+};
+
+// A weight row's dot products with the nt (≤ kTokens) tokens from t0, per lane, before the warp
+// sum. kVector: 16-byte loads of 8 bf16 weights and two float4 of x (needs cols % 8 == 0 and
+// aligned bases). kLoads (vector path): how many of a lane's 16-byte weight loads are issued
+// before the first of them is used. A decode GEMV is bound by HBM latency × bytes in flight,
+// and one load per lane keeps only 512 B per warp in flight; kLoads = 4 keeps 2 KB. The FMAs
+// still consume the chunks in ascending column order, so every kLoads gives the same bits.
 template <bool kVector, int kLoads, int kTokens>
-__global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
-                                      int64_t num_tokens, int64_t rows, int64_t cols) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * k_warps + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokens;
-  const int nt = static_cast<int>(num_tokens - t0 < kTokens ? num_tokens - t0 : kTokens);
-  const __nv_bfloat16* wr = w + r * cols;
-  float acc[kTokens];
+__device__ void row_dot(const float* x, const __nv_bfloat16* wr, int64_t cols, int64_t t0, int nt, int lane,
+                        float (&acc)[kTokens]) {
 #pragma unroll
   for (int k = 0; k < kTokens; ++k) acc[k] = 0.0f;
   if (kVector) {
@@ -112,34 +121,134 @@ __global__ void matmul_rowwise_kernel(const float* x, const __nv_bfloat16* w, co
         if (k < nt) acc[k] = fmaf(wf, x[(t0 + k) * cols + c], acc[k]);
     }
   }
+}
+}  // namespace
+
+// Grid: x = ceil(rows / k_warps) (rows: the segments' total, or rows_0 for swiglu), y =
+// ceil(num_tokens / kTokens). One warp per output row; a warp's segment is warp-uniform.
+// kTokens: tokens sharing one read of a weight row (k_group_tokens, or 1 for a lone decode row:
+// fewer registers, so more warps per SM; a token's FMAs are the same either way, so its bits are).
+template <bool kVector, int kLoads, int kTokens, Epilogue kEpi>
+__global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_tokens, int64_t cols) {
+  const int lane = threadIdx.x & 31;
+  int64_t r = static_cast<int64_t>(blockIdx.x) * k_warps + (threadIdx.x >> 5);
+  // The warp's segment, with constant indices only (a dynamic index into the parameter struct
+  // would copy it to local memory).
+  const __nv_bfloat16* w = seg.w[0];
+  const float* bias = seg.bias[0];
+  float* y = seg.y[0];
+  int64_t rows = seg.rows[0];
+  if (kEpi == Epilogue::store) {
 #pragma unroll
-  for (int k = 0; k < kTokens; ++k) {
-    const float s = warp_sum(acc[k]);  // every lane takes part (full mask), even past nt
-    if (lane == 0 && k < nt) y[(t0 + k) * rows + r] = s + (bias != nullptr ? bias[r] : 0.0f);
+    for (int i = 1; i < Segments::k_max; ++i)
+      if (i < seg.count && r >= rows) {
+        r -= rows;
+        w = seg.w[i];
+        bias = seg.bias[i];
+        y = seg.y[i];
+        rows = seg.rows[i];
+      }
+  }
+  if (r >= rows) return;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokens;
+  const int nt = static_cast<int>(num_tokens - t0 < kTokens ? num_tokens - t0 : kTokens);
+  float acc[kTokens];
+  row_dot<kVector, kLoads, kTokens>(x, w + r * cols, cols, t0, nt, lane, acc);
+  if constexpr (kEpi == Epilogue::swiglu) {
+    float up[kTokens];
+    row_dot<kVector, kLoads, kTokens>(x, seg.w[1] + r * cols, cols, t0, nt, lane, up);
+#pragma unroll
+    for (int k = 0; k < kTokens; ++k) {
+      // As the separate launches: gate and up stored with their bias (or + 0), then swiglu_cuda.
+      const float g = warp_sum(acc[k]) + (bias != nullptr ? bias[r] : 0.0f);
+      const float u = warp_sum(up[k]) + (seg.bias[1] != nullptr ? seg.bias[1][r] : 0.0f);
+      if (lane == 0 && k < nt) y[(t0 + k) * rows + r] = g / (1.0f + expf(-g)) * u;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kTokens; ++k) {
+      const float s = warp_sum(acc[k]) + (bias != nullptr ? bias[r] : 0.0f);  // every lane sums, even past nt
+      if (lane == 0 && k < nt) {
+        float* out = y + (t0 + k) * rows + r;
+        *out = kEpi == Epilogue::add ? *out + s : s;
+      }
+    }
   }
 }
 
-template <int kTokens>
-void launch_rowwise(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
-                    int64_t rows, int64_t cols, cudaStream_t stream, int loads) {
-  const dim3 grid(static_cast<unsigned>((rows + k_warps - 1) / k_warps),
+namespace {
+template <int kTokens, Epilogue kEpi>
+void launch_rowwise(const float* x, const Segments& seg, int64_t total_rows, bool vector, int64_t num_tokens,
+                    int64_t cols, cudaStream_t stream, int loads) {
+  const dim3 grid(static_cast<unsigned>((total_rows + k_warps - 1) / k_warps),
                   static_cast<unsigned>((num_tokens + kTokens - 1) / kTokens));
-  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  if (cols % 8 != 0 || !aligned)
-    matmul_rowwise_kernel<false, 1, kTokens><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+  if (!vector)
+    matmul_rowwise_kernel<false, 1, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
   else if (loads <= 1)
-    matmul_rowwise_kernel<true, 1, kTokens><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+    matmul_rowwise_kernel<true, 1, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
   else
-    matmul_rowwise_kernel<true, 4, kTokens><<<grid, k_warps * 32, 0, stream>>>(x, w, bias, y, num_tokens, rows, cols);
+    matmul_rowwise_kernel<true, 4, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
 }
+
+// The path: vector when cols % 8 == 0 and x and every weight are 16-byte aligned.
+template <Epilogue kEpi>
+void rowwise(const float* x, const Segments& seg, int64_t num_tokens, int64_t cols, cudaStream_t stream, int loads) {
+  int64_t total = 0;
+  bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  for (int i = 0; i < seg.count; ++i) {
+    total += kEpi == Epilogue::swiglu && i > 0 ? 0 : seg.rows[i];
+    aligned = aligned && reinterpret_cast<uintptr_t>(seg.w[i]) % 16 == 0;
+  }
+  if (num_tokens <= 0 || total <= 0) return;
+  const bool vector = cols % 8 == 0 && aligned;
+  if (num_tokens == 1)
+    launch_rowwise<1, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads);
+  else
+    launch_rowwise<k_group_tokens, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads);
+}
+}  // namespace
 
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
                          int64_t rows, int64_t cols, cudaStream_t stream, int loads) {
-  if (num_tokens <= 0 || rows <= 0) return;
-  if (num_tokens == 1)
-    launch_rowwise<1>(x, w, bias, y, num_tokens, rows, cols, stream, loads);
-  else
-    launch_rowwise<k_group_tokens>(x, w, bias, y, num_tokens, rows, cols, stream, loads);
+  const RowwiseOut out{w, bias, y, rows};
+  matmul_rowwise_multi_cuda(x, &out, 1, num_tokens, cols, stream, loads);
+}
+
+void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count, int64_t num_tokens, int64_t cols,
+                               cudaStream_t stream, int loads) {
+  for (int at = 0; at < count; at += Segments::k_max) {  // more outputs than one launch takes: several
+    Segments seg;
+    for (; seg.count < Segments::k_max && at + seg.count < count; ++seg.count) {
+      const RowwiseOut& o = outs[at + seg.count];
+      seg.w[seg.count] = o.w;
+      seg.bias[seg.count] = o.bias;
+      seg.y[seg.count] = o.y;
+      seg.rows[seg.count] = o.rows > 0 ? o.rows : 0;
+    }
+    rowwise<Epilogue::store>(x, seg, num_tokens, cols, stream, loads);
+  }
+}
+
+void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
+                                  int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
+  Segments seg;
+  seg.w[0] = w;
+  seg.bias[0] = bias;
+  seg.y[0] = y;
+  seg.rows[0] = rows;
+  seg.count = 1;
+  rowwise<Epilogue::add>(x, seg, num_tokens, cols, stream, 4);
+}
+
+void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
+                                int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
+  Segments seg;
+  seg.w[0] = gate;
+  seg.w[1] = up;
+  seg.y[0] = out;
+  seg.rows[0] = seg.rows[1] = rows;
+  seg.count = 2;
+  rowwise<Epilogue::swiglu>(x, seg, num_tokens, cols, stream, 4);
 }
 
 }  // namespace snap::kernels

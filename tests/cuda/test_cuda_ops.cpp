@@ -280,6 +280,53 @@ void add_matmul(std::vector<OpCase>& t) {
   }
 }
 
+// The fused decode GEMVs give each output the bits of the separate launches: q/k/v-like
+// outputs of different heights in one launch (4 outputs: two launches), o_proj/down_proj added
+// into the residual stream, gate and up with SwiGLU.
+void add_matmul_fused(std::vector<OpCase>& t) {
+  for (const GemmShape& s : k_gemm_shapes) {
+    t.push_back({gemm_name("matmul_rowwise_fused", s), [=]() -> AssertionResult {
+                   const auto x = test::random_floats(s.tokens * s.cols, 41, -1.0f, 1.0f);
+                   DeviceBuffer<float> dx(x);
+                   const int64_t heights[4] = {s.rows, s.rows / 4 + 1, 3, s.rows / 2 + 5};
+                   std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> dw;
+                   std::vector<std::unique_ptr<DeviceBuffer<float>>> db, dy, dsep;
+                   RowwiseOut outs[4];
+                   for (int i = 0; i < 4; ++i) {
+                     dw.push_back(std::make_unique<DeviceBuffer<uint16_t>>(
+                         to_bf16(test::random_floats(heights[i] * s.cols, 42 + i, -1.0f, 1.0f))));
+                     db.push_back(std::make_unique<DeviceBuffer<float>>(test::random_floats(heights[i], 46 + i, -1.0f, 1.0f)));
+                     dy.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
+                     dsep.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
+                     outs[i] = {as_bf16(dw[i]->ptr), (s.bias || i == 2) ? db[i]->ptr : nullptr, dy[i]->ptr, heights[i]};
+                     matmul_rowwise_cuda(dx.ptr, outs[i].w, outs[i].bias, dsep[i]->ptr, s.tokens, heights[i], s.cols, nullptr);
+                   }
+                   matmul_rowwise_multi_cuda(dx.ptr, outs, 4, s.tokens, s.cols, nullptr);
+                   if (auto r = sync_ok(); !r) return r;
+                   for (int i = 0; i < 4; ++i)
+                     if (auto c = bitwise_equal(dy[i]->to_host(), dsep[i]->to_host()); !c)
+                       return c << " (multi output " << i << " vs its own launch)";
+                   // Residual: y += x·w0ᵀ (+ bias) vs matmul_rowwise_cuda then residual_add_cuda.
+                   const auto y0 = test::random_floats(s.tokens * s.rows, 50, -3.0f, 3.0f);
+                   DeviceBuffer<float> fused(y0), sep(y0);
+                   matmul_rowwise_residual_cuda(dx.ptr, outs[0].w, outs[0].bias, fused.ptr, s.tokens, s.rows, s.cols, nullptr);
+                   residual_add_cuda(sep.ptr, dsep[0]->ptr, s.tokens * s.rows, nullptr);
+                   if (auto r = sync_ok(); !r) return r;
+                   if (auto c = bitwise_equal(fused.to_host(), sep.to_host()); !c) return c << " (residual)";
+                   // SwiGLU of outputs 0 (gate) and a second matrix of the same height (up).
+                   DeviceBuffer<uint16_t> dup(to_bf16(test::random_floats(s.rows * s.cols, 51, -1.0f, 1.0f)));
+                   DeviceBuffer<float> up(static_cast<size_t>(s.tokens * s.rows)), gate(up.n), act(up.n), want(up.n);
+                   matmul_rowwise_cuda(dx.ptr, outs[0].w, nullptr, gate.ptr, s.tokens, s.rows, s.cols, nullptr);
+                   matmul_rowwise_cuda(dx.ptr, as_bf16(dup.ptr), nullptr, up.ptr, s.tokens, s.rows, s.cols, nullptr);
+                   swiglu_cuda(gate.ptr, up.ptr, want.ptr, s.tokens * s.rows, nullptr);
+                   matmul_rowwise_swiglu_cuda(dx.ptr, outs[0].w, as_bf16(dup.ptr), act.ptr, s.tokens, s.rows, s.cols, nullptr);
+                   if (auto r = sync_ok(); !r) return r;
+                   if (auto c = bitwise_equal(act.to_host(), want.to_host()); !c) return c << " (swiglu)";
+                   return AssertionSuccess();
+                 }});
+  }
+}
+
 void add_argmax(std::vector<OpCase>& t) {
   for (int64_t vocab : {1, 7, 300, 49152, 128256})
     for (int64_t tokens : {1, 5}) {
@@ -645,6 +692,7 @@ std::vector<OpCase> all_cases() {
   add_elementwise(t);
   add_embedding(t);
   add_matmul(t);
+  add_matmul_fused(t);
   add_argmax(t);
   add_attention(t);
   add_attention_tc(t);

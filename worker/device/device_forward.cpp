@@ -189,18 +189,56 @@ Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32
   return Status::ok_status();
 }
 
-// q rows [n] of layer l, after RoPE, into q_ [n, own heads]; with a replicated KV head the
-// whole group's into qg_ [n, group heads] first (the scoring's queries), ours copied out.
-Status DeviceForward::project_queries(const DeviceLayer& L, int64_t n, bool rows) {
+// Layer l's q, k and v of the n rows of h_, q and k after RoPE: q into q_ [n, own heads] (with a
+// replicated KV head the whole group's into qg_ [n, group heads] first, the scoring's queries,
+// ours copied out), k and v into k_, v_. rows (decode): the three GEMVs in one launch.
+Status DeviceForward::attention_inputs(const DeviceLayer& L, int64_t n, bool rows) {
   const int hd = config_.head_dim;
   float* dst = replicated() ? qg_ : q_;
-  SNAP_RETURN_IF_ERROR(rows ? project_rows(L.q, L.q_bias.f32(), h_, dst, n) : project(L.q, L.q_bias.f32(), h_, dst, n));
+  if (rows) {
+    const kernels::RowwiseOut outs[3] = {{L.q.data.bf16(), L.q_bias.f32(), dst, L.q.rows},
+                                         {L.k.data.bf16(), L.k_bias.f32(), k_, L.k.rows},
+                                         {L.v.data.bf16(), L.v_bias.f32(), v_, L.v.rows}};
+    kernels::matmul_rowwise_multi_cuda(h_, outs, 3, n, L.q.cols, stream_);
+    DEV_TRY("q/k/v rows", cudaGetLastError());
+  } else {
+    SNAP_RETURN_IF_ERROR(project(L.q, L.q_bias.f32(), h_, dst, n));
+    SNAP_RETURN_IF_ERROR(project(L.k, L.k_bias.f32(), h_, k_, n));
+    SNAP_RETURN_IF_ERROR(project(L.v, L.v_bias.f32(), h_, v_, n));
+  }
   kernels::rope_cuda(dst, positions_, n, score_attn_.num_heads, hd, inv_freq_, stream_);
+  kernels::rope_cuda(k_, positions_, n, config_.num_kv_heads, hd, inv_freq_, stream_);
   DEV_TRY("rope", cudaGetLastError());
   if (!replicated()) return Status::ok_status();
   const int64_t own = w_.shard.head_begin - w_.shard.q_load_begin;
   const int64_t qd = int64_t{config_.num_heads} * hd, qgd = int64_t{score_attn_.num_heads} * hd;
   DEV_TRY("own queries", cudaMemcpy2DAsync(q_, 4 * qd, qg_ + own * hd, 4 * qgd, 4 * qd, n, cudaMemcpyDeviceToDevice, stream_));
+  return Status::ok_status();
+}
+
+// After attention (attn_out_), decode rows: o_proj into the residual stream x_, RMSNorm, gate and
+// up with SwiGLU in one launch, down_proj into x_. At tp 1 the residual adds are fused into
+// the GEMVs (the same bits as GEMV + residual_add_cuda); a shard sums its partials first.
+Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
+  const int64_t hidden = config_.hidden_size, ff = config_.intermediate_size;
+  const bool sum_first = exchange_ != nullptr && w_.shard.tp_size > 1;
+  if (sum_first) {
+    SNAP_RETURN_IF_ERROR(project_rows(L.o, nullptr, attn_out_, h_, n));
+    SNAP_RETURN_IF_ERROR(reduce(n));
+    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
+  } else {
+    kernels::matmul_rowwise_residual_cuda(attn_out_, L.o.data.bf16(), nullptr, x_, n, L.o.rows, L.o.cols, stream_);
+  }
+  kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
+  kernels::matmul_rowwise_swiglu_cuda(h_, L.gate.data.bf16(), L.up.data.bf16(), gate_, n, ff, L.gate.cols, stream_);
+  if (sum_first) {
+    SNAP_RETURN_IF_ERROR(project_rows(L.down, nullptr, gate_, h_, n));
+    SNAP_RETURN_IF_ERROR(reduce(n));
+    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
+  } else {
+    kernels::matmul_rowwise_residual_cuda(gate_, L.down.data.bf16(), nullptr, x_, n, L.down.rows, L.down.cols, stream_);
+  }
+  DEV_TRY("layer rows", cudaGetLastError());
   return Status::ok_status();
 }
 
@@ -293,26 +331,12 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
   for (int l = 0; l < config_.num_layers; ++l) {
     const DeviceLayer& L = w_.layers[l];
     kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-    SNAP_RETURN_IF_ERROR(project_queries(L, n, true));
-    SNAP_RETURN_IF_ERROR(project_rows(L.k, L.k_bias.f32(), h_, k_, n));
-    SNAP_RETURN_IF_ERROR(project_rows(L.v, L.v_bias.f32(), h_, v_, n));
-    kernels::rope_cuda(k_, positions_, n, nkv, hd, inv_freq_, stream_);
-    DEV_TRY("rope", cudaGetLastError());
+    SNAP_RETURN_IF_ERROR(attention_inputs(L, n, true));
     for (int64_t b = 0; b < n; ++b) {  // each row into its own sequence's cache, then attends there
       SNAP_RETURN_IF_ERROR(pool_.append(seqs[b], l, k_ + b * kvd, v_ + b * kvd, positions_ + b, 1));
       SNAP_RETURN_IF_ERROR(attend(seqs[b], l, q_ + b * qd, positions_ + b, 1, attn_out_ + b * qd));
     }
-    SNAP_RETURN_IF_ERROR(project_rows(L.o, nullptr, attn_out_, h_, n));
-    SNAP_RETURN_IF_ERROR(reduce(n));
-    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
-    kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-    SNAP_RETURN_IF_ERROR(project_rows(L.gate, nullptr, h_, gate_, n));
-    SNAP_RETURN_IF_ERROR(project_rows(L.up, nullptr, h_, up_, n));
-    kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
-    SNAP_RETURN_IF_ERROR(project_rows(L.down, nullptr, gate_, h_, n));
-    SNAP_RETURN_IF_ERROR(reduce(n));
-    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
-    DEV_TRY("layer", cudaGetLastError());
+    SNAP_RETURN_IF_ERROR(finish_layer_rows(L, n));
   }
   kernels::rms_norm_cuda(x_, w_.final_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
   SNAP_RETURN_IF_ERROR(head(n, true));
@@ -333,11 +357,8 @@ Status DeviceForward::run_layer(int32_t seq, int l, int64_t n, int64_t start) {
   const int hd = config_.head_dim;
   const DeviceLayer& L = w_.layers[l];
   kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-  SNAP_RETURN_IF_ERROR(project_queries(L, n, false));
-  SNAP_RETURN_IF_ERROR(project(L.k, L.k_bias.f32(), h_, k_, n));
-  SNAP_RETURN_IF_ERROR(project(L.v, L.v_bias.f32(), h_, v_, n));
-  kernels::rope_cuda(k_, positions_, n, config_.num_kv_heads, hd, inv_freq_, stream_);
-  DEV_TRY("rope", cudaGetLastError());
+  const bool rows = n == 1;  // a lone row takes the decode GEMVs, as decode_batch does
+  SNAP_RETURN_IF_ERROR(attention_inputs(L, n, rows));
   if (window_ > 0 && n >= window_ && win_q_[l] != nullptr) {  // this chunk's last W queries (scoring heads)
     const int64_t qd = int64_t{score_attn_.num_heads} * hd;
     DEV_TRY("window queries", cudaMemcpyAsync(win_q_[l], score_queries() + (n - window_) * qd,
@@ -346,6 +367,7 @@ Status DeviceForward::run_layer(int32_t seq, int l, int64_t n, int64_t start) {
   SNAP_RETURN_IF_ERROR(pool_.append(seq, l, k_, v_, positions_, n));
   if (start < h2o_tokens_) SNAP_RETURN_IF_ERROR(accumulate_h2o(seq, l, start, std::min(n, h2o_tokens_ - start)));
   SNAP_RETURN_IF_ERROR(attend(seq, l, q_, positions_, n, attn_out_));
+  if (rows) return finish_layer_rows(L, n);
   SNAP_RETURN_IF_ERROR(project(L.o, nullptr, attn_out_, h_, n));
   SNAP_RETURN_IF_ERROR(reduce(n));
   kernels::residual_add_cuda(x_, h_, n * hidden, stream_);

@@ -175,8 +175,12 @@ class DeviceForward {
   // logits_[rows, vocab] on the logits rank.
   Status head(int64_t rows, bool rowwise);
   Status check_shard() const;
-  // The layer's queries after RoPE into q_ (and qg_ when replicated); rows: the decode GEMV.
-  Status project_queries(const DeviceLayer& L, int64_t n, bool rows);
+  // The layer's q, k, v of h_, q and k after RoPE (q into q_, and qg_ when replicated); rows:
+  // the decode GEMVs, q/k/v in one launch.
+  Status attention_inputs(const DeviceLayer& L, int64_t n, bool rows);
+  // Decode rows after attention: o_proj, the residual, RMSNorm, the fused gate/up/SwiGLU GEMV,
+  // down_proj and the residual (the residual adds fused into the GEMVs at tp 1).
+  Status finish_layer_rows(const DeviceLayer& L, int64_t n);
   // This rank's KV head is replicated across ranks (tp > num_kv_heads): q_proj holds its
   // whole GQA group, which scores; only the rank's own heads attend.
   bool replicated() const { return w_.shard.q_load_heads != w_.shard.num_heads; }

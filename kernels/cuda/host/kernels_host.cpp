@@ -221,6 +221,39 @@ void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bi
   matmul_rowwise_cpu(x, wv, bias, y, num_tokens);
 }
 
+void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count, int64_t num_tokens, int64_t cols,
+                               cudaStream_t stream, int loads) {
+  for (int i = 0; i < count; ++i)
+    matmul_rowwise_cuda(x, outs[i].w, outs[i].bias, outs[i].y, num_tokens, outs[i].rows, cols, stream, loads);
+}
+
+void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
+                                  int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
+  if (num_tokens <= 0 || rows <= 0) return;
+  if (!require_device(x, f32s(num_tokens * cols), "matmul_rowwise_residual x") ||
+      !require_device(w, 2 * static_cast<size_t>(rows * cols), "matmul_rowwise_residual w") ||
+      (bias && !require_device(bias, f32s(rows), "matmul_rowwise_residual bias")) ||
+      !require_device(y, f32s(num_tokens * rows), "matmul_rowwise_residual y"))
+    return;
+  std::vector<float> part(static_cast<size_t>(num_tokens * rows));
+  matmul_rowwise_cpu(x, WeightView{DType::bf16, w, rows, cols}, bias, part.data(), num_tokens);
+  for (size_t i = 0; i < part.size(); ++i) y[i] += part[i];
+}
+
+void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
+                                int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
+  if (num_tokens <= 0 || rows <= 0) return;
+  if (!require_device(x, f32s(num_tokens * cols), "matmul_rowwise_swiglu x") ||
+      !require_device(gate, 2 * static_cast<size_t>(rows * cols), "matmul_rowwise_swiglu gate") ||
+      !require_device(up, 2 * static_cast<size_t>(rows * cols), "matmul_rowwise_swiglu up") ||
+      !require_device(out, f32s(num_tokens * rows), "matmul_rowwise_swiglu out"))
+    return;
+  std::vector<float> g(static_cast<size_t>(num_tokens * rows)), u(g.size());
+  matmul_rowwise_cpu(x, WeightView{DType::bf16, gate, rows, cols}, nullptr, g.data(), num_tokens);
+  matmul_rowwise_cpu(x, WeightView{DType::bf16, up, rows, cols}, nullptr, u.data(), num_tokens);
+  swiglu_cpu(g.data(), u.data(), out, static_cast<int64_t>(g.size()));
+}
+
 void argmax_cuda(const float* logits, int64_t num_tokens, int64_t vocab_size, int32_t* ids, cudaStream_t) {
   if (num_tokens <= 0) return;
   if (!require_device(logits, f32s(num_tokens * vocab_size), "argmax logits") ||
