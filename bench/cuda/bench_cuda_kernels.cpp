@@ -222,6 +222,60 @@ int main(int argc, char** argv) {
       }
   }
 
+  // One token through a layer's GEMVs as DeviceForward runs them (fused launches) and as it ran
+  // them before (one launch per matrix + SwiGLU + two residual adds): same bits, fewer launches.
+  std::printf("a decode layer's GEMVs, 1 row (fused as DeviceForward runs them vs one launch per op):\n");
+  {
+    Dev x(4ull * k_mlp), xs(4ull * k_hidden), q(4ull * k_heads * k_head_dim), k(4ull * k_kv_heads * k_head_dim),
+        v(4ull * k_kv_heads * k_head_dim), gate(4ull * k_mlp), up(4ull * k_mlp), h(4ull * k_hidden);
+    const auto* qkv = lw.qkv.as<__nv_bfloat16>();
+    const auto* gu = lw.gate_up.as<__nv_bfloat16>();
+    const int64_t qd = int64_t{k_heads} * k_head_dim, kvd = int64_t{k_kv_heads} * k_head_dim;
+    const RowwiseOut outs[3] = {{qkv, nullptr, q.as<float>(), qd},
+                                {qkv + qd * k_hidden, nullptr, k.as<float>(), kvd},
+                                {qkv + (qd + kvd) * k_hidden, nullptr, v.as<float>(), kvd}};
+    const auto* o = lw.o.as<__nv_bfloat16>();
+    const auto* down = lw.down.as<__nv_bfloat16>();
+    const double fused[4] = {
+        time_ms([&] { matmul_rowwise_multi_cuda(x.as<float>(), outs, 3, 1, k_hidden, nullptr); }),
+        time_ms([&] { matmul_rowwise_residual_cuda(x.as<float>(), o, nullptr, xs.as<float>(), 1, k_hidden, k_hidden, nullptr); }),
+        time_ms([&] { matmul_rowwise_swiglu_cuda(x.as<float>(), gu, gu + int64_t{k_mlp} * k_hidden, gate.as<float>(), 1, k_mlp, k_hidden, nullptr); }),
+        time_ms([&] { matmul_rowwise_residual_cuda(gate.as<float>(), down, nullptr, xs.as<float>(), 1, k_hidden, k_mlp, nullptr); })};
+    const double separate[4] = {
+        time_ms([&] {
+          for (const RowwiseOut& r : outs) matmul_rowwise_cuda(x.as<float>(), r.w, nullptr, r.y, 1, r.rows, k_hidden, nullptr);
+        }),
+        time_ms([&] {
+          matmul_rowwise_cuda(x.as<float>(), o, nullptr, h.as<float>(), 1, k_hidden, k_hidden, nullptr);
+          residual_add_cuda(xs.as<float>(), h.as<float>(), k_hidden, nullptr);
+        }),
+        time_ms([&] {
+          matmul_rowwise_cuda(x.as<float>(), gu, nullptr, gate.as<float>(), 1, k_mlp, k_hidden, nullptr);
+          matmul_rowwise_cuda(x.as<float>(), gu + int64_t{k_mlp} * k_hidden, nullptr, up.as<float>(), 1, k_mlp, k_hidden, nullptr);
+          swiglu_cuda(gate.as<float>(), up.as<float>(), gate.as<float>(), k_mlp, nullptr);
+        }),
+        time_ms([&] {
+          matmul_rowwise_cuda(gate.as<float>(), down, nullptr, h.as<float>(), 1, k_hidden, k_mlp, nullptr);
+          residual_add_cuda(xs.as<float>(), h.as<float>(), k_hidden, nullptr);
+        })};
+    const char* names[4] = {"q, k, v (matmul_rowwise_multi_cuda)", "o_proj + residual (matmul_rowwise_residual_cuda)",
+                            "gate, up, SwiGLU (matmul_rowwise_swiglu_cuda)", "down_proj + residual (matmul_rowwise_residual_cuda)"};
+    const double bytes[4] = {2.0 * (qd + 2 * kvd) * k_hidden, 2.0 * k_hidden * k_hidden, 2.0 * 2 * k_mlp * k_hidden,
+                             2.0 * k_hidden * k_mlp};
+    double fused_sum = 0, separate_sum = 0, bytes_sum = 0;
+    for (int i = 0; i < 4; ++i) {
+      const double gbs = bytes[i] / (fused[i] * 1e-3) / 1e9;
+      row(names[i], fused[i], fmt("%.2f x the HBM floor; one launch per op: %.3f ms", bw / gbs, separate[i]));
+      fused_sum += fused[i];
+      separate_sum += separate[i];
+      bytes_sum += bytes[i];
+    }
+    row("a layer, fused (4 launches; one launch per op: 11)", fused_sum,
+        fmt("%.2f x the HBM floor; one launch per op: %.3f ms", bw / (bytes_sum / (fused_sum * 1e-3) / 1e9), separate_sum) +
+            fmt(", %.2f x the floor", bw / (bytes_sum / (separate_sum * 1e-3) / 1e9)));
+    layer_gemv_ms = fused_sum;  // the composed estimate below takes what the model runs
+  }
+
   std::printf("paged attention, one layer (32 q / 8 KV heads, head_dim 128):\n");
   std::vector<int64_t> contexts = quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 32768, 131072};
   std::vector<double> decode_attn_ms;
@@ -285,8 +339,8 @@ int main(int argc, char** argv) {
   }
   snap::kernels::cublas_destroy(h);
 
-  // Decode estimate: the model's kernel times added up (norms, RoPE, residuals and launch gaps
-  // excluded), against the floor: bytes that must be read per token / measured bandwidth.
+  // Decode estimate: the model's kernel times added up (the fused GEMVs; norms, RoPE, the KV
+  // append and launch gaps excluded), against the floor: bytes that must be read per token / measured bandwidth.
   std::printf("decode per token, composed from the kernel times above (estimate, not an end-to-end run):\n");
   const double weight_bytes = 2.0 * (k_layers * (double(k_heads + 2 * k_kv_heads) * k_head_dim * k_hidden +
                                                  double(k_hidden) * k_hidden + 3.0 * k_mlp * k_hidden) +
