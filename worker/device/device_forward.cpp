@@ -321,7 +321,7 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
                               " are free");
   SNAP_RETURN_IF_ERROR(ensure_scratch(num_rows));
   if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed" + cublas_why());
-  const int64_t n = num_rows, hidden = config_.hidden_size, ff = config_.intermediate_size, vocab = config_.vocab_size;
+  const int64_t n = num_rows, hidden = config_.hidden_size, vocab = config_.vocab_size;
   const int hd = config_.head_dim;
   const int64_t qd = int64_t{config_.num_heads} * hd, kvd = int64_t{nkv} * hd;
   DEV_TRY("tokens", cudaMemcpyAsync(tokens_, tokens, 4 * n, cudaMemcpyHostToDevice, stream_));
