@@ -58,7 +58,27 @@ void sum_blocks_typed(const uint8_t* base, int num_blocks, int64_t stride, int64
   }
 }
 
+template <DType T>
+void sum_pair_typed(const uint8_t* first, const uint8_t* second, int64_t count, void* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    float acc = load_f32(first, i, T);  // as sum_blocks_typed with two blocks
+    acc += load_f32(second, i, T);
+    store_f32(out, i, T, acc);
+  }
+}
+
 }  // namespace
+
+void sum_pair_in_rank_order(const void* first, const void* second, int64_t count, DType dtype, void* out) {
+  const auto* a = static_cast<const uint8_t*>(first);
+  const auto* b = static_cast<const uint8_t*>(second);
+  switch (dtype) {
+    case DType::f32: return sum_pair_typed<DType::f32>(a, b, count, out);
+    case DType::bf16: return sum_pair_typed<DType::bf16>(a, b, count, out);
+    case DType::f16: return sum_pair_typed<DType::f16>(a, b, count, out);
+    default: CHECK(false) << "sum_pair_in_rank_order on " << dtype_name(dtype);
+  }
+}
 
 std::vector<RankChunk> rank_chunks(int64_t count, int group_size) {
   CHECK(group_size > 0 && count >= 0) << "rank_chunks(" << count << ", " << group_size << ")";

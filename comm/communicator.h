@@ -178,5 +178,7 @@ std::vector<RankChunk> rank_chunks(int64_t count, int group_size);
 // `out` may alias block 0.
 void sum_blocks_in_rank_order(const void* blocks, int num_blocks, int64_t stride, int64_t count, DType dtype,
                               void* out);
+// The same with two blocks anywhere in memory (rank 0's `first`); `out` may alias either.
+void sum_pair_in_rank_order(const void* first, const void* second, int64_t count, DType dtype, void* out);
 
 }  // namespace snap::comm
