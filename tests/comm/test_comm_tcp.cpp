@@ -33,7 +33,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const int64_t k_sizes[] = {1, 7, 83, 769, 5125, 100000};
+const int64_t k_sizes[] = {1, 7, 83, 769, 5125, 100000, 333333};  // 333333: two ranks' all-reduce in 256 KiB pieces, the last partial
 const DType k_dtypes[] = {DType::f32, DType::bf16, DType::f16};
 
 // ------------------------------------------------------------ inputs and the reference
