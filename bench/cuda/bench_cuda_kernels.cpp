@@ -282,10 +282,13 @@ int main(int argc, char** argv) {
   for (int64_t ctx : contexts) {
     PagedLayer kv(ctx);
     const double bytes = 2.0 * 2 * k_kv_heads * ctx * k_head_dim;  // K + V bf16
-    for (const DecodeAttention da : {DecodeAttention::key_threads, DecodeAttention::row_warps}) {
+    for (const DecodeAttention da : {DecodeAttention::key_threads, DecodeAttention::pipelined, DecodeAttention::row_warps}) {
       const double ms = attention_ms(kv, 1, static_cast<int32_t>(ctx), false, da);
       if (da == DecodeAttention::key_threads) decode_attn_ms.push_back(ms);  // the default
-      row(std::string("decode (") + (da == DecodeAttention::key_threads ? "key_threads" : "row_warps") + "), 1 query, " +
+      const char* name = da == DecodeAttention::key_threads ? "key_threads"
+                         : da == DecodeAttention::pipelined ? "pipelined"
+                                                            : "row_warps";
+      row(std::string("decode (") + name + "), 1 query, " +
               std::to_string(ctx) + " keys per head",
           ms, fmt("%.0f GB/s = %.2f x the HBM floor", bytes / (ms * 1e-3) / 1e9, bw / (bytes / (ms * 1e-3) / 1e9)));
     }
@@ -316,7 +319,9 @@ int main(int argc, char** argv) {
   {
     const double bytes = 2.0 * 2 * k_kv_heads * 2048 * k_head_dim;
     const std::pair<const char*, double> runs[] = {
-        {"key_threads", snap_attn_ms}, {"row_warps", attention_ms(snap_kv, 1, 1 << 20, false, DecodeAttention::row_warps)}};
+        {"key_threads", snap_attn_ms},
+        {"pipelined", attention_ms(snap_kv, 1, 1 << 20, false, DecodeAttention::pipelined)},
+        {"row_warps", attention_ms(snap_kv, 1, 1 << 20, false, DecodeAttention::row_warps)}};
     for (const auto& [name, ms] : runs)
       row(std::string("decode (") + name + "), 1 query, 2048 keys per head (SnapKV's budget)", ms, fmt("%.0f GB/s = %.2f x the HBM floor", bytes / (ms * 1e-3) / 1e9, bw / (bytes / (ms * 1e-3) / 1e9)));
   }

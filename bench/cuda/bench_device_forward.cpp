@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
   if (!pool.ok()) return fail(pool.status().to_string());
   snap::DeviceForward fwd(c, **weights, **pool);
   std::printf("  prompt attention: %s (SNAP_DEVICE_PROMPT_ATTENTION=tc|mma|mma_bf16|wmma|f32; tc = mma, the default); "
-              "decode attention: %s (SNAP_DEVICE_DECODE_ATTENTION=key_threads|row_warps)\n",
+              "decode attention: %s (SNAP_DEVICE_DECODE_ATTENTION=key_threads|pipelined|row_warps)\n",
               fwd.prompt_attention_name().c_str(), snap::DeviceForward::decode_attention_name(fwd.decode_attention()));
 
   std::printf("  %-8s %13s %12s %12s %12s %14s %14s %11s %11s\n", "context", "prefill tok/s", "full ms/tok",

@@ -22,6 +22,7 @@
 
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/paged_kv.cuh"
+#include "kernels/cuda/ptx.cuh"
 
 namespace snap::kernels {
 
@@ -200,13 +201,19 @@ constexpr int kd_batch = 4;       // 16-byte pieces of K (and of V) a thread loa
 // the two halves of a key read different banks), k_s [kd_keys][hd + 16] bf16 (the upper half 8
 // on), v_s [kd_keys][hd] bf16, p_s [kd_keys][kd_rows] f32, red_s [2][kd_warps][kd_rows] f32. At
 // the end the classes' partial sums, [classes][kd_rows][hd] f32 = 8 KB, reuse k_s + v_s.
-size_t decode_smem_bytes(int hd) {
-  return sizeof(float) * kd_rows * (hd + 4) + 2 * static_cast<size_t>(kd_keys) * (hd + 16) +
-         2 * static_cast<size_t>(kd_keys) * hd + sizeof(float) * kd_keys * kd_rows + sizeof(float) * 2 * kd_warps * kd_rows;
+// stages: 1 (key_threads), or 2 (pipelined: k_s and v_s twice, chunk c + 1 in flight while c is
+// computed).
+size_t decode_smem_bytes(int hd, int stages) {
+  return sizeof(float) * kd_rows * (hd + 4) +
+         stages * (2 * static_cast<size_t>(kd_keys) * (hd + 16) + 2 * static_cast<size_t>(kd_keys) * hd) +
+         sizeof(float) * kd_keys * kd_rows + sizeof(float) * 2 * kd_warps * kd_rows;
 }
 }  // namespace
 
-template <int kDims>
+// kPipelined (DecodeAttention::pipelined; needs vec): K and V come by cp.async into two stages,
+// chunk c + 1's copies in flight while chunk c is scored, so the loads no longer wait behind the
+// arithmetic; the same operations in the same order on the same values: the same bits.
+template <int kDims, bool kPipelined>
 __global__ void __launch_bounds__(kd_threads, 4)
     attention_decode_kernel(const float* q, const int32_t* q_positions, int64_t num_tokens, PagedKvCuda kv,
                             AttentionParams p, int64_t splits, int64_t split_keys, bool vec, float* out,
@@ -219,11 +226,12 @@ __global__ void __launch_bounds__(kd_threads, 4)
   constexpr int pieces = kd_keys * hd / 8 / kd_threads;  // 16-byte pieces of K (and of V) per thread
   extern __shared__ float dsmem[];
   float* q_s = dsmem;
-  unsigned short* k_s = reinterpret_cast<unsigned short*>(q_s + kd_rows * qs);
-  unsigned short* v_s = k_s + kd_keys * ks;
-  float* p_s = reinterpret_cast<float*>(v_s + kd_keys * hd);
+  constexpr int stages = kPipelined ? 2 : 1;
+  constexpr int stage = kd_keys * ks + kd_keys * hd;  // one stage's K then V, in bf16 elements
+  unsigned short* const kv_s = reinterpret_cast<unsigned short*>(q_s + kd_rows * qs);
+  float* p_s = reinterpret_cast<float*>(kv_s + stages * stage);
   float* red_s = p_s + kd_keys * kd_rows;
-  float* acc_s = reinterpret_cast<float*>(k_s);
+  float* acc_s = reinterpret_cast<float*>(kv_s);
   __shared__ int64_t lo_s[kd_rows], hi_s[kd_rows];
   __shared__ int64_t range_s[2];
   __shared__ float ml_s[2 * kd_rows];
@@ -253,11 +261,43 @@ __global__ void __launch_bounds__(kd_threads, 4)
   const int cls = tid / pairs, d0 = (tid % pairs) * 2;  // p·V: dims d0, d0 + 1, keys of class cls
   const bool pv_thread = cls < classes;
 
-  for (int64_t j0 = lo_all - lo_all % kd_keys; j0 < hi_all; j0 += kd_keys) {
+  // Pipelined: chunk j0's K and V pieces by cp.async into stage `st` (one commit group).
+  const PagedKvHead& fetch_head = span.head;  // (a lambda may not capture a structured binding before C++20)
+  const auto fetch = [&](int64_t j0, int st) {
     const int n = static_cast<int>(hi_all - j0 < kd_keys ? hi_all - j0 : kd_keys);
-    // 1. K and V of keys j0 .. j0 + n - 1 into shared memory, in rounds of kd_batch 16-byte
-    //    pieces of each: a round's loads are all issued before its first store.
-    if (vec) {
+    unsigned short* k_dst = kv_s + st * stage;
+    unsigned short* v_dst = k_dst + kd_keys * ks;
+#pragma unroll
+    for (int u = 0; u < pieces; ++u) {
+      const int idx = tid + u * kd_threads, jj = idx / (hd / 8), c = (idx % (hd / 8)) * 8;
+      if (jj < n) {
+        const paged::KvRows rows = paged::kv_rows(kv, fetch_head, j0 + jj, hd);
+        ptx::cp_async_16(k_dst + jj * ks + c + (c < half ? 0 : 8), rows.k + c, true);
+        ptx::cp_async_16(v_dst + jj * hd + c, rows.v + c, true);
+      }
+    }
+    ptx::cp_async_commit();
+  };
+  const int64_t j_first = lo_all - lo_all % kd_keys;
+  if (kPipelined && j_first < hi_all) fetch(j_first, 0);
+
+  for (int64_t j0 = j_first, chunk = 0; j0 < hi_all; j0 += kd_keys, ++chunk) {
+    const int n = static_cast<int>(hi_all - j0 < kd_keys ? hi_all - j0 : kd_keys);
+    unsigned short* const k_s = kv_s + (kPipelined ? (chunk & 1) * stage : 0);
+    unsigned short* const v_s = k_s + kd_keys * ks;
+    // 1. K and V of keys j0 .. j0 + n - 1 into shared memory. Pipelined: the next chunk's
+    //    copies go out into the other stage (free: every thread passed the previous chunk's
+    //    last barrier), then this thread waits for its own part of this chunk; the barrier
+    //    below makes every part visible. Else in rounds of kd_batch 16-byte pieces of each: a
+    //    round's loads are all issued before its first store.
+    if constexpr (kPipelined) {
+      if (j0 + kd_keys < hi_all) {
+        fetch(j0 + kd_keys, static_cast<int>((chunk + 1) & 1));
+        ptx::cp_async_wait<1>();
+      } else {
+        ptx::cp_async_wait<0>();
+      }
+    } else if (vec) {
       constexpr int batch = pieces < kd_batch ? pieces : kd_batch;
 #pragma unroll 1
       for (int u0 = 0; u0 < pieces; u0 += batch) {
@@ -503,26 +543,33 @@ size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionP
 }
 
 namespace {
-// key_threads: the decode form's attention_decode_kernel; otherwise attention_paged_kernel.
+// key_threads: the decode form's attention_decode_kernel (pipelined: its cp.async form, where the
+// K/V rows allow 16-byte copies); otherwise attention_paged_kernel.
 template <int kDims>
 void launch(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
-            const AttentionParams& p, const AttentionSplit& split, bool key_threads, float* out, float* ws_state,
-            float* ws_acc, cudaStream_t stream) {
-  const size_t smem = key_threads ? decode_smem_bytes(kDims * 32) : smem_bytes(kDims * 32);
-  // Above the 48 KiB default (head_dim > 128) the kernel must opt in (sm_80: up to 163 KiB).
+            const AttentionParams& p, const AttentionSplit& split, bool key_threads, bool pipelined, float* out,
+            float* ws_state, float* ws_acc, cudaStream_t stream) {
+  // 16-byte K/V loads where every row starts 16-byte aligned (the device pool's views do).
+  const bool vec = kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(kv.k_base) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_base) % 16 == 0;
+  pipelined = pipelined && key_threads && vec;
+  const size_t smem = key_threads ? decode_smem_bytes(kDims * 32, pipelined ? 2 : 1) : smem_bytes(kDims * 32);
+  // Above the 48 KiB default (head_dim > 128, or pipelined) the kernel must opt in (sm_80: up to 163 KiB).
   if (smem > 48 * 1024)
-    cudaFuncSetAttribute(key_threads ? attention_decode_kernel<kDims> : attention_paged_kernel<kDims>,
+    cudaFuncSetAttribute(pipelined     ? attention_decode_kernel<kDims, true>
+                         : key_threads ? attention_decode_kernel<kDims, false>
+                                       : attention_paged_kernel<kDims>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   const int64_t rows_total = num_tokens * (p.num_heads / p.num_kv_heads);
   const int64_t rows_per_block = key_threads ? kd_rows : k_rows;
   const dim3 grid(static_cast<unsigned>((rows_total + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(split.splits));
-  // 16-byte K/V loads where every row starts 16-byte aligned (the device pool's views do).
-  const bool vec = kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(kv.k_base) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_base) % 16 == 0;
-  if (key_threads)
-    attention_decode_kernel<kDims><<<grid, kd_threads, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
-                                                                       split.keys, vec, out, ws_state, ws_acc);
+  if (pipelined)
+    attention_decode_kernel<kDims, true><<<grid, kd_threads, smem, stream>>>(
+        q, q_positions, num_tokens, kv, p, split.splits, split.keys, vec, out, ws_state, ws_acc);
+  else if (key_threads)
+    attention_decode_kernel<kDims, false><<<grid, kd_threads, smem, stream>>>(
+        q, q_positions, num_tokens, kv, p, split.splits, split.keys, vec, out, ws_state, ws_acc);
   else
     attention_paged_kernel<kDims><<<grid, k_warps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
                                                                        split.keys, vec, out, ws_state, ws_acc);
@@ -543,16 +590,17 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
     return cudaErrorInvalidValue;
   float* ws_state = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float* ws_acc = splits > 1 ? ws_state + 2 * splits * num_tokens * p.num_heads : nullptr;
-  const bool key_threads = decode == DecodeAttention::key_threads && attention_decode_form(num_tokens, p);
+  const bool key_threads = decode != DecodeAttention::row_warps && attention_decode_form(num_tokens, p);
+  const bool pipelined = decode == DecodeAttention::pipelined;
   switch (p.head_dim / 32) {
-    case 1: launch<1>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
-    case 2: launch<2>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
-    case 3: launch<3>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
-    case 4: launch<4>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
-    case 5: launch<5>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
-    case 6: launch<6>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
-    case 7: launch<7>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
-    case 8: launch<8>(q, q_positions, num_tokens, kv, p, split, key_threads, out, ws_state, ws_acc, stream); break;
+    case 1: launch<1>(q, q_positions, num_tokens, kv, p, split, key_threads, pipelined, out, ws_state, ws_acc, stream); break;
+    case 2: launch<2>(q, q_positions, num_tokens, kv, p, split, key_threads, pipelined, out, ws_state, ws_acc, stream); break;
+    case 3: launch<3>(q, q_positions, num_tokens, kv, p, split, key_threads, pipelined, out, ws_state, ws_acc, stream); break;
+    case 4: launch<4>(q, q_positions, num_tokens, kv, p, split, key_threads, pipelined, out, ws_state, ws_acc, stream); break;
+    case 5: launch<5>(q, q_positions, num_tokens, kv, p, split, key_threads, pipelined, out, ws_state, ws_acc, stream); break;
+    case 6: launch<6>(q, q_positions, num_tokens, kv, p, split, key_threads, pipelined, out, ws_state, ws_acc, stream); break;
+    case 7: launch<7>(q, q_positions, num_tokens, kv, p, split, key_threads, pipelined, out, ws_state, ws_acc, stream); break;
+    case 8: launch<8>(q, q_positions, num_tokens, kv, p, split, key_threads, pipelined, out, ws_state, ws_acc, stream); break;
   }
   if (splits > 1) {
     const int64_t rows = num_tokens * p.num_heads;

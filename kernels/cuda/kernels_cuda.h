@@ -135,7 +135,10 @@ inline AttentionSplit attention_split(int64_t num_tokens, const AttentionParams&
 //    (bench_cuda_kernels times both; SNAP_DEVICE_DECODE_ATTENTION=row_warps in DeviceForward).
 // Both meet attention_paged_cpu within the same tolerance; their bits differ. Within one kernel
 // a row's bits depend only on its own query and keys.
-enum class DecodeAttention { key_threads, row_warps };
+// pipelined: key_threads with its K/V chunks copied by cp.async into two shared-memory stages, the
+// next chunk in flight while one is computed (where the K/V rows are 16-byte aligned, as the
+// pool's are; else key_threads itself): the same bits as key_threads.
+enum class DecodeAttention { key_threads, row_warps, pipelined };
 size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length);
 cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                  const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,

@@ -471,6 +471,22 @@ void add_attention(std::vector<OpCase>& t) {
     if (attention_decode_form(s.num_tokens, attention_params(s)))
       t.push_back({std::string("attention_paged_row_warps_") + s.name,
                    [=]() { return attention_case(s, false, DecodeAttention::row_warps); }});
+  // The decode form pipelined (cp.async, two stages): against the reference as every kernel,
+  // and bit for bit key_threads' output (the same operations on the same values).
+  for (const AttnShape& s : attention_shapes())
+    if (attention_decode_form(s.num_tokens, attention_params(s)))
+      t.push_back({std::string("attention_paged_pipelined_") + s.name, [=]() -> AssertionResult {
+                     if (auto r = attention_case(s, false, DecodeAttention::pipelined); !r) return r;
+                     const PagedFixture f(s, 41);
+                     const AttentionParams p = attention_params(s);
+                     const std::vector<int32_t> qpos = attention_positions(s, f);
+                     const auto q = test::random_floats(s.num_tokens * s.num_heads * s.head_dim, 43, -2.0f, 2.0f);
+                     const DevicePaged d(f, s.head_dim);
+                     std::vector<float> piped, plain;
+                     if (auto r = run_attention_cuda(d, q, qpos, p, piped, false, DecodeAttention::pipelined); !r) return r;
+                     if (auto r = run_attention_cuda(d, q, qpos, p, plain, false, DecodeAttention::key_threads); !r) return r;
+                     return bitwise_equal(piped, plain) << " (pipelined vs key_threads)";
+                   }});
   // K/V that are not 16-byte aligned take the scalar loads (the pool's views never are): the
   // same bits as the vector loads give on the aligned copy.
   for (const char* name : {"llama3_decode_4_rows", "qwen2_group7_prefill_gaps"}) {

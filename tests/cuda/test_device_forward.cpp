@@ -110,14 +110,15 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   // The prompt attentions (the tensor-core mma kernel, the default; the CUDA-core one; the
-  // wmma tensor-core kernel) and both decode attentions (key_threads, the default, and
-  // row_warps) within the same bounds: the defaults together, then the others.
+  // wmma tensor-core kernel) and the decode attentions (key_threads, the default, row_warps and
+  // pipelined) within the same bounds: the defaults together, then the others.
   using PA = DeviceForward::PromptAttention;
   using PK = kernels::PrefillAttention;
   using DA = kernels::DecodeAttention;
   for (const auto& [pa, pk, da] : {std::tuple{PA::tensor_cores, PK::mma, DA::key_threads},
                                    std::tuple{PA::f32, PK::mma, DA::row_warps},
-                                   std::tuple{PA::tensor_cores, PK::wmma, DA::key_threads}}) {
+                                   std::tuple{PA::tensor_cores, PK::wmma, DA::key_threads},
+                                   std::tuple{PA::tensor_cores, PK::mma, DA::pipelined}}) {
     auto pool = DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, int64_t{64} << 20, stream);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     DeviceForward fwd(c, **weights, **pool);

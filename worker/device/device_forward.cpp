@@ -76,9 +76,13 @@ DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& wei
     const std::string v = e;
     if (v == "row_warps")
       decode_attention_ = kernels::DecodeAttention::row_warps;
+    else if (v == "pipelined")
+      decode_attention_ = kernels::DecodeAttention::pipelined;
     else if (v != "key_threads")
       std::fprintf(stderr,
-                   "snapserve: SNAP_DEVICE_DECODE_ATTENTION=%s is neither key_threads nor row_warps; using key_threads\n", e);
+                   "snapserve: SNAP_DEVICE_DECODE_ATTENTION=%s is none of key_threads, pipelined, row_warps; using "
+                   "key_threads\n",
+                   e);
   }
 }
 

@@ -147,13 +147,17 @@ class DeviceForward {
 
   // The kernel of decode rows (attention_paged_cuda's decode form: ≤ 64 query rows per KV
   // head): key_threads (the default: each K element read from shared memory once per chunk for
-  // all the rows of a block) or row_warps (a warp per row). Same tolerance, different bits.
-  // SNAP_DEVICE_DECODE_ATTENTION=row_warps chooses it for every DeviceForward of the process
-  // (`key_threads` or unset: the default); anything else is ignored with a warning.
+  // all the rows of a block), pipelined (key_threads with the next chunk's K/V copied by
+  // cp.async while one is computed: the same bits) or row_warps (a warp per row: same
+  // tolerance, different bits). SNAP_DEVICE_DECODE_ATTENTION=pipelined|row_warps chooses for
+  // every DeviceForward of the process (`key_threads` or unset: the default); anything else is
+  // ignored with a warning.
   void set_decode_attention(kernels::DecodeAttention a) { decode_attention_ = a; }
   kernels::DecodeAttention decode_attention() const { return decode_attention_; }
   static const char* decode_attention_name(kernels::DecodeAttention a) {
-    return a == kernels::DecodeAttention::row_warps ? "row_warps" : "key_threads";
+    return a == kernels::DecodeAttention::row_warps   ? "row_warps"
+           : a == kernels::DecodeAttention::pipelined ? "pipelined"
+                                                      : "key_threads";
   }
 
   // Bytes of device scratch held now (activations for the largest chunk seen + workspaces).
