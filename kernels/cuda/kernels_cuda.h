@@ -26,6 +26,10 @@ void rms_norm_cuda(const float* x, const float* weight, float* y, int64_t num_to
 // (rope_inv_freq(cfg) on the host: none, linear and llama3 differ only there).
 void rope_cuda(float* x, const int32_t* positions, int64_t num_tokens, int num_heads, int head_dim,
                const float* inv_freq, cudaStream_t stream);
+// rope_cuda on q [num_tokens, q_heads, head_dim] and k [num_tokens, k_heads, head_dim] (same
+// positions) in one launch: the bits of two rope_cuda calls.
+void rope_qk_cuda(float* q, int q_heads, float* k, int k_heads, const int32_t* positions, int64_t num_tokens,
+                  int head_dim, const float* inv_freq, cudaStream_t stream);
 // out[i] = silu(gate[i]) · up[i]; out may alias gate.
 void swiglu_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 // x[i] += y[i] (the residual stream).
@@ -194,6 +198,18 @@ struct WordEdits {
   int32_t value[k_max];
 };
 void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t stream);
+// A few rows' append in one launch (a decode step: num_tokens · num_kv_heads ≤ KvSlots::k_max):
+// row r of k_new/v_new ([rows, head_dim], r = t · num_kv_heads + g) to slots.slot[r] (the host
+// computes them), pos_base[slot] = positions[r / num_kv_heads], and `edits` applied to `words`
+// (the view's new block ids and lengths). 2.5 KB of arguments.
+struct KvSlots {
+  static constexpr int k_max = 64;
+  int32_t count = 0;
+  int64_t slot[k_max];
+};
+void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t* positions, int num_kv_heads,
+                          int head_dim, const KvSlots& slots, int32_t* words, const WordEdits& edits,
+                          __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);
 // Row copies src_slots[i] -> dst_slots[i] (K, V and position); the two sets must not overlap.
 void kv_gather_cuda(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,
                     __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);

@@ -7,7 +7,11 @@
 //     ranges never overlap, so every row is read before anything could overwrite it).
 //   word_edits_cuda: a few int32 words of a device buffer set from the launch's own arguments
 //     (the pool's block-table edits: a new block id, a head's length), stream-ordered.
+//   kv_append_slots_cuda: a decode step's append in one launch: the rows to slots the host
+//     names and the view's edits, both in the launch's arguments.
 // One warp per row, lanes over head_dim: each row is 2·head_dim contiguous bytes.
+#include <algorithm>
+
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace snap::kernels {
@@ -41,6 +45,32 @@ void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* posit
   if (rows <= 0) return;
   kv_append_kernel<<<static_cast<unsigned>((rows + k_warps - 1) / k_warps), k_warps * 32, 0, stream>>>(
       k_new, v_new, positions, num_tokens, num_kv_heads, head_dim, heads, block_size, k_base, v_base, pos_base);
+}
+
+__global__ void kv_append_slots_kernel(const float* k_new, const float* v_new, const int32_t* positions,
+                                       int num_kv_heads, int head_dim, KvSlots slots, int32_t* words, WordEdits edits,
+                                       __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base) {
+  if (blockIdx.x == 0)  // nothing in this launch reads the edited words
+    for (int i = static_cast<int>(threadIdx.x); i < edits.count; i += static_cast<int>(blockDim.x))
+      words[edits.index[i]] = edits.value[i];
+  const int r = static_cast<int>(blockIdx.x) * k_warps + static_cast<int>(threadIdx.x >> 5);
+  if (r >= slots.count) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t dst = slots.slot[r];
+  for (int d = lane; d < head_dim; d += 32) {
+    k_base[dst * head_dim + d] = __float2bfloat16_rn(k_new[int64_t{r} * head_dim + d]);
+    v_base[dst * head_dim + d] = __float2bfloat16_rn(v_new[int64_t{r} * head_dim + d]);
+  }
+  if (lane == 0) pos_base[dst] = positions[r / num_kv_heads];
+}
+
+void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t* positions, int num_kv_heads,
+                          int head_dim, const KvSlots& slots, int32_t* words, const WordEdits& edits,
+                          __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
+  const int blocks = std::max((slots.count + k_warps - 1) / k_warps, edits.count > 0 ? 1 : 0);
+  if (blocks == 0) return;
+  kv_append_slots_kernel<<<blocks, k_warps * 32, 0, stream>>>(k_new, v_new, positions, num_kv_heads, head_dim, slots,
+                                                              words, edits, k_base, v_base, pos_base);
 }
 
 __global__ void word_edits_kernel(int32_t* words, WordEdits edits) {

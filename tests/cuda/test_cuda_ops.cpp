@@ -109,7 +109,16 @@ void add_rope(std::vector<OpCase>& t) {
                          rope_cuda(dx.ptr, dpos.ptr, tokens, heads, head_dim, dinv.ptr, nullptr);
                          if (auto r = sync_ok(); !r) return r;
                          const auto got = dx.to_host();
-                         return test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-6);
+                         if (auto c = test::all_close(got.data(), want.data(), static_cast<int64_t>(got.size()), 1e-6); !c)
+                           return c;
+                         // q and k in one launch (k: 2 heads of other values): each the bits of its own rope_cuda.
+                         const auto kx = test::random_floats(tokens * 2 * head_dim, 6, -2.0f, 2.0f);
+                         DeviceBuffer<float> dq(x), dk(kx), dk_alone(kx);
+                         rope_qk_cuda(dq.ptr, heads, dk.ptr, 2, dpos.ptr, tokens, head_dim, dinv.ptr, nullptr);
+                         rope_cuda(dk_alone.ptr, dpos.ptr, tokens, 2, head_dim, dinv.ptr, nullptr);
+                         if (auto r = sync_ok(); !r) return r;
+                         if (auto c = bitwise_equal(dq.to_host(), got); !c) return c << " (rope_qk_cuda q)";
+                         return bitwise_equal(dk.to_host(), dk_alone.to_host()) << " (rope_qk_cuda k)";
                        }});
         }
 }

@@ -210,8 +210,7 @@ Status DeviceForward::attention_inputs(const DeviceLayer& L, int64_t n, bool row
     SNAP_RETURN_IF_ERROR(project(L.k, L.k_bias.f32(), h_, k_, n));
     SNAP_RETURN_IF_ERROR(project(L.v, L.v_bias.f32(), h_, v_, n));
   }
-  kernels::rope_cuda(dst, positions_, n, score_attn_.num_heads, hd, inv_freq_, stream_);
-  kernels::rope_cuda(k_, positions_, n, config_.num_kv_heads, hd, inv_freq_, stream_);
+  kernels::rope_qk_cuda(dst, score_attn_.num_heads, k_, config_.num_kv_heads, positions_, n, hd, inv_freq_, stream_);
   DEV_TRY("rope", cudaGetLastError());
   if (!replicated()) return Status::ok_status();
   const int64_t own = w_.shard.head_begin - w_.shard.q_load_begin;

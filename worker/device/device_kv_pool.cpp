@@ -156,6 +156,23 @@ Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float*
   peak_used_ = std::max(peak_used_, used_blocks());
   if (widest > cap) {
     SNAP_RETURN_IF_ERROR(upload_view(s, layer, widest));  // the edits are in it
+  } else if (num_tokens * nkv <= kernels::KvSlots::k_max && static_cast<int64_t>(edits.size()) <= kernels::WordEdits::k_max) {
+    // A decode step's few rows: their slots from the host tables, rows and edits in one launch.
+    kernels::KvSlots slots;
+    for (int64_t t = 0; t < num_tokens; ++t)
+      for (int g = 0; g < nkv; ++g) {
+        const int64_t j = s.lengths[layer][g] - num_tokens + t;
+        slots.slot[slots.count++] = int64_t{s.tables[layer][g][j / bs]} * bs + j % bs;
+      }
+    kernels::WordEdits e;
+    for (const auto& [index, value] : edits) {
+      e.index[e.count] = index;
+      e.value[e.count++] = value;
+    }
+    kernels::kv_append_slots_cuda(k, v, positions, nkv, shape_.head_dim, slots, static_cast<int32_t*>(s.view_buf[layer]),
+                                  e, k_, v_, pos_, stream_);
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("kv_append_slots_cuda", err));
   } else {
     int32_t* words = static_cast<int32_t*>(s.view_buf[layer]);
     for (size_t i = 0; i < edits.size();) {

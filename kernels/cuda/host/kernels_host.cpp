@@ -141,6 +141,12 @@ void rope_cuda(float* x, const int32_t* positions, int64_t num_tokens, int num_h
   rope_cpu(x, positions, num_tokens, num_heads, head_dim, inv_freq);
 }
 
+void rope_qk_cuda(float* q, int q_heads, float* k, int k_heads, const int32_t* positions, int64_t num_tokens,
+                  int head_dim, const float* inv_freq, cudaStream_t stream) {
+  rope_cuda(q, positions, num_tokens, q_heads, head_dim, inv_freq, stream);
+  rope_cuda(k, positions, num_tokens, k_heads, head_dim, inv_freq, stream);
+}
+
 void swiglu_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t) {
   if (!require_device(gate, f32s(n), "swiglu gate") || !require_device(up, f32s(n), "swiglu up") ||
       !require_device(out, f32s(n), "swiglu out"))
@@ -354,6 +360,32 @@ void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* posit
       }
       pos_base[slot] = positions[t];
     }
+}
+
+void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t* positions, int num_kv_heads,
+                          int head_dim, const KvSlots& slots, int32_t* words, const WordEdits& edits,
+                          __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
+  word_edits_cuda(words, edits, stream);
+  if (slots.count <= 0) return;
+  const size_t rows = f32s(int64_t{slots.count} * head_dim);
+  if (!require_device(k_new, rows, "kv_append_slots k") || !require_device(v_new, rows, "kv_append_slots v") ||
+      !require_device(positions, sizeof(int32_t) * ((slots.count + num_kv_heads - 1) / num_kv_heads),
+                      "kv_append_slots positions"))
+    return;
+  for (int r = 0; r < slots.count; ++r) {
+    const int64_t slot = slots.slot[r];
+    uint16_t* kd = bits(k_base) + slot * head_dim;
+    uint16_t* vd = bits(v_base) + slot * head_dim;
+    if (!require_device(kd, 2 * static_cast<size_t>(head_dim), "kv_append_slots K slab row") ||
+        !require_device(vd, 2 * static_cast<size_t>(head_dim), "kv_append_slots V slab row") ||
+        !require_device(pos_base + slot, 4, "kv_append_slots position slab"))
+      return;
+    for (int d = 0; d < head_dim; ++d) {
+      kd[d] = f32_to_bf16(k_new[int64_t{r} * head_dim + d]);
+      vd[d] = f32_to_bf16(v_new[int64_t{r} * head_dim + d]);
+    }
+    pos_base[slot] = positions[r / num_kv_heads];
+  }
 }
 
 void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t) {
