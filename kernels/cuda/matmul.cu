@@ -232,22 +232,22 @@ void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count
 void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
                                   int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
   Segments seg;
+  seg.count = 1;
   seg.w[0] = w;
   seg.bias[0] = bias;
   seg.y[0] = y;
   seg.rows[0] = rows;
-  seg.count = 1;
   rowwise<Epilogue::add>(x, seg, num_tokens, cols, stream, 4);
 }
 
 void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
                                 int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
-  Segments seg;
+  Segments seg;  // gate's segment carries the output; up's only its weights (and no bias)
+  seg.count = 2;
   seg.w[0] = gate;
   seg.w[1] = up;
   seg.y[0] = out;
   seg.rows[0] = seg.rows[1] = rows;
-  seg.count = 2;
   rowwise<Epilogue::swiglu>(x, seg, num_tokens, cols, stream, 4);
 }
 

@@ -166,6 +166,21 @@ class DeviceKvPoolTest : public ::testing::Test {
     }
   }
 
+  // Compacts (seq, layer) to `kept` and the expectation of seq 0 with it.
+  void compact(int32_t seq, int layer, const std::vector<std::vector<int32_t>>& kept) {
+    ASSERT_TRUE(pool_->compact(seq, layer, kept).ok());
+    for (int g = 0; g < k_kv_heads; ++g) {
+      Expected& e = expected_[layer][g];
+      Expected c;
+      for (int32_t j : kept[g]) {
+        c.k.insert(c.k.end(), e.k.begin() + j * k_head_dim, e.k.begin() + (j + 1) * k_head_dim);
+        c.v.insert(c.v.end(), e.v.begin() + j * k_head_dim, e.v.begin() + (j + 1) * k_head_dim);
+        c.pos.push_back(e.pos[j]);
+      }
+      e = std::move(c);
+    }
+  }
+
   // The device view of (seq, layer), read back, names the blocks and lengths the host holds.
   void expect_view_is_host(int32_t seq, int layer) {
     auto view = pool_->view(seq, layer);
@@ -216,17 +231,7 @@ TEST_F(DeviceKvPoolTest, AppendViewCompactAccount) {
   some.resize(10);
   std::sort(some.begin(), some.end());
   const std::vector<std::vector<int32_t>> kept{some, all, {}};
-  ASSERT_TRUE(pool_->compact(seq, 0, kept).ok());
-  for (int g = 0; g < k_kv_heads; ++g) {
-    Expected& e = expected_[0][g];
-    Expected c;
-    for (int32_t j : kept[g]) {
-      c.k.insert(c.k.end(), e.k.begin() + j * k_head_dim, e.k.begin() + (j + 1) * k_head_dim);
-      c.v.insert(c.v.end(), e.v.begin() + j * k_head_dim, e.v.begin() + (j + 1) * k_head_dim);
-      c.pos.push_back(e.pos[j]);
-    }
-    e = std::move(c);
-  }
+  compact(seq, 0, kept);
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   EXPECT_EQ(pool_->used_blocks(), (1 + 4 + 0) + k_kv_heads * 4) << "compaction must free the blocks it emptied";
   EXPECT_EQ(pool_->resident_bytes(seq), ((1 + 4 + 0) + k_kv_heads * 4) * bb);
@@ -269,19 +274,6 @@ TEST_F(DeviceKvPoolTest, DecodeAppendsEditTheResidentView) {
     ASSERT_TRUE(p.ok()) << p.status().to_string();
     pool_ = std::move(*p);
   }
-  auto compact = [&](int32_t seq, int layer, const std::vector<std::vector<int32_t>>& kept) {
-    ASSERT_TRUE(pool_->compact(seq, layer, kept).ok());
-    for (int g = 0; g < k_kv_heads; ++g) {
-      Expected& e = expected_[layer][g];
-      Expected c;
-      for (int32_t j : kept[g]) {
-        c.k.insert(c.k.end(), e.k.begin() + j * k_head_dim, e.k.begin() + (j + 1) * k_head_dim);
-        c.v.insert(c.v.end(), e.v.begin() + j * k_head_dim, e.v.begin() + (j + 1) * k_head_dim);
-        c.pos.push_back(e.pos[j]);
-      }
-      e = std::move(c);
-    }
-  };
   const int32_t seq = pool_->add_sequence();
   const int32_t other = pool_->add_sequence();
   ASSERT_TRUE(append(seq, 0, 5, 0, 1).ok());  // the layer's first: uploads its view

@@ -225,22 +225,21 @@ Status DeviceForward::attention_inputs(const DeviceLayer& L, int64_t n, bool row
 Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
   const int64_t hidden = config_.hidden_size, ff = config_.intermediate_size;
   const bool sum_first = exchange_ != nullptr && w_.shard.tp_size > 1;
-  if (sum_first) {
-    SNAP_RETURN_IF_ERROR(project_rows(L.o, nullptr, attn_out_, h_, n));
+  // x_ += in · wᵀ, summed over the group first when sharded.
+  const auto into_residual = [&](const DeviceMatrix& w, const float* in) -> Status {
+    if (!sum_first) {
+      kernels::matmul_rowwise_residual_cuda(in, w.data.bf16(), nullptr, x_, n, w.rows, w.cols, stream_);
+      return Status::ok_status();
+    }
+    SNAP_RETURN_IF_ERROR(project_rows(w, nullptr, in, h_, n));
     SNAP_RETURN_IF_ERROR(reduce(n));
     kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
-  } else {
-    kernels::matmul_rowwise_residual_cuda(attn_out_, L.o.data.bf16(), nullptr, x_, n, L.o.rows, L.o.cols, stream_);
-  }
+    return Status::ok_status();
+  };
+  SNAP_RETURN_IF_ERROR(into_residual(L.o, attn_out_));
   kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
   kernels::matmul_rowwise_swiglu_cuda(h_, L.gate.data.bf16(), L.up.data.bf16(), gate_, n, ff, L.gate.cols, stream_);
-  if (sum_first) {
-    SNAP_RETURN_IF_ERROR(project_rows(L.down, nullptr, gate_, h_, n));
-    SNAP_RETURN_IF_ERROR(reduce(n));
-    kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
-  } else {
-    kernels::matmul_rowwise_residual_cuda(gate_, L.down.data.bf16(), nullptr, x_, n, L.down.rows, L.down.cols, stream_);
-  }
+  SNAP_RETURN_IF_ERROR(into_residual(L.down, gate_));
   DEV_TRY("layer rows", cudaGetLastError());
   return Status::ok_status();
 }
