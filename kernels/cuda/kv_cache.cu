@@ -18,7 +18,23 @@ namespace snap::kernels {
 
 namespace {
 constexpr int k_warps = 8;
+
+// Row r of the new K/V (f32) as bf16 into slot dst, with its position; a warp, lanes over head_dim.
+__device__ void write_row(const float* k_new, const float* v_new, int64_t r, int32_t position, int64_t dst, int head_dim,
+                          int lane, __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base) {
+  for (int d = lane; d < head_dim; d += 32) {
+    k_base[dst * head_dim + d] = __float2bfloat16_rn(k_new[r * head_dim + d]);
+    v_base[dst * head_dim + d] = __float2bfloat16_rn(v_new[r * head_dim + d]);
+  }
+  if (lane == 0) pos_base[dst] = position;
 }
+
+// words[index[i]] = value[i], over the block's threads.
+__device__ void apply_edits(int32_t* words, const WordEdits& edits) {
+  for (int i = static_cast<int>(threadIdx.x); i < edits.count; i += static_cast<int>(blockDim.x))
+    words[edits.index[i]] = edits.value[i];
+}
+}  // namespace
 
 __global__ void kv_append_kernel(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
                                  int num_kv_heads, int head_dim, const PagedKvHead* heads, int block_size,
@@ -31,11 +47,7 @@ __global__ void kv_append_kernel(const float* k_new, const float* v_new, const i
   const PagedKvHead h = heads[g];
   const int64_t j = h.length - num_tokens + t;  // the logical entry this row becomes
   const int64_t dst = int64_t{h.block_table[j / block_size]} * block_size + j % block_size;
-  for (int d = lane; d < head_dim; d += 32) {
-    k_base[dst * head_dim + d] = __float2bfloat16_rn(k_new[r * head_dim + d]);
-    v_base[dst * head_dim + d] = __float2bfloat16_rn(v_new[r * head_dim + d]);
-  }
-  if (lane == 0) pos_base[dst] = positions[t];
+  write_row(k_new, v_new, r, positions[t], dst, head_dim, lane, k_base, v_base, pos_base);
 }
 
 void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
@@ -50,18 +62,11 @@ void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* posit
 __global__ void kv_append_slots_kernel(const float* k_new, const float* v_new, const int32_t* positions,
                                        int num_kv_heads, int head_dim, KvSlots slots, int32_t* words, WordEdits edits,
                                        __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base) {
-  if (blockIdx.x == 0)  // nothing in this launch reads the edited words
-    for (int i = static_cast<int>(threadIdx.x); i < edits.count; i += static_cast<int>(blockDim.x))
-      words[edits.index[i]] = edits.value[i];
+  if (blockIdx.x == 0) apply_edits(words, edits);  // nothing in this launch reads the edited words
   const int r = static_cast<int>(blockIdx.x) * k_warps + static_cast<int>(threadIdx.x >> 5);
   if (r >= slots.count) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t dst = slots.slot[r];
-  for (int d = lane; d < head_dim; d += 32) {
-    k_base[dst * head_dim + d] = __float2bfloat16_rn(k_new[int64_t{r} * head_dim + d]);
-    v_base[dst * head_dim + d] = __float2bfloat16_rn(v_new[int64_t{r} * head_dim + d]);
-  }
-  if (lane == 0) pos_base[dst] = positions[r / num_kv_heads];
+  write_row(k_new, v_new, r, positions[r / num_kv_heads], slots.slot[r], head_dim, threadIdx.x & 31, k_base, v_base,
+            pos_base);
 }
 
 void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t* positions, int num_kv_heads,
@@ -73,10 +78,7 @@ void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t*
                                                               words, edits, k_base, v_base, pos_base);
 }
 
-__global__ void word_edits_kernel(int32_t* words, WordEdits edits) {
-  for (int i = static_cast<int>(threadIdx.x); i < edits.count; i += static_cast<int>(blockDim.x))
-    words[edits.index[i]] = edits.value[i];
-}
+__global__ void word_edits_kernel(int32_t* words, WordEdits edits) { apply_edits(words, edits); }
 
 void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t stream) {
   if (edits.count <= 0) return;

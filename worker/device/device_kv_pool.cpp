@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace snap {
 
@@ -21,6 +23,15 @@ int32_t view_length_word(int g) {
 }
 int32_t view_table_word(int nkv, int64_t cap, int g, int64_t i) {
   return static_cast<int32_t>(sizeof(kernels::PagedKvHead) * nkv / 4 + g * cap + i);
+}
+// edits[at, at + WordEdits::k_max) as one launch's arguments.
+kernels::WordEdits pack_edits(const std::vector<std::pair<int32_t, int32_t>>& edits, size_t at) {
+  kernels::WordEdits e;
+  for (size_t i = at; i < edits.size() && e.count < kernels::WordEdits::k_max; ++i, ++e.count) {
+    e.index[e.count] = edits[i].first;
+    e.value[e.count] = edits[i].second;
+  }
+  return e;
 }
 }  // namespace
 
@@ -164,25 +175,13 @@ Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float*
         const int64_t j = s.lengths[layer][g] - num_tokens + t;
         slots.slot[slots.count++] = int64_t{s.tables[layer][g][j / bs]} * bs + j % bs;
       }
-    kernels::WordEdits e;
-    for (const auto& [index, value] : edits) {
-      e.index[e.count] = index;
-      e.value[e.count++] = value;
-    }
     kernels::kv_append_slots_cuda(k, v, positions, nkv, shape_.head_dim, slots, static_cast<int32_t*>(s.view_buf[layer]),
-                                  e, k_, v_, pos_, stream_);
+                                  pack_edits(edits, 0), k_, v_, pos_, stream_);
     const cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("kv_append_slots_cuda", err));
   } else {
-    int32_t* words = static_cast<int32_t*>(s.view_buf[layer]);
-    for (size_t i = 0; i < edits.size();) {
-      kernels::WordEdits e;
-      for (; i < edits.size() && e.count < kernels::WordEdits::k_max; ++i, ++e.count) {
-        e.index[e.count] = edits[i].first;
-        e.value[e.count] = edits[i].second;
-      }
-      kernels::word_edits_cuda(words, e, stream_);
-    }
+    for (size_t at = 0; at < edits.size(); at += kernels::WordEdits::k_max)
+      kernels::word_edits_cuda(static_cast<int32_t*>(s.view_buf[layer]), pack_edits(edits, at), stream_);
   }
   kernels::kv_append_cuda(k, v, positions, num_tokens, nkv, shape_.head_dim,
                           static_cast<const kernels::PagedKvHead*>(s.view_buf[layer]), bs, k_, v_, pos_, stream_);

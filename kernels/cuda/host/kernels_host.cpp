@@ -332,6 +332,26 @@ cudaError_t attention_prefill_tc_cuda(const float* q, const int32_t* q_positions
   return attention_prefill_mma_cuda(q, q_positions, num_tokens, kv, p, out, stream, false);
 }
 
+namespace {
+// Row r of the new K/V as bf16 into `slot` with its position, after checking the slab rows are
+// device memory (false, the error set, when not).
+bool append_row(const float* k_new, const float* v_new, int64_t r, int32_t position, int64_t slot, int head_dim,
+                __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base) {
+  uint16_t* kd = bits(k_base) + slot * head_dim;
+  uint16_t* vd = bits(v_base) + slot * head_dim;
+  if (!require_device(kd, 2 * static_cast<size_t>(head_dim), "KV append: K slab row") ||
+      !require_device(vd, 2 * static_cast<size_t>(head_dim), "KV append: V slab row") ||
+      !require_device(pos_base + slot, 4, "KV append: position slab"))
+    return false;
+  for (int d = 0; d < head_dim; ++d) {
+    kd[d] = f32_to_bf16(k_new[r * head_dim + d]);
+    vd[d] = f32_to_bf16(v_new[r * head_dim + d]);
+  }
+  pos_base[slot] = position;
+  return true;
+}
+}  // namespace
+
 void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
                     int num_kv_heads, int head_dim, const PagedKvHead* heads, int block_size, __nv_bfloat16* k_base,
                     __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t) {
@@ -346,19 +366,7 @@ void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* posit
       const int64_t j = heads[g].length - num_tokens + t;
       if (j < 0 || !require_device(heads[g].block_table + j / block_size, 4, "kv_append block table")) return;
       const int64_t slot = int64_t{heads[g].block_table[j / block_size]} * block_size + j % block_size;
-      uint16_t* kd = bits(k_base) + slot * head_dim;
-      uint16_t* vd = bits(v_base) + slot * head_dim;
-      if (!require_device(kd, 2 * static_cast<size_t>(head_dim), "kv_append K slab row") ||
-          !require_device(vd, 2 * static_cast<size_t>(head_dim), "kv_append V slab row") ||
-          !require_device(pos_base + slot, 4, "kv_append position slab"))
-        return;
-      const float* ks = k_new + (t * num_kv_heads + g) * head_dim;
-      const float* vs = v_new + (t * num_kv_heads + g) * head_dim;
-      for (int d = 0; d < head_dim; ++d) {
-        kd[d] = f32_to_bf16(ks[d]);
-        vd[d] = f32_to_bf16(vs[d]);
-      }
-      pos_base[slot] = positions[t];
+      if (!append_row(k_new, v_new, t * num_kv_heads + g, positions[t], slot, head_dim, k_base, v_base, pos_base)) return;
     }
 }
 
@@ -372,20 +380,9 @@ void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t*
       !require_device(positions, sizeof(int32_t) * ((slots.count + num_kv_heads - 1) / num_kv_heads),
                       "kv_append_slots positions"))
     return;
-  for (int r = 0; r < slots.count; ++r) {
-    const int64_t slot = slots.slot[r];
-    uint16_t* kd = bits(k_base) + slot * head_dim;
-    uint16_t* vd = bits(v_base) + slot * head_dim;
-    if (!require_device(kd, 2 * static_cast<size_t>(head_dim), "kv_append_slots K slab row") ||
-        !require_device(vd, 2 * static_cast<size_t>(head_dim), "kv_append_slots V slab row") ||
-        !require_device(pos_base + slot, 4, "kv_append_slots position slab"))
+  for (int r = 0; r < slots.count; ++r)
+    if (!append_row(k_new, v_new, r, positions[r / num_kv_heads], slots.slot[r], head_dim, k_base, v_base, pos_base))
       return;
-    for (int d = 0; d < head_dim; ++d) {
-      kd[d] = f32_to_bf16(k_new[int64_t{r} * head_dim + d]);
-      vd[d] = f32_to_bf16(v_new[int64_t{r} * head_dim + d]);
-    }
-    pos_base[slot] = positions[r / num_kv_heads];
-  }
 }
 
 void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t) {
