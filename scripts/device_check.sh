@@ -281,7 +281,7 @@ if [ -x "$build/bench_device_forward" ] && [ "$(left)" -gt 180 ]; then
     lw_budget=$(($(left) > 240 + ctx_budget ? ($(left) - 120 - ctx_budget) / 2 : 30))
     if timeout "$(left)" "$build/bench_device_forward" --model "$fwd_model" --contexts 8192,32768,131072 --decode 16 \
       --contexts-budget "$ctx_budget" \
-      --layerwise-contexts 65536,131072,262144,524288,1048576 --time-budget "$lw_budget" \
+      --layerwise-contexts 65536,131072,262144,524288,1048576 --time-budget "$lw_budget" --batches 1,8,32,64 \
       >>"$out/bench.txt" 2>>"$log"; then
       row "bench_device_forward" PASS "$((SECONDS - t0)) s incl. the model (table below)"
     else

@@ -98,24 +98,26 @@ struct Gemm {
   int64_t rows, cols;
 };
 
-// A paged KV layer of `ctx` keys per KV head, blocks in order, positions 0..ctx−1.
+// A paged KV layer of `ctx` keys per KV head for each of `seqs` sequences (one slab, as the
+// pool's), blocks in order, positions 0..ctx−1. view: sequence 0; view_of(b): sequence b.
 struct PagedLayer {
   Dev k, v, pos, tables, heads;
   PagedKvCuda view;
-  explicit PagedLayer(int64_t ctx)
-      : k(2ull * k_kv_heads * ctx * k_head_dim), v(2ull * k_kv_heads * ctx * k_head_dim),
-        pos(4ull * k_kv_heads * ctx), tables(4ull * k_kv_heads * ctx / k_block), heads(sizeof(PagedKvHead) * k_kv_heads) {
-    const int64_t nb = ctx / k_block;
-    std::vector<int32_t> p(static_cast<size_t>(k_kv_heads * ctx)), t(static_cast<size_t>(k_kv_heads * nb));
-    for (int64_t b = 0; b < k_kv_heads * nb; ++b) {
+  explicit PagedLayer(int64_t ctx, int64_t seqs = 1)
+      : k(2ull * seqs * k_kv_heads * ctx * k_head_dim), v(2ull * seqs * k_kv_heads * ctx * k_head_dim),
+        pos(4ull * seqs * k_kv_heads * ctx), tables(4ull * seqs * k_kv_heads * ctx / k_block),
+        heads(sizeof(PagedKvHead) * seqs * k_kv_heads) {
+    const int64_t nb = ctx / k_block, nh = seqs * k_kv_heads;
+    std::vector<int32_t> p(static_cast<size_t>(nh * ctx)), t(static_cast<size_t>(nh * nb));
+    for (int64_t b = 0; b < nh * nb; ++b) {
       t[b] = static_cast<int32_t>(b);
       for (int s = 0; s < k_block; ++s) p[b * k_block + s] = static_cast<int32_t>((b % nb) * k_block + s);
     }
     check(cudaMemcpy(pos.p, p.data(), p.size() * 4, cudaMemcpyHostToDevice), "positions");
     check(cudaMemcpy(tables.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice), "tables");
-    std::vector<PagedKvHead> h(k_kv_heads);
-    for (int g = 0; g < k_kv_heads; ++g) h[g] = {tables.as<int32_t>() + g * nb, ctx};
-    check(cudaMemcpy(heads.p, h.data(), sizeof(PagedKvHead) * k_kv_heads, cudaMemcpyHostToDevice), "heads");
+    std::vector<PagedKvHead> h(static_cast<size_t>(nh));
+    for (int64_t g = 0; g < nh; ++g) h[g] = {tables.as<int32_t>() + g * nb, ctx};
+    check(cudaMemcpy(heads.p, h.data(), sizeof(PagedKvHead) * nh, cudaMemcpyHostToDevice), "heads");
     view.k_base = k.as<__nv_bfloat16>();
     view.v_base = v.as<__nv_bfloat16>();
     view.pos_base = pos.as<int32_t>();
@@ -125,7 +127,40 @@ struct PagedLayer {
     view.heads = heads.as<PagedKvHead>();
     view.max_length = ctx;
   }
+  PagedKvCuda view_of(int64_t b) const {
+    PagedKvCuda v = view;
+    v.heads += b * k_kv_heads;
+    return v;
+  }
 };
+
+// A continuous-batching decode step's attention over `seqs` sequences of kv's: one launch per
+// sequence (attention_paged_cuda, as DeviceForward::decode_batch ran it) or all in one
+// (attention_decode_rows_cuda, as it runs it now).
+double decode_rows_ms(const PagedLayer& kv, int64_t seqs, bool one_launch) {
+  AttentionParams p{k_heads, k_kv_heads, k_head_dim, 0.088388f, 0};
+  const int64_t qd = int64_t{k_heads} * k_head_dim;
+  Dev q(4ull * seqs * qd), out(4ull * seqs * qd), dqp(4ull * seqs);
+  std::vector<int32_t> qp(static_cast<size_t>(seqs), static_cast<int32_t>(kv.view.max_length));
+  check(cudaMemcpy(dqp.p, qp.data(), qp.size() * 4, cudaMemcpyHostToDevice), "q positions");
+  std::vector<PagedKvCuda> views;
+  for (int64_t b = 0; b < seqs; ++b) views.push_back(kv.view_of(b));
+  const size_t ws_bytes = attention_decode_rows_workspace_bytes(seqs, views.data(), p);
+  const size_t one_bytes = attention_paged_cuda_workspace_bytes(1, p, kv.view.max_length);
+  Dev ws(std::max<size_t>(ws_bytes, 1));
+  return time_ms([&] {
+    if (one_launch) {
+      check(attention_decode_rows_cuda(q.as<float>(), dqp.as<int32_t>(), seqs, views.data(), p, out.as<float>(), ws.p,
+                                       ws_bytes, nullptr),
+            "attention_decode_rows_cuda");
+      return;
+    }
+    for (int64_t b = 0; b < seqs; ++b)
+      check(attention_paged_cuda(q.as<float>() + b * qd, dqp.as<int32_t>() + b, 1, views[b], p, out.as<float>() + b * qd,
+                                 ws.p, one_bytes, nullptr),
+            "attention_paged_cuda");
+  });
+}
 
 // tc: attention_prefill_tc_cuda (tensor cores, what prompt chunks run; kernel `prefill`) instead
 // of attention_paged_cuda; decode: the kernel attention_paged_cuda runs decode rows on.
@@ -324,6 +359,21 @@ int main(int argc, char** argv) {
         {"row_warps", attention_ms(snap_kv, 1, 1 << 20, false, DecodeAttention::row_warps)}};
     for (const auto& [name, ms] : runs)
       row(std::string("decode (") + name + "), 1 query, 2048 keys per head (SnapKV's budget)", ms, fmt("%.0f GB/s = %.2f x the HBM floor", bytes / (ms * 1e-3) / 1e9, bw / (bytes / (ms * 1e-3) / 1e9)));
+  }
+
+  // Continuous batching: every sequence's decode row of one layer, SnapKV-sized heads, in one
+  // launch (+ one merge) against one launch (+ merge) per sequence. Same bits; fewer launches.
+  std::printf("a decode step of B sequences, one layer, 2048 keys per head each (one launch vs one per sequence):\n");
+  {
+    const std::vector<int64_t> batches = quick ? std::vector<int64_t>{8, 64} : std::vector<int64_t>{1, 8, 32, 64, 128};
+    PagedLayer many(2048, batches.back());
+    for (int64_t seqs : batches) {
+      const double one = decode_rows_ms(many, seqs, true), each = decode_rows_ms(many, seqs, false);
+      const double bytes = 2.0 * 2 * k_kv_heads * 2048 * k_head_dim * seqs;
+      row("attention_decode_rows_cuda, " + std::to_string(seqs) + " sequences", one,
+          fmt("%.2f x the HBM floor; one launch per sequence: %.3f ms", bw / (bytes / (one * 1e-3) / 1e9), each) +
+              fmt(" (%.2f x the floor)", bw / (bytes / (each * 1e-3) / 1e9)));
+    }
   }
 
   std::printf("SnapKV selection, one layer (W 32, avg pooling kernel 31, budget 2048):\n");

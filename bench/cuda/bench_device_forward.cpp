@@ -15,11 +15,14 @@
 // pool's peak and the device memory in use, decode ms/token, and the memory model that says how
 // far this device would go: per prompt token one layer's K/V (num_kv_heads blocks' worth) + its
 // f32 hidden state, on top of the weights and every layer's compressed 2048 + decode entries.
+// With --batches B1,B2,...: continuous batching, B sequences of 2048 tokens decoding together
+// through decode_batch (ms per step, tokens/s), each layer's appends and attention one launch for
+// all B rows against one per row (DeviceForward::set_batched_rows; the same bits).
 // With --contexts-budget S, a context of the first two tables runs only if its predicted time
 // (the last one's, grown ~n^2 by attention, for both tables) fits in what is left of S seconds.
 //   usage: bench_device_forward --model DIR [--contexts 8192,32768] [--decode 16]
 //                               [--contexts-budget 0] [--layerwise-contexts 131072,524288]
-//                               [--time-budget 240]
+//                               [--time-budget 240] [--batches 1,8,32,64]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,6 +58,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> contexts{8192, 32768};
   int decode = 16;
   std::vector<int64_t> layerwise_contexts;
+  std::vector<int64_t> batches;
   double time_budget = 240;
   double contexts_budget = 0;  // 0: no limit
   for (int i = 1; i < argc; ++i) {
@@ -70,6 +74,9 @@ int main(int argc, char** argv) {
     } else if (a == "--layerwise-contexts" && i + 1 < argc) {
       std::stringstream ss(argv[++i]);
       for (std::string t; std::getline(ss, t, ',');) layerwise_contexts.push_back(std::atoll(t.c_str()));
+    } else if (a == "--batches" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string t; std::getline(ss, t, ',');) batches.push_back(std::atoll(t.c_str()));
     } else if (a == "--time-budget" && i + 1 < argc) {
       time_budget = std::atof(argv[++i]);
     } else if (a == "--contexts-budget" && i + 1 < argc) {
@@ -77,7 +84,7 @@ int main(int argc, char** argv) {
     } else {
       return fail("unknown or incomplete argument '" + a +
                   "' (usage: --model DIR [--contexts 8192,32768] [--decode 16] [--contexts-budget S] "
-                  "[--layerwise-contexts N,...] [--time-budget S])");
+                  "[--layerwise-contexts N,...] [--time-budget S] [--batches B,...])");
     }
   }
   if (model_dir.empty()) return fail("--model DIR is required");
@@ -228,6 +235,48 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   std::printf("  %s\n", (*gen)->describe_memory().c_str());
+
+  // Continuous batching: B sequences of 2048 tokens (SnapKV's budget) decoding together through
+  // decode_batch, each layer's appends and attention in one launch each, against one launch per
+  // sequence (set_batched_rows(false): the same bits). Greedy ids on the device, none to the host.
+  if (!batches.empty()) {
+    const int64_t most = *std::max_element(batches.begin(), batches.end()), prompt = 2048;
+    const int64_t steps = 2 * static_cast<int64_t>(batches.size()) * decode + 16;
+    const int64_t bpool = most * ((prompt + steps) / 16 + 2) * c.num_layers * c.num_kv_heads * 16 * (2 * c.head_dim * 2 + 4);
+    auto pool2 = snap::DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, bpool, stream);
+    if (!pool2.ok()) return fail(pool2.status().to_string());
+    snap::DeviceForward bfwd(c, **weights, **pool2);
+    std::vector<int32_t> seqs, toks;
+    std::vector<int32_t> ids(static_cast<size_t>(prompt));
+    for (int64_t s = 0; s < most; ++s) {
+      for (int64_t i = 0; i < prompt; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13 * s + 13) % c.vocab_size);
+      seqs.push_back((*pool2)->add_sequence());
+      toks.push_back(0);
+      const snap::Status st = bfwd.forward(seqs.back(), ids.data(), prompt, nullptr, false, &toks.back());
+      if (!st.ok()) return fail("batch prefill: " + st.to_string());
+    }
+    std::printf("  continuous batching: B sequences of %lld tokens, %d decode steps (decode_batch, greedy on the device)\n",
+                static_cast<long long>(prompt), decode);
+    std::printf("  %-5s %16s %16s %12s %14s\n", "B", "step ms (1 launch)", "step ms (per row)", "per row / 1", "tok/s (1 launch)");
+    for (int64_t b : batches) {
+      double step_ms[2] = {0, 0};
+      for (int batched = 1; batched >= 0; --batched) {
+        bfwd.set_batched_rows(batched == 1);
+        std::vector<int32_t> next(static_cast<size_t>(b));
+        snap::Status st = bfwd.decode_batch(seqs.data(), toks.data(), b, nullptr, next.data());  // warm-up
+        t0 = now_s();
+        for (int s = 0; s < decode && st.ok(); ++s) {
+          std::copy(next.begin(), next.end(), toks.begin());
+          st = bfwd.decode_batch(seqs.data(), toks.data(), b, nullptr, next.data());
+        }
+        if (!st.ok()) return fail("decode_batch of " + std::to_string(b) + ": " + st.to_string());
+        step_ms[batched] = (now_s() - t0) * 1e3 / decode;
+      }
+      std::printf("  %-5lld %16.2f %16.2f %12.2f %14.0f\n", static_cast<long long>(b), step_ms[1], step_ms[0],
+                  step_ms[0] / step_ms[1], b / (step_ms[1] * 1e-3));
+      std::fflush(stdout);
+    }
+  }
   if (layerwise_contexts.empty()) return 0;  // the stream, pool and weights go with the process
 
   // Layer-wise prefill + SnapKV 2048: how long a prompt this device holds.

@@ -208,16 +208,57 @@ size_t decode_smem_bytes(int hd, int stages) {
          stages * (2 * static_cast<size_t>(kd_keys) * (hd + 16) + 2 * static_cast<size_t>(kd_keys) * hd) +
          sizeof(float) * kd_keys * kd_rows + sizeof(float) * 2 * kd_warps * kd_rows;
 }
+
+// Which sequence and which of its key splits a decode block (or a merge block) works on.
+struct SeqSplit {
+  int b;                     // the sequence: its q/out rows from b · num_tokens · num_heads, its positions from b · num_tokens
+  const PagedKvHead* heads;  // its view's heads
+  int64_t splits, keys, split;
+  int64_t ws_row0;  // its partials' first row in the workspace (state and acc)
+};
+// attention_paged_cuda: one view; blockIdx.z is the split (the merge: one sequence).
+struct OneSeq {
+  int64_t splits, keys;
+  __device__ SeqSplit at(const PagedKvCuda& kv) const { return {0, kv.heads, splits, keys, blockIdx.z, 0}; }
+  __device__ SeqSplit merge_at() const { return {0, nullptr, splits, keys, 0, 0}; }
+};
+// attention_decode_rows_cuda: sequence b's splits are blocks split_begin[b] .. split_begin[b + 1]
+// − 1 along z (the merge: sequence blockIdx.y).
+constexpr int k_seqs = 64;
+struct RowSeqs {
+  int32_t count;
+  int32_t split_begin[k_seqs + 1];
+  int32_t keys[k_seqs];
+  int64_t ws_row0[k_seqs];
+  const PagedKvHead* heads[k_seqs];
+  __device__ SeqSplit at(const PagedKvCuda&) const {
+    const int z = static_cast<int>(blockIdx.z);
+    int lo = 0, hi = count - 1;  // the last b with split_begin[b] <= z
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (split_begin[mid] <= z)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return {lo, heads[lo], split_begin[lo + 1] - split_begin[lo], keys[lo], z - split_begin[lo], ws_row0[lo]};
+  }
+  __device__ SeqSplit merge_at() const {
+    const int b = static_cast<int>(blockIdx.y);
+    return {b, heads[b], split_begin[b + 1] - split_begin[b], keys[b], 0, ws_row0[b]};
+  }
+};
 }  // namespace
 
 // kPipelined (DecodeAttention::pipelined; needs vec): K and V come by cp.async into two stages,
 // chunk c + 1's copies in flight while chunk c is scored, so the loads no longer wait behind the
 // arithmetic; the same operations in the same order on the same values: the same bits.
-template <int kDims, bool kPipelined>
+// Seqs: OneSeq (one view, kv_in's heads) or RowSeqs (a batch of sequences, one decode row each:
+// the block finds its sequence, and from there runs exactly what that sequence's own launch runs).
+template <int kDims, bool kPipelined, class Seqs>
 __global__ void __launch_bounds__(kd_threads, 4)
-    attention_decode_kernel(const float* q, const int32_t* q_positions, int64_t num_tokens, PagedKvCuda kv,
-                            AttentionParams p, int64_t splits, int64_t split_keys, bool vec, float* out,
-                            float* ws_state, float* ws_acc) {
+    attention_decode_kernel(const float* q, const int32_t* q_positions, int64_t num_tokens, PagedKvCuda kv_in,
+                            AttentionParams p, Seqs seqs, bool vec, float* out, float* ws_state, float* ws_acc) {
   constexpr int hd = kDims * 32, half = hd / 2;
   constexpr int qs = hd + 4;                           // q_s row stride, floats
   constexpr int ks = hd + 16;                          // k_s row stride, bf16
@@ -236,8 +277,20 @@ __global__ void __launch_bounds__(kd_threads, 4)
   __shared__ int64_t range_s[2];
   __shared__ float ml_s[2 * kd_rows];
 
+  const SeqSplit at = seqs.at(kv_in);
+  PagedKvCuda kv = kv_in;
+  kv.heads = at.heads;
+  const int64_t splits = at.splits, split_keys = at.keys;
+  q += at.b * num_tokens * p.num_heads * hd;
+  q_positions += at.b * num_tokens;
+  out += at.b * num_tokens * p.num_heads * hd;
+  if (splits > 1) {
+    ws_state += 2 * at.ws_row0;
+    ws_acc += at.ws_row0 * hd;
+  }
+
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const paged::BlockSpan span = paged::block_span(kv, p, num_tokens, kd_rows, splits, split_keys);
+  const paged::BlockSpan span = paged::block_span(kv, p, num_tokens, kd_rows, splits, split_keys, at.split);
   const auto [group, g, nrows, split, r0, kb, ke, head] = span;
 
   paged::span_visible(kv, span, q_positions, p.sliding_window, tid, nrows, lo_s, hi_s);  // within [kb, ke)
@@ -490,10 +543,19 @@ __global__ void __launch_bounds__(kd_threads, 4)
 // splits has its weights e^(m_s − M) computed once into shared memory, and each thread reads
 // its acc_s eight at a time before adding them in split order — the same operations in the
 // same order as a one-split-at-a-time loop, so the same bits.
-__global__ void attention_merge_kernel(const float* ws_state, const float* ws_acc, int64_t splits, int64_t rows,
+// Seqs as the decode kernel's: the block merges row blockIdx.x of its sequence (RowSeqs: of
+// sequence blockIdx.y, whose partials start at its ws_row0; nothing to do where it has one split).
+template <class Seqs>
+__global__ void attention_merge_kernel(const float* ws_state, const float* ws_acc, Seqs seqs, int64_t rows,
                                        int head_dim, float* out) {
   __shared__ float warp_mx[8];
   __shared__ float w_s[256], l_s[256];
+  const SeqSplit at = seqs.merge_at();
+  const int64_t splits = at.splits;
+  if (splits <= 1) return;  // the whole block: its row went straight to out
+  ws_state += 2 * at.ws_row0;
+  ws_acc += at.ws_row0 * head_dim;
+  out += at.b * rows * head_dim;
   const int64_t row = blockIdx.x;
   const int d = threadIdx.x, nt = blockDim.x;
   float mx = -INFINITY;
@@ -543,36 +605,60 @@ size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionP
 }
 
 namespace {
-// key_threads: the decode form's attention_decode_kernel (pipelined: its cp.async form, where the
-// K/V rows allow 16-byte copies); otherwise attention_paged_kernel.
+// 16-byte K/V loads where every row starts 16-byte aligned (the device pool's views do).
+bool vec_rows(const PagedKvCuda& kv) {
+  return kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 && reinterpret_cast<uintptr_t>(kv.k_base) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(kv.v_base) % 16 == 0;
+}
+
+// The decode form's attention_decode_kernel over `seqs` (pipelined: its cp.async form, where the
+// K/V rows allow 16-byte copies), z_blocks split blocks along z.
+template <int kDims, class Seqs>
+void launch_decode(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
+                   const AttentionParams& p, const Seqs& seqs, int64_t z_blocks, bool pipelined, float* out,
+                   float* ws_state, float* ws_acc, cudaStream_t stream) {
+  const bool vec = vec_rows(kv);
+  pipelined = pipelined && vec;
+  const size_t smem = decode_smem_bytes(kDims * 32, pipelined ? 2 : 1);
+  // Above the 48 KiB default (head_dim > 128, or pipelined) the kernel must opt in (sm_80: up to 163 KiB).
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(pipelined ? attention_decode_kernel<kDims, true, Seqs> : attention_decode_kernel<kDims, false, Seqs>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const int64_t rows_total = num_tokens * (p.num_heads / p.num_kv_heads);
+  const dim3 grid(static_cast<unsigned>((rows_total + kd_rows - 1) / kd_rows), static_cast<unsigned>(p.num_kv_heads),
+                  static_cast<unsigned>(z_blocks));
+  if (pipelined)
+    attention_decode_kernel<kDims, true, Seqs><<<grid, kd_threads, smem, stream>>>(q, q_positions, num_tokens, kv, p, seqs,
+                                                                                  vec, out, ws_state, ws_acc);
+  else
+    attention_decode_kernel<kDims, false, Seqs><<<grid, kd_threads, smem, stream>>>(q, q_positions, num_tokens, kv, p,
+                                                                                   seqs, vec, out, ws_state, ws_acc);
+}
+
+// key_threads: the decode kernel; otherwise attention_paged_kernel.
 template <int kDims>
 void launch(const float* q, const int32_t* q_positions, int64_t num_tokens, const PagedKvCuda& kv,
             const AttentionParams& p, const AttentionSplit& split, bool key_threads, bool pipelined, float* out,
             float* ws_state, float* ws_acc, cudaStream_t stream) {
-  // 16-byte K/V loads where every row starts 16-byte aligned (the device pool's views do).
-  const bool vec = kv.k_block_stride % 8 == 0 && kv.v_block_stride % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(kv.k_base) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_base) % 16 == 0;
-  pipelined = pipelined && key_threads && vec;
-  const size_t smem = key_threads ? decode_smem_bytes(kDims * 32, pipelined ? 2 : 1) : smem_bytes(kDims * 32);
-  // Above the 48 KiB default (head_dim > 128, or pipelined) the kernel must opt in (sm_80: up to 163 KiB).
+  if (key_threads) {
+    launch_decode<kDims>(q, q_positions, num_tokens, kv, p, OneSeq{split.splits, split.keys}, split.splits, pipelined,
+                         out, ws_state, ws_acc, stream);
+    return;
+  }
+  const size_t smem = smem_bytes(kDims * 32);
   if (smem > 48 * 1024)
-    cudaFuncSetAttribute(pipelined     ? attention_decode_kernel<kDims, true>
-                         : key_threads ? attention_decode_kernel<kDims, false>
-                                       : attention_paged_kernel<kDims>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaFuncSetAttribute(attention_paged_kernel<kDims>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
   const int64_t rows_total = num_tokens * (p.num_heads / p.num_kv_heads);
-  const int64_t rows_per_block = key_threads ? kd_rows : k_rows;
-  const dim3 grid(static_cast<unsigned>((rows_total + rows_per_block - 1) / rows_per_block),
-                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(split.splits));
-  if (pipelined)
-    attention_decode_kernel<kDims, true><<<grid, kd_threads, smem, stream>>>(
-        q, q_positions, num_tokens, kv, p, split.splits, split.keys, vec, out, ws_state, ws_acc);
-  else if (key_threads)
-    attention_decode_kernel<kDims, false><<<grid, kd_threads, smem, stream>>>(
-        q, q_positions, num_tokens, kv, p, split.splits, split.keys, vec, out, ws_state, ws_acc);
-  else
-    attention_paged_kernel<kDims><<<grid, k_warps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
-                                                                       split.keys, vec, out, ws_state, ws_acc);
+  const dim3 grid(static_cast<unsigned>((rows_total + k_rows - 1) / k_rows), static_cast<unsigned>(p.num_kv_heads),
+                  static_cast<unsigned>(split.splits));
+  attention_paged_kernel<kDims><<<grid, k_warps * 32, smem, stream>>>(q, q_positions, num_tokens, kv, p, split.splits,
+                                                                     split.keys, vec_rows(kv), out, ws_state, ws_acc);
+}
+
+bool shape_supported(const AttentionParams& p, int block_size) {
+  return p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.head_dim % 32 == 0 && p.head_dim >= 32 &&
+         p.head_dim <= 256 && block_size > 0;
 }
 }  // namespace
 
@@ -580,9 +666,7 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
                                  const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream, DecodeAttention decode) {
   if (num_tokens <= 0) return cudaSuccess;
-  if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.head_dim % 32 != 0 || p.head_dim < 32 ||
-      p.head_dim > 256 || kv.block_size <= 0)
-    return cudaErrorInvalidValue;
+  if (!shape_supported(p, kv.block_size)) return cudaErrorInvalidValue;
   const AttentionSplit split = attention_split(num_tokens, p, kv.max_length);
   const int64_t splits = split.splits;
   if (workspace_bytes < attention_paged_cuda_workspace_bytes(num_tokens, p, kv.max_length) ||
@@ -604,8 +688,94 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
   }
   if (splits > 1) {
     const int64_t rows = num_tokens * p.num_heads;
-    attention_merge_kernel<<<static_cast<unsigned>(rows), p.head_dim, 0, stream>>>(ws_state, ws_acc, splits, rows,
-                                                                                  p.head_dim, out);
+    attention_merge_kernel<OneSeq><<<static_cast<unsigned>(rows), p.head_dim, 0, stream>>>(
+        ws_state, ws_acc, OneSeq{splits, split.keys}, rows, p.head_dim, out);
+  }
+  return cudaGetLastError();
+}
+
+size_t attention_decode_rows_workspace_bytes(int64_t num_rows, const PagedKvCuda* views, const AttentionParams& p) {
+  size_t total = 0;
+  for (int64_t b = 0; b < num_rows; ++b) total += attention_paged_cuda_workspace_bytes(1, p, views[b].max_length);
+  return total;
+}
+
+cudaError_t attention_decode_rows_cuda(const float* q, const int32_t* q_positions, int64_t num_rows,
+                                       const PagedKvCuda* views, const AttentionParams& p, float* out,
+                                       void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                       DecodeAttention decode) {
+  if (num_rows <= 0) return cudaSuccess;
+  const PagedKvCuda& kv = views[0];  // the slabs every row's view shares
+  if (!shape_supported(p, kv.block_size)) return cudaErrorInvalidValue;
+  for (int64_t b = 0; b < num_rows; ++b) {
+    const PagedKvCuda& v = views[b];
+    if (v.k_base != kv.k_base || v.v_base != kv.v_base || v.pos_base != kv.pos_base ||
+        v.k_block_stride != kv.k_block_stride || v.v_block_stride != kv.v_block_stride ||
+        v.pos_block_stride != kv.pos_block_stride || v.block_size != kv.block_size ||
+        attention_split(1, p, v.max_length).splits > 65535)
+      return cudaErrorInvalidValue;
+  }
+  if (workspace_bytes < attention_decode_rows_workspace_bytes(num_rows, views, p)) return cudaErrorInvalidValue;
+  const int64_t qd = int64_t{p.num_heads} * p.head_dim;
+  // Every row's partials in row order: all the states [2 · rows], then all the accumulators.
+  int64_t ws_rows = 0;
+  for (int64_t b = 0; b < num_rows; ++b) {
+    const int64_t splits = attention_split(1, p, views[b].max_length).splits;
+    ws_rows += splits > 1 ? splits * p.num_heads : 0;
+  }
+  float* ws_state = ws_rows > 0 ? static_cast<float*>(workspace) : nullptr;
+  float* ws_acc = ws_rows > 0 ? ws_state + 2 * ws_rows : nullptr;
+  if (decode == DecodeAttention::row_warps || !attention_decode_form(1, p)) {  // row by row, as attention_paged_cuda
+    int64_t row0 = 0;
+    for (int64_t b = 0; b < num_rows; ++b) {
+      const int64_t splits = attention_split(1, p, views[b].max_length).splits;
+      float* st = splits > 1 ? ws_state + 2 * row0 : nullptr;
+      float* acc = splits > 1 ? ws_acc + row0 * p.head_dim : nullptr;
+      const AttentionSplit split = attention_split(1, p, views[b].max_length);
+      switch (p.head_dim / 32) {
+#define SNAP_ROW(D) \
+  case D: launch<D>(q + b * qd, q_positions + b, 1, views[b], p, split, false, false, out + b * qd, st, acc, stream); break;
+        SNAP_ROW(1) SNAP_ROW(2) SNAP_ROW(3) SNAP_ROW(4) SNAP_ROW(5) SNAP_ROW(6) SNAP_ROW(7) SNAP_ROW(8)
+#undef SNAP_ROW
+      }
+      if (splits > 1)
+        attention_merge_kernel<OneSeq><<<static_cast<unsigned>(p.num_heads), p.head_dim, 0, stream>>>(
+            st, acc, OneSeq{splits, split.keys}, p.num_heads, p.head_dim, out + b * qd);
+      row0 += splits > 1 ? splits * p.num_heads : 0;
+    }
+    return cudaGetLastError();
+  }
+  const bool pipelined = decode == DecodeAttention::pipelined;
+  int64_t row0 = 0;  // the next row's first partial row
+  for (int64_t b0 = 0; b0 < num_rows;) {
+    // Rows b0.. while there is room in the arguments and along z.
+    RowSeqs seqs{};
+    seqs.split_begin[0] = 0;
+    int64_t b = b0;
+    for (; b < num_rows && seqs.count < k_seqs; ++b) {
+      const AttentionSplit split = attention_split(1, p, views[b].max_length);
+      if (seqs.split_begin[seqs.count] + split.splits > 65535) break;
+      seqs.heads[seqs.count] = views[b].heads;
+      seqs.keys[seqs.count] = static_cast<int32_t>(split.keys);
+      seqs.ws_row0[seqs.count] = row0;
+      seqs.split_begin[seqs.count + 1] = static_cast<int32_t>(seqs.split_begin[seqs.count] + split.splits);
+      row0 += split.splits > 1 ? split.splits * p.num_heads : 0;
+      ++seqs.count;
+    }
+    const int64_t z = seqs.split_begin[seqs.count];
+    switch (p.head_dim / 32) {
+#define SNAP_ROWS(D)                                                                                                 \
+  case D:                                                                                                            \
+    launch_decode<D>(q + b0 * qd, q_positions + b0, 1, kv, p, seqs, z, pipelined, out + b0 * qd, ws_state, ws_acc, \
+                     stream);                                                                                        \
+    break;
+      SNAP_ROWS(1) SNAP_ROWS(2) SNAP_ROWS(3) SNAP_ROWS(4) SNAP_ROWS(5) SNAP_ROWS(6) SNAP_ROWS(7) SNAP_ROWS(8)
+#undef SNAP_ROWS
+    }
+    if (z > seqs.count)  // some row has several splits
+      attention_merge_kernel<RowSeqs><<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(seqs.count)), p.head_dim, 0,
+                               stream>>>(ws_state, ws_acc, seqs, p.num_heads, p.head_dim, out + b0 * qd);
+    b0 = b;
   }
   return cudaGetLastError();
 }

@@ -149,6 +149,24 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
                                  size_t workspace_bytes, cudaStream_t stream,
                                  DecodeAttention decode = DecodeAttention::key_threads);
 
+// A decode step of many sequences (continuous batching) in one launch and one merge: row b of
+// q/out [num_rows, num_heads, head_dim] is one decode query of its own sequence, at
+// q_positions[b], over views[b] (a HOST array of num_rows views of one pool: the same slabs,
+// strides and block size; each its own heads and max_length). Each row is cut into the splits
+// attention_split(1, p, views[b].max_length) gives it, as attention_paged_cuda cuts it alone,
+// and the blocks run the same kernel code on the same values: row b's output is bitwise that of
+// attention_paged_cuda(q + b·num_heads·head_dim, q_positions + b, 1, views[b], ...) with the
+// same `decode` kernel, whatever the other rows are (key_threads and pipelined launch once per
+// 64 rows; row_warps runs the rows one by one). The workspace holds every row's partials in
+// row order: attention_decode_rows_workspace_bytes, the sum of the rows' own.
+// Returns cudaErrorInvalidValue for unsupported shapes, views of different slabs or a short
+// workspace, else the launches' cudaGetLastError().
+size_t attention_decode_rows_workspace_bytes(int64_t num_rows, const PagedKvCuda* views, const AttentionParams& p);
+cudaError_t attention_decode_rows_cuda(const float* q, const int32_t* q_positions, int64_t num_rows,
+                                       const PagedKvCuda* views, const AttentionParams& p, float* out,
+                                       void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                       DecodeAttention decode = DecodeAttention::key_threads);
+
 // The tensor-core form for prompt chunks: the same semantics on bf16 MMAs (f32 accumulation),
 // FlashAttention-2 style. A row's bits depend only on its own query and keys, never on the
 // other rows of the call. No workspace; no key splits (many rows: a prompt chunk). Needs what
@@ -188,28 +206,29 @@ cudaError_t attention_prefill_mma_cuda(const float* q, const int32_t* q_position
 void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* positions, int64_t num_tokens,
                     int num_kv_heads, int head_dim, const PagedKvHead* heads, int block_size, __nv_bfloat16* k_base,
                     __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);
-// words[index[i]] = value[i] for i < count, on the stream: small edits of a device buffer carried
-// in the launch's arguments (no host memory to keep alive, no wait). 1.9 KB of arguments, under
-// the 4 KB every CUDA version takes.
+// *word[i] = value[i] for i < count, on the stream: small edits of device buffers (the words
+// may lie in different buffers: the views of several sequences) carried in the launch's
+// arguments (no host memory to keep alive, no wait). 1.9 KB of arguments.
 struct WordEdits {
-  static constexpr int k_max = 240;
+  static constexpr int k_max = 160;
   int32_t count = 0;
-  int32_t index[k_max];
+  int32_t* word[k_max];
   int32_t value[k_max];
 };
-void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t stream);
-// A few rows' append in one launch (a decode step: num_tokens · num_kv_heads ≤ KvSlots::k_max):
-// row r of k_new/v_new ([rows, head_dim], r = t · num_kv_heads + g) to slots.slot[r] (the host
-// computes them), pos_base[slot] = positions[r / num_kv_heads], and `edits` applied to `words`
-// (the view's new block ids and lengths). 2.5 KB of arguments.
+void word_edits_cuda(const WordEdits& edits, cudaStream_t stream);
+// A few rows' append in one launch (a decode step: one or more sequences' rows, at most
+// KvSlots::k_max): row r of k_new/v_new ([rows, head_dim], r = t · num_kv_heads + g, t a token
+// or a sequence's decode row) to slots.slot[r] (the host computes them), pos_base[slot] =
+// positions[r / num_kv_heads], and `edits` applied (the views' new block ids and lengths).
+// 3 KB of arguments, under the 4 KB every CUDA version takes.
 struct KvSlots {
-  static constexpr int k_max = 64;
+  static constexpr int k_max = 128;
   int32_t count = 0;
   int64_t slot[k_max];
 };
 void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t* positions, int num_kv_heads,
-                          int head_dim, const KvSlots& slots, int32_t* words, const WordEdits& edits,
-                          __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);
+                          int head_dim, const KvSlots& slots, const WordEdits& edits, __nv_bfloat16* k_base,
+                          __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);
 // Row copies src_slots[i] -> dst_slots[i] (K, V and position); the two sets must not overlap.
 void kv_gather_cuda(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,
                     __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream);

@@ -5,10 +5,11 @@
 //     slot list and waits for nothing.
 //   kv_gather_cuda: rows src_slots[i] -> dst_slots[i] (compaction into fresh blocks: the
 //     ranges never overlap, so every row is read before anything could overwrite it).
-//   word_edits_cuda: a few int32 words of a device buffer set from the launch's own arguments
+//   word_edits_cuda: a few int32 words of device buffers set from the launch's own arguments
 //     (the pool's block-table edits: a new block id, a head's length), stream-ordered.
-//   kv_append_slots_cuda: a decode step's append in one launch: the rows to slots the host
-//     names and the view's edits, both in the launch's arguments.
+//   kv_append_slots_cuda: a decode step's append in one launch (one sequence's rows, or one row
+//     of each of several sequences): the rows to slots the host names and the views' edits,
+//     both in the launch's arguments.
 // One warp per row, lanes over head_dim: each row is 2·head_dim contiguous bytes.
 #include <algorithm>
 
@@ -29,10 +30,10 @@ __device__ void write_row(const float* k_new, const float* v_new, int64_t r, int
   if (lane == 0) pos_base[dst] = position;
 }
 
-// words[index[i]] = value[i], over the block's threads.
-__device__ void apply_edits(int32_t* words, const WordEdits& edits) {
+// *word[i] = value[i], over the block's threads.
+__device__ void apply_edits(const WordEdits& edits) {
   for (int i = static_cast<int>(threadIdx.x); i < edits.count; i += static_cast<int>(blockDim.x))
-    words[edits.index[i]] = edits.value[i];
+    *edits.word[i] = edits.value[i];
 }
 }  // namespace
 
@@ -60,9 +61,9 @@ void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* posit
 }
 
 __global__ void kv_append_slots_kernel(const float* k_new, const float* v_new, const int32_t* positions,
-                                       int num_kv_heads, int head_dim, KvSlots slots, int32_t* words, WordEdits edits,
+                                       int num_kv_heads, int head_dim, KvSlots slots, WordEdits edits,
                                        __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base) {
-  if (blockIdx.x == 0) apply_edits(words, edits);  // nothing in this launch reads the edited words
+  if (blockIdx.x == 0) apply_edits(edits);  // nothing in this launch reads the edited words
   const int r = static_cast<int>(blockIdx.x) * k_warps + static_cast<int>(threadIdx.x >> 5);
   if (r >= slots.count) return;
   write_row(k_new, v_new, r, positions[r / num_kv_heads], slots.slot[r], head_dim, threadIdx.x & 31, k_base, v_base,
@@ -70,19 +71,19 @@ __global__ void kv_append_slots_kernel(const float* k_new, const float* v_new, c
 }
 
 void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t* positions, int num_kv_heads,
-                          int head_dim, const KvSlots& slots, int32_t* words, const WordEdits& edits,
-                          __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
+                          int head_dim, const KvSlots& slots, const WordEdits& edits, __nv_bfloat16* k_base,
+                          __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
   const int blocks = std::max((slots.count + k_warps - 1) / k_warps, edits.count > 0 ? 1 : 0);
   if (blocks == 0) return;
   kv_append_slots_kernel<<<blocks, k_warps * 32, 0, stream>>>(k_new, v_new, positions, num_kv_heads, head_dim, slots,
-                                                              words, edits, k_base, v_base, pos_base);
+                                                              edits, k_base, v_base, pos_base);
 }
 
-__global__ void word_edits_kernel(int32_t* words, WordEdits edits) { apply_edits(words, edits); }
+__global__ void word_edits_kernel(WordEdits edits) { apply_edits(edits); }
 
-void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t stream) {
+void word_edits_cuda(const WordEdits& edits, cudaStream_t stream) {
   if (edits.count <= 0) return;
-  word_edits_kernel<<<1, 256, 0, stream>>>(words, edits);
+  word_edits_kernel<<<1, 256, 0, stream>>>(edits);
 }
 
 __global__ void kv_gather_kernel(const int64_t* src_slots, const int64_t* dst_slots, int64_t count, int head_dim,

@@ -92,18 +92,20 @@ inline __device__ void range_union(const int64_t* lo_s, const int64_t* hi_s, int
 
 // A block's share of an attention kernel's work: rows [r0, r0 + nrows) of KV head g
 // (blockIdx.y; row r is token r / group, query head g·group + r % group), keys [kb, ke) of
-// split blockIdx.z (every key when unsplit: the prompt kernels).
+// split `split` (blockIdx.z unless given: a batch of sequences numbers its blocks' splits
+// itself; every key when unsplit: the prompt kernels).
 struct BlockSpan {
   int group, g, nrows;
   int64_t split, r0, kb, ke;
   PagedKvHead head;
 };
 inline __device__ BlockSpan block_span(const PagedKvCuda& kv, const AttentionParams& p, int64_t num_tokens,
-                                       int rows_per_block, int64_t splits = 1, int64_t split_keys = 0) {
+                                       int rows_per_block, int64_t splits = 1, int64_t split_keys = 0,
+                                       int64_t split = -1) {
   BlockSpan b;
   b.group = p.num_heads / p.num_kv_heads;
   b.g = blockIdx.y;
-  b.split = blockIdx.z;
+  b.split = split >= 0 ? split : blockIdx.z;
   const int64_t rows_total = num_tokens * b.group;
   b.r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   b.nrows = static_cast<int>(rows_total - b.r0 < rows_per_block ? rows_total - b.r0 : rows_per_block);

@@ -531,6 +531,124 @@ void add_attention(std::vector<OpCase>& t) {
                }});
 }
 
+// --- a decode step of many sequences (attention_decode_rows_cuda) ------------------------------
+
+// Sequences of one pool: `seqs` views of num_kv_heads heads each, cut from one fixture whose
+// heads are every sequence's heads in turn (so the views share the slabs, as the pool's do).
+struct RowsShape {
+  const char* name;
+  int num_heads, num_kv_heads, head_dim;
+  std::vector<std::vector<int64_t>> lengths;  // [sequence][KV head]
+  bool gaps;
+  int window;
+};
+
+const std::vector<RowsShape>& rows_shapes() {
+  static const std::vector<RowsShape> shapes = [] {
+    std::vector<RowsShape> v = {
+        // Split and unsplit rows side by side: an empty sequence, one key, ragged heads (AdaKV),
+        // SnapKV's 2048, a long one.
+        {"llama3_8_seqs",
+         32,
+         8,
+         128,
+         {{0, 0, 0, 0, 0, 0, 0, 0},
+          {1, 1, 1, 1, 1, 1, 1, 1},
+          {17, 513, 3, 2048, 64, 65, 900, 1},
+          {2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048},
+          {4999, 4999, 4999, 4999, 4999, 4999, 4999, 4999},
+          {300, 300, 300, 300, 300, 300, 300, 300},
+          {1030, 7, 1030, 7, 1030, 7, 1030, 7},
+          {40, 40, 40, 40, 40, 40, 40, 40}},
+         true,
+         0},
+        {"qwen2_group7_3_seqs", 28, 4, 128, {{600, 5, 1200, 33}, {9, 9, 9, 9}, {1500, 1500, 1500, 1500}}, true, 0},
+        {"mistral_window_3_seqs", 8, 2, 64, {{700, 1800}, {90, 90}, {1200, 150}}, false, 100},
+        {"gemma_d256_2_seqs", 4, 1, 256, {{3000}, {200}}, false, 0},
+        {"d96_2_seqs", 6, 2, 96, {{77, 1025}, {300, 2}}, true, 0},
+    };
+    // 70 sequences: more than one launch's 64.
+    RowsShape many{"d32_70_seqs", 4, 1, 32, {}, true, 0};
+    for (int b = 0; b < 70; ++b) many.lengths.push_back({(b * 37) % 700 + (b % 5 == 0 ? 0 : 1)});
+    v.push_back(many);
+    return v;
+  }();
+  return shapes;
+}
+
+// One sequence's rows against its own view (attention_paged_cuda) and all of them in one call
+// (attention_decode_rows_cuda): each row bitwise the same, and within 1e-4 of the CPU
+// reference. Row b's query sits at max_pos + 1 + 3b, so sliding windows differ by row.
+AssertionResult decode_rows_case(const RowsShape& rs, DecodeAttention decode) {
+  AttnShape s{rs.name, rs.num_heads, static_cast<int>(rs.num_kv_heads * rs.lengths.size()), rs.head_dim, {}, 1, true,
+              rs.gaps, rs.window};
+  for (const auto& seq : rs.lengths) s.lengths.insert(s.lengths.end(), seq.begin(), seq.end());
+  const PagedFixture f(s, 43);
+  const DevicePaged d(f, rs.head_dim);
+  AttentionParams p{rs.num_heads, rs.num_kv_heads, rs.head_dim, 1.0f / std::sqrt(static_cast<float>(rs.head_dim)),
+                    rs.window};
+  const int64_t n = static_cast<int64_t>(rs.lengths.size()), qd = int64_t{rs.num_heads} * rs.head_dim;
+  std::vector<PagedKvCuda> views(static_cast<size_t>(n), d.view);
+  std::vector<int32_t> qpos(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n; ++b) {
+    views[b].heads = d.view.heads + b * rs.num_kv_heads;
+    views[b].max_length = *std::max_element(rs.lengths[b].begin(), rs.lengths[b].end());
+    qpos[b] = f.max_pos + 1 + 3 * static_cast<int32_t>(b);
+  }
+  const auto q = test::random_floats(n * qd, 44, -2.0f, 2.0f);
+  DeviceBuffer<float> dq(q), dout(q.size());
+  DeviceBuffer<int32_t> dpos(qpos);
+  const size_t ws = attention_decode_rows_workspace_bytes(n, views.data(), p);
+  DeviceBuffer<char> dws(ws);
+  if (ws > 0 && attention_decode_rows_cuda(dq.ptr, dpos.ptr, n, views.data(), p, dout.ptr, dws.ptr, ws - 1, nullptr,
+                                           decode) != cudaErrorInvalidValue)
+    return AssertionFailure() << "a workspace one byte short must be refused";
+  CUDA_TRY(attention_decode_rows_cuda(dq.ptr, dpos.ptr, n, views.data(), p, dout.ptr, dws.ptr, ws, nullptr, decode));
+  if (auto r = sync_ok(); !r) return r;
+  const std::vector<float> got = dout.to_host();
+  PagedKv cpu = f.cpu_view();
+  for (int64_t b = 0; b < n; ++b) {
+    const std::vector<float> qb(q.begin() + b * qd, q.begin() + (b + 1) * qd);
+    const std::vector<float> row(got.begin() + b * qd, got.begin() + (b + 1) * qd);
+    std::vector<float> want(static_cast<size_t>(qd));
+    cpu.heads = f.heads.data() + b * rs.num_kv_heads;
+    attention_paged_ref(qb.data(), &qpos[b], 1, cpu, p, want.data());
+    if (auto c = test::all_close(row.data(), want.data(), qd, 1e-4); !c) return c << " (sequence " << b << ")";
+    DeviceBuffer<float> dq1(qb), dout1(qb.size());
+    DeviceBuffer<int32_t> dpos1(std::vector<int32_t>{qpos[b]});
+    const size_t ws1 = attention_paged_cuda_workspace_bytes(1, p, views[b].max_length);
+    DeviceBuffer<char> dws1(ws1);
+    CUDA_TRY(attention_paged_cuda(dq1.ptr, dpos1.ptr, 1, views[b], p, dout1.ptr, dws1.ptr, ws1, nullptr, decode));
+    if (auto r = sync_ok(); !r) return r;
+    if (auto c = bitwise_equal(dout1.to_host(), row); !c) return c << " (sequence " << b << " alone vs in the step)";
+  }
+  return AssertionSuccess();
+}
+
+void add_decode_rows(std::vector<OpCase>& t) {
+  const std::pair<const char*, DecodeAttention> kernels[] = {{"attention_decode_rows_", DecodeAttention::key_threads},
+                                                             {"attention_decode_rows_pipelined_", DecodeAttention::pipelined},
+                                                             {"attention_decode_rows_row_warps_", DecodeAttention::row_warps}};
+  for (const auto& [prefix, decode] : kernels)
+    for (const RowsShape& s : rows_shapes())
+      t.push_back({std::string(prefix) + s.name, [s, decode = decode]() { return decode_rows_case(s, decode); }});
+  t.push_back({"attention_decode_rows_rejects_other_slabs", []() -> AssertionResult {
+                 AttnShape s{"two", 4, 2, 64, {10, 10}, 1, true, false, 0};
+                 const PagedFixture f(s, 5);
+                 const DevicePaged a(f, 64), b(f, 64);
+                 AttentionParams p{4, 2, 64, 0.1f, 0};
+                 const PagedKvCuda views[2] = {a.view, b.view};
+                 DeviceBuffer<float> dq(static_cast<size_t>(2 * 4 * 64)), dout(dq.n);
+                 DeviceBuffer<int32_t> dpos(std::vector<int32_t>{50, 50});
+                 if (attention_decode_rows_cuda(dq.ptr, dpos.ptr, 2, views, p, dout.ptr, nullptr, 0, nullptr) !=
+                     cudaErrorInvalidValue)
+                   return AssertionFailure() << "views of two different pools must be refused";
+                 const PagedKvCuda same[2] = {a.view, a.view};
+                 CUDA_TRY(attention_decode_rows_cuda(dq.ptr, dpos.ptr, 2, same, p, dout.ptr, nullptr, 0, nullptr));
+                 return sync_ok();
+               }});
+}
+
 // --- the tensor-core prompt kernel (attention_prefill_tc_cuda) --------------------------------
 
 // Every shape on each of the three kernels: mma (the default, "attention_prefill_tc_*"),
@@ -720,6 +838,7 @@ std::vector<OpCase> all_cases() {
   add_matmul_fused(t);
   add_argmax(t);
   add_attention(t);
+  add_decode_rows(t);
   add_attention_tc(t);
   add_snapkv(t);
   return t;

@@ -176,8 +176,9 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
 
 // Continuous batching on the device: decode_batch's row of a sequence is bitwise the logits
 // forward() gives that sequence alone, whatever else shares the step — three sequences of
-// different lengths (one SnapKV-compressed, so its heads are shorter than its positions), in
-// batches of 3, of 2 in another order and alone — and the greedy ids are equal too.
+// different lengths (one SnapKV-compressed, so its heads are shorter than its positions; one
+// long enough for its attention to be split), in batches of 3, of 2 in another order and alone —
+// and the greedy ids are equal too.
 TEST(DeviceBatchDecode, RowsEqualAloneBitwise) {
   const fs::path dir = fs::temp_directory_path() / ("snap_devbatch_" + std::to_string(getpid()));
   fs::create_directories(dir);
@@ -199,7 +200,7 @@ TEST(DeviceBatchDecode, RowsEqualAloneBitwise) {
     auto pool = DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, int64_t{32} << 20, stream);
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     DeviceForward fwd(c, **weights, **pool);
-    const int64_t lengths[3] = {37, 90, 5};
+    const int64_t lengths[3] = {37, 90, 150};  // 150 keys: three splits of 64 (the others one)
     constexpr int k_steps = 5;
     // Two copies of each sequence: copy 0 decodes alone (forward), copy 1 in batches.
     int32_t seq[2][3];

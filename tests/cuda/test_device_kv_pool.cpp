@@ -315,7 +315,7 @@ TEST_F(DeviceKvPoolTest, DecodeAppendsEditTheResidentView) {
   expect_attention(0);
 
   // Layer 1: a prompt of 1300 tokens (82 blocks per head, uploaded), compacted to every 50th
-  // entry (2 blocks per head), then a chunk of 1280 more: 80 new blocks per head, 246 edits in
+  // entry (2 blocks per head), then a chunk of 1280 more: 80 new blocks per head, 243 edits in
   // the room the prompt left, so two launches of edits and no upload.
   ASSERT_TRUE(append(seq, 1, 1300, 0, 7).ok());
   kept.assign(k_kv_heads, {});
@@ -328,6 +328,91 @@ TEST_F(DeviceKvPoolTest, DecodeAppendsEditTheResidentView) {
   expect_view_is_host(seq, 1);
   expect_contents();
   expect_attention(1);
+}
+
+// A continuous-batching step: append_rows puts one row into each of 50 sequences in as few
+// launches as the arguments hold (150 slots: two), and leaves the cache and the views exactly as
+// one append per sequence does on a twin of each sequence: the same lengths, bf16 rows and
+// positions, views equal to the host tables, and the same uploads (row 0 outgrows its view's
+// room of 8 blocks per head once). Refusals (a duplicate, a closed sequence, too few blocks)
+// change nothing.
+TEST_F(DeviceKvPoolTest, AppendRowsIsAppendPerSequence) {
+  {
+    auto p = DeviceKvPool::create(DeviceKvShape{k_layers, k_kv_heads, k_head_dim, k_block},
+                                  2000 * pool_->block_bytes(), stream_);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    pool_ = std::move(*p);
+  }
+  constexpr int n = 50, steps = 40;
+  std::vector<int32_t> rows(n), twins(n), next(n);
+  for (int b = 0; b < n; ++b) {
+    rows[b] = pool_->add_sequence();
+    twins[b] = pool_->add_sequence();
+    // Prompts of 1..40 tokens; row 0's 128 fill its first view's room exactly.
+    const int64_t prompt = b == 0 ? 128 : (b * 7) % 40 + 1;
+    for (int32_t s : {rows[b], twins[b]}) ASSERT_TRUE(append(s, 0, prompt, 0, static_cast<uint32_t>(b)).ok());
+    next[b] = static_cast<int32_t>(prompt);
+  }
+  const int64_t uploads0 = pool_->table_uploads();
+  for (int step = 0; step < steps; ++step) {
+    const auto k = kernels::test::random_floats(int64_t{n} * k_kv_heads * k_head_dim, 500 + step, -2.0f, 2.0f);
+    const auto v = kernels::test::random_floats(int64_t{n} * k_kv_heads * k_head_dim, 900 + step, -2.0f, 2.0f);
+    float* dk = upload(k);
+    float* dv = upload(v);
+    int32_t* dp = upload(next);
+    const int64_t before = pool_->table_uploads();
+    ASSERT_TRUE(pool_->append_rows(rows.data(), n, 0, dk, dv, dp).ok()) << "step " << step;
+    const int64_t by_rows = pool_->table_uploads() - before;
+    for (int b = 0; b < n; ++b) {
+      const int64_t off = int64_t{b} * k_kv_heads * k_head_dim;
+      ASSERT_TRUE(pool_->append(twins[b], 0, dk + off, dv + off, dp + b, 1).ok()) << "step " << step << " twin " << b;
+    }
+    EXPECT_EQ(pool_->table_uploads() - before, 2 * by_rows) << "step " << step;
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dp);
+    for (int b = 0; b < n; ++b) ++next[b];
+  }
+  EXPECT_EQ(pool_->table_uploads() - uploads0, 2) << "row 0 (and its twin) outgrew the room once";
+  const size_t slots = static_cast<size_t>(pool_->num_blocks()) * k_block;
+  const auto ks = download(reinterpret_cast<const uint16_t*>(pool_->k_slab()), slots * k_head_dim);
+  const auto vs = download(reinterpret_cast<const uint16_t*>(pool_->v_slab()), slots * k_head_dim);
+  const auto ps = download(pool_->pos_slab(), slots);
+  for (int b = 0; b < n; ++b) {
+    expect_view_is_host(rows[b], 0);
+    for (int g = 0; g < k_kv_heads; ++g) {
+      ASSERT_EQ(pool_->length(rows[b], 0, g), pool_->length(twins[b], 0, g));
+      ASSERT_EQ(pool_->length(rows[b], 0, g), next[b]);
+      for (int64_t j = 0; j < next[b]; ++j) {
+        const int64_t a = pool_->slot(rows[b], 0, g, j), t = pool_->slot(twins[b], 0, g, j);
+        ASSERT_EQ(ps[a], ps[t]) << "row " << b << " head " << g << " entry " << j;
+        for (int d = 0; d < k_head_dim; ++d) {
+          ASSERT_EQ(ks[a * k_head_dim + d], ks[t * k_head_dim + d]) << "K row " << b << " head " << g << " entry " << j;
+          ASSERT_EQ(vs[a * k_head_dim + d], vs[t * k_head_dim + d]) << "V row " << b << " head " << g << " entry " << j;
+        }
+      }
+    }
+  }
+  // Refusals: a sequence twice, a closed one, more blocks than are free.
+  const int64_t used = pool_->used_blocks();
+  const int32_t dup[2] = {rows[1], rows[1]};
+  EXPECT_EQ(pool_->append_rows(dup, 2, 0, nullptr, nullptr, nullptr).code(), StatusCode::k_invalid_argument);
+  const int32_t closed[1] = {9999};
+  EXPECT_EQ(pool_->append_rows(closed, 1, 0, nullptr, nullptr, nullptr).code(), StatusCode::k_invalid_argument);
+  std::vector<int32_t> hungry;
+  while (pool_->free_blocks() >= k_kv_heads) {  // fill the pool with sequences whose next row opens blocks
+    const int32_t s = pool_->add_sequence();
+    ASSERT_TRUE(append(s, 0, k_block, 0, 11).ok());
+    hungry.push_back(s);
+  }
+  const int64_t full = pool_->used_blocks();
+  const Status st = pool_->append_rows(hungry.data(), static_cast<int64_t>(hungry.size()), 0, nullptr, nullptr, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::k_resource_exhausted) << st.to_string();
+  EXPECT_NE(st.message().find("blocks"), std::string::npos) << st.message();
+  EXPECT_EQ(pool_->used_blocks(), full);
+  EXPECT_GT(full, used);
+  for (int32_t s : hungry) EXPECT_EQ(pool_->length(s, 0, 0), k_block);
 }
 
 }  // namespace

@@ -177,19 +177,34 @@ Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32
             kernels::attention_prefill_tc_cuda(q, positions, n, view, attn_, out, stream_, prefill_kernel_));
     return Status::ok_status();
   }
-  size_t ws = kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length);
-  if (ws > attn_ws_bytes_) {
-    ws = std::max(ws, 2 * attn_ws_bytes_);  // a decode's splits grow with its keys: double, wait rarely
-    cudaStreamSynchronize(stream_);
-    cudaFree(attn_ws_);
-    attn_ws_ = nullptr;
-    DEV_TRY("attention workspace", cudaMalloc(&attn_ws_, ws));
-    scratch_bytes_ += static_cast<int64_t>(ws - attn_ws_bytes_);
-    attn_ws_bytes_ = ws;
-  }
+  SNAP_RETURN_IF_ERROR(reserve_attention_workspace(kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length)));
   DEV_TRY("attention_paged_cuda",
           kernels::attention_paged_cuda(q, positions, n, view, attn_, out, attn_ws_, attn_ws_bytes_, stream_,
                                         decode_attention_));
+  return Status::ok_status();
+}
+
+Status DeviceForward::reserve_attention_workspace(size_t bytes) {
+  if (bytes <= attn_ws_bytes_) return Status::ok_status();
+  bytes = std::max(bytes, 2 * attn_ws_bytes_);  // a decode's splits grow with its keys: double, wait rarely
+  cudaStreamSynchronize(stream_);
+  cudaFree(attn_ws_);
+  attn_ws_ = nullptr;
+  DEV_TRY("attention workspace", cudaMalloc(&attn_ws_, bytes));
+  scratch_bytes_ += static_cast<int64_t>(bytes - attn_ws_bytes_);
+  attn_ws_bytes_ = bytes;
+  return Status::ok_status();
+}
+
+Status DeviceForward::attend_rows(const int32_t* seqs, int layer, int64_t n) {
+  std::vector<kernels::PagedKvCuda> views(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n; ++b) {
+    SNAP_ASSIGN_OR_RETURN(views[b], pool_.view(seqs[b], layer));
+  }
+  SNAP_RETURN_IF_ERROR(reserve_attention_workspace(kernels::attention_decode_rows_workspace_bytes(n, views.data(), attn_)));
+  DEV_TRY("attention_decode_rows_cuda",
+          kernels::attention_decode_rows_cuda(q_, positions_, n, views.data(), attn_, attn_out_, attn_ws_,
+                                              attn_ws_bytes_, stream_, decode_attention_));
   return Status::ok_status();
 }
 
@@ -324,8 +339,6 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
   SNAP_RETURN_IF_ERROR(ensure_scratch(num_rows));
   if (cublas_ == nullptr) return internal_error("device forward: cublasCreate failed" + cublas_why());
   const int64_t n = num_rows, hidden = config_.hidden_size, vocab = config_.vocab_size;
-  const int hd = config_.head_dim;
-  const int64_t qd = int64_t{config_.num_heads} * hd, kvd = int64_t{nkv} * hd;
   DEV_TRY("tokens", cudaMemcpyAsync(tokens_, tokens, 4 * n, cudaMemcpyHostToDevice, stream_));
   DEV_TRY("positions", cudaMemcpyAsync(positions_, pos.data(), 4 * n, cudaMemcpyHostToDevice, stream_));
   kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens_, n, hidden, vocab, x_, stream_);
@@ -334,9 +347,16 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
     const DeviceLayer& L = w_.layers[l];
     kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
     SNAP_RETURN_IF_ERROR(attention_inputs(L, n, true));
-    for (int64_t b = 0; b < n; ++b) {  // each row into its own sequence's cache, then attends there
-      SNAP_RETURN_IF_ERROR(pool_.append(seqs[b], l, k_ + b * kvd, v_ + b * kvd, positions_ + b, 1));
-      SNAP_RETURN_IF_ERROR(attend(seqs[b], l, q_ + b * qd, positions_ + b, 1, attn_out_ + b * qd));
+    // Each row into its own sequence's cache, then every row attends there: one launch each.
+    if (batched_rows_) {
+      SNAP_RETURN_IF_ERROR(pool_.append_rows(seqs, n, l, k_, v_, positions_));
+      SNAP_RETURN_IF_ERROR(attend_rows(seqs, l, n));
+    } else {
+      const int64_t qd = int64_t{config_.num_heads} * config_.head_dim, kvd = int64_t{nkv} * config_.head_dim;
+      for (int64_t b = 0; b < n; ++b) {
+        SNAP_RETURN_IF_ERROR(pool_.append(seqs[b], l, k_ + b * kvd, v_ + b * kvd, positions_ + b, 1));
+        SNAP_RETURN_IF_ERROR(attend(seqs[b], l, q_ + b * qd, positions_ + b, 1, attn_out_ + b * qd));
+      }
     }
     SNAP_RETURN_IF_ERROR(finish_layer_rows(L, n));
   }

@@ -61,6 +61,9 @@ class DeviceForward {
   // summation order fixed by cols alone), norms/RoPE/SwiGLU are per row, and attention runs
   // per sequence exactly as forward() runs one decode row — so row b's logits are bitwise
   // those of forward(seqs[b], &tokens[b], 1) whatever shares the step (test_device_forward).
+  // A layer's appends and attention are one launch each for the whole batch (up to 16 rows per
+  // append launch at 8 KV heads, 64 per attention launch): DeviceKvPool::append_rows and
+  // attention_decode_rows_cuda, whose row b is bitwise attention_paged_cuda's of that row alone.
   // logits (host, may be null): [num_rows, vocab]; greedy (host, may be null): [num_rows].
   // All or nothing for the pool: refused before any work when the free blocks do not suffice.
   Status decode_batch(const int32_t* seqs, const int32_t* tokens, int64_t num_rows, float* logits, int32_t* greedy);
@@ -154,6 +157,10 @@ class DeviceForward {
   // ignored with a warning.
   void set_decode_attention(kernels::DecodeAttention a) { decode_attention_ = a; }
   kernels::DecodeAttention decode_attention() const { return decode_attention_; }
+  // decode_batch's appends and attention: all rows in one launch each (true, the default), or
+  // one append and one attention launch per row as before (the same bits; bench_device_forward
+  // times both).
+  void set_batched_rows(bool on) { batched_rows_ = on; }
   static const char* decode_attention_name(kernels::DecodeAttention a) {
     return a == kernels::DecodeAttention::row_warps   ? "row_warps"
            : a == kernels::DecodeAttention::pipelined ? "pipelined"
@@ -172,6 +179,11 @@ class DeviceForward {
   Status project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status project_rows(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status attend(int32_t seq, int layer, const float* q, const int32_t* positions, int64_t n, float* out);
+  // The decode rows of decode_batch (q_ row b: sequence seqs[b]) against their own caches in one
+  // launch (attention_decode_rows_cuda), into attn_out_.
+  Status attend_rows(const int32_t* seqs, int layer, int64_t n);
+  // attn_ws_ of at least `bytes` (grown by doubling; the growth waits for the stream).
+  Status reserve_attention_workspace(size_t bytes);
   // The row-parallel sum of h_[0, n·hidden) over the tp group (nothing at tp 1).
   Status reduce(int64_t n);
   // The LM head on the normalised rows h_[rows, hidden]: this rank's vocabulary rows (the
@@ -223,6 +235,7 @@ class DeviceForward {
   PromptAttention prompt_attention_ = PromptAttention::tensor_cores;
   kernels::PrefillAttention prefill_kernel_ = kernels::PrefillAttention::mma;
   kernels::DecodeAttention decode_attention_ = kernels::DecodeAttention::key_threads;
+  bool batched_rows_ = true;
   int window_ = 0;               // observed window W (0: none)
   int64_t window_rows_ = 0;      // rows the last observed chunk had (must be >= W)
   std::vector<float*> win_q_;    // [layer] device [W, num_heads, head_dim]

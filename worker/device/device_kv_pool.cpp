@@ -24,11 +24,11 @@ int32_t view_length_word(int g) {
 int32_t view_table_word(int nkv, int64_t cap, int g, int64_t i) {
   return static_cast<int32_t>(sizeof(kernels::PagedKvHead) * nkv / 4 + g * cap + i);
 }
-// edits[at, at + WordEdits::k_max) as one launch's arguments.
-kernels::WordEdits pack_edits(const std::vector<std::pair<int32_t, int32_t>>& edits, size_t at) {
+// edits[at, at + WordEdits::k_max) of the view buffer `words` as one launch's arguments.
+kernels::WordEdits pack_edits(int32_t* words, const std::vector<std::pair<int32_t, int32_t>>& edits, size_t at) {
   kernels::WordEdits e;
   for (size_t i = at; i < edits.size() && e.count < kernels::WordEdits::k_max; ++i, ++e.count) {
-    e.index[e.count] = edits[i].first;
+    e.word[e.count] = words + edits[i].first;
     e.value[e.count] = edits[i].second;
   }
   return e;
@@ -131,24 +131,18 @@ Status DeviceKvPool::stage(const std::vector<int64_t>& slots) {
   return e == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("uploading slots", e));
 }
 
-Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float* v, const int32_t* positions,
-                            int64_t num_tokens) {
-  SNAP_RETURN_IF_ERROR(check_seq(seq, layer));
-  if (num_tokens <= 0) return Status::ok_status();
-  Sequence& s = seqs_[seq];
-  const int bs = shape_.block_size, nkv = shape_.num_kv_heads;
+int64_t DeviceKvPool::blocks_needed(const Sequence& s, int layer, int64_t num_tokens) const {
   int64_t need = 0;
-  for (int g = 0; g < nkv; ++g) {
-    const int64_t len = s.lengths[layer][g];
-    need += blocks_for(len + num_tokens, bs) - static_cast<int64_t>(s.tables[layer][g].size());
-  }
-  if (need > free_blocks())
-    return resource_exhausted("device KV pool: appending " + std::to_string(num_tokens) + " tokens needs " +
-                              std::to_string(need) + " blocks, " + std::to_string(free_blocks()) + " free");
-  // The host tables first; the device view then gets the same new block ids and lengths.
+  for (int g = 0; g < shape_.num_kv_heads; ++g)
+    need += blocks_for(s.lengths[layer][g] + num_tokens, shape_.block_size) - static_cast<int64_t>(s.tables[layer][g].size());
+  return need;
+}
+
+std::vector<std::pair<int32_t, int32_t>> DeviceKvPool::grow(Sequence& s, int layer, int64_t num_tokens, int64_t* widest) {
+  const int bs = shape_.block_size, nkv = shape_.num_kv_heads;
   std::vector<std::pair<int32_t, int32_t>> edits;  // (int32 word of the view buffer, value)
   const int64_t cap = s.table_cap[layer];
-  int64_t widest = 0;
+  *widest = 0;
   for (int g = 0; g < nkv; ++g) {
     std::vector<int32_t>& table = s.tables[layer][g];
     const int64_t len = s.lengths[layer][g];
@@ -157,15 +151,32 @@ Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float*
       table.push_back(free_.back());
       free_.pop_back();
     }
-    s.lengths[layer][g] = len + num_tokens;
-    widest = std::max(widest, static_cast<int64_t>(table.size()));
-    const int64_t length = s.lengths[layer][g];
+    const int64_t length = len + num_tokens;
+    s.lengths[layer][g] = length;
+    *widest = std::max(*widest, static_cast<int64_t>(table.size()));
     edits.emplace_back(view_length_word(g), static_cast<int32_t>(length & 0xffffffff));
-    edits.emplace_back(view_length_word(g) + 1, static_cast<int32_t>(length >> 32));
+    if (length >> 32 != len >> 32) edits.emplace_back(view_length_word(g) + 1, static_cast<int32_t>(length >> 32));
   }
   s.appended[layer] += num_tokens;
   peak_used_ = std::max(peak_used_, used_blocks());
-  if (widest > cap) {
+  return edits;
+}
+
+Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float* v, const int32_t* positions,
+                            int64_t num_tokens) {
+  SNAP_RETURN_IF_ERROR(check_seq(seq, layer));
+  if (num_tokens <= 0) return Status::ok_status();
+  Sequence& s = seqs_[seq];
+  const int bs = shape_.block_size, nkv = shape_.num_kv_heads;
+  const int64_t need = blocks_needed(s, layer, num_tokens);
+  if (need > free_blocks())
+    return resource_exhausted("device KV pool: appending " + std::to_string(num_tokens) + " tokens needs " +
+                              std::to_string(need) + " blocks, " + std::to_string(free_blocks()) + " free");
+  // The host tables first; the device view then gets the same new block ids and lengths.
+  int64_t widest = 0;
+  const std::vector<std::pair<int32_t, int32_t>> edits = grow(s, layer, num_tokens, &widest);
+  auto* words = static_cast<int32_t*>(s.view_buf[layer]);
+  if (widest > s.table_cap[layer]) {
     SNAP_RETURN_IF_ERROR(upload_view(s, layer, widest));  // the edits are in it
   } else if (num_tokens * nkv <= kernels::KvSlots::k_max && static_cast<int64_t>(edits.size()) <= kernels::WordEdits::k_max) {
     // A decode step's few rows: their slots from the host tables, rows and edits in one launch.
@@ -175,18 +186,91 @@ Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float*
         const int64_t j = s.lengths[layer][g] - num_tokens + t;
         slots.slot[slots.count++] = int64_t{s.tables[layer][g][j / bs]} * bs + j % bs;
       }
-    kernels::kv_append_slots_cuda(k, v, positions, nkv, shape_.head_dim, slots, static_cast<int32_t*>(s.view_buf[layer]),
-                                  pack_edits(edits, 0), k_, v_, pos_, stream_);
+    kernels::kv_append_slots_cuda(k, v, positions, nkv, shape_.head_dim, slots, pack_edits(words, edits, 0), k_, v_,
+                                  pos_, stream_);
     const cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("kv_append_slots_cuda", err));
   } else {
     for (size_t at = 0; at < edits.size(); at += kernels::WordEdits::k_max)
-      kernels::word_edits_cuda(static_cast<int32_t*>(s.view_buf[layer]), pack_edits(edits, at), stream_);
+      kernels::word_edits_cuda(pack_edits(words, edits, at), stream_);
   }
   kernels::kv_append_cuda(k, v, positions, num_tokens, nkv, shape_.head_dim,
                           static_cast<const kernels::PagedKvHead*>(s.view_buf[layer]), bs, k_, v_, pos_, stream_);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("kv_append_cuda", e));
+}
+
+Status DeviceKvPool::append_rows(const int32_t* seqs, int64_t num_rows, int layer, const float* k, const float* v,
+                                 const int32_t* positions) {
+  if (num_rows <= 0) return Status::ok_status();
+  int64_t need = 0;
+  for (int64_t b = 0; b < num_rows; ++b) {
+    SNAP_RETURN_IF_ERROR(check_seq(seqs[b], layer));
+    for (int64_t a = 0; a < b; ++a)
+      if (seqs[a] == seqs[b])
+        return invalid_argument("device KV pool: sequence " + std::to_string(seqs[b]) + " twice in one decode step");
+    need += blocks_needed(seqs_[seqs[b]], layer, 1);
+  }
+  if (need > free_blocks())
+    return resource_exhausted("device KV pool: a decode step of " + std::to_string(num_rows) + " sequences needs " +
+                              std::to_string(need) + " blocks, " + std::to_string(free_blocks()) + " free");
+  const int bs = shape_.block_size, nkv = shape_.num_kv_heads, hd = shape_.head_dim;
+  // Per row: its nkv slots and its view's edits as (word, value), from the grown host tables. A
+  // view that outgrows its room is uploaded whole (edits in it) before anything is launched.
+  std::vector<int64_t> slots(static_cast<size_t>(num_rows * nkv));
+  std::vector<std::vector<std::pair<int32_t*, int32_t>>> row_edits(static_cast<size_t>(num_rows));
+  for (int64_t b = 0; b < num_rows; ++b) {
+    Sequence& s = seqs_[seqs[b]];
+    int64_t widest = 0;
+    const std::vector<std::pair<int32_t, int32_t>> edits = grow(s, layer, 1, &widest);
+    if (widest > s.table_cap[layer]) {
+      SNAP_RETURN_IF_ERROR(upload_view(s, layer, widest));
+    } else {
+      auto* words = static_cast<int32_t*>(s.view_buf[layer]);
+      for (const auto& [w, value] : edits) row_edits[b].emplace_back(words + w, value);
+    }
+    for (int g = 0; g < nkv; ++g) {
+      const int64_t j = s.lengths[layer][g] - 1;
+      slots[b * nkv + g] = int64_t{s.tables[layer][g][j / bs]} * bs + j % bs;
+    }
+  }
+  // As many rows per launch as their slots and edits allow (rows r = b · nkv + g of k and v).
+  for (int64_t b0 = 0; b0 < num_rows;) {
+    kernels::KvSlots ks;
+    kernels::WordEdits we;
+    int64_t b = b0;
+    for (; b < num_rows && ks.count + nkv <= kernels::KvSlots::k_max &&
+           we.count + static_cast<int64_t>(row_edits[b].size()) <= kernels::WordEdits::k_max;
+         ++b) {
+      for (int g = 0; g < nkv; ++g) ks.slot[ks.count++] = slots[b * nkv + g];
+      for (const auto& [word, value] : row_edits[b]) {
+        we.word[we.count] = word;
+        we.value[we.count++] = value;
+      }
+    }
+    if (b == b0) {  // one row too wide for a launch (very many KV heads): edits, then the view's slots
+      const std::vector<std::pair<int32_t*, int32_t>>& edits = row_edits[b];
+      for (size_t at = 0; at < edits.size(); at += kernels::WordEdits::k_max) {
+        kernels::WordEdits part;
+        for (size_t i = at; i < edits.size() && part.count < kernels::WordEdits::k_max; ++i, ++part.count) {
+          part.word[part.count] = edits[i].first;
+          part.value[part.count] = edits[i].second;
+        }
+        kernels::word_edits_cuda(part, stream_);
+      }
+      kernels::kv_append_cuda(k + b * nkv * hd, v + b * nkv * hd, positions + b, 1, nkv, hd,
+                              static_cast<const kernels::PagedKvHead*>(seqs_[seqs[b]].view_buf[layer]), bs, k_, v_,
+                              pos_, stream_);
+      b0 = b + 1;
+    } else {
+      kernels::kv_append_slots_cuda(k + b0 * nkv * hd, v + b0 * nkv * hd, positions + b0, nkv, hd, ks, we, k_, v_,
+                                    pos_, stream_);
+      b0 = b;
+    }
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return internal_error(cuda_message("appending decode rows", e));
+  }
+  return Status::ok_status();
 }
 
 Status DeviceKvPool::compact(int32_t seq, int layer, const std::vector<std::vector<int32_t>>& kept) {

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -58,6 +59,13 @@ class DeviceKvPool {
   // (after RoPE), positions device int32 [num_tokens]. All or nothing: refused (nothing
   // written, nothing allocated) when the free blocks do not suffice.
   Status append(int32_t seq, int layer, const float* k, const float* v, const int32_t* positions, int64_t num_tokens);
+  // One decode row of each of num_rows different sequences of `layer` (a continuous-batching
+  // step): row b of k, v (device f32 [num_rows, num_kv_heads, head_dim]) and positions[b]
+  // appended to sequence seqs[b] (host array), with the edits of every view in as few launches
+  // as the kernels' arguments hold (kv_append_slots_cuda: 16 rows at 8 KV heads). The same
+  // contents and views as append(seqs[b], layer, ..., 1) for each b. All or nothing, as append.
+  Status append_rows(const int32_t* seqs, int64_t num_rows, int layer, const float* k, const float* v,
+                     const int32_t* positions);
   // Keeps, per KV head g, the logical entries kept[g] (strictly ascending, < length): copied
   // into fresh blocks in that order, then the old blocks are freed.
   Status compact(int32_t seq, int layer, const std::vector<std::vector<int32_t>>& kept);
@@ -93,6 +101,13 @@ class DeviceKvPool {
     std::vector<int64_t> table_cap;  // [layer] blocks each head's table has room for (0: no buffer)
   };
   Status check_seq(int32_t seq, int layer) const;
+  // Blocks that appending num_tokens to (s, layer) takes from the free list.
+  int64_t blocks_needed(const Sequence& s, int layer, int64_t num_tokens) const;
+  // Grows (s, layer)'s host tables by num_tokens (blocks from the free list: the caller checked
+  // that enough are free) and returns the view edits that say the same, as (int32 word of the
+  // view buffer, value): each new block's table entry, each head's length (its high word only
+  // when it changes). *widest: the longest table now.
+  std::vector<std::pair<int32_t, int32_t>> grow(Sequence& s, int layer, int64_t num_tokens, int64_t* widest);
   // The whole view of (seq, layer) to the device, in a buffer with room for at least
   // `min_cap` blocks per head (grown to twice the old room or more); waits for the stream.
   Status upload_view(Sequence& s, int layer, int64_t min_cap);

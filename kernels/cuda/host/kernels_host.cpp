@@ -317,6 +317,38 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
   return cpu_attention(q, q_positions, num_tokens, kv, p, out, true);
 }
 
+size_t attention_decode_rows_workspace_bytes(int64_t num_rows, const PagedKvCuda* views, const AttentionParams& p) {
+  size_t total = 0;
+  for (int64_t b = 0; b < num_rows; ++b) total += attention_paged_cuda_workspace_bytes(1, p, views[b].max_length);
+  return total;
+}
+
+cudaError_t attention_decode_rows_cuda(const float* q, const int32_t* q_positions, int64_t num_rows,
+                                       const PagedKvCuda* views, const AttentionParams& p, float* out,
+                                       void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                       DecodeAttention decode) {
+  if (num_rows <= 0) return cudaSuccess;
+  const PagedKvCuda& kv = views[0];
+  for (int64_t b = 0; b < num_rows; ++b) {
+    const PagedKvCuda& v = views[b];
+    if (v.k_base != kv.k_base || v.v_base != kv.v_base || v.pos_base != kv.pos_base ||
+        v.k_block_stride != kv.k_block_stride || v.v_block_stride != kv.v_block_stride ||
+        v.pos_block_stride != kv.pos_block_stride || v.block_size != kv.block_size)
+      return cudaErrorInvalidValue;
+  }
+  if (workspace_bytes < attention_decode_rows_workspace_bytes(num_rows, views, p)) return cudaErrorInvalidValue;
+  const int64_t qd = int64_t{p.num_heads} * p.head_dim;
+  char* ws = static_cast<char*>(workspace);
+  for (int64_t b = 0; b < num_rows; ++b) {  // row b alone, in its own part of the workspace
+    const size_t own = attention_paged_cuda_workspace_bytes(1, p, views[b].max_length);
+    const cudaError_t e = attention_paged_cuda(q + b * qd, q_positions + b, 1, views[b], p, out + b * qd,
+                                               own > 0 ? ws : nullptr, own, stream, decode);
+    if (e != cudaSuccess) return e;
+    ws += own;
+  }
+  return cudaSuccess;
+}
+
 // The tensor-core kernels' twin: the CPU attention (mma and wmma are f32-accurate; mma_bf16's
 // twin is as exact, more so than the kernel).
 cudaError_t attention_prefill_mma_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
@@ -371,9 +403,9 @@ void kv_append_cuda(const float* k_new, const float* v_new, const int32_t* posit
 }
 
 void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t* positions, int num_kv_heads,
-                          int head_dim, const KvSlots& slots, int32_t* words, const WordEdits& edits,
-                          __nv_bfloat16* k_base, __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
-  word_edits_cuda(words, edits, stream);
+                          int head_dim, const KvSlots& slots, const WordEdits& edits, __nv_bfloat16* k_base,
+                          __nv_bfloat16* v_base, int32_t* pos_base, cudaStream_t stream) {
+  word_edits_cuda(edits, stream);
   if (slots.count <= 0) return;
   const size_t rows = f32s(int64_t{slots.count} * head_dim);
   if (!require_device(k_new, rows, "kv_append_slots k") || !require_device(v_new, rows, "kv_append_slots v") ||
@@ -385,10 +417,10 @@ void kv_append_slots_cuda(const float* k_new, const float* v_new, const int32_t*
       return;
 }
 
-void word_edits_cuda(int32_t* words, const WordEdits& edits, cudaStream_t) {
+void word_edits_cuda(const WordEdits& edits, cudaStream_t) {
   for (int i = 0; i < edits.count; ++i) {
-    if (!require_device(words + edits.index[i], 4, "word_edits word")) return;
-    words[edits.index[i]] = edits.value[i];
+    if (!require_device(edits.word[i], 4, "word_edits word")) return;
+    *edits.word[i] = edits.value[i];
   }
 }
 
