@@ -2,7 +2,8 @@
 // explicit --rank/--world-size. A star through group rank 0 over persistent connections:
 // every rank != 0 sends its block to rank 0, rank 0 combines (all_reduce_sum: exactly
 // sum_blocks_in_rank_order, hence the MPI backend's bits) and sends the result to every
-// rank. Rank 0 moves (P-1)·n bytes each way per all-reduce: fine for CPU tensor
+// rank; the all-reduce moves in 256 KiB pieces, piece k's sum going out while piece k + 1
+// comes in. Rank 0 moves (P-1)·n bytes each way per all-reduce: fine for CPU tensor
 // parallelism over a handful of pods, not a replacement for NCCL/MPI at scale. Two ranks
 // (the star is then one connection) swap their blocks both ways at once and each sums them
 // in rank order, so an all-reduce or all-gather is one crossing, not two in turn.
@@ -205,7 +206,7 @@ Result<Socket> follow(const std::string& host, int port, int rank, const Setup& 
 
 // ------------------------------------------------------------ collectives
 
-// Two ranks' all-reduce moves its blocks in pieces of this size (one message each way per piece):
+// The all-reduce moves its blocks in pieces of this size (one message each way per piece):
 // 256 KiB measured fastest on loopback (bench_comm_tcp: 64 KiB 29 ms, 256 KiB 9.7 ms, 1 MiB 18 ms
 // for 32 MiB), small enough to stay within the sockets' buffers while the last piece is summed.
 constexpr int64_t k_pair_piece_bytes = 1 << 18;
@@ -244,14 +245,13 @@ class TcpCommunicator final : public Communicator {
     SNAP_RETURN_IF_ERROR(failed_);
     const int p = group_size();
     if (count == 0 || p == 1) return Status();
-    const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
     auto* data = static_cast<uint8_t*>(buf);
+    const int64_t elem = dtype_size(dtype);
+    const int64_t piece = std::max<int64_t>(1, k_pair_piece_bytes / elem);
     if (p == 2) {
       // Both blocks cross at once, a piece at a time; each rank sums a piece in rank order as
       // soon as it is in (while the next one fills the socket buffers): the same bits on both.
       const int peer = 1 - group_rank();
-      const int64_t elem = dtype_size(dtype);
-      const int64_t piece = std::max<int64_t>(1, k_pair_piece_bytes / elem);
       scratch_.resize(static_cast<size_t>(std::min(count, piece) * elem));
       for (int64_t at = 0; at < count; at += piece) {
         const int64_t n = std::min(piece, count - at);
@@ -266,17 +266,39 @@ class TcpCommunicator final : public Communicator {
       }
       return Status();
     }
-    if (group_rank() != 0) {
-      SNAP_RETURN_IF_ERROR(exchange({send_to(0, data, bytes)}, CommOp::all_reduce_sum));
-      return exchange({recv_from(0, data, bytes)}, CommOp::all_reduce_sum);
+    // The star, in pieces: while rank 0 sends piece k's sum to everyone, the ranks' pieces
+    // k + 1 come in, so the two directions overlap and rank 0 sums one piece while the sockets
+    // move the next (before: every block in, then the whole sum, then every block out).
+    const int64_t pieces = (count + piece - 1) / piece;
+    const auto span = [&](int64_t k) { return static_cast<uint64_t>(std::min(piece, count - k * piece) * elem); };
+    if (group_rank() != 0) {  // send piece k + 1 while piece k's sum comes back
+      SNAP_RETURN_IF_ERROR(exchange({send_to(0, data, span(0))}, CommOp::all_reduce_sum));
+      for (int64_t k = 0; k < pieces; ++k) {
+        std::vector<Transfer> ts{recv_from(0, data + k * piece * elem, span(k))};
+        if (k + 1 < pieces) ts.push_back(send_to(0, data + (k + 1) * piece * elem, span(k + 1)));
+        SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_reduce_sum));
+      }
+      return Status();
     }
-    scratch_.resize(p * bytes);  // [P × bytes]: block r is rank r's buffer
-    std::memcpy(scratch_.data(), data, bytes);
-    std::vector<Transfer> ts;
-    for (int r = 1; r < p; ++r) ts.push_back(recv_from(r, scratch_.data() + r * bytes, bytes));
-    SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_reduce_sum));
-    sum_blocks_in_rank_order(scratch_.data(), p, count, count, dtype, data);
-    return send_to_all(data, bytes, -1, CommOp::all_reduce_sum);
+    const int64_t stride = std::min(piece, count);
+    scratch_.resize(static_cast<size_t>(p * stride * elem));  // [P × piece]: block r is rank r's piece
+    const auto receive = [&](int64_t k, std::vector<Transfer>* ts) {
+      for (int r = 1; r < p; ++r) ts->push_back(recv_from(r, scratch_.data() + r * stride * elem, span(k)));
+    };
+    std::vector<Transfer> first;
+    receive(0, &first);
+    SNAP_RETURN_IF_ERROR(exchange(std::move(first), CommOp::all_reduce_sum));
+    for (int64_t k = 0; k < pieces; ++k) {
+      uint8_t* at = data + k * piece * elem;
+      const int64_t n = static_cast<int64_t>(span(k)) / elem;
+      std::memcpy(scratch_.data(), at, static_cast<size_t>(n * elem));
+      sum_blocks_in_rank_order(scratch_.data(), p, stride, n, dtype, at);
+      std::vector<Transfer> ts;
+      for (int r = 1; r < p; ++r) ts.push_back(send_to(r, at, span(k)));
+      if (k + 1 < pieces) receive(k + 1, &ts);  // the sum is out of scratch_: it may refill
+      SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_reduce_sum));
+    }
+    return Status();
   }
 
   Status do_all_gather(const void* send, void* recv, int64_t count, DType dtype) override {
@@ -534,7 +556,7 @@ class TcpCommunicator final : public Communicator {
 
   std::vector<Socket> peers_;
   std::vector<bool> out_partial_;  // [peer]: a message to it is half sent
-  std::vector<uint8_t> scratch_;   // rank 0's all-reduce receive area [P × bytes]
+  std::vector<uint8_t> scratch_;   // all-reduce receive area: rank 0's [P × piece], a pair's [piece]
   Status failed_;                  // the first failure; ok while the communicator works
 };
 
