@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
 
   std::printf("decode GEMVs (matmul_rowwise_cuda, batch-invariant; weight bytes / time vs %.0f GB/s):\n", bw);
   double layer_gemv_ms = 0, lm_head_ms = 0;
-  for (int64_t tokens : {1, 8}) {
+  for (int64_t tokens : {1, 8, 32}) {  // 32: four groups of 8 rows, which should share each weight row's HBM read
     Dev x(4ull * tokens * k_mlp), y(4ull * tokens * k_vocab);
     for (const Gemm& g : gemms)
       for (int loads : {4, 1}) {  // 16-byte loads in flight per lane: 4 (the default) vs 1, same bits

@@ -124,14 +124,20 @@ __device__ void row_dot(const float* x, const __nv_bfloat16* wr, int64_t cols, i
 }
 }  // namespace
 
-// Grid: x = ceil(rows / k_warps) (rows: the segments' total, or rows_0 for swiglu), y =
-// ceil(num_tokens / kTokens). One warp per output row; a warp's segment is warp-uniform.
+// Grid: x = ceil(rows / k_warps) · groups (rows: the segments' total, or rows_0 for swiglu;
+// groups = ceil(num_tokens / kTokens)), the token groups of a row block next to each other:
+// blocks run roughly in index order, so the groups read the block's weight rows at about the
+// same time and all but the first find them in L2 (with the groups outermost, a batch of 32
+// decode rows streamed every matrix from HBM 4 times). One warp per output row; a warp's
+// segment is warp-uniform.
 // kTokens: tokens sharing one read of a weight row (k_group_tokens, or 1 for a lone decode row:
 // fewer registers, so more warps per SM; a token's FMAs are the same either way, so its bits are).
 template <bool kVector, int kLoads, int kTokens, Epilogue kEpi>
 __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_tokens, int64_t cols) {
   const int lane = threadIdx.x & 31;
-  int64_t r = static_cast<int64_t>(blockIdx.x) * k_warps + (threadIdx.x >> 5);
+  const unsigned groups = static_cast<unsigned>((num_tokens + kTokens - 1) / kTokens);  // 32-bit division below
+  const int64_t group = blockIdx.x % groups, row_block = blockIdx.x / groups;
+  int64_t r = row_block * k_warps + (threadIdx.x >> 5);
   // The warp's segment, with constant indices only (a dynamic index into the parameter struct
   // would copy it to local memory).
   const __nv_bfloat16* w = seg.w[0];
@@ -150,7 +156,7 @@ __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_
       }
   }
   if (r >= rows) return;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokens;
+  const int64_t t0 = group * kTokens;
   const int nt = static_cast<int>(num_tokens - t0 < kTokens ? num_tokens - t0 : kTokens);
   float acc[kTokens];
   row_dot<kVector, kLoads, kTokens>(x, w + r * cols, cols, t0, nt, lane, acc);
@@ -180,8 +186,7 @@ namespace {
 template <int kTokens, Epilogue kEpi>
 void launch_rowwise(const float* x, const Segments& seg, int64_t total_rows, bool vector, int64_t num_tokens,
                     int64_t cols, cudaStream_t stream, int loads) {
-  const dim3 grid(static_cast<unsigned>((total_rows + k_warps - 1) / k_warps),
-                  static_cast<unsigned>((num_tokens + kTokens - 1) / kTokens));
+  const dim3 grid(static_cast<unsigned>((total_rows + k_warps - 1) / k_warps * ((num_tokens + kTokens - 1) / kTokens)));
   if (!vector)
     matmul_rowwise_kernel<false, 1, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
   else if (loads <= 1)
