@@ -728,10 +728,10 @@ cudaError_t attention_decode_rows_cuda(const float* q, const int32_t* q_position
   if (decode == DecodeAttention::row_warps || !attention_decode_form(1, p)) {  // row by row, as attention_paged_cuda
     int64_t row0 = 0;
     for (int64_t b = 0; b < num_rows; ++b) {
-      const int64_t splits = attention_split(1, p, views[b].max_length).splits;
+      const AttentionSplit split = attention_split(1, p, views[b].max_length);
+      const int64_t splits = split.splits;
       float* st = splits > 1 ? ws_state + 2 * row0 : nullptr;
       float* acc = splits > 1 ? ws_acc + row0 * p.head_dim : nullptr;
-      const AttentionSplit split = attention_split(1, p, views[b].max_length);
       switch (p.head_dim / 32) {
 #define SNAP_ROW(D) \
   case D: launch<D>(q + b * qd, q_positions + b, 1, views[b], p, split, false, false, out + b * qd, st, acc, stream); break;

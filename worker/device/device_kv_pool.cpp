@@ -24,11 +24,18 @@ int32_t view_length_word(int g) {
 int32_t view_table_word(int nkv, int64_t cap, int g, int64_t i) {
   return static_cast<int32_t>(sizeof(kernels::PagedKvHead) * nkv / 4 + g * cap + i);
 }
-// edits[at, at + WordEdits::k_max) of the view buffer `words` as one launch's arguments.
-kernels::WordEdits pack_edits(int32_t* words, const std::vector<std::pair<int32_t, int32_t>>& edits, size_t at) {
+// A view's edits (int32 word of its buffer, value) as (device address, value).
+using Edits = std::vector<std::pair<int32_t*, int32_t>>;
+Edits at_words(int32_t* words, const std::vector<std::pair<int32_t, int32_t>>& edits) {
+  Edits out;
+  for (const auto& [w, value] : edits) out.emplace_back(words + w, value);
+  return out;
+}
+// edits[at, at + WordEdits::k_max) as one launch's arguments.
+kernels::WordEdits pack_edits(const Edits& edits, size_t at) {
   kernels::WordEdits e;
   for (size_t i = at; i < edits.size() && e.count < kernels::WordEdits::k_max; ++i, ++e.count) {
-    e.word[e.count] = words + edits[i].first;
+    e.word[e.count] = edits[i].first;
     e.value[e.count] = edits[i].second;
   }
   return e;
@@ -174,11 +181,11 @@ Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float*
                               std::to_string(need) + " blocks, " + std::to_string(free_blocks()) + " free");
   // The host tables first; the device view then gets the same new block ids and lengths.
   int64_t widest = 0;
-  const std::vector<std::pair<int32_t, int32_t>> edits = grow(s, layer, num_tokens, &widest);
-  auto* words = static_cast<int32_t*>(s.view_buf[layer]);
+  const std::vector<std::pair<int32_t, int32_t>> words = grow(s, layer, num_tokens, &widest);
   if (widest > s.table_cap[layer]) {
     SNAP_RETURN_IF_ERROR(upload_view(s, layer, widest));  // the edits are in it
-  } else if (num_tokens * nkv <= kernels::KvSlots::k_max && static_cast<int64_t>(edits.size()) <= kernels::WordEdits::k_max) {
+  } else if (const Edits edits = at_words(static_cast<int32_t*>(s.view_buf[layer]), words);
+             num_tokens * nkv <= kernels::KvSlots::k_max && static_cast<int64_t>(edits.size()) <= kernels::WordEdits::k_max) {
     // A decode step's few rows: their slots from the host tables, rows and edits in one launch.
     kernels::KvSlots slots;
     for (int64_t t = 0; t < num_tokens; ++t)
@@ -186,13 +193,13 @@ Status DeviceKvPool::append(int32_t seq, int layer, const float* k, const float*
         const int64_t j = s.lengths[layer][g] - num_tokens + t;
         slots.slot[slots.count++] = int64_t{s.tables[layer][g][j / bs]} * bs + j % bs;
       }
-    kernels::kv_append_slots_cuda(k, v, positions, nkv, shape_.head_dim, slots, pack_edits(words, edits, 0), k_, v_,
-                                  pos_, stream_);
+    kernels::kv_append_slots_cuda(k, v, positions, nkv, shape_.head_dim, slots, pack_edits(edits, 0), k_, v_, pos_,
+                                  stream_);
     const cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? Status::ok_status() : internal_error(cuda_message("kv_append_slots_cuda", err));
   } else {
     for (size_t at = 0; at < edits.size(); at += kernels::WordEdits::k_max)
-      kernels::word_edits_cuda(pack_edits(words, edits, at), stream_);
+      kernels::word_edits_cuda(pack_edits(edits, at), stream_);
   }
   kernels::kv_append_cuda(k, v, positions, num_tokens, nkv, shape_.head_dim,
                           static_cast<const kernels::PagedKvHead*>(s.view_buf[layer]), bs, k_, v_, pos_, stream_);
@@ -218,17 +225,15 @@ Status DeviceKvPool::append_rows(const int32_t* seqs, int64_t num_rows, int laye
   // Per row: its nkv slots and its view's edits as (word, value), from the grown host tables. A
   // view that outgrows its room is uploaded whole (edits in it) before anything is launched.
   std::vector<int64_t> slots(static_cast<size_t>(num_rows * nkv));
-  std::vector<std::vector<std::pair<int32_t*, int32_t>>> row_edits(static_cast<size_t>(num_rows));
+  std::vector<Edits> row_edits(static_cast<size_t>(num_rows));
   for (int64_t b = 0; b < num_rows; ++b) {
     Sequence& s = seqs_[seqs[b]];
     int64_t widest = 0;
-    const std::vector<std::pair<int32_t, int32_t>> edits = grow(s, layer, 1, &widest);
-    if (widest > s.table_cap[layer]) {
+    const std::vector<std::pair<int32_t, int32_t>> words = grow(s, layer, 1, &widest);
+    if (widest > s.table_cap[layer])
       SNAP_RETURN_IF_ERROR(upload_view(s, layer, widest));
-    } else {
-      auto* words = static_cast<int32_t*>(s.view_buf[layer]);
-      for (const auto& [w, value] : edits) row_edits[b].emplace_back(words + w, value);
-    }
+    else
+      row_edits[b] = at_words(static_cast<int32_t*>(s.view_buf[layer]), words);
     for (int g = 0; g < nkv; ++g) {
       const int64_t j = s.lengths[layer][g] - 1;
       slots[b * nkv + g] = int64_t{s.tables[layer][g][j / bs]} * bs + j % bs;
@@ -249,15 +254,8 @@ Status DeviceKvPool::append_rows(const int32_t* seqs, int64_t num_rows, int laye
       }
     }
     if (b == b0) {  // one row too wide for a launch (very many KV heads): edits, then the view's slots
-      const std::vector<std::pair<int32_t*, int32_t>>& edits = row_edits[b];
-      for (size_t at = 0; at < edits.size(); at += kernels::WordEdits::k_max) {
-        kernels::WordEdits part;
-        for (size_t i = at; i < edits.size() && part.count < kernels::WordEdits::k_max; ++i, ++part.count) {
-          part.word[part.count] = edits[i].first;
-          part.value[part.count] = edits[i].second;
-        }
-        kernels::word_edits_cuda(part, stream_);
-      }
+      for (size_t at = 0; at < row_edits[b].size(); at += kernels::WordEdits::k_max)
+        kernels::word_edits_cuda(pack_edits(row_edits[b], at), stream_);
       kernels::kv_append_cuda(k + b * nkv * hd, v + b * nkv * hd, positions + b, 1, nkv, hd,
                               static_cast<const kernels::PagedKvHead*>(seqs_[seqs[b]].view_buf[layer]), bs, k_, v_,
                               pos_, stream_);
