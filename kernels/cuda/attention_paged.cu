@@ -598,12 +598,6 @@ __global__ void attention_merge_kernel(const float* ws_state, const float* ws_ac
   out[row * head_dim + d] = den > 0.0f ? num / den : 0.0f;
 }
 
-size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
-  const int64_t splits = attention_split(num_tokens, p, max_length).splits;
-  if (splits <= 1) return 0;
-  return sizeof(float) * static_cast<size_t>(splits * num_tokens * p.num_heads) * (2 + static_cast<size_t>(p.head_dim));
-}
-
 namespace {
 // 16-byte K/V loads where every row starts 16-byte aligned (the device pool's views do).
 bool vec_rows(const PagedKvCuda& kv) {
@@ -694,27 +688,15 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
   return cudaGetLastError();
 }
 
-size_t attention_decode_rows_workspace_bytes(int64_t num_rows, const PagedKvCuda* views, const AttentionParams& p) {
-  size_t total = 0;
-  for (int64_t b = 0; b < num_rows; ++b) total += attention_paged_cuda_workspace_bytes(1, p, views[b].max_length);
-  return total;
-}
-
 cudaError_t attention_decode_rows_cuda(const float* q, const int32_t* q_positions, int64_t num_rows,
                                        const PagedKvCuda* views, const AttentionParams& p, float* out,
                                        void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                        DecodeAttention decode) {
   if (num_rows <= 0) return cudaSuccess;
   const PagedKvCuda& kv = views[0];  // the slabs every row's view shares
-  if (!shape_supported(p, kv.block_size)) return cudaErrorInvalidValue;
-  for (int64_t b = 0; b < num_rows; ++b) {
-    const PagedKvCuda& v = views[b];
-    if (v.k_base != kv.k_base || v.v_base != kv.v_base || v.pos_base != kv.pos_base ||
-        v.k_block_stride != kv.k_block_stride || v.v_block_stride != kv.v_block_stride ||
-        v.pos_block_stride != kv.pos_block_stride || v.block_size != kv.block_size ||
-        attention_split(1, p, v.max_length).splits > 65535)
-      return cudaErrorInvalidValue;
-  }
+  if (!shape_supported(p, kv.block_size) || !attention_views_share_slabs(views, num_rows)) return cudaErrorInvalidValue;
+  for (int64_t b = 0; b < num_rows; ++b)
+    if (attention_split(1, p, views[b].max_length).splits > 65535) return cudaErrorInvalidValue;
   if (workspace_bytes < attention_decode_rows_workspace_bytes(num_rows, views, p)) return cudaErrorInvalidValue;
   const int64_t qd = int64_t{p.num_heads} * p.head_dim;
   // Every row's partials in row order: all the states [2 · rows], then all the accumulators.

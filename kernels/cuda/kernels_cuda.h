@@ -143,7 +143,11 @@ inline AttentionSplit attention_split(int64_t num_tokens, const AttentionParams&
 // next chunk in flight while one is computed (where the K/V rows are 16-byte aligned, as the
 // pool's are; else key_threads itself): the same bits as key_threads.
 enum class DecodeAttention { key_threads, row_warps, pipelined };
-size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length);
+inline size_t attention_paged_cuda_workspace_bytes(int64_t num_tokens, const AttentionParams& p, int64_t max_length) {
+  const int64_t splits = attention_split(num_tokens, p, max_length).splits;
+  if (splits <= 1) return 0;
+  return sizeof(float) * static_cast<size_t>(splits * num_tokens * p.num_heads) * (2 + static_cast<size_t>(p.head_dim));
+}
 cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int64_t num_tokens,
                                  const PagedKvCuda& kv, const AttentionParams& p, float* out, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream,
@@ -161,7 +165,23 @@ cudaError_t attention_paged_cuda(const float* q, const int32_t* q_positions, int
 // row order: attention_decode_rows_workspace_bytes, the sum of the rows' own.
 // Returns cudaErrorInvalidValue for unsupported shapes, views of different slabs or a short
 // workspace, else the launches' cudaGetLastError().
-size_t attention_decode_rows_workspace_bytes(int64_t num_rows, const PagedKvCuda* views, const AttentionParams& p);
+inline size_t attention_decode_rows_workspace_bytes(int64_t num_rows, const PagedKvCuda* views,
+                                                    const AttentionParams& p) {
+  size_t total = 0;
+  for (int64_t b = 0; b < num_rows; ++b) total += attention_paged_cuda_workspace_bytes(1, p, views[b].max_length);
+  return total;
+}
+// Whether views[0, num_rows) are views of one pool: the same slabs, strides and block size.
+inline bool attention_views_share_slabs(const PagedKvCuda* views, int64_t num_rows) {
+  for (int64_t b = 1; b < num_rows; ++b) {
+    const PagedKvCuda &v = views[b], &kv = views[0];
+    if (v.k_base != kv.k_base || v.v_base != kv.v_base || v.pos_base != kv.pos_base ||
+        v.k_block_stride != kv.k_block_stride || v.v_block_stride != kv.v_block_stride ||
+        v.pos_block_stride != kv.pos_block_stride || v.block_size != kv.block_size)
+      return false;
+  }
+  return true;
+}
 cudaError_t attention_decode_rows_cuda(const float* q, const int32_t* q_positions, int64_t num_rows,
                                        const PagedKvCuda* views, const AttentionParams& p, float* out,
                                        void* workspace, size_t workspace_bytes, cudaStream_t stream,
