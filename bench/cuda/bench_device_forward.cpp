@@ -15,14 +15,15 @@
 // pool's peak and the device memory in use, decode ms/token, and the memory model that says how
 // far this device would go: per prompt token one layer's K/V (num_kv_heads blocks' worth) + its
 // f32 hidden state, on top of the weights and every layer's compressed 2048 + decode entries.
-// With --batches B1,B2,...: continuous batching, B sequences of 2048 tokens decoding together
+// With --batches B1,B2,...: continuous batching, B sequences of --batch-prompt tokens (2048,
+// SnapKV's budget) decoding together
 // through decode_batch (ms per step, tokens/s), each layer's appends and attention one launch for
 // all B rows against one per row (DeviceForward::set_batched_rows; the same bits).
 // With --contexts-budget S, a context of the first two tables runs only if its predicted time
 // (the last one's, grown ~n^2 by attention, for both tables) fits in what is left of S seconds.
 //   usage: bench_device_forward --model DIR [--contexts 8192,32768] [--decode 16]
 //                               [--contexts-budget 0] [--layerwise-contexts 131072,524288]
-//                               [--time-budget 240] [--batches 1,8,32,64]
+//                               [--time-budget 240] [--batches 1,8,32,64] [--batch-prompt 2048]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   int decode = 16;
   std::vector<int64_t> layerwise_contexts;
   std::vector<int64_t> batches;
+  int64_t batch_prompt = 2048;
   double time_budget = 240;
   double contexts_budget = 0;  // 0: no limit
   for (int i = 1; i < argc; ++i) {
@@ -77,6 +79,8 @@ int main(int argc, char** argv) {
     } else if (a == "--batches" && i + 1 < argc) {
       std::stringstream ss(argv[++i]);
       for (std::string t; std::getline(ss, t, ',');) batches.push_back(std::atoll(t.c_str()));
+    } else if (a == "--batch-prompt" && i + 1 < argc) {
+      batch_prompt = std::atoll(argv[++i]);
     } else if (a == "--time-budget" && i + 1 < argc) {
       time_budget = std::atof(argv[++i]);
     } else if (a == "--contexts-budget" && i + 1 < argc) {
@@ -84,10 +88,14 @@ int main(int argc, char** argv) {
     } else {
       return fail("unknown or incomplete argument '" + a +
                   "' (usage: --model DIR [--contexts 8192,32768] [--decode 16] [--contexts-budget S] "
-                  "[--layerwise-contexts N,...] [--time-budget S] [--batches B,...])");
+                  "[--layerwise-contexts N,...] [--time-budget S] [--batches B,...] [--batch-prompt N])");
     }
   }
   if (model_dir.empty()) return fail("--model DIR is required");
+  for (int64_t b : batches)
+    if (b < 1) return fail("--batches takes positive batch sizes, got " + std::to_string(b));
+  if (batch_prompt < 1) return fail("--batch-prompt must be positive");
+  if (decode < 1) return fail("--decode must be positive");
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("bench_device_forward: no usable GPU; nothing measured\n");
@@ -236,12 +244,12 @@ int main(int argc, char** argv) {
   }
   std::printf("  %s\n", (*gen)->describe_memory().c_str());
 
-  // Continuous batching: B sequences of 2048 tokens (SnapKV's budget) decoding together through
+  // Continuous batching: B sequences of --batch-prompt tokens (SnapKV's budget) decoding together through
   // decode_batch, each layer's appends and attention in one launch each, against one launch per
   // sequence (set_batched_rows(false): the same bits). Greedy ids on the device, none to the host.
   if (!batches.empty()) {
-    const int64_t most = *std::max_element(batches.begin(), batches.end()), prompt = 2048;
-    const int64_t steps = 2 * static_cast<int64_t>(batches.size()) * decode + 16;
+    const int64_t most = *std::max_element(batches.begin(), batches.end()), prompt = batch_prompt;
+    const int64_t steps = 2 * static_cast<int64_t>(batches.size()) * (decode + 1) + 16;  // per sequence, at most
     const int64_t bpool = most * ((prompt + steps) / 16 + 2) * c.num_layers * c.num_kv_heads * 16 * (2 * c.head_dim * 2 + 4);
     auto pool2 = snap::DeviceKvPool::create({c.num_layers, c.num_kv_heads, c.head_dim, 16}, bpool, stream);
     if (!pool2.ok()) return fail(pool2.status().to_string());
@@ -257,7 +265,9 @@ int main(int argc, char** argv) {
     }
     std::printf("  continuous batching: B sequences of %lld tokens, %d decode steps (decode_batch, greedy on the device)\n",
                 static_cast<long long>(prompt), decode);
-    std::printf("  %-5s %16s %16s %12s %14s\n", "B", "step ms (1 launch)", "step ms (per row)", "per row / 1", "tok/s (1 launch)");
+    // A step's floor: the weights once + every sequence's K/V (its prompt and the steps so far).
+    std::printf("  %-5s %18s %18s %12s %16s %14s\n", "B", "step ms (1 launch)", "step ms (per row)", "per row / 1",
+                "tok/s (1 launch)", "1 launch/floor");
     for (int64_t b : batches) {
       double step_ms[2] = {0, 0};
       for (int batched = 1; batched >= 0; --batched) {
@@ -272,8 +282,12 @@ int main(int argc, char** argv) {
         if (!st.ok()) return fail("decode_batch of " + std::to_string(b) + ": " + st.to_string());
         step_ms[batched] = (now_s() - t0) * 1e3 / decode;
       }
-      std::printf("  %-5lld %16.2f %16.2f %12.2f %14.0f\n", static_cast<long long>(b), step_ms[1], step_ms[0],
-                  step_ms[0] / step_ms[1], b / (step_ms[1] * 1e-3));
+      double entries = 0;  // K/V entries per (layer, KV head), summed over the step's sequences
+      for (int64_t i = 0; i < b; ++i) entries += static_cast<double>((*pool2)->appended(seqs[i], 0));
+      const double kv = 2.0 * c.num_layers * c.num_kv_heads * entries * c.head_dim * 2;
+      const double floor = ((*weights)->bytes + kv) / bw * 1e3;
+      std::printf("  %-5lld %18.2f %18.2f %12.2f %16.0f %14.2f\n", static_cast<long long>(b), step_ms[1], step_ms[0],
+                  step_ms[0] / step_ms[1], b / (step_ms[1] * 1e-3), step_ms[1] / floor);
       std::fflush(stdout);
     }
   }

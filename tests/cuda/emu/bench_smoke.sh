@@ -25,13 +25,18 @@ fail() {
 # --contexts-budget: 96 runs, then 100000 is predicted ~10^6 times as long and must be skipped
 # (and left out of the generator's table).
 "$bin/bench_device_forward_emu" --model "$tmp/model" --contexts 100000,96 --contexts-budget 600 --decode 2 \
-  --layerwise-contexts 160 --time-budget 120 >"$tmp/fwd.txt" 2>&1 || { cat "$tmp/fwd.txt"; fail "bench_device_forward exited $?"; }
+  --layerwise-contexts 160 --time-budget 120 --batches 1,3 --batch-prompt 40 >"$tmp/fwd.txt" 2>&1 ||
+  { cat "$tmp/fwd.txt"; fail "bench_device_forward exited $?"; }
 cat "$tmp/fwd.txt"
 grep -Eq '^  96 +[0-9]+ +[0-9.]+ +[0-9.]+ ' "$tmp/fwd.txt" || fail "no prefill/decode row for context 96"
 grep -Eq '^  96 +[0-9.]+ +[0-9.]+ +[0-9.]+$' "$tmp/fwd.txt" || fail "no generator row for context 96"
 grep -Eq '^  100000 +skipped: .*--contexts-budget' "$tmp/fwd.txt" || fail "context 100000 should be skipped by --contexts-budget"
 [ "$(grep -Ec '^  100000 ' "$tmp/fwd.txt")" = 1 ] || fail "context 100000 must appear once (skipped), in no table"
 grep -Eq '^  160 +[0-9]+ ' "$tmp/fwd.txt" || fail "no layer-wise prefill row for prompt 160"
+# Continuous batching (--batches 1,3): a row per batch size, both step times, the ratio, tok/s, floor.
+for b in 1 3; do
+  grep -Eq "^  $b +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9.]+\$" "$tmp/fwd.txt" || fail "no continuous-batching row for B = $b"
+done
 
 # The Hugging Face anchor on the CPU, its ratio table read from the rows above (exit 77: this
 # python has no torch/transformers, as in CI; its arguments and the model are checked first).
