@@ -73,6 +73,7 @@ struct ServerMetrics::Impl {
   Family<Counter>* busy_seconds = nullptr;
   Family<Counter>* http_requests = nullptr;
   Family<Counter>* request_rejected = nullptr;
+  Family<Counter>* decode_rows = nullptr;
   Family<Gauge>* rank_last_report = nullptr;
   Family<Gauge>* device_memory_bytes = nullptr;
   Family<Histogram>* inter_token_latency = nullptr;
@@ -148,6 +149,10 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
                               "HTTP responses by route (a served path or \"other\") and status code");
   m.request_rejected = m.counter("snapserve_request_rejected_total",
                                  "Requests refused before running, by reason (queue_full: 429 past --max-waiting)");
+  m.decode_rows = m.counter("snapserve_decode_rows_total",
+                            "Decode rows by where their next token was chosen (serve --device cuda): device (greedy "
+                            "rows needing nothing else of their logits: the GPU's argmax, no logits copied to the host) "
+                            "or host (logits copied and sampled on the CPU)");
   m.rank_last_report = m.gauge("snapserve_rank_last_report_timestamp_seconds",
                                "Unix time of the last report rank 0 received from each rank (about once a second "
                                "while the group is alive; rank 0 included)");
@@ -195,6 +200,7 @@ ServerMetrics::ServerMetrics(const std::string& model_name) : impl_(std::make_un
   for (const char* p : k_policies) m.kv_compression_ratio->Add({{"policy", p}}, k_ratio_buckets);
   m.inter_token_latency->Add({}, k_tpot_buckets);
   for (const char* r : k_reject_reasons) m.request_rejected->Add({{"reason", r}});
+  for (const char* on : {"device", "host"}) m.decode_rows->Add({{"sampled_on", on}});
   m.snapkv_selection->Add({}, k_selection_buckets);
   Impl::step_series(m.step_latency, "prefill", 0);
   Impl::step_series(m.step_latency, "decode", 0);
@@ -252,6 +258,9 @@ void ServerMetrics::add_http_response(const std::string& route, int status) {
 }
 void ServerMetrics::add_request_rejected(const std::string& reason) {
   impl_->request_rejected->Add({{"reason", reason}}).Increment();
+}
+void ServerMetrics::add_decode_rows(const std::string& sampled_on, int64_t n) {
+  impl_->decode_rows->Add({{"sampled_on", sampled_on}}).Increment(static_cast<double>(n));
 }
 void ServerMetrics::set_rank_last_report_time(int rank, double unix_seconds) {
   impl_->rank_last_report->Add({{"rank", std::to_string(rank)}}).Set(unix_seconds);

@@ -39,6 +39,10 @@ class ServerMetrics {
   void add_http_response(const std::string& route, int status);
   // Requests refused before running: reason "queue_full" (429 from --max-waiting).
   void add_request_rejected(const std::string& reason);
+  // Decode rows by where their next token was chosen (serve --device cuda): "device" (greedy
+  // rows that need nothing else of their logits: the GPU's argmax, no logits to the host) or
+  // "host" (logits copied to the host and sampled there).
+  void add_decode_rows(const std::string& sampled_on, int64_t n);
   // Unix time at which rank 0 last received a rank's report (rank 0's own included): a
   // rank whose value stops advancing is silent (hung, or the group is stuck).
   void set_rank_last_report_time(int rank, double unix_seconds);

@@ -36,6 +36,10 @@ size_t stop_prefix_hold(const std::string& text, const std::vector<std::string>&
   return hold;
 }
 
+bool greedy_without_logits(const TokenStream& s) {
+  return s.req.sampling.temperature <= 0.0f && !logits_processing_active(s.req) && s.req.logprobs < 0;
+}
+
 void sample_and_emit(TokenStream& s, const EmitContext& c) {
   const float* dist = s.logits.data();
   if (logits_processing_active(s.req)) {
@@ -43,7 +47,10 @@ void sample_and_emit(TokenStream& s, const EmitContext& c) {
     apply_logits_processing(s.processed.data(), c.vocab, s.req, s.history, s.generated, *c.eos);
     dist = s.processed.data();
   }
-  const int32_t id = kernels::sample_cpu(dist, c.vocab, s.req.sampling, s.rng);
+  emit_token(s, c, kernels::sample_cpu(dist, c.vocab, s.req.sampling, s.rng));
+}
+
+void emit_token(TokenStream& s, const EmitContext& c, int32_t id) {
   ++s.history.output_counts[id];
   const double now = now_seconds();
   if (s.generated == 0) {

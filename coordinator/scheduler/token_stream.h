@@ -57,6 +57,14 @@ struct EmitContext {
 // through s.sink, and sets s.done_reason ("stop" or "length") when a stop condition holds,
 // else s.next_token.
 void sample_and_emit(TokenStream& s, const EmitContext& c);
+// The part of sample_and_emit after sampling: `id` is the next token (chosen elsewhere, e.g. by
+// an argmax on the GPU); s.logits is read only for logprobs.
+void emit_token(TokenStream& s, const EmitContext& c, int32_t id);
+// Whether s's next token is the plain argmax of its logits and nothing else of them is needed:
+// greedy (temperature ≤ 0: sample_cpu takes the lowest id of the maximum and draws no random
+// number), no logits processing, no logprobs. Then an engine may take the id from a device
+// argmax with the same tie rule (kernels::argmax_cuda) and never copy the logits to the host.
+bool greedy_without_logits(const TokenStream& s);
 
 // Fills the final event's text (the held-back tail and the decoder's last bytes, cut at a stop
 // string they complete, which makes the reason "stop"), its finish reason, token counts and

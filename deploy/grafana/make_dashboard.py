@@ -206,6 +206,11 @@ ROWS = [
                [target(f"{DEV_IN_USE} / ignoring(kind) {DEV_TOTAL}", "{{instance}} rank {{rank}}")],
                "Memory in use on each rank's GPU over its total (cudaMemGetInfo).",
                thresholds=[(None, "green"), (0.95, "red")]),
+        series("Decode rows by where the token was chosen", "short",
+               [target(rate("snapserve_decode_rows_total", by=["sampled_on"]), "{{sampled_on}}")],
+               "Decode rows per second: device = greedy rows that need nothing else of their logits "
+               "(the GPU's argmax; no logits cross to the host), host = logits copied and sampled on "
+               "the CPU (temperature > 0, penalties, logit_bias, logprobs, or a step that mixes them)."),
     ]),
 ]
 

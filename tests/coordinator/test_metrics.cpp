@@ -41,7 +41,7 @@ const char* const k_counters[] = {"snapserve_prompt_tokens_total",
                                   "snapserve_generation_tokens_total",
                                   "snapserve_request_success_total", "snapserve_comm_bytes_total",
                                   "snapserve_comm_seconds_total", "snapserve_busy_seconds_total",
-                                  "snapserve_request_rejected_total"};
+                                  "snapserve_request_rejected_total", "snapserve_decode_rows_total"};
 const char* const k_histograms[] = {
     "snapserve_time_to_first_token_seconds",  "snapserve_time_per_output_token_seconds",
     "snapserve_e2e_request_latency_seconds",  "snapserve_request_queue_time_seconds",
@@ -79,6 +79,8 @@ TEST(Metrics, FreshRegistryShowsEveryFamilyWithZeros) {
   EXPECT_EQ(sample(s, "snapserve_time_to_first_token_seconds_count"), 0.0);
   EXPECT_EQ(sample(s, "snapserve_step_latency_seconds_count{phase=\"decode\",rank=\"0\"}"), 0.0);
   EXPECT_EQ(sample(s, "snapserve_request_rejected_total{reason=\"shutting_down\"}"), 0.0);
+  EXPECT_EQ(sample(s, "snapserve_decode_rows_total{sampled_on=\"device\"}"), 0.0);
+  EXPECT_EQ(sample(s, "snapserve_decode_rows_total{sampled_on=\"host\"}"), 0.0);
   // Every series carries the served model's name, as vLLM's do.
   std::istringstream lines(text);
   std::string line;

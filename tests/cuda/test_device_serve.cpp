@@ -117,6 +117,27 @@ TEST_F(DeviceServe, HealthMetricsAndBatchInvariance) {
   EXPECT_EQ(metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_used\""), 0) << m;
 }
 
+// Greedy requests that need nothing else of their logits take their ids from the device's argmax
+// (no logits copied to the host): the same text as the host's sampling of copied logits, which a
+// request asking for logprobs takes; /metrics counts the rows of each.
+TEST_F(DeviceServe, GreedyIdsOnTheDeviceMatchTheLogitsPath) {
+  auto srv = start();
+  ASSERT_GT(srv->port(), 0) << srv->log();
+  const std::string prompt = words(30, 5);
+  const Reply ids = snap::testing::post(srv->port(), "/v1/completions", completion(prompt, 12));
+  ASSERT_EQ(ids.status, 200) << ids.body;
+  json with_logprobs = completion(prompt, 12);
+  with_logprobs["logprobs"] = 1;
+  const Reply logits = snap::testing::post(srv->port(), "/v1/completions", with_logprobs);
+  ASSERT_EQ(logits.status, 200) << logits.body;
+  EXPECT_EQ(ids.j()["choices"][0]["text"], logits.j()["choices"][0]["text"]);
+  EXPECT_EQ(logits.j()["choices"][0]["logprobs"]["tokens"].size(), 12u) << logits.body;
+  const std::string m = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+  // 12 tokens each: the first from the prefill's logits, 11 from decode rows.
+  EXPECT_EQ(metric(m, "snapserve_decode_rows_total", "sampled_on=\"device\""), 11) << m;
+  EXPECT_EQ(metric(m, "snapserve_decode_rows_total", "sampled_on=\"host\""), 11) << m;
+}
+
 TEST_F(DeviceServe, EveryPolicyCompresses) {
   auto srv = start();
   ASSERT_GT(srv->port(), 0) << srv->log();

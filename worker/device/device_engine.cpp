@@ -721,18 +721,27 @@ class DeviceEngine final : public Engine {
       seqs[b] = rows[b]->pool_seq;
       tokens[b] = rows[b]->next_token;
     }
-    float* logits = batch_logits_.reserve(static_cast<size_t>(n * vocab));
+    // Greedy rows that need nothing else of their logits take their ids from the device's argmax
+    // (the host's tie rule): when every row of the step is such, no logits cross to the host.
+    const bool ids_only = std::all_of(rows.begin(), rows.end(), [](const DevSeq* r) { return greedy_without_logits(*r); });
+    float* logits = ids_only ? nullptr : batch_logits_.reserve(static_cast<size_t>(n * vocab));
+    std::vector<int32_t> ids(static_cast<size_t>(ids_only ? n : 0));
     DeviceOp op;
     op.kind = DeviceOpKind::decode;
     op.seqs = seqs;
     op.tokens = tokens;
     Status st = tell(op);
     if (!st.ok()) return group_failure(st);
-    st = fwd_->decode_batch(seqs.data(), tokens.data(), n, logits, nullptr);
+    st = fwd_->decode_batch(seqs.data(), tokens.data(), n, logits, ids_only ? ids.data() : nullptr);
     if (!st.ok() && grouped(cfg_)) return group_failure(st);
+    if (st.ok() && metrics_) metrics_->add_decode_rows(ids_only ? "device" : "host", n);
     for (int64_t b = 0; b < n; ++b) {
       if (!st.ok()) {
         fail(*rows[b], st);
+        continue;
+      }
+      if (ids_only) {
+        emit_token(*rows[b], emit_context(), ids[b]);
         continue;
       }
       std::copy_n(logits + b * vocab, vocab, rows[b]->logits.data());
@@ -745,15 +754,16 @@ class DeviceEngine final : public Engine {
     s.error = st;
   }
 
-  // Samples the next token from s.logits and streams it, as the CPU engine does.
-  void sample_and_emit(DevSeq& s) {
+  EmitContext emit_context() const {
     EmitContext c;
     c.vocab = model_->config.vocab_size;
     c.context = context_;
     c.eos = &eos_;
     c.metrics = metrics_;
-    snap::sample_and_emit(s, c);
+    return c;
   }
+  // Samples the next token from s.logits and streams it, as the CPU engine does.
+  void sample_and_emit(DevSeq& s) { snap::sample_and_emit(s, emit_context()); }
 
   void reap() {
     std::lock_guard<std::mutex> lock(mu_);
