@@ -19,6 +19,7 @@
 #include <cmath>
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -216,6 +217,16 @@ class Server : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(server_->port(), 0) << server_->log();
     port_ = server_->port();
+  }
+  // A failed case says whether the shared server is still running and what it last printed:
+  // a server that died or stopped answering fails every later case of the suite too.
+  void TearDown() override {
+    if (!HasFailure() || server_ == nullptr) return;
+    const int exited = server_->wait(0);
+    const std::string log = server_->log();
+    std::printf("shared server %s; the last of its log:\n%s\n",
+                exited < 0 ? "still running" : ("exited with " + std::to_string(exited)).c_str(),
+                log.substr(log.size() > 4000 ? log.size() - 4000 : 0).c_str());
   }
   static ServerProcess* server_;
   static Tokenizer* tokenizer_;
