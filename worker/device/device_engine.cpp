@@ -184,8 +184,8 @@ class HostLogits {
   ~HostLogits() { release(); }
   float* reserve(size_t n) {
     if (n <= size_) return data_;
+    const size_t want = std::max(n, 2 * size_);  // before release() forgets the old size
     release();
-    const size_t want = std::max(n, 2 * size_);
     if (cudaMallocHost(reinterpret_cast<void**>(&data_), want * sizeof(float)) == cudaSuccess) {
       pinned_ = true;
     } else {
