@@ -336,8 +336,7 @@ BatchCommands add_batch_subcommand(CLI::App& app, BatchArgs& a) {
   add_tp_options(b, a.parallel, "batch");
   b->add_option("--device", a.device,
                 "Where the model runs: cpu (default; the reference) or cuda / cuda:N (serve's device engine: bf16 "
-                "weights and KV cache in a device pool of --kv-cache-mib; lines with n > 1 or echo logprobs get an "
-                "error record there). With --tp N (srun --mpi=pmix, mpirun, --rank/--world-size/--leader) each rank "
+                "weights and KV cache in a device pool of --kv-cache-mib). With --tp N (srun --mpi=pmix, mpirun, --rank/--world-size/--leader) each rank "
                 "holds its shard on its GPU (cuda = the rank's local rank)");
   add_device_tp_options(b, a.device_tp);
   b->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")

@@ -85,7 +85,7 @@ Result<DeviceRequestHeader> decode_device_request(std::span<const uint8_t> in) {
   return h;
 }
 
-// --- serve's DeviceOp: kind, seq, compress_at, chunk, disarm, #seqs, #tokens (int64 each), the
+// --- serve's DeviceOp: kind, seq, compress_at, chunk, flags (1: disarm, 2: all_logits), #seqs, #tokens (int64 each), the
 // seqs and tokens (int32), then the policy as an encoded StepPlan with one SequenceOpen.
 namespace {
 constexpr int k_op_fields = 7;
@@ -94,7 +94,7 @@ constexpr int k_op_fields = 7;
 std::vector<uint8_t> encode_device_op(const DeviceOp& op) {
   std::vector<uint8_t> out;
   const int64_t fields[k_op_fields] = {static_cast<int64_t>(op.kind), op.seq, op.compress_at, op.chunk,
-                                       int64_t{op.disarm}, static_cast<int64_t>(op.seqs.size()),
+                                       int64_t{op.disarm} | int64_t{op.all_logits} << 1, static_cast<int64_t>(op.seqs.size()),
                                        static_cast<int64_t>(op.tokens.size())};
   for (int64_t v : fields) put_i64(out, v);
   for (const std::vector<int32_t>* list : {&op.seqs, &op.tokens}) {
@@ -116,9 +116,10 @@ Result<DeviceOp> decode_device_op(std::span<const uint8_t> in) {
   int64_t f[k_op_fields];
   std::memcpy(f, in.data(), sizeof f);
   size_t at = sizeof f;
-  if (f[0] < 0 || f[0] > static_cast<int64_t>(DeviceOpKind::report))
+  if (f[0] < 0 || f[0] > static_cast<int64_t>(DeviceOpKind::fork))
     return data_loss("device op: unknown kind " + std::to_string(f[0]));
   if (f[1] < -1 || f[1] > INT32_MAX || f[5] < 0 || f[6] < 0) return data_loss("device op: a negative length or bad sequence");
+  if ((f[4] & ~int64_t{3}) != 0) return data_loss("device op: unknown flags " + std::to_string(f[4]));
   const uint64_t lists = 4 * (static_cast<uint64_t>(f[5]) + static_cast<uint64_t>(f[6]));
   if (static_cast<uint64_t>(in.size() - at) < lists) return data_loss("device op: truncated in its sequences or tokens");
   DeviceOp op;
@@ -126,7 +127,8 @@ Result<DeviceOp> decode_device_op(std::span<const uint8_t> in) {
   op.seq = static_cast<int32_t>(f[1]);
   op.compress_at = f[2];
   op.chunk = f[3];
-  op.disarm = f[4] != 0;
+  op.disarm = (f[4] & 1) != 0;
+  op.all_logits = (f[4] & 2) != 0;
   op.seqs.resize(static_cast<size_t>(f[5]));
   op.tokens.resize(static_cast<size_t>(f[6]));
   for (std::vector<int32_t>* list : {&op.seqs, &op.tokens}) {

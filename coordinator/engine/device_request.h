@@ -34,12 +34,13 @@ enum class DeviceOpKind : uint8_t {
   shutdown = 0,   // the server stops: the followers return
   open = 1,       // a pool sequence (the id rank 0's pool gave: `seq`) and the forward's capture
                   // armed for `policy` at `compress_at`
-  forward = 2,    // prompt chunk `tokens` of `seq`
+  forward = 2,    // prompt chunk `tokens` of `seq`; `all_logits`: every row through the LM head (echo)
   compress = 3,   // `policy` at `compress_at` on `seq`
   layerwise = 4,  // the whole prompt `tokens` of `seq` layer by layer, chunks of `chunk`, `policy`
   decode = 5,     // one row per sequence: `seqs[i]` with token `tokens[i]`
   release = 6,    // `seq` ends; `disarm`: during its prefill (the forward's capture is disarmed)
   report = 7,     // every rank's memory and exchange counters to rank 0 (one all_gather)
+  fork = 8,       // n > 1: copies of `seq`'s KV as the new sequences `seqs` (the ids rank 0's pool gave)
 };
 struct DeviceOp {
   DeviceOpKind kind = DeviceOpKind::shutdown;
@@ -47,6 +48,7 @@ struct DeviceOp {
   int64_t compress_at = 0;
   int64_t chunk = 0;
   bool disarm = false;
+  bool all_logits = false;
   KvPolicy policy;  // open, compress, layerwise
   std::vector<int32_t> seqs;
   std::vector<int32_t> tokens;

@@ -42,18 +42,11 @@ namespace {
 
 struct Sequence : TokenStream {
   uint64_t id = 0;
-  uint64_t group = 0;  // the request: the id of its choice 0 (cancel() takes it)
-  int choice = 0;      // 0: the sequence that prefills; 1..n-1: forked from it
   bool open = false;         // opened on the workers (its KV exists there)
   int64_t compress_at = 0;
-  std::vector<float> chunk_logits;             // every position's logits of a prompt chunk (prompt_logprobs)
-  std::vector<PromptLogprob> prompt_logprobs;  // prompt tokens scored so far
   int64_t reserved_blocks = 0;
   bool compressed = false;
   bool layerwise_auto = false;  // req.kv_policy.layerwise was set by the engine (EngineConfig::auto_layerwise)
-  bool forked = false;       // choice 0 of n > 1: the other choices exist (fork_choices ran)
-
-  bool child() const { return choice > 0; }
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -591,23 +584,8 @@ class EngineImpl final : public Engine {
     reap();
   }
 
-  // The worker compressed the sequence when its prompt reached compress_at: shrink the
-  // reservation to the compressed size.
-  // Row j of a chunk starting at `start` predicts prompt token start + j + 1; the chunk's
-  // last row of the whole prompt is the next-token distribution.
   void score_prompt_chunk(Sequence& s, int64_t start, int64_t len) {
-    const int64_t vocab = model_->config.vocab_size;
-    for (int64_t j = 0; j < len; ++j) {
-      const float* row = s.chunk_logits.data() + j * vocab;
-      const int64_t next = start + j + 1;
-      if (next < s.prompt_len()) {
-        const int32_t tok = s.req.prompt_ids[static_cast<size_t>(next)];
-        TokenLogprobs lp = token_logprobs(row, vocab, tok, s.req.prompt_logprobs);
-        s.prompt_logprobs.push_back({tok, lp.logprob, std::move(lp.top)});
-      } else {
-        std::copy(row, row + vocab, s.logits.begin());
-      }
-    }
+    snap::score_prompt_chunk(s, s.chunk_logits.data(), start, len, model_->config.vocab_size);
   }
 
   void after_prefill_chunk(Sequence& s, const Status& st, double t0) {
@@ -654,22 +632,10 @@ class EngineImpl final : public Engine {
       for (int c = 1; c < s.req.n; ++c) {
         auto k = std::make_unique<Sequence>();
         k->id = next_id_++;
-        k->group = s.id;
-        k->choice = c;
-        k->req = s.req;
+        start_choice(s, c, *tokenizer_, k.get());
         k->layerwise_auto = s.layerwise_auto;
-        k->req.sampling.seed = s.req.sampling.seed + static_cast<uint64_t>(c);
-        k->sink = s.sink;
         k->compress_at = s.compress_at;
-        k->decoder = std::make_unique<StreamDecoder>(*tokenizer_, true);
-        k->rng = kernels::Rng(k->req.sampling.seed);
-        k->logits = s.logits;
-        k->history.prompt_unique = s.history.prompt_unique;
-        k->prefilled = s.prefilled;
         k->compressed = s.compressed;
-        k->arrival = s.arrival;
-        k->admitted = s.admitted;
-        k->prefill_seconds = s.prefill_seconds;
         plan.forks.push_back({s.id, k->id});
         out->push_back(std::move(k));
       }
@@ -760,19 +726,8 @@ class EngineImpl final : public Engine {
     }
     s.sink(ev);
     // Choice 0 ending before its prompt forked (cancelled, timed out or failed during
-    // prefill): the other choices never started, and end with it, so that the request's
-    // every choice has its finished event.
-    if (!s.child() && s.req.n > 1 && !s.forked) {
-      for (int c = 1; c < s.req.n; ++c) {
-        EngineEvent other;
-        other.kind = EngineEvent::Kind::finished;
-        other.index = c;
-        other.finish_reason = ev.finish_reason;
-        other.error = ev.error;
-        other.prompt_tokens = ev.prompt_tokens;
-        s.sink(other);
-      }
-    }
+    // prefill): the other choices never started, and end with it.
+    end_unforked_choices(s, ev);
   }
 
   void publish_stats() {

@@ -101,6 +101,49 @@ void emit_token(TokenStream& s, const EmitContext& c, int32_t id) {
   }
 }
 
+void start_choice(const TokenStream& parent, int choice, const Tokenizer& tokenizer, TokenStream* k) {
+  k->group = parent.group;
+  k->choice = choice;
+  k->req = parent.req;
+  k->req.sampling.seed = parent.req.sampling.seed + static_cast<uint64_t>(choice);
+  k->sink = parent.sink;
+  k->decoder = std::make_unique<StreamDecoder>(tokenizer, true);
+  k->rng = kernels::Rng(k->req.sampling.seed);
+  k->logits = parent.logits;
+  k->history.prompt_unique = parent.history.prompt_unique;
+  k->prefilled = parent.prefilled;
+  k->arrival = parent.arrival;
+  k->admitted = parent.admitted;
+  k->prefill_seconds = parent.prefill_seconds;
+}
+
+void score_prompt_chunk(TokenStream& s, const float* chunk_logits, int64_t start, int64_t len, int64_t vocab) {
+  for (int64_t j = 0; j < len; ++j) {
+    const float* row = chunk_logits + j * vocab;
+    const int64_t next = start + j + 1;
+    if (next < s.prompt_len()) {
+      const int32_t tok = s.req.prompt_ids[static_cast<size_t>(next)];
+      TokenLogprobs lp = token_logprobs(row, vocab, tok, s.req.prompt_logprobs);
+      s.prompt_logprobs.push_back({tok, lp.logprob, std::move(lp.top)});
+    } else {
+      s.logits.assign(row, row + vocab);
+    }
+  }
+}
+
+void end_unforked_choices(const TokenStream& s, const EngineEvent& ev) {
+  if (s.child() || s.req.n <= 1 || s.forked) return;
+  for (int c = 1; c < s.req.n; ++c) {
+    EngineEvent other;
+    other.kind = EngineEvent::Kind::finished;
+    other.index = c;
+    other.finish_reason = ev.finish_reason;
+    other.error = ev.error;
+    other.prompt_tokens = ev.prompt_tokens;
+    s.sink(other);
+  }
+}
+
 void finish_stream(TokenStream& s, const std::string& reason, EngineEvent* ev) {
   ev->kind = EngineEvent::Kind::finished;
   ev->finish_reason = reason;

@@ -38,9 +38,17 @@ struct TokenStream {
   std::string stop_string;       // the stop string that ended it
   int32_t stop_token_id = -1;    // the stop_token_ids entry that ended it
   Status error;
+  // n > 1: choice 0 prefills, then choices 1..n-1 are forked from it (start_choice), each with
+  // its own copy of the KV cache; `group` is the id of choice 0 (what cancel() takes).
+  uint64_t group = 0;
+  int choice = 0;
+  bool forked = false;                         // choice 0 of n > 1: the other choices exist
+  std::vector<float> chunk_logits;             // every row's logits of a prompt chunk (prompt_logprobs)
+  std::vector<PromptLogprob> prompt_logprobs;  // prompt tokens scored so far (echo)
 
   int64_t prompt_len() const { return static_cast<int64_t>(req.prompt_ids.size()); }
   bool prefilling() const { return prefilled < prompt_len(); }
+  bool child() const { return choice > 0; }
 };
 
 // The engine-wide facts sample_and_emit reads.
@@ -65,6 +73,21 @@ void emit_token(TokenStream& s, const EmitContext& c, int32_t id);
 // number), no logits processing, no logprobs. Then an engine may take the id from a device
 // argmax with the same tie rule (kernels::argmax_cuda) and never copy the logits to the host.
 bool greedy_without_logits(const TokenStream& s);
+
+// Choice `choice` (1..n-1) of parent's request, forked once parent's prompt is in its cache:
+// the request with seed + choice, the same sink, prompt state, logits and timings, and its own
+// decoder and random stream. The engine sets its own fields (ids, the KV copy, reservations).
+void start_choice(const TokenStream& parent, int choice, const Tokenizer& tokenizer, TokenStream* child);
+
+// Scores a prompt chunk for echo's prompt logprobs: row j of chunk_logits ([len, vocab], the
+// chunk starting at prompt position `start`) predicts prompt token start + j + 1, whose
+// logprob and top req.prompt_logprobs alternatives go to s.prompt_logprobs; the prompt's last
+// row is the next-token distribution and goes to s.logits.
+void score_prompt_chunk(TokenStream& s, const float* chunk_logits, int64_t start, int64_t len, int64_t vocab);
+
+// The finished events of choices 1..n-1 of a request whose choice 0 ends (`ev`, its own final
+// event) before they were forked: every choice of the request gets its finished event.
+void end_unforked_choices(const TokenStream& s, const EngineEvent& ev);
 
 // Fills the final event's text (the held-back tail and the decoder's last bytes, cut at a stop
 // string they complete, which makes the reason "stop"), its finish reason, token counts and

@@ -105,6 +105,12 @@ TEST(DeviceRequest, MalformedBytesAreDataLoss) {
   shut.push_back(1);
   EXPECT_FALSE(decode_device_request(shut).ok());
   // A negative prompt length (field 9, after the flag and eight fields).
+  std::vector<uint8_t> flags = bytes;
+  const int64_t bad_flags = 4;
+  std::memcpy(flags.data() + 8 * 4, &bad_flags, 8);
+  auto fl = decode_device_op(flags);
+  ASSERT_FALSE(fl.ok());
+  EXPECT_NE(fl.status().message().find("unknown flags 4"), std::string::npos) << fl.status().message();
   std::vector<uint8_t> negative = bytes;
   const int64_t minus = -1;
   std::memcpy(negative.data() + 8 * 9, &minus, 8);
@@ -125,6 +131,7 @@ TEST(DeviceOp, EveryFieldSurvivesTheRoundTrip) {
   op.compress_at = int64_t{3} << 33;
   op.chunk = 512;
   op.disarm = true;
+  op.all_logits = true;
   op.policy = sample().req.kv_policy;
   op.seqs = {3, 1, 4};
   op.tokens = {1, 5, 9, 26, 0};
@@ -135,6 +142,7 @@ TEST(DeviceOp, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(d->compress_at, op.compress_at);
   EXPECT_EQ(d->chunk, op.chunk);
   EXPECT_TRUE(d->disarm);
+  EXPECT_TRUE(d->all_logits);
   EXPECT_EQ(d->seqs, op.seqs);
   EXPECT_EQ(d->tokens, op.tokens);
   const KvPolicy &a = d->policy, &b = op.policy;
@@ -148,13 +156,14 @@ TEST(DeviceOp, EveryFieldSurvivesTheRoundTrip) {
   EXPECT_EQ(a.context_tokens, b.context_tokens);
   EXPECT_EQ(a.layerwise, b.layerwise);
   for (DeviceOpKind k : {DeviceOpKind::shutdown, DeviceOpKind::open, DeviceOpKind::forward, DeviceOpKind::compress,
-                         DeviceOpKind::decode, DeviceOpKind::release, DeviceOpKind::report}) {
+                         DeviceOpKind::decode, DeviceOpKind::release, DeviceOpKind::report, DeviceOpKind::fork}) {
     DeviceOp plain;
     plain.kind = k;
     auto e = decode_device_op(encode_device_op(plain));
     ASSERT_TRUE(e.ok()) << e.status().to_string();
     EXPECT_EQ(e->kind, k);
     EXPECT_TRUE(e->seqs.empty() && e->tokens.empty());
+    EXPECT_FALSE(e->disarm || e->all_logits);
   }
 }
 
@@ -179,6 +188,12 @@ TEST(DeviceOp, MalformedBytesAreDataLoss) {
   auto u = decode_device_op(unknown);
   ASSERT_FALSE(u.ok());
   EXPECT_NE(u.status().message().find("unknown kind 99"), std::string::npos) << u.status().message();
+  std::vector<uint8_t> flags = bytes;
+  const int64_t bad_flags = 4;
+  std::memcpy(flags.data() + 8 * 4, &bad_flags, 8);
+  auto fl = decode_device_op(flags);
+  ASSERT_FALSE(fl.ok());
+  EXPECT_NE(fl.status().message().find("unknown flags 4"), std::string::npos) << fl.status().message();
   std::vector<uint8_t> negative = bytes;
   const int64_t minus = -1;
   std::memcpy(negative.data() + 8 * 5, &minus, 8);  // the number of sequences

@@ -5,7 +5,8 @@
 // longer needs; resident/full-equivalent bytes are exact; running out of blocks or bad lists
 // are refused with one-line errors and change nothing; the device view stays equal to the host
 // tables through appends that edit it in place, capacity growth and compaction, and decode-sized
-// appends upload no view (no wait for the GPU). Exits 77 without a usable GPU.
+// appends upload no view (no wait for the GPU); a fork (n > 1) copies every head into fresh
+// blocks, independent of its source from then on. Exits 77 without a usable GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -90,8 +91,8 @@ class DeviceKvPoolTest : public ::testing::Test {
     return st;
   }
 
-  // Every entry of seq 0 read back through the host tables equals the expectation.
-  void expect_contents() {
+  // Every entry of `seq` read back through the host tables equals the expectation (seq 0's).
+  void expect_contents(int32_t seq = 0) {
     const size_t slots = static_cast<size_t>(pool_->num_blocks()) * k_block;
     const auto k = download(reinterpret_cast<const uint16_t*>(pool_->k_slab()), slots * k_head_dim);
     const auto v = download(reinterpret_cast<const uint16_t*>(pool_->v_slab()), slots * k_head_dim);
@@ -99,9 +100,9 @@ class DeviceKvPoolTest : public ::testing::Test {
     for (int l = 0; l < k_layers; ++l)
       for (int g = 0; g < k_kv_heads; ++g) {
         const Expected& e = expected_[l][g];
-        ASSERT_EQ(pool_->length(0, l, g), static_cast<int64_t>(e.pos.size())) << "layer " << l << " head " << g;
+        ASSERT_EQ(pool_->length(seq, l, g), static_cast<int64_t>(e.pos.size())) << "layer " << l << " head " << g;
         for (size_t j = 0; j < e.pos.size(); ++j) {
-          const int64_t s = pool_->slot(0, l, g, static_cast<int64_t>(j));
+          const int64_t s = pool_->slot(seq, l, g, static_cast<int64_t>(j));
           ASSERT_EQ(pos[s], e.pos[j]) << "layer " << l << " head " << g << " entry " << j;
           for (int d = 0; d < k_head_dim; ++d) {
             ASSERT_EQ(k[s * k_head_dim + d], e.k[j * k_head_dim + d]) << "K layer " << l << " head " << g << " entry " << j;
@@ -261,6 +262,62 @@ TEST_F(DeviceKvPoolTest, AppendViewCompactAccount) {
   ASSERT_TRUE(pool_->release(other).ok());
   EXPECT_EQ(pool_->used_blocks(), 0);
   EXPECT_EQ(pool_->append(seq, 0, nullptr, nullptr, nullptr, 1).code(), StatusCode::k_invalid_argument);
+}
+
+// n > 1: a fork holds a copy of every layer and head (compacted heads of different lengths
+// included) in fresh blocks, its device views name them, the accounting is the source's; the
+// two grow apart without touching each other; a fork that does not fit is refused and changes
+// nothing.
+TEST_F(DeviceKvPoolTest, ForkCopiesEveryHeadIntoFreshBlocks) {
+  const int32_t seq = pool_->add_sequence();
+  ASSERT_EQ(seq, 0);
+  for (int l = 0; l < k_layers; ++l) ASSERT_TRUE(append(seq, l, 37, 0, static_cast<uint32_t>(40 + l)).ok());
+  std::vector<int32_t> some{0, 3, 4, 15, 16, 17, 30, 36};
+  std::vector<int32_t> all(37);
+  std::iota(all.begin(), all.end(), 0);
+  compact(seq, 1, {some, {}, all});  // layer 1: heads of 8, 0 and 37 entries
+  ASSERT_TRUE(append(seq, 1, 2, 37, 77).ok());
+  const int64_t used = pool_->used_blocks();
+  auto fork = pool_->fork(seq);
+  ASSERT_TRUE(fork.ok()) << fork.status().to_string();
+  ASSERT_NE(*fork, seq);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(pool_->used_blocks(), 2 * used);
+  EXPECT_EQ(pool_->resident_bytes(*fork), pool_->resident_bytes(seq));
+  EXPECT_EQ(pool_->full_equivalent_bytes(*fork), pool_->full_equivalent_bytes(seq));
+  for (int l = 0; l < k_layers; ++l) {
+    EXPECT_EQ(pool_->appended(*fork, l), pool_->appended(seq, l));
+    for (int g = 0; g < k_kv_heads; ++g)
+      if (pool_->length(seq, l, g) > 0) EXPECT_NE(pool_->slot(*fork, l, g, 0) / k_block, pool_->slot(seq, l, g, 0) / k_block);
+    expect_view_is_host(*fork, l);
+  }
+  expect_contents(*fork);
+  expect_contents(seq);
+
+  // They grow apart: the fork's appends (not recorded) leave the source as it was.
+  ASSERT_TRUE(append(*fork, 0, 20, 37, 5).ok());
+  ASSERT_TRUE(append(*fork, 1, 1, 39, 6).ok());
+  expect_contents(seq);
+  expect_attention(0);
+  expect_attention(1);
+  // Released, the source takes nothing of the fork with it.
+  ASSERT_TRUE(pool_->release(*fork).ok());
+  EXPECT_EQ(pool_->used_blocks(), used);
+  expect_contents(seq);
+
+  // Too few free blocks: refused, nothing allocated; a dead sequence: refused.
+  const int32_t big = pool_->add_sequence();
+  const int64_t take = (100 - used - (used - k_kv_heads)) / k_kv_heads;  // 16-token rows of 3 blocks each
+  ASSERT_TRUE(append(big, 0, 16 * take, 0, 9).ok());
+  ASSERT_LT(pool_->free_blocks(), used);
+  const int64_t before = pool_->used_blocks();
+  auto refused = pool_->fork(seq);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::k_resource_exhausted);
+  EXPECT_NE(refused.status().message().find("blocks"), std::string::npos) << refused.status().message();
+  EXPECT_EQ(pool_->used_blocks(), before);
+  EXPECT_EQ(pool_->fork(*fork).status().code(), StatusCode::k_invalid_argument);
+  expect_contents(seq);
 }
 
 // Decode: one token at a time edits the resident view in place — no upload, no wait — until a

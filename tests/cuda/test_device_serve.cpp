@@ -10,7 +10,11 @@
 //     together both finish (the second waits), each with its text alone; one that can never
 //     fit gets 400 naming the device KV blocks;
 //   - cancel: a stream closed by its client frees its blocks (kv_pool_used back to 0);
-//   - SIGTERM drain: a running request finishes ("length"), then the server exits 0.
+//   - SIGTERM drain: a running request finishes ("length"), then the server exits 0;
+//   - n > 1 as on the CPU: choice c of a sampled request is what the request with seed + c
+//     gives alone (forked from a compressed cache, and from a full one), and the copies' blocks
+//     go back; echo's prompt logprobs are the log-softmax of the logits `generate --device
+//     cuda --dump-logits` writes, and max_tokens 0 only scores.
 // Exits 77 without a usable GPU (the no-GPU contract is tests/device/test_device_cli.cpp).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -18,7 +22,10 @@
 #include <boost/asio.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -156,6 +163,99 @@ TEST_F(DeviceServe, EveryPolicyCompresses) {
   EXPECT_EQ(r.j()["kv"]["prefill"], "layerwise") << r.body;
   EXPECT_LT(r.j()["kv"]["resident_bytes"].get<int64_t>(), r.j()["kv"]["full_equivalent_bytes"].get<int64_t>());
   EXPECT_EQ(r.j()["usage"]["completion_tokens"], 8);
+}
+
+TEST_F(DeviceServe, ChoicesAndEchoAsOnTheCpu) {
+  auto srv = start();
+  ASSERT_GT(srv->port(), 0) << srv->log();
+  // n = 3 sampled choices of a prompt compressed to 64 entries per head: choice c is the request
+  // with seed 41 + c alone (each choice decodes its own copy of the compressed cache).
+  const std::string prompt = words(150, 9);
+  const json kv = {{"policy", "snapkv"}, {"budget", 64}, {"window", 16}, {"kernel", 5}};
+  json body = completion(prompt, 10, kv);
+  body["temperature"] = 0.9;
+  body["seed"] = 41;
+  body["n"] = 3;
+  const Reply r = snap::testing::post(srv->port(), "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json rj = r.j();
+  ASSERT_EQ(rj["choices"].size(), 3u) << r.body;
+  EXPECT_EQ(rj["usage"]["completion_tokens"], 30) << r.body;
+  std::vector<std::string> texts(3);
+  for (const json& c : rj["choices"]) texts.at(c["index"].get<size_t>()) = c["text"].get<std::string>();
+  EXPECT_FALSE(texts[0] == texts[1] && texts[1] == texts[2]) << "three seeds, one text: " << texts[0];
+  for (int c = 0; c < 3; ++c) {
+    json one = body;
+    one.erase("n");
+    one["seed"] = 41 + c;
+    const Reply a = snap::testing::post(srv->port(), "/v1/completions", one);
+    ASSERT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(a.j()["choices"][0]["text"].get<std::string>(), texts[c]) << "choice " << c << " vs seed " << 41 + c << " alone";
+  }
+  // Full cache, greedy: two choices, each the greedy text.
+  json greedy = completion(words(70, 10), 8);
+  const Reply alone = snap::testing::post(srv->port(), "/v1/completions", greedy);
+  ASSERT_EQ(alone.status, 200) << alone.body;
+  greedy["n"] = 2;
+  const Reply two = snap::testing::post(srv->port(), "/v1/completions", greedy);
+  ASSERT_EQ(two.status, 200) << two.body;
+  const json tj = two.j();
+  ASSERT_EQ(tj["choices"].size(), 2u) << two.body;
+  for (const json& c : tj["choices"]) EXPECT_EQ(c["text"], alone.j()["choices"][0]["text"]) << two.body;
+  // n outside [1, 64] is refused.
+  json many = greedy;
+  many["n"] = 65;
+  EXPECT_EQ(snap::testing::post(srv->port(), "/v1/completions", many).status, 400);
+
+  // echo: every prompt token's logprob is the log-softmax of the dumped logits of the row before
+  // it (the same device forward in the same 64-token chunks).
+  const std::string eprompt = words(100, 11);
+  const std::string dump = (dir_ / "echo.logits").string();
+  const std::string cmd = k_bin + " generate --device cuda --model " + (dir_ / "m").string() + " --prompt '" + eprompt +
+                          "' --max-tokens 1 --prefill-chunk 64 --dump-logits " + dump + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(dump, std::ios::binary);
+  char head[32];
+  ASSERT_TRUE(in.read(head, 32));
+  int64_t n = 0, vocab = 0;
+  std::memcpy(&n, head + 16, 8);
+  std::memcpy(&vocab, head + 24, 8);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::vector<float> rows(static_cast<size_t>(n * vocab));
+  ASSERT_TRUE(in.read(reinterpret_cast<char*>(ids.data()), 4 * n));
+  ASSERT_TRUE(in.read(reinterpret_cast<char*>(rows.data()), 4 * n * vocab));
+  ASSERT_GT(n, 64) << "the prompt should take more than one chunk";
+  const Reply e = snap::testing::post(srv->port(), "/v1/completions",
+                                      {{"prompt", eprompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}});
+  ASSERT_EQ(e.status, 200) << e.body;
+  const json lp = e.j()["choices"][0]["logprobs"];
+  EXPECT_EQ(e.j()["usage"]["completion_tokens"], 0);
+  ASSERT_EQ(static_cast<int64_t>(lp["token_logprobs"].size()), n) << lp.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  for (int64_t j = 1; j < n; ++j) {
+    const float* row = rows.data() + (j - 1) * vocab;
+    double mx = row[0], z = 0;
+    for (int64_t t = 0; t < vocab; ++t) mx = std::max<double>(mx, row[t]);
+    for (int64_t t = 0; t < vocab; ++t) z += std::exp(row[t] - mx);
+    EXPECT_NEAR(lp["token_logprobs"][j].get<double>(), row[ids[j]] - mx - std::log(z), 1e-3) << "prompt token " << j;
+    // The 2 most likely, and the prompt token itself when it is not among them.
+    EXPECT_GE(lp["top_logprobs"][j].size(), 2u);
+    EXPECT_LE(lp["top_logprobs"][j].size(), 3u);
+    EXPECT_TRUE(lp["top_logprobs"][j].contains(lp["tokens"][j].get<std::string>())) << lp["top_logprobs"][j].dump();
+  }
+  // With generation: the prompt's logprobs, then the completion's.
+  const Reply g = snap::testing::post(srv->port(), "/v1/completions",
+                                      {{"prompt", eprompt}, {"max_tokens", 3}, {"echo", true}, {"logprobs", 0}, {"temperature", 0}});
+  ASSERT_EQ(g.status, 200) << g.body;
+  EXPECT_EQ(static_cast<int64_t>(g.j()["choices"][0]["logprobs"]["tokens"].size()), n + 3) << g.body;
+  // Every copy's blocks go back.
+  std::string m;
+  for (int i = 0; i < 100; ++i) {
+    m = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+    if (metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_used\"") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_used\""), 0) << m;
 }
 
 TEST_F(DeviceServe, AdmissionByDeviceBlocks) {

@@ -7,8 +7,11 @@
 // decoding sequence (decode_batch: row-invariant, so a stream's tokens do not depend on what
 // shares its step), compress a sequence the step its context is complete, then sample on the
 // host (penalties, logit_bias, logprobs as on the CPU), detokenize, cut stop strings, stream.
-// Reservations: max(the prompt uncompressed + one layer's compaction copy, the compressed size
-// + max_tokens), shrunk to the second once compressed. Prefill is one sequence at a time (the
+// Reservations: max(the prompt uncompressed + one layer's compaction copy, n × (the compressed
+// size + max_tokens)), shrunk to the second once compressed. n > 1 (as on the CPU): choice 0
+// prefills, then the pool copies its cache for choices 1..n-1 (DeviceKvPool::fork), which decode
+// as rows of their own with seeds seed + c. echo's prompt logprobs: each prompt chunk's every row
+// through the LM head to the host, scored there as the CPU engine scores them. Prefill is one sequence at a time (the
 // forward's window/H2O capture is per prefill), decode rows of all of them every step. A
 // layer-wise prefill (asked, or chosen as the CPU engine chooses it) runs the whole prompt in
 // its step and reserves one layer's full KV instead of every layer's.
@@ -303,12 +306,18 @@ class DeviceEngine final : public Engine {
                               std::to_string(max_prompt_));
     for (int32_t id : req.prompt_ids)
       if (id < 0 || id >= vocab) return invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary");
-    if (req.max_tokens < 1 || req.max_tokens > max_tokens_limit_)
-      return invalid_argument("max_tokens must be in [1, " + std::to_string(max_tokens_limit_) + "], got " +
-                              std::to_string(req.max_tokens));
-    const std::string dev = " is not on the device yet (--device " + spec_.name() + ")";
-    if (req.n != 1) return invalid_argument("n > 1" + dev);
-    if (req.prompt_logprobs >= 0) return invalid_argument("prompt logprobs (echo)" + dev);
+    const int64_t min_tokens_allowed = req.prompt_logprobs >= 0 ? 0 : 1;  // echo may only score the prompt
+    if (req.max_tokens < min_tokens_allowed || req.max_tokens > max_tokens_limit_)
+      return invalid_argument("max_tokens must be in [" + std::to_string(min_tokens_allowed) + ", " +
+                              std::to_string(max_tokens_limit_) + "], got " + std::to_string(req.max_tokens));
+    if (req.prompt_logprobs > 20) return invalid_argument("prompt logprobs: at most 20 alternatives");
+    if (req.prompt_logprobs >= 0 && req.kv_policy.layerwise)
+      return invalid_argument("prompt logprobs (echo) need every position's logits; layer-wise prefill gives only the last");
+    if (req.max_tokens == 0 && req.n > 1) return invalid_argument("n > 1 needs max_tokens >= 1");
+    if (req.n < 1 || req.n > 64) return invalid_argument("n must be in [1, 64], got " + std::to_string(req.n));
+    if (req.n > cfg_.max_num_seqs)
+      return invalid_argument("n = " + std::to_string(req.n) + " choices exceed --max-num-seqs " +
+                              std::to_string(cfg_.max_num_seqs));
     if (req.kv_policy.layerwise && req.kv_policy.context_tokens > 0)
       return invalid_argument("layer-wise prefill compresses the whole prompt; it cannot be combined with context-only compression");
     if (req.min_tokens < 0 || req.min_tokens > req.max_tokens)
@@ -342,14 +351,20 @@ class DeviceEngine final : public Engine {
     }
     auto s = std::make_unique<DevSeq>();
     s->id = next_id_++;
+    s->group = s->id;
     s->req = std::move(req);
-    auto gate = std::make_shared<SinkGate>(std::move(sink), 1);  // n > 1 is refused above
+    auto gate = std::make_shared<SinkGate>(std::move(sink), s->req.n);
     {
       std::lock_guard<std::mutex> gates_lock(gates_mu_);
       if (gates_failed_) return unavailable("the tensor-parallel group failed: " + why());
       gates_[s->id] = gate;
     }
-    s->sink = [gate](const EngineEvent& ev) { gate->deliver(ev); };
+    const uint64_t group = s->id;  // the gate goes once every choice has its finished event
+    s->sink = [this, gate, group](const EngineEvent& ev) {
+      if (!gate->deliver(ev)) return;
+      std::lock_guard<std::mutex> gates_lock(gates_mu_);
+      gates_.erase(group);
+    };
     s->arrival = now_seconds();
     s->layerwise = s->req.kv_policy.layerwise && s->req.kv_policy.kind != KvPolicyKind::full;
     s->layerwise_auto = layerwise_auto;
@@ -405,22 +420,23 @@ class DeviceEngine final : public Engine {
 
   // The most blocks a request holds: the prompt uncompressed (one layer of it with layer-wise
   // prefill), plus one layer's fresh blocks during its compaction; or, after compression, its
-  // compressed size + max_tokens.
+  // compressed size + max_tokens, once per choice (n > 1).
   int64_t peak_blocks(const EngineRequest& req) const {
     const ModelConfig& c = model_->config;
     const int64_t bs = cfg_.kv_block_size, kvh = c.num_kv_heads, n = static_cast<int64_t>(req.prompt_ids.size());
     const int64_t heads = int64_t{c.num_layers} * kvh;
-    if (req.kv_policy.kind == KvPolicyKind::full) return heads * ceil_div(n + req.max_tokens, bs);
+    // n choices: one prefill, then n copies of the (compressed) cache, each growing alone.
+    if (req.kv_policy.kind == KvPolicyKind::full) return req.n * heads * ceil_div(n + req.max_tokens, bs);
     const int64_t after = after_compression_blocks(req), copy = after / c.num_layers;  // one layer's kept blocks
     const int64_t prompt = req.kv_policy.layerwise ? kvh * ceil_div(n, bs) + after : heads * ceil_div(n, bs);
-    return std::max(prompt + copy, after);
+    return std::max(prompt + copy, req.n * after);
   }
 
   // The CPU engine's automatic choice (EngineConfig::auto_layerwise, prefill_choice.h) with the
   // device pool's block bytes: a compressing policy over the whole prompt, when it peaks lower.
   bool choose_layerwise(const EngineRequest& req) const {
     if (!cfg_.auto_layerwise || req.kv_policy.layerwise || req.kv_policy.kind == KvPolicyKind::full ||
-        req.kv_policy.context_tokens > 0)
+        req.kv_policy.context_tokens > 0 || req.prompt_logprobs >= 0)
       return false;
     PrefillPeakInputs in;
     in.prompt_tokens = static_cast<int64_t>(req.prompt_ids.size());
@@ -550,14 +566,15 @@ class DeviceEngine final : public Engine {
     }
   }
 
-  // Caller holds mu_.
+  // Every choice of request `id`. Caller holds mu_.
   void cancel_now(uint64_t id) {
     for (auto* list : {&waiting_, &running_}) {
-      for (auto it = list->begin(); it != list->end(); ++it) {
-        if ((*it)->id == id) {
+      for (auto it = list->begin(); it != list->end();) {
+        if ((*it)->group == id) {
           finish(**it, "abort");
-          list->erase(it);
-          return;
+          it = list->erase(it);
+        } else {
+          ++it;
         }
       }
     }
@@ -582,6 +599,7 @@ class DeviceEngine final : public Engine {
     std::lock_guard<std::mutex> lock(mu_);
     while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
       DevSeq& s = *waiting_.front();
+      if (static_cast<int64_t>(running_.size()) + s.req.n > cfg_.max_num_seqs) break;  // room for every choice
       const int64_t need = peak_blocks(s.req);
       if (reserved_blocks_ + need > pool_->num_blocks()) break;  // FIFO: wait for room
       s.reserved_blocks = need;
@@ -644,14 +662,22 @@ class DeviceEngine final : public Engine {
     int64_t len = std::min(cfg_.prefill_chunk, rem);
     if (rem > std::max<int64_t>(cfg_.prefill_chunk, tail) && rem - len < tail) len = rem - tail;
     if (rem <= std::max<int64_t>(cfg_.prefill_chunk, tail)) len = rem;
+    // Echo's prompt logprobs: every row of the chunk through the LM head, scored on the host as
+    // the CPU engine scores them; the prompt's last row is the next-token distribution.
+    const bool scored = s.req.prompt_logprobs >= 0;
+    const int64_t vocab = model_->config.vocab_size;
     DeviceOp op;
     op.kind = DeviceOpKind::forward;
     op.seq = s.pool_seq;
+    op.all_logits = scored;
     op.tokens.assign(s.req.prompt_ids.begin() + s.prefilled, s.req.prompt_ids.begin() + s.prefilled + len);
     Status st = tell(op);
     if (!st.ok()) return group_failure(st);
-    st = fwd_->forward(s.pool_seq, op.tokens.data(), len, s.logits.data(), false, nullptr);
+    if (scored) s.chunk_logits.resize(static_cast<size_t>(len * vocab));
+    st = fwd_->forward(s.pool_seq, op.tokens.data(), len, scored ? s.chunk_logits.data() : s.logits.data(), scored,
+                       nullptr);
     if (!st.ok()) return op_failed(s, st);
+    if (scored) score_prompt_chunk(s, s.chunk_logits.data(), s.prefilled, len, vocab);
     s.prefilled += len;
     if (policy.kind != KvPolicyKind::full && !s.compressed && s.prefilled == s.compress_at) {
       const double ts = now_seconds();
@@ -674,12 +700,63 @@ class DeviceEngine final : public Engine {
         s.reserved_blocks = after;
       }
     }
-    if (!s.prefilling()) {
-      s.prefill_seconds = now_seconds() - s.admitted;
-      if (metrics_) metrics_->observe_request_prefill_time(s.prefill_seconds);
-      sample_and_emit(s);
-    }
+    if (!s.prefilling()) prefill_done(s);
     (void)t0;
+  }
+
+  // s's whole prompt is in its cache (compressed when its policy compresses): echo's scoring
+  // alone ends here; n > 1 forks the other choices; every choice samples its first token.
+  void prefill_done(DevSeq& s) {
+    s.chunk_logits = {};
+    s.prefill_seconds = now_seconds() - s.admitted;
+    if (metrics_) metrics_->observe_request_prefill_time(s.prefill_seconds);
+    if (s.req.max_tokens == 0) {  // scoring only (echo): nothing to generate
+      s.done_reason = "length";
+      return;
+    }
+    std::vector<std::unique_ptr<DevSeq>> choices;
+    if (s.req.n > 1) {
+      if (Status st = fork_choices(s, &choices); !st.ok()) return op_failed(s, st);
+    }
+    sample_and_emit(s);
+    for (auto& c : choices) sample_and_emit(*c);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& c : choices) running_.push_back(std::move(c));
+  }
+
+  // Choices 1..n-1 of s's request: each a copy of s's KV cache in the device pool (every rank's,
+  // one fork op), 1/n of s's reservation, and its own stream (start_choice: seed + choice).
+  Status fork_choices(DevSeq& s, std::vector<std::unique_ptr<DevSeq>>* out) {
+    DeviceOp op;
+    op.kind = DeviceOpKind::fork;
+    op.seq = s.pool_seq;
+    for (int c = 1; c < s.req.n; ++c) {
+      Result<int32_t> copy = pool_->fork(s.pool_seq);
+      if (!copy.ok()) {
+        for (int32_t id : op.seqs) (void)pool_->release(id);  // none reached the other ranks
+        return copy.status();
+      }
+      op.seqs.push_back(*copy);
+    }
+    if (Status st = tell(op); !st.ok()) return st;
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t share = s.reserved_blocks / s.req.n;
+    for (int c = 1; c < s.req.n; ++c) {
+      auto k = std::make_unique<DevSeq>();
+      k->id = next_id_++;
+      start_choice(s, c, *tokenizer_, k.get());
+      k->pool_seq = op.seqs[static_cast<size_t>(c - 1)];
+      k->compress_at = s.compress_at;
+      k->window = s.window;
+      k->compressed = s.compressed;
+      k->layerwise = s.layerwise;
+      k->layerwise_auto = s.layerwise_auto;
+      k->reserved_blocks = share;
+      s.reserved_blocks -= share;
+      out->push_back(std::move(k));
+    }
+    s.forked = true;
+    return Status::ok_status();
   }
 
   // The whole prompt, one layer at a time, alone in its step (as on the CPU); the decode rows
@@ -709,9 +786,7 @@ class DeviceEngine final : public Engine {
         s.reserved_blocks = after;
       }
     }
-    s.prefill_seconds = now_seconds() - s.admitted;
-    if (metrics_) metrics_->observe_request_prefill_time(s.prefill_seconds);
-    sample_and_emit(s);
+    prefill_done(s);
   }
 
   void run_decode(const std::vector<DevSeq*>& rows) {
@@ -741,7 +816,7 @@ class DeviceEngine final : public Engine {
         continue;
       }
       if (ids_only) {
-        emit_token(*rows[b], emit_context(), ids[b]);
+        emit_token(*rows[b], emit_context(*rows[b]), ids[b]);
         continue;
       }
       std::copy_n(logits + b * vocab, vocab, rows[b]->logits.data());
@@ -754,16 +829,18 @@ class DeviceEngine final : public Engine {
     s.error = st;
   }
 
-  EmitContext emit_context() const {
+  EmitContext emit_context(const DevSeq& s) const {
     EmitContext c;
     c.vocab = model_->config.vocab_size;
     c.context = context_;
     c.eos = &eos_;
     c.metrics = metrics_;
+    c.observe_first_token = !s.child();
+    c.index = s.choice;
     return c;
   }
   // Samples the next token from s.logits and streams it, as the CPU engine does.
-  void sample_and_emit(DevSeq& s) { snap::sample_and_emit(s, emit_context()); }
+  void sample_and_emit(DevSeq& s) { snap::sample_and_emit(s, emit_context(s)); }
 
   void reap() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -780,7 +857,9 @@ class DeviceEngine final : public Engine {
   // The final event; the sequence's device blocks and reservation go back first. Caller holds mu_.
   void finish(DevSeq& s, const std::string& reason) {
     EngineEvent ev;
+    ev.index = s.choice;
     finish_stream(s, reason, &ev);
+    if (!s.child()) ev.prompt_logprobs = std::move(s.prompt_logprobs);
     ev.prefill_kind = prefill_kind_name(s.layerwise, s.layerwise_auto);
     if (s.pool_seq >= 0) {
       ev.kv_resident_bytes = pool_->resident_bytes(s.pool_seq);
@@ -801,17 +880,20 @@ class DeviceEngine final : public Engine {
     if (metrics_) {
       const double now = now_seconds();
       metrics_->add_generation_tokens(s.generated);
-      metrics_->add_prompt_tokens(s.prefilled);
-      metrics_->add_request_success(ev.finish_reason);
-      metrics_->observe_e2e_request_latency(now - s.arrival);
+      if (!s.child()) {  // per request, not per choice
+        metrics_->add_prompt_tokens(s.prefilled);
+        metrics_->add_request_success(ev.finish_reason);
+        metrics_->observe_e2e_request_latency(now - s.arrival);
+      }
       if (s.generated > 1) metrics_->observe_time_per_output_token((s.last_token - s.first_token) / (s.generated - 1));
       if (ev.kv_resident_bytes > 0 && s.compressed)
         metrics_->observe_kv_compression_ratio(kv_policy_name(s.req.kv_policy.kind),
                                                static_cast<double>(ev.kv_full_equivalent_bytes) / ev.kv_resident_bytes);
     }
     s.sink(ev);
-    std::lock_guard<std::mutex> gates_lock(gates_mu_);
-    gates_.erase(s.id);
+    // Choice 0 ending before its prompt forked (cancelled, timed out or failed during its
+    // prefill): the other choices never started, and end with it.
+    end_unforked_choices(s, ev);
   }
 
   void publish_stats() {
@@ -961,7 +1043,7 @@ Status run_device_engine_follower(const DeviceSpec& spec, const EngineConfig& cf
         d.fwd->prepare_compression(op.policy, op.compress_at);
         break;
       case DeviceOpKind::forward:
-        SNAP_RETURN_IF_ERROR(d.fwd->forward(op.seq, op.tokens.data(), n, nullptr, false, nullptr));
+        SNAP_RETURN_IF_ERROR(d.fwd->forward(op.seq, op.tokens.data(), n, nullptr, op.all_logits, nullptr));
         break;
       case DeviceOpKind::compress:
         SNAP_RETURN_IF_ERROR(d.fwd->compress(op.seq, op.policy, op.compress_at, nullptr));
@@ -980,6 +1062,12 @@ Status run_device_engine_follower(const DeviceSpec& spec, const EngineConfig& cf
         break;
       case DeviceOpKind::report:
         SNAP_RETURN_IF_ERROR(gather_reports(d, *cfg.comm, 0, &reports, &all));
+        break;
+      case DeviceOpKind::fork:
+        for (int32_t want : op.seqs) {
+          SNAP_ASSIGN_OR_RETURN(int32_t got, d.pool->fork(op.seq));
+          SNAP_RETURN_IF_ERROR(check_opened(got, want));
+        }
         break;
     }
   }

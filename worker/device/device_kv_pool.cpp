@@ -321,6 +321,64 @@ Status DeviceKvPool::compact(int32_t seq, int layer, const std::vector<std::vect
   return upload_view(s, layer, 0);
 }
 
+Result<int32_t> DeviceKvPool::fork(int32_t seq) {
+  SNAP_RETURN_IF_ERROR(check_seq(seq, 0));
+  const int bs = shape_.block_size, nkv = shape_.num_kv_heads;
+  int64_t need = 0, total = 0;
+  for (int l = 0; l < shape_.num_layers; ++l)
+    for (int g = 0; g < nkv; ++g) {
+      need += blocks_for(seqs_[seq].lengths[l][g], bs);
+      total += seqs_[seq].lengths[l][g];
+    }
+  if (need > free_blocks())
+    return resource_exhausted("device KV pool: a copy of sequence " + std::to_string(seq) + " needs " +
+                              std::to_string(need) + " blocks, " + std::to_string(free_blocks()) + " free");
+  Sequence copy;
+  copy.live = true;
+  copy.lengths = seqs_[seq].lengths;
+  copy.appended = seqs_[seq].appended;
+  copy.tables.assign(shape_.num_layers, std::vector<std::vector<int32_t>>(nkv));
+  copy.view_buf.assign(shape_.num_layers, nullptr);
+  copy.table_cap.assign(shape_.num_layers, 0);
+  std::vector<int64_t> slots(static_cast<size_t>(2 * total));  // [src..., dst...]
+  int64_t at = 0;
+  for (int l = 0; l < shape_.num_layers; ++l)
+    for (int g = 0; g < nkv; ++g) {
+      const std::vector<int32_t>& old = seqs_[seq].tables[l][g];
+      std::vector<int32_t>& fresh = copy.tables[l][g];
+      for (int64_t j = 0; j < copy.lengths[l][g]; ++j, ++at) {
+        if (j % bs == 0) {
+          fresh.push_back(free_.back());
+          free_.pop_back();
+        }
+        slots[at] = int64_t{old[j / bs]} * bs + j % bs;
+        slots[total + at] = int64_t{fresh.back()} * bs + j % bs;
+      }
+    }
+  if (total > 0) {
+    if (Status st = stage(slots); !st.ok()) {  // nothing kept: the blocks go back
+      for (auto& layer : copy.tables)
+        for (auto& t : layer) free_blocks_of(t);
+      return st;
+    }
+  }
+  peak_used_ = std::max(peak_used_, used_blocks());
+  seqs_.push_back(std::move(copy));
+  const int32_t id = static_cast<int32_t>(seqs_.size() - 1);
+  if (total > 0) {
+    kernels::kv_gather_cuda(staging_, staging_ + total, total, shape_.head_dim, k_, v_, pos_, stream_);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return internal_error(cuda_message("kv_gather_cuda", e));
+  }
+  Sequence& s = seqs_[id];
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    int64_t widest = 0;
+    for (const auto& t : s.tables[l]) widest = std::max(widest, static_cast<int64_t>(t.size()));
+    if (widest > 0) SNAP_RETURN_IF_ERROR(upload_view(s, l, widest));
+  }
+  return id;
+}
+
 int64_t DeviceKvPool::length(int32_t seq, int layer, int g) const { return seqs_.at(seq).lengths.at(layer).at(g); }
 int64_t DeviceKvPool::appended(int32_t seq, int layer) const { return seqs_.at(seq).appended.at(layer); }
 

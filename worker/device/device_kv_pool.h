@@ -54,6 +54,11 @@ class DeviceKvPool {
     return seq >= 0 && seq < static_cast<int32_t>(seqs_.size()) && seqs_[seq].live;
   }
   Status release(int32_t seq);  // frees every block of seq
+  // n > 1: a new sequence holding a copy of seq's cache — every (layer, KV head)'s entries in
+  // fresh blocks, in order, with the same lengths and uncompressed lengths — copied on the
+  // pool's stream (kv_gather_cuda). The two are independent from then on. All or nothing:
+  // refused (nothing allocated) when the free blocks do not suffice.
+  Result<int32_t> fork(int32_t seq);
 
   // Appends num_tokens rows of `layer`: k, v device f32 [num_tokens, num_kv_heads, head_dim]
   // (after RoPE), positions device int32 [num_tokens]. All or nothing: refused (nothing
