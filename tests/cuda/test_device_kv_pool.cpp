@@ -287,8 +287,11 @@ TEST_F(DeviceKvPoolTest, ForkCopiesEveryHeadIntoFreshBlocks) {
   EXPECT_EQ(pool_->full_equivalent_bytes(*fork), pool_->full_equivalent_bytes(seq));
   for (int l = 0; l < k_layers; ++l) {
     EXPECT_EQ(pool_->appended(*fork, l), pool_->appended(seq, l));
-    for (int g = 0; g < k_kv_heads; ++g)
-      if (pool_->length(seq, l, g) > 0) EXPECT_NE(pool_->slot(*fork, l, g, 0) / k_block, pool_->slot(seq, l, g, 0) / k_block);
+    for (int g = 0; g < k_kv_heads; ++g) {
+      if (pool_->length(seq, l, g) > 0) {
+        EXPECT_NE(pool_->slot(*fork, l, g, 0) / k_block, pool_->slot(seq, l, g, 0) / k_block);
+      }
+    }
     expect_view_is_host(*fork, l);
   }
   expect_contents(*fork);
