@@ -38,6 +38,11 @@ for b in 1 3; do
   grep -Eq "^  $b +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9.]+\$" "$tmp/fwd.txt" || fail "no continuous-batching row for B = $b"
 done
 
+# device_check.sh --long's invocation: no context table (--contexts ""), the layer-wise ladder only.
+"$bin/bench_device_forward_emu" --model "$tmp/model" --contexts "" --decode 2 --layerwise-contexts 160 \
+  --time-budget 120 >"$tmp/long.txt" 2>&1 || { cat "$tmp/long.txt"; fail "bench_device_forward --contexts '' exited $?"; }
+grep -Eq '^  160 +[0-9]+ ' "$tmp/long.txt" || { cat "$tmp/long.txt"; fail "no layer-wise row for 160 without a context table"; }
+
 # The Hugging Face anchor on the CPU, its ratio table read from the rows above (exit 77: this
 # python has no torch/transformers, as in CI; its arguments and the model are checked first).
 rc=0
