@@ -40,17 +40,52 @@ bool greedy_without_logits(const TokenStream& s) {
   return s.req.sampling.temperature <= 0.0f && !logits_processing_active(s.req) && s.req.logprobs < 0;
 }
 
-void sample_and_emit(TokenStream& s, const EmitContext& c) {
-  const float* dist = s.logits.data();
+void sample_and_emit(TokenStream& s, const EmitContext& c) { emit_sampled(s, c, sample_token(s, c)); }
+
+SampledToken sample_token(TokenStream& s, const EmitContext& c, const float* logits) {
+  if (logits == nullptr) logits = s.logits.data();
+  const float* dist = logits;
   if (logits_processing_active(s.req)) {
-    s.processed.assign(s.logits.begin(), s.logits.end());
+    s.processed.assign(logits, logits + c.vocab);
     apply_logits_processing(s.processed.data(), c.vocab, s.req, s.history, s.generated, *c.eos);
     dist = s.processed.data();
   }
-  emit_token(s, c, kernels::sample_cpu(dist, c.vocab, s.req.sampling, s.rng));
+  SampledToken t;
+  t.id = kernels::sample_cpu(dist, c.vocab, s.req.sampling, s.rng);
+  if (s.req.logprobs >= 0) {
+    t.logprobs = token_logprobs(logits, c.vocab, t.id, s.req.logprobs);
+    t.has_logprobs = true;
+  }
+  return t;
+}
+
+void sample_rows(std::span<TokenStream* const> rows, std::span<const EmitContext> contexts,
+                 const float* const* logits, std::vector<SampledToken>* out) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  out->assign(static_cast<size_t>(n), SampledToken{});
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) (*out)[i] = sample_token(*rows[i], contexts[i], logits ? logits[i] : nullptr);
+}
+
+void sample_and_emit_rows(std::span<TokenStream* const> rows, std::span<const EmitContext> contexts,
+                          const float* const* logits) {
+  std::vector<SampledToken> drawn;
+  sample_rows(rows, contexts, logits, &drawn);
+  for (size_t i = 0; i < rows.size(); ++i) emit_sampled(*rows[i], contexts[i], std::move(drawn[i]));
 }
 
 void emit_token(TokenStream& s, const EmitContext& c, int32_t id) {
+  SampledToken t;
+  t.id = id;
+  if (s.req.logprobs >= 0) {
+    t.logprobs = token_logprobs(s.logits.data(), c.vocab, id, s.req.logprobs);
+    t.has_logprobs = true;
+  }
+  emit_sampled(s, c, std::move(t));
+}
+
+void emit_sampled(TokenStream& s, const EmitContext& c, SampledToken t) {
+  const int32_t id = t.id;
   ++s.history.output_counts[id];
   const double now = now_seconds();
   if (s.generated == 0) {
@@ -69,10 +104,9 @@ void emit_token(TokenStream& s, const EmitContext& c, int32_t id) {
   ev.index = c.index;
   ev.token_id = id;
   ev.stop_token = eos;
-  if (s.req.logprobs >= 0) {
-    TokenLogprobs lp = token_logprobs(s.logits.data(), c.vocab, id, s.req.logprobs);
-    ev.logprob = lp.logprob;
-    ev.top_logprobs = std::move(lp.top);
+  if (t.has_logprobs) {
+    ev.logprob = t.logprobs.logprob;
+    ev.top_logprobs = std::move(t.logprobs.top);
   }
   if (!eos) {
     s.text += s.decoder->push(id);

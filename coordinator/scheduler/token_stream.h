@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,27 @@ void sample_and_emit(TokenStream& s, const EmitContext& c);
 // The part of sample_and_emit after sampling: `id` is the next token (chosen elsewhere, e.g. by
 // an argmax on the GPU); s.logits is read only for logprobs.
 void emit_token(TokenStream& s, const EmitContext& c, int32_t id);
+
+// A stream's next token, drawn but not yet emitted, with its logprobs when the request asks.
+struct SampledToken {
+  int32_t id = -1;
+  bool has_logprobs = false;
+  TokenLogprobs logprobs;
+};
+// The drawing half of sample_and_emit, from `logits` (vocab floats; s.logits when null): the
+// request's logits processing, the draw from s's own generator, the logprobs. It touches only s
+// (its processed logits and generator), so different streams may draw at once.
+SampledToken sample_token(TokenStream& s, const EmitContext& c, const float* logits = nullptr);
+// The emitting half: emit_token with the logprobs sample_token computed.
+void emit_sampled(TokenStream& s, const EmitContext& c, SampledToken t);
+// A continuous-batching step's rows: row i's sample_token (from logits[i], or its own s.logits
+// when logits is null) on OpenMP threads, rows spread over them (each draws from its own
+// generator: the ids are those one thread draws), then each row's emit_sampled in row order on
+// this thread (the sinks are called from here only).
+void sample_rows(std::span<TokenStream* const> rows, std::span<const EmitContext> contexts,
+                 const float* const* logits, std::vector<SampledToken>* out);
+void sample_and_emit_rows(std::span<TokenStream* const> rows, std::span<const EmitContext> contexts,
+                          const float* const* logits = nullptr);
 // Whether s's next token is the plain argmax of its logits and nothing else of them is needed:
 // greedy (temperature ≤ 0: sample_cpu takes the lowest id of the maximum and draws no random
 // number), no logits processing, no logprobs. Then an engine may take the id from a device

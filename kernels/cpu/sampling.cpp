@@ -138,48 +138,97 @@ int32_t sample_ref(const float* logits, int64_t vocab_size, const SamplingParams
   return draw(e, keep, rng);
 }
 
-// --- fast: nth_element for top_k, growing partial sorts for top_p ---------------------
+// --- fast: nth_element for top_k, a thresholded sort for top_p ----------------------------
+// The same sums in the same order as the reference (so the same token), without its sort, and
+// from buffers kept per thread (a vocabulary of 128K took ~2.6 MB of fresh allocations per draw,
+// each page faulted in again). Without top_k and top_p every token is a candidate: the top one
+// is found by one pass (the highest z, the lowest id among equals: the reference's order), and
+// no candidate list is built.
 int32_t sample_cpu(const float* logits, int64_t vocab_size, const SamplingParams& p, Rng& rng) {
   if (p.temperature <= 0.0f) return argmax(logits, vocab_size);
-  const std::vector<double> z = scaled_logits(logits, vocab_size, p.temperature);
+  thread_local std::vector<double> z, e;
+  thread_local std::vector<int32_t> cand;
+  thread_local std::vector<uint8_t> keep;
+  const size_t n_vocab = static_cast<size_t>(vocab_size);
+  z.resize(n_vocab);
+  e.resize(n_vocab);
+  const double temperature = p.temperature;
+  for (int64_t i = 0; i < vocab_size; ++i)
+    z[i] = std::isnan(logits[i]) ? -std::numeric_limits<double>::infinity() : static_cast<double>(logits[i]) / temperature;
   const Before before{z.data()};
-  std::vector<int32_t> cand(static_cast<size_t>(vocab_size));
-  std::iota(cand.begin(), cand.end(), 0);
-  if (top_k_active(p, vocab_size)) {
-    std::nth_element(cand.begin(), cand.begin() + (p.top_k - 1), cand.end(), before);
-    cand.resize(static_cast<size_t>(p.top_k));  // the k first in order, unsorted
+  const bool all = !top_k_active(p, vocab_size) && p.top_p >= 1.0f;
+  int32_t top = 0;
+  if (all) {
+    for (int64_t i = 1; i < vocab_size; ++i)
+      if (z[i] > z[top]) top = static_cast<int32_t>(i);  // strict: the lowest id among equals
+  } else {
+    cand.resize(n_vocab);
+    std::iota(cand.begin(), cand.end(), 0);
+    if (top_k_active(p, vocab_size)) {
+      std::nth_element(cand.begin(), cand.begin() + (p.top_k - 1), cand.end(), before);
+      cand.resize(static_cast<size_t>(p.top_k));  // the k first in order, unsorted
+    }
+    top = *std::min_element(cand.begin(), cand.end(), before);
   }
-  const int32_t top = *std::min_element(cand.begin(), cand.end(), before);
   const double z_max = z[top];
   if (std::isinf(z_max) && z_max < 0) return argmax(logits, vocab_size);
-  std::vector<uint8_t> keep(static_cast<size_t>(vocab_size), 0);
-  for (int32_t i : cand) keep[i] = 1;
-  std::vector<double> e(static_cast<size_t>(vocab_size), 0.0);
+  keep.assign(n_vocab, all ? 1 : 0);
+  if (!all)
+    for (int32_t i : cand) keep[i] = 1;
   double big_z = 0.0;
   for (int64_t i = 0; i < vocab_size; ++i) {  // id order, as in the reference
-    if (!keep[i]) continue;
+    if (!keep[i]) {
+      e[i] = 0.0;
+      continue;
+    }
     e[i] = std::exp(z[i] - z_max);
     big_z += e[i];
   }
   if (p.top_p < 1.0f) {
-    // Sort only as much of the order as the nucleus needs: 64, 256, 1024, ... entries.
+    // The nucleus is a prefix of the order, and so is every {z_i > z_max - d}. Bucket the
+    // candidates by z_max - z_i in quarters (256 buckets, the last one open), sum each bucket,
+    // take the fewest top buckets whose sum, in this order, clears the goal by more than the
+    // rounding of a sum of <= 2^17 terms in another order (1e-9 relative: the reference's
+    // in-order sum then reaches the goal within them too), sort just those tokens, and walk
+    // them in order as the reference walks.
     const int64_t n = static_cast<int64_t>(cand.size());
     const double goal = static_cast<double>(p.top_p) * big_z;
-    int64_t sorted = 0, prefix = n;
-    double cum = 0.0;
-    for (int64_t want = std::min<int64_t>(64, n); sorted < n; want = std::min(n, want * 4)) {
-      std::partial_sort(cand.begin() + sorted, cand.begin() + want, cand.end(), before);
-      for (; sorted < want; ++sorted) {
-        cum += e[cand[sorted]];
-        if (cum >= goal) break;
+    constexpr int k_buckets = 256;
+    const auto bucket = [&](int32_t i) {
+      const double d = (z_max - z[i]) * 4.0;  // >= 0; +inf for -inf logits
+      return d < k_buckets - 1 ? static_cast<int>(d) : k_buckets - 1;
+    };
+    double sums[k_buckets] = {};
+    for (int32_t i : cand) sums[bucket(i)] += e[i];
+    int last = k_buckets - 1;
+    double sum = 0.0;
+    for (int k = 0; k < k_buckets; ++k) {
+      sum += sums[k];
+      if (sum >= goal * (1.0 + 1e-9)) {
+        last = k;
+        break;
       }
-      if (sorted < want) {
-        prefix = sorted + 1;
+    }
+    thread_local std::vector<int32_t> head;
+    head.clear();
+    for (int32_t i : cand)
+      if (bucket(i) <= last) head.push_back(i);
+    std::sort(head.begin(), head.end(), before);
+    int64_t prefix = n;
+    double cum = 0.0;
+    for (size_t r = 0; r < head.size(); ++r) {
+      cum += e[head[r]];
+      if (cum >= goal) {
+        prefix = static_cast<int64_t>(r) + 1;
         break;
       }
     }
     std::fill(keep.begin(), keep.end(), 0);
-    for (int64_t r = 0; r < prefix; ++r) keep[cand[r]] = 1;
+    if (prefix == n) {  // the goal was not reached: every candidate stays, as in the reference
+      for (int32_t i : cand) keep[i] = 1;
+    } else {
+      for (int64_t r = 0; r < prefix; ++r) keep[head[r]] = 1;
+    }
   }
   if (p.min_p > 0.0f) {
     for (int64_t i = 0; i < vocab_size; ++i)

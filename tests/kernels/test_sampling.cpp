@@ -61,16 +61,18 @@ TEST(Sampling, TopK1AndTinyTopPEqualGreedy) {
 
 TEST(Sampling, CpuReturnsReferenceTokenForSameRngState) {
   int checked = 0;
-  for (int64_t vocab : {7, 83, 5125, 49152}) {
+  for (int64_t vocab : {7, 83, 5125, 49152, 128256}) {
     std::vector<float> logits = test::random_floats(vocab, static_cast<uint32_t>(vocab), -8.0f, 8.0f);
     for (int64_t i = 0; i < vocab; i += 5) logits[i] = std::round(logits[i]);  // ties in the order
+    for (int64_t i = 3; i < vocab; i += 11) logits[i] = -INFINITY;  // masked (logit_bias -100, grammar)
+    for (int64_t i = 4; i < vocab; i += 13) logits[i] = NAN;        // counts as -inf
     for (float temperature : {0.5f, 1.0f, 2.0f}) {
       for (int top_k : {0, 1, 5, 50, 100000}) {
         for (float top_p : {1.0f, 0.95f, 0.5f, 1e-6f}) {
           for (float min_p : {0.0f, 0.05f, 0.5f}) {
             const SamplingParams p{temperature, top_k, top_p, min_p, 0};
             Rng a(vocab + top_k), b(vocab + top_k);
-            const int draws = vocab >= 5125 ? 2 : 8;  // the reference sorts the vocab per draw
+            const int draws = vocab >= 100000 ? 1 : vocab >= 5125 ? 2 : 8;  // the reference sorts the vocab per draw
             for (int draw = 0; draw < draws; ++draw) {
               const int32_t want = sample_ref(logits.data(), vocab, p, a);
               const int32_t got = sample_cpu(logits.data(), vocab, p, b);
@@ -85,6 +87,13 @@ TEST(Sampling, CpuReturnsReferenceTokenForSameRngState) {
     }
   }
   EXPECT_GT(checked, 3000);
+  // Every logit -inf or NaN: the argmax (id 0), from both.
+  std::vector<float> none(300, -INFINITY);
+  none[7] = NAN;
+  for (const SamplingParams& p : {SamplingParams{1.0f, 0, 1.0f, 0.0f, 0}, SamplingParams{1.0f, 5, 0.9f, 0.1f, 0}}) {
+    Rng a(1), b(1);
+    EXPECT_EQ(sample_cpu(none.data(), 300, p, b), sample_ref(none.data(), 300, p, a));
+  }
 }
 
 TEST(Sampling, SameSeedSameSequenceDifferentSeedDiffers) {

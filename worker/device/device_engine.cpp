@@ -810,6 +810,9 @@ class DeviceEngine final : public Engine {
     st = fwd_->decode_batch(seqs.data(), tokens.data(), n, logits, ids_only ? ids.data() : nullptr);
     if (!st.ok() && grouped(cfg_)) return group_failure(st);
     if (st.ok() && metrics_) metrics_->add_decode_rows(ids_only ? "device" : "host", n);
+    std::vector<TokenStream*> host_rows;
+    std::vector<EmitContext> contexts;
+    std::vector<const float*> row_logits;
     for (int64_t b = 0; b < n; ++b) {
       if (!st.ok()) {
         fail(*rows[b], st);
@@ -819,9 +822,13 @@ class DeviceEngine final : public Engine {
         emit_token(*rows[b], emit_context(*rows[b]), ids[b]);
         continue;
       }
-      std::copy_n(logits + b * vocab, vocab, rows[b]->logits.data());
-      sample_and_emit(*rows[b]);
+      host_rows.push_back(rows[b]);
+      contexts.push_back(emit_context(*rows[b]));
+      row_logits.push_back(logits + b * vocab);
     }
+    // The rows' draws straight from the page-locked logits, on OpenMP threads (each row its own
+    // generator), then their events in row order.
+    sample_and_emit_rows(host_rows, contexts, row_logits.data());
   }
 
   void fail(DevSeq& s, const Status& st) {
