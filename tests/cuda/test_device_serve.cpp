@@ -126,7 +126,8 @@ TEST_F(DeviceServe, HealthMetricsAndBatchInvariance) {
 
 // Greedy requests that need nothing else of their logits take their ids from the device's argmax
 // (no logits copied to the host): the same text as the host's sampling of copied logits, which a
-// request asking for logprobs takes; /metrics counts the rows of each.
+// request asking for logprobs takes; /metrics counts the rows of each, also in steps that hold
+// rows of both kinds (only the logprobs row's logits are copied there).
 TEST_F(DeviceServe, GreedyIdsOnTheDeviceMatchTheLogitsPath) {
   auto srv = start();
   ASSERT_GT(srv->port(), 0) << srv->log();
@@ -143,6 +144,23 @@ TEST_F(DeviceServe, GreedyIdsOnTheDeviceMatchTheLogitsPath) {
   // 12 tokens each: the first from the prefill's logits, 11 from decode rows.
   EXPECT_EQ(metric(m, "snapserve_decode_rows_total", "sampled_on=\"device\""), 11) << m;
   EXPECT_EQ(metric(m, "snapserve_decode_rows_total", "sampled_on=\"host\""), 11) << m;
+  // Both at once, 40 tokens each (steps that hold a row of each): each row is counted by where
+  // its id came from, whatever shares its step, and the texts are those alone.
+  const std::string longer = words(20, 6);
+  json a = completion(longer, 40), b = completion(longer, 40);
+  b["logprobs"] = 1;
+  const Reply alone = snap::testing::post(srv->port(), "/v1/completions", a);
+  ASSERT_EQ(alone.status, 200) << alone.body;
+  auto fa = std::async(std::launch::async, [&] { return snap::testing::post(srv->port(), "/v1/completions", a); });
+  auto fb = std::async(std::launch::async, [&] { return snap::testing::post(srv->port(), "/v1/completions", b); });
+  const Reply ra = fa.get(), rb = fb.get();
+  ASSERT_EQ(ra.status, 200) << ra.body;
+  ASSERT_EQ(rb.status, 200) << rb.body;
+  EXPECT_EQ(ra.j()["choices"][0]["text"], alone.j()["choices"][0]["text"]);
+  EXPECT_EQ(rb.j()["choices"][0]["text"], alone.j()["choices"][0]["text"]);
+  const std::string m2 = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+  EXPECT_EQ(metric(m2, "snapserve_decode_rows_total", "sampled_on=\"device\""), 11 + 39 + 39) << m2;
+  EXPECT_EQ(metric(m2, "snapserve_decode_rows_total", "sampled_on=\"host\""), 11 + 39) << m2;
 }
 
 TEST_F(DeviceServe, EveryPolicyCompresses) {

@@ -797,19 +797,29 @@ class DeviceEngine final : public Engine {
       tokens[b] = rows[b]->next_token;
     }
     // Greedy rows that need nothing else of their logits take their ids from the device's argmax
-    // (the host's tie rule): when every row of the step is such, no logits cross to the host.
-    const bool ids_only = std::all_of(rows.begin(), rows.end(), [](const DevSeq* r) { return greedy_without_logits(*r); });
-    float* logits = ids_only ? nullptr : batch_logits_.reserve(static_cast<size_t>(n * vocab));
-    std::vector<int32_t> ids(static_cast<size_t>(ids_only ? n : 0));
+    // (the host's tie rule), and only the other rows' logits cross to the host: none when every
+    // row of the step is such.
+    std::vector<uint8_t> wants(static_cast<size_t>(n));
+    int64_t host_n = 0;
+    for (int64_t b = 0; b < n; ++b) {
+      wants[b] = greedy_without_logits(*rows[b]) ? 0 : 1;
+      host_n += wants[b];
+    }
+    float* logits = host_n == 0 ? nullptr : batch_logits_.reserve(static_cast<size_t>(n * vocab));
+    std::vector<int32_t> ids(static_cast<size_t>(host_n < n ? n : 0));
     DeviceOp op;
     op.kind = DeviceOpKind::decode;
     op.seqs = seqs;
     op.tokens = tokens;
     Status st = tell(op);
     if (!st.ok()) return group_failure(st);
-    st = fwd_->decode_batch(seqs.data(), tokens.data(), n, logits, ids_only ? ids.data() : nullptr);
+    st = fwd_->decode_batch(seqs.data(), tokens.data(), n, logits, ids.empty() ? nullptr : ids.data(),
+                            host_n < n ? wants.data() : nullptr);
     if (!st.ok() && grouped(cfg_)) return group_failure(st);
-    if (st.ok() && metrics_) metrics_->add_decode_rows(ids_only ? "device" : "host", n);
+    if (st.ok() && metrics_) {
+      if (host_n < n) metrics_->add_decode_rows("device", n - host_n);
+      if (host_n > 0) metrics_->add_decode_rows("host", host_n);
+    }
     std::vector<TokenStream*> host_rows;
     std::vector<EmitContext> contexts;
     std::vector<const float*> row_logits;
@@ -818,7 +828,7 @@ class DeviceEngine final : public Engine {
         fail(*rows[b], st);
         continue;
       }
-      if (ids_only) {
+      if (!wants[b]) {
         emit_token(*rows[b], emit_context(*rows[b]), ids[b]);
         continue;
       }

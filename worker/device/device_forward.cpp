@@ -314,7 +314,7 @@ Status DeviceForward::head(int64_t rows, bool rowwise) {
 }
 
 Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, int64_t num_rows, float* logits,
-                                   int32_t* greedy) {
+                                   int32_t* greedy, const uint8_t* logits_rows) {
   if (num_rows <= 0) return invalid_argument("device forward: no decode rows");
   SNAP_RETURN_IF_ERROR(check_shard());
   const int nkv = config_.num_kv_heads, bs = pool_.shape().block_size;
@@ -367,7 +367,21 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
     kernels::argmax_cuda(logits_, n, vocab, greedy_, stream_);
     DEV_TRY("greedy", cudaMemcpyAsync(greedy, greedy_, 4 * n, cudaMemcpyDeviceToHost, stream_));
   }
-  if (logits) DEV_TRY("logits", cudaMemcpyAsync(logits, logits_, 4 * n * vocab, cudaMemcpyDeviceToHost, stream_));
+  if (logits && !logits_rows) {
+    DEV_TRY("logits", cudaMemcpyAsync(logits, logits_, 4 * n * vocab, cudaMemcpyDeviceToHost, stream_));
+  } else if (logits) {
+    for (int64_t r = 0; r < n;) {  // each run of wanted rows in one copy
+      if (!logits_rows[r]) {
+        ++r;
+        continue;
+      }
+      int64_t end = r + 1;
+      while (end < n && logits_rows[end]) ++end;
+      DEV_TRY("logits", cudaMemcpyAsync(logits + r * vocab, logits_ + r * vocab, 4 * (end - r) * vocab,
+                                        cudaMemcpyDeviceToHost, stream_));
+      r = end;
+    }
+  }
   DEV_TRY("decode batch", cudaStreamSynchronize(stream_));
   return Status::ok_status();
 }

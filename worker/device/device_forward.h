@@ -65,8 +65,12 @@ class DeviceForward {
   // append launch at 8 KV heads, 64 per attention launch): DeviceKvPool::append_rows and
   // attention_decode_rows_cuda, whose row b is bitwise attention_paged_cuda's of that row alone.
   // logits (host, may be null): [num_rows, vocab]; greedy (host, may be null): [num_rows].
+  // logits_rows (may be null: every row): only rows r with logits_rows[r] != 0 are copied into
+  // logits (the others are left as they are), so that a step's greedy rows, whose ids come
+  // from `greedy`, cost no transfer.
   // All or nothing for the pool: refused before any work when the free blocks do not suffice.
-  Status decode_batch(const int32_t* seqs, const int32_t* tokens, int64_t num_rows, float* logits, int32_t* greedy);
+  Status decode_batch(const int32_t* seqs, const int32_t* tokens, int64_t num_rows, float* logits, int32_t* greedy,
+                      const uint8_t* logits_rows = nullptr);
 
   // Layer-wise prefill (the twin of LlamaForward::prefill_layerwise): the whole prompt through
   // layer 0 in chunks of `chunk` tokens (the last holding at least the policy's window), that
