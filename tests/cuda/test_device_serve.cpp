@@ -22,10 +22,7 @@
 #include <boost/asio.hpp>
 #include <chrono>
 #include <cstdio>
-#include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -35,6 +32,7 @@
 
 #include "tests/snapserve_binary.h"
 #include "tests/e2e/http_client.h"
+#include "tests/e2e/logits_dump_file.h"
 #include "tests/e2e/server_process.h"
 
 namespace snap {
@@ -232,16 +230,9 @@ TEST_F(DeviceServe, ChoicesAndEchoAsOnTheCpu) {
   const std::string cmd = k_bin + " generate --device cuda --model " + (dir_ / "m").string() + " --prompt '" + eprompt +
                           "' --max-tokens 1 --prefill-chunk 64 --dump-logits " + dump + " >/dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  std::ifstream in(dump, std::ios::binary);
-  char head[32];
-  ASSERT_TRUE(in.read(head, 32));
-  int64_t n = 0, vocab = 0;
-  std::memcpy(&n, head + 16, 8);
-  std::memcpy(&vocab, head + 24, 8);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  std::vector<float> rows(static_cast<size_t>(n * vocab));
-  ASSERT_TRUE(in.read(reinterpret_cast<char*>(ids.data()), 4 * n));
-  ASSERT_TRUE(in.read(reinterpret_cast<char*>(rows.data()), 4 * n * vocab));
+  snap::testing::DumpedLogits d;
+  ASSERT_TRUE(snap::testing::read_logits_dump(dump, &d)) << dump;
+  const int64_t n = d.n;
   ASSERT_GT(n, 64) << "the prompt should take more than one chunk";
   const Reply e = snap::testing::post(srv->port(), "/v1/completions",
                                       {{"prompt", eprompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}});
@@ -251,11 +242,8 @@ TEST_F(DeviceServe, ChoicesAndEchoAsOnTheCpu) {
   ASSERT_EQ(static_cast<int64_t>(lp["token_logprobs"].size()), n) << lp.dump();
   EXPECT_TRUE(lp["token_logprobs"][0].is_null());
   for (int64_t j = 1; j < n; ++j) {
-    const float* row = rows.data() + (j - 1) * vocab;
-    double mx = row[0], z = 0;
-    for (int64_t t = 0; t < vocab; ++t) mx = std::max<double>(mx, row[t]);
-    for (int64_t t = 0; t < vocab; ++t) z += std::exp(row[t] - mx);
-    EXPECT_NEAR(lp["token_logprobs"][j].get<double>(), row[ids[j]] - mx - std::log(z), 1e-3) << "prompt token " << j;
+    EXPECT_NEAR(lp["token_logprobs"][j].get<double>(), snap::testing::log_softmax_at(d.row(j - 1), d.vocab, d.ids[j]), 1e-3)
+        << "prompt token " << j;
     // The 2 most likely, and the prompt token itself when it is not among them.
     EXPECT_GE(lp["top_logprobs"][j].size(), 2u);
     EXPECT_LE(lp["top_logprobs"][j].size(), 3u);

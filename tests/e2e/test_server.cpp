@@ -34,6 +34,7 @@
 #include "coordinator/engine/prompt.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "tests/e2e/http_client.h"
+#include "tests/e2e/logits_dump_file.h"
 #include "tests/e2e/server_process.h"
 #include "tests/prom_text.h"
 
@@ -566,16 +567,9 @@ TEST_F(Server, EchoScoresThePromptLikeTheDumpedLogits) {
   const std::string cmd = snapserve_binary() + " generate --model " + model_path() + " --prompt '" +
                           prompt + "' --max-tokens 1 --threads 2 --dump-logits " + dump + " >/dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  std::ifstream in(dump, std::ios::binary);
-  char head[32];
-  ASSERT_TRUE(in.read(head, 32));
-  int64_t n = 0, vocab = 0;
-  std::memcpy(&n, head + 16, 8);
-  std::memcpy(&vocab, head + 24, 8);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  std::vector<float> rows(static_cast<size_t>(n * vocab));
-  ASSERT_TRUE(in.read(reinterpret_cast<char*>(ids.data()), 4 * n));
-  ASSERT_TRUE(in.read(reinterpret_cast<char*>(rows.data()), 4 * n * vocab));
+  snap::testing::DumpedLogits d;
+  ASSERT_TRUE(snap::testing::read_logits_dump(dump, &d)) << dump;
+  const int64_t n = d.n;
   fs::remove(dump);
 
   const Reply r = post(port_, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
@@ -588,12 +582,9 @@ TEST_F(Server, EchoScoresThePromptLikeTheDumpedLogits) {
   EXPECT_TRUE(lp["token_logprobs"][0].is_null());
   EXPECT_TRUE(lp["top_logprobs"][0].is_null());
   for (int64_t j = 1; j < n; ++j) {
-    const float* row = rows.data() + (j - 1) * vocab;
-    double mx = row[0], z = 0;
-    for (int64_t t = 0; t < vocab; ++t) mx = std::max<double>(mx, row[t]);
-    for (int64_t t = 0; t < vocab; ++t) z += std::exp(row[t] - mx);
-    EXPECT_EQ(lp["tokens"][j], tokenizer_->token_bytes(ids[j]));
-    EXPECT_NEAR(lp["token_logprobs"][j].get<double>(), row[ids[j]] - mx - std::log(z), 1e-3) << "prompt token " << j;
+    EXPECT_EQ(lp["tokens"][j], tokenizer_->token_bytes(d.ids[j]));
+    EXPECT_NEAR(lp["token_logprobs"][j].get<double>(), snap::testing::log_softmax_at(d.row(j - 1), d.vocab, d.ids[j]), 1e-3)
+        << "prompt token " << j;
   }
   // With generation: the prompt, then the completion, and their logprobs in that order.
   const Reply g = post(port_, "/v1/completions",
