@@ -9,10 +9,11 @@
 // host (penalties, logit_bias, logprobs as on the CPU), detokenize, cut stop strings, stream.
 // Reservations: max(the prompt uncompressed + one layer's compaction copy, n × (the compressed
 // size + max_tokens)), shrunk to the second once compressed. n > 1 (as on the CPU): choice 0
-// prefills, then the pool copies its cache for choices 1..n-1 (DeviceKvPool::fork), which decode
-// as rows of their own with seeds seed + c. echo's prompt logprobs: each prompt chunk's every row
-// through the LM head to the host, scored there as the CPU engine scores them. Prefill is one sequence at a time (the
-// forward's window/H2O capture is per prefill), decode rows of all of them every step. A
+// prefills, then the pool copies its cache for choices 1..n-1 (DeviceKvPool::fork), which
+// decode as rows of their own with seeds seed + c. echo's prompt logprobs: each prompt chunk's
+// every row through the LM head to the host, scored there as the CPU engine scores them.
+// Prefill is one sequence at a time (the forward's window/H2O capture is per prefill), decode
+// rows of all of them every step. A
 // layer-wise prefill (asked, or chosen as the CPU engine chooses it) runs the whole prompt in
 // its step and reserves one layer's full KV instead of every layer's.
 // Tensor parallelism (serve --device cuda --tp N): every rank holds its shard on its GPU
@@ -693,7 +694,7 @@ class DeviceEngine final : public Engine {
       if (!st.ok()) return op_failed(s, st);
       s.compressed = true;
       if (metrics_) metrics_->observe_snapkv_selection(now_seconds() - ts);
-      const int64_t after = after_compression_blocks(s.req);
+      const int64_t after = s.req.n * after_compression_blocks(s.req);  // every choice's copy
       std::lock_guard<std::mutex> lock(mu_);
       if (after < s.reserved_blocks) {
         reserved_blocks_ -= s.reserved_blocks - after;
@@ -779,7 +780,7 @@ class DeviceEngine final : public Engine {
     s.compressed = true;
     if (metrics_) metrics_->observe_snapkv_selection(now_seconds() - ts);
     {
-      const int64_t after = after_compression_blocks(s.req);
+      const int64_t after = s.req.n * after_compression_blocks(s.req);  // every choice's copy
       std::lock_guard<std::mutex> lock(mu_);
       if (after < s.reserved_blocks) {
         reserved_blocks_ -= s.reserved_blocks - after;
