@@ -14,11 +14,13 @@
 //   - n > 1 as on the CPU: choice c of a sampled request is what the request with seed + c
 //     gives alone (forked from a compressed cache, and from a full one), and the copies' blocks
 //     go back; echo's prompt logprobs are the log-softmax of the logits `generate --device
-//     cuda --dump-logits` writes, and max_tokens 0 only scores.
+//     cuda --dump-logits` writes, and max_tokens 0 only scores; n choices keep n copies of their
+//     compressed cache reserved (a request that would not fit beside them waits).
 // Exits 77 without a usable GPU (the no-GPU contract is tests/device/test_device_cli.cpp).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
 #include <cstdio>
@@ -284,6 +286,54 @@ TEST_F(DeviceServe, AdmissionByDeviceBlocks) {
   const Reply big = snap::testing::post(srv->port(), "/v1/completions", completion(words(2 * fits_alone, 8), 8));
   EXPECT_EQ(big.status, 400) << big.body;
   EXPECT_NE(big.body.find("device KV blocks"), std::string::npos) << big.body;
+}
+
+// n > 1 holds n copies of its compressed cache: a request of 3 choices keeps 3 x (64 + 300 tokens)
+// per head reserved after its compression (276 of the 496 blocks), so a full-cache request of
+// ~400 blocks sent while it streams waits for it instead of running beside it — where the two
+// would outgrow the pool (one copy's reservation: 92 + 400 <= 496 admits it, then both fail).
+TEST_F(DeviceServe, ChoicesKeepEveryCopyReserved) {
+  auto srv = start();
+  ASSERT_GT(srv->port(), 0) << srv->log();
+  const Reply probe = snap::testing::post(srv->port(), "/v1/completions", completion(words(100, 5), 1));
+  ASSERT_EQ(probe.status, 200) << probe.body;
+  const double per_word = probe.j()["usage"]["prompt_tokens"].get<double>() / 100.0;
+  const json big = completion(words(static_cast<int>(1390 / per_word), 12), 200);  // ~(1390 + 200) / 16 x 4 = 400 blocks
+  const Reply alone = snap::testing::post(srv->port(), "/v1/completions", big);
+  ASSERT_EQ(alone.status, 200) << alone.body;
+  json body = completion(words(150, 13), 300, {{"policy", "snapkv"}, {"budget", 64}, {"window", 16}, {"kernel", 5}});
+  body["n"] = 3;
+  body["temperature"] = 0.9;
+  body["stream"] = true;
+  std::atomic<bool> streaming{false};
+  auto stream = std::async(std::launch::async, [&] {
+    namespace net = boost::asio;
+    net::io_context ioc;
+    net::ip::tcp::socket sock(ioc);
+    sock.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(srv->port())});
+    const std::string b = body.dump();
+    net::write(sock, net::buffer("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                 "Connection: close\r\nContent-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b));
+    std::string all;
+    char buf[4096];
+    boost::system::error_code ec;
+    for (;;) {
+      const size_t got = sock.read_some(net::buffer(buf), ec);
+      if (ec) break;
+      all.append(buf, got);
+      if (all.find("data:") != std::string::npos) streaming = true;
+    }
+    streaming = true;
+    return all;
+  });
+  for (int i = 0; i < 2000 && !streaming; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const Reply b = snap::testing::post(srv->port(), "/v1/completions", big);
+  const std::string streamed = stream.get();
+  ASSERT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(b.j()["choices"][0]["text"], alone.j()["choices"][0]["text"]);
+  EXPECT_EQ(b.j()["choices"][0]["finish_reason"], "length") << b.body;
+  EXPECT_NE(streamed.find("[DONE]"), std::string::npos) << streamed.substr(0, 2000);
+  EXPECT_EQ(streamed.find("\"error\""), std::string::npos) << streamed.substr(streamed.find("\"error\""), 600);
 }
 
 TEST_F(DeviceServe, CancelFreesBlocksAndSigtermDrains) {
