@@ -31,8 +31,10 @@ void BM_SampleRows(benchmark::State& state) {
   std::uniform_real_distribution<float> flat(-1.0f, 1.0f);
   std::vector<std::unique_ptr<TokenStream>> streams;
   std::vector<TokenStream*> ptrs;
-  std::vector<EmitContext> contexts(static_cast<size_t>(rows));
   const std::vector<int32_t> eos;
+  EmitContext context;
+  context.vocab = k_vocab;
+  context.eos = &eos;
   for (int64_t r = 0; r < rows; ++r) {
     auto s = std::make_unique<TokenStream>();
     s->logits.resize(k_vocab);
@@ -41,8 +43,6 @@ void BM_SampleRows(benchmark::State& state) {
     if (params >= 1) s->req.sampling.top_p = 0.9f;
     if (params == 2) s->req.sampling.top_k = 50;
     s->rng = kernels::Rng(static_cast<uint64_t>(r));
-    contexts[r].vocab = k_vocab;
-    contexts[r].eos = &eos;
     ptrs.push_back(s.get());
     streams.push_back(std::move(s));
   }
@@ -50,7 +50,7 @@ void BM_SampleRows(benchmark::State& state) {
   omp_set_num_threads(threads);
   std::vector<SampledToken> out;
   for (auto _ : state) {
-    sample_rows(ptrs, contexts, nullptr, &out);
+    sample_rows(ptrs, context, nullptr, &out);
     benchmark::DoNotOptimize(out.data());
   }
   omp_set_num_threads(before);

@@ -569,7 +569,6 @@ class EngineImpl final : public Engine {
     if (metrics_) metrics_->observe_step_latency(has_prefill ? "prefill" : "decode", 0, dt);
     peak_step_sequences_ = std::max<int64_t>(peak_step_sequences_, static_cast<int64_t>(seqs.size()));
     std::vector<TokenStream*> rows;
-    std::vector<EmitContext> row_contexts;
     for (size_t i = 0; i < seqs.size(); ++i) {
       Sequence& s = *seqs[i];
       if (s.prefilling()) {
@@ -581,11 +580,10 @@ class EngineImpl final : public Engine {
         fail(s, st);
       } else {
         rows.push_back(&s);
-        row_contexts.push_back(emit_context(s));
       }
     }
     // The decode rows' draws on OpenMP threads (each row its own generator), then their events.
-    sample_and_emit_rows(rows, row_contexts);
+    sample_and_emit_rows(rows, emit_context());
     reap();
   }
 
@@ -670,15 +668,13 @@ class EngineImpl final : public Engine {
 
   // Samples the next token from s.logits and streams it; marks the sequence done when a
   // stop condition holds (coordinator/scheduler/token_stream.h).
-  void sample_and_emit(Sequence& s) { snap::sample_and_emit(s, emit_context(s)); }
-  EmitContext emit_context(const Sequence& s) const {
+  void sample_and_emit(Sequence& s) { snap::sample_and_emit(s, emit_context()); }
+  EmitContext emit_context() const {
     EmitContext c;
     c.vocab = model_->config.vocab_size;
     c.context = context_;
     c.eos = &eos_;
     c.metrics = metrics_;
-    c.observe_first_token = !s.child();
-    c.index = s.choice;
     return c;
   }
 

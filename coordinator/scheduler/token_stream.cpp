@@ -59,19 +59,18 @@ SampledToken sample_token(TokenStream& s, const EmitContext& c, const float* log
   return t;
 }
 
-void sample_rows(std::span<TokenStream* const> rows, std::span<const EmitContext> contexts,
-                 const float* const* logits, std::vector<SampledToken>* out) {
+void sample_rows(std::span<TokenStream* const> rows, const EmitContext& c, const float* const* logits,
+                 std::vector<SampledToken>* out) {
   const int64_t n = static_cast<int64_t>(rows.size());
   out->assign(static_cast<size_t>(n), SampledToken{});
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1)
-  for (int64_t i = 0; i < n; ++i) (*out)[i] = sample_token(*rows[i], contexts[i], logits ? logits[i] : nullptr);
+  for (int64_t i = 0; i < n; ++i) (*out)[i] = sample_token(*rows[i], c, logits ? logits[i] : nullptr);
 }
 
-void sample_and_emit_rows(std::span<TokenStream* const> rows, std::span<const EmitContext> contexts,
-                          const float* const* logits) {
+void sample_and_emit_rows(std::span<TokenStream* const> rows, const EmitContext& c, const float* const* logits) {
   std::vector<SampledToken> drawn;
-  sample_rows(rows, contexts, logits, &drawn);
-  for (size_t i = 0; i < rows.size(); ++i) emit_sampled(*rows[i], contexts[i], std::move(drawn[i]));
+  sample_rows(rows, c, logits, &drawn);
+  for (size_t i = 0; i < rows.size(); ++i) emit_sampled(*rows[i], c, std::move(drawn[i]));
 }
 
 void emit_token(TokenStream& s, const EmitContext& c, int32_t id) {
@@ -90,7 +89,7 @@ void emit_sampled(TokenStream& s, const EmitContext& c, SampledToken t) {
   const double now = now_seconds();
   if (s.generated == 0) {
     s.first_token = now;
-    if (c.metrics && c.observe_first_token) c.metrics->observe_time_to_first_token(now - s.arrival);
+    if (c.metrics && !s.child()) c.metrics->observe_time_to_first_token(now - s.arrival);
   } else if (c.metrics) {
     c.metrics->observe_inter_token_latency(now - s.last_token);
   }
@@ -101,7 +100,7 @@ void emit_sampled(TokenStream& s, const EmitContext& c, SampledToken t) {
   const bool eos = (!s.req.ignore_eos && std::find(c.eos->begin(), c.eos->end(), id) != c.eos->end()) || stop_id;
   EngineEvent ev;
   ev.kind = EngineEvent::Kind::token;
-  ev.index = c.index;
+  ev.index = s.choice;
   ev.token_id = id;
   ev.stop_token = eos;
   if (t.has_logprobs) {

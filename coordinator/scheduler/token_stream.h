@@ -52,14 +52,13 @@ struct TokenStream {
   bool child() const { return choice > 0; }
 };
 
-// The engine-wide facts sample_and_emit reads.
+// The engine-wide facts sample_and_emit reads. A stream's own choice gives its events' index,
+// and only choice 0 observes the time to first token (one a request).
 struct EmitContext {
   int64_t vocab = 0;
   int64_t context = 0;                     // the model's context: prompt + generated stops there
   const std::vector<int32_t>* eos = nullptr;  // the model's end-of-sequence ids
   ServerMetrics* metrics = nullptr;        // may be null
-  bool observe_first_token = true;         // false for the extra choices of n > 1 (one TTFT a request)
-  int index = 0;                           // the choice index the events carry
 };
 
 // Samples the next token from s.logits (after the request's logits processing), streams it
@@ -86,10 +85,9 @@ void emit_sampled(TokenStream& s, const EmitContext& c, SampledToken t);
 // when logits is null) on OpenMP threads, rows spread over them (each draws from its own
 // generator: the ids are those one thread draws), then each row's emit_sampled in row order on
 // this thread (the sinks are called from here only).
-void sample_rows(std::span<TokenStream* const> rows, std::span<const EmitContext> contexts,
-                 const float* const* logits, std::vector<SampledToken>* out);
-void sample_and_emit_rows(std::span<TokenStream* const> rows, std::span<const EmitContext> contexts,
-                          const float* const* logits = nullptr);
+void sample_rows(std::span<TokenStream* const> rows, const EmitContext& c, const float* const* logits,
+                 std::vector<SampledToken>* out);
+void sample_and_emit_rows(std::span<TokenStream* const> rows, const EmitContext& c, const float* const* logits = nullptr);
 // Whether s's next token is the plain argmax of its logits and nothing else of them is needed:
 // greedy (temperature ≤ 0: sample_cpu takes the lowest id of the maximum and draws no random
 // number), no logits processing, no logprobs. Then an engine may take the id from a device

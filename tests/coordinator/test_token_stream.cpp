@@ -49,7 +49,7 @@ struct Stream {
     c.vocab = tokenizer().vocab_size();
     c.context = context;
     c.eos = &eos;
-    c.index = 3;
+    s.choice = 3;  // the events carry the stream's choice
   }
   // Makes `id` the argmax and emits it.
   void emit(int32_t id) {

@@ -821,8 +821,8 @@ class DeviceEngine final : public Engine {
       if (host_n < n) metrics_->add_decode_rows("device", n - host_n);
       if (host_n > 0) metrics_->add_decode_rows("host", host_n);
     }
+    const EmitContext context = emit_context();
     std::vector<TokenStream*> host_rows;
-    std::vector<EmitContext> contexts;
     std::vector<const float*> row_logits;
     for (int64_t b = 0; b < n; ++b) {
       if (!st.ok()) {
@@ -830,16 +830,15 @@ class DeviceEngine final : public Engine {
         continue;
       }
       if (!wants[b]) {
-        emit_token(*rows[b], emit_context(*rows[b]), ids[b]);
+        emit_token(*rows[b], context, ids[b]);
         continue;
       }
       host_rows.push_back(rows[b]);
-      contexts.push_back(emit_context(*rows[b]));
       row_logits.push_back(logits + b * vocab);
     }
     // The rows' draws straight from the page-locked logits, on OpenMP threads (each row its own
     // generator), then their events in row order.
-    sample_and_emit_rows(host_rows, contexts, row_logits.data());
+    sample_and_emit_rows(host_rows, context, row_logits.data());
   }
 
   void fail(DevSeq& s, const Status& st) {
@@ -847,18 +846,16 @@ class DeviceEngine final : public Engine {
     s.error = st;
   }
 
-  EmitContext emit_context(const DevSeq& s) const {
+  EmitContext emit_context() const {
     EmitContext c;
     c.vocab = model_->config.vocab_size;
     c.context = context_;
     c.eos = &eos_;
     c.metrics = metrics_;
-    c.observe_first_token = !s.child();
-    c.index = s.choice;
     return c;
   }
   // Samples the next token from s.logits and streams it, as the CPU engine does.
-  void sample_and_emit(DevSeq& s) { snap::sample_and_emit(s, emit_context(s)); }
+  void sample_and_emit(DevSeq& s) { snap::sample_and_emit(s, emit_context()); }
 
   void reap() {
     std::lock_guard<std::mutex> lock(mu_);
