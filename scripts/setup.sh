@@ -125,6 +125,7 @@ cuda_args=()
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda_args=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
 fi
+build_start=$SECONDS
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)"
-echo "setup: done (model: $model, binary: $build/snapserve)" >&2
+echo "setup: done (model: $model, binary: $build/snapserve; the build took $((SECONDS - build_start)) s)" >&2
