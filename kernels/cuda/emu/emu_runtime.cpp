@@ -2,7 +2,10 @@
 // its blocks one after another on the calling OS thread; inside a block every CUDA thread is a
 // fiber with its own stack, run until it finishes or reaches a barrier. A warp shuffle is
 // completed by the last lane of its mask to arrive, which hands every lane its source lane's
-// value and lets them go on. When no thread can run, the scheduler releases __syncthreads if
+// value and lets them go on. A thread that stops at a barrier switches straight to the next
+// thread of the scheduler's pass that can run (the one the scheduler would pick: same order,
+// half the switches of going through it); the scheduler takes over when the pass has none
+// left, or the thread returned or faulted. When no thread can run, the scheduler releases __syncthreads if
 // every thread of the block waits there, and otherwise reports a fault (a barrier some
 // threads never reach, or a deadlock) after unwinding the threads that wait.
 //   SNAP_EMU_SCHEDULE=forward|reverse|shuffle (default forward) orders the threads of a pass and
@@ -76,6 +79,9 @@ snap_emu_trampoline:
 )");
 #endif
 
+// A thread's first frame (below); a new thread's context enters it.
+extern "C" void snap_emu_fiber_main();
+
 namespace snap_emu {
 namespace {
 
@@ -124,6 +130,25 @@ struct Fiber {
   // oldest first. A group's bytes land when cp_async_wait lets it complete, not before.
   std::vector<AsyncCopy> async_open;
   std::deque<std::vector<AsyncCopy>> async_groups;
+
+  // The same CUDA thread in the next block: fresh state, the containers' storage kept (a
+  // default-constructed deque allocates, and under ASan an allocation per thread per block
+  // was a tenth of an emulated GEMV's time).
+  void reset() {
+#if defined(SNAP_EMU_ASM_SWITCH)
+    sp = nullptr;
+#endif
+    stack = nullptr;
+    st = St::ready;
+    started = false;
+    src_lane = 0;
+    what = nullptr;
+    deposit = result = 0;
+    collective = false;
+    next_slot = 0;
+    async_open.clear();
+    async_groups.clear();
+  }
 };
 
 // A warp's shuffle in progress: the lanes that have reached it and the mask they name.
@@ -171,6 +196,8 @@ struct Engine {
   Fiber* cur = nullptr;
   uint3 bid{};
   std::vector<size_t> order;  // the pass order of the block's threads
+  size_t pass_pos = 0;        // where the running pass is in `order` (the thread running now)
+  bool from_scheduler = false;  // the running thread was entered from the scheduler, not a thread
   std::vector<WarpWait> warps;
   std::vector<Slot> slots;
   struct AlignedDelete {
@@ -244,16 +271,94 @@ void switch_to_scheduler(Engine& e, Fiber& f) {
 #endif
 }
 
-// Back to the scheduler from a fiber (a barrier or the end of the thread).
+// A thread about to run for the first time: its stack, and a first frame that enters
+// snap_emu_fiber_main. (Out of line: its locals' ASan redzones cost every switch otherwise.)
+[[gnu::noinline]] void start(Engine& e, Fiber& f) {
+  f.stack = take_stack(e);
+#if defined(SNAP_EMU_ASM_SWITCH)
+  // The frame snap_emu_switch pops: MXCSR + x87 control word (this thread's), six zeroed
+  // callee-saved registers, then the trampoline as the return address, placed so that the
+  // trampoline's call sees a 16-byte aligned stack as the ABI requires.
+  auto top = reinterpret_cast<uintptr_t>(f.stack) + k_stack_bytes - 16;
+  top &= ~uintptr_t{15};
+  auto* frame = reinterpret_cast<uint64_t*>(top - 64);
+  uint32_t mxcsr = 0;
+  uint16_t fpucw = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpucw));
+  frame[0] = mxcsr | static_cast<uint64_t>(fpucw) << 32;
+  for (int r = 1; r <= 6; ++r) frame[r] = 0;
+  frame[7] = reinterpret_cast<uint64_t>(&snap_emu_trampoline);
+  f.sp = frame;
+#else
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack;
+  f.ctx.uc_stack.ss_size = k_stack_bytes;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, reinterpret_cast<void (*)()>(&snap_emu_fiber_main), 0);
+#endif
+  f.started = true;
+}
+
+inline void prepare(Engine& e, Fiber& f) {
+  if (!f.started) start(e, f);
+}
+
+// The thread that runs now: the engine's and the kernel's view of it.
+void enter(Engine& e, Fiber& f) {
+  e.cur = &f;
+  t_current.tid = f.tid;
+  t_current.lane = f.lane;
+}
+
+// The thread the scheduler would run next in this pass after the running one: the next ready
+// thread in `order` (threads before the running one wait for the next pass, as they would).
+// Null, with the pass ended, when there is none.
+Fiber* next_in_pass(Engine& e) {
+  for (size_t p = e.pass_pos + 1; p < e.order.size(); ++p) {
+    Fiber& g = e.fibers[e.order[p]];
+    if (g.st == St::ready) {
+      e.pass_pos = p;
+      return &g;
+    }
+  }
+  e.pass_pos = e.order.size() - 1;
+  return nullptr;
+}
+
+// The running thread stops (a barrier, the end of the thread, a fault). At a barrier it hands
+// the OS thread straight to the pass's next thread, if any; otherwise back to the scheduler.
 void yield_to_scheduler(Engine& e) {
   Fiber* f = e.cur;
+  const bool at_barrier = f->st == St::warp_bar || f->st == St::block_bar;
+  Fiber* g = at_barrier && !e.unwinding && e.fault.empty() ? next_in_pass(e) : nullptr;
 #if defined(SNAP_EMU_ASAN)
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(f->st == St::done ? nullptr : &fake, e.main_stack_bottom, e.main_stack_size);
-  switch_to_scheduler(e, *f);
-  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+  if (g != nullptr) {
+    prepare(e, *g);
+    enter(e, *g);
+    e.from_scheduler = false;
+    __sanitizer_start_switch_fiber(&fake, g->stack, k_stack_bytes);
+  } else {
+    __sanitizer_start_switch_fiber(f->st == St::done ? nullptr : &fake, e.main_stack_bottom, e.main_stack_size);
+  }
 #else
-  switch_to_scheduler(e, *f);
+  if (g != nullptr) {
+    prepare(e, *g);
+    enter(e, *g);
+  }
+#endif
+  if (g == nullptr) {
+    switch_to_scheduler(e, *f);
+  } else {
+#if defined(SNAP_EMU_ASM_SWITCH)
+    snap_emu_switch(&f->sp, g->sp);
+#else
+    swapcontext(&f->ctx, &g->ctx);
+#endif
+  }
+#if defined(SNAP_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
   if (e.unwinding) throw Unwind{};
 }
@@ -274,7 +379,14 @@ extern "C" void snap_emu_fiber_main() {
   using namespace snap_emu;
   Engine& e = *t_current.engine;
 #if defined(SNAP_EMU_ASAN)
-  __sanitizer_finish_switch_fiber(nullptr, &e.main_stack_bottom, &e.main_stack_size);
+  // The stack we came from: the scheduler's (kept: threads switch back to it), or a thread's.
+  const void* from_bottom = nullptr;
+  size_t from_size = 0;
+  __sanitizer_finish_switch_fiber(nullptr, &from_bottom, &from_size);
+  if (e.from_scheduler) {
+    e.main_stack_bottom = from_bottom;
+    e.main_stack_size = from_size;
+  }
 #endif
   try {
     e.body(e.ctx);
@@ -288,36 +400,12 @@ extern "C" void snap_emu_fiber_main() {
 namespace snap_emu {
 namespace {
 
+// The scheduler runs thread f until the OS thread comes back to it: when f, or a thread f (or
+// one after it) handed over to, returns, faults, or stops at a barrier with the pass done.
 void run_fiber(Engine& e, Fiber& f) {
-  if (!f.started) {
-    f.stack = take_stack(e);
-#if defined(SNAP_EMU_ASM_SWITCH)
-    // The frame snap_emu_switch pops: MXCSR + x87 control word (this thread's), six zeroed
-    // callee-saved registers, then the trampoline as the return address, placed so that the
-    // trampoline's call sees a 16-byte aligned stack as the ABI requires.
-    auto top = reinterpret_cast<uintptr_t>(f.stack) + k_stack_bytes - 16;
-    top &= ~uintptr_t{15};
-    auto* frame = reinterpret_cast<uint64_t*>(top - 64);
-    uint32_t mxcsr = 0;
-    uint16_t fpucw = 0;
-    asm volatile("stmxcsr %0" : "=m"(mxcsr));
-    asm volatile("fnstcw %0" : "=m"(fpucw));
-    frame[0] = mxcsr | static_cast<uint64_t>(fpucw) << 32;
-    for (int r = 1; r <= 6; ++r) frame[r] = 0;
-    frame[7] = reinterpret_cast<uint64_t>(&snap_emu_trampoline);
-    f.sp = frame;
-#else
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack;
-    f.ctx.uc_stack.ss_size = k_stack_bytes;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, reinterpret_cast<void (*)()>(&snap_emu_fiber_main), 0);
-#endif
-    f.started = true;
-  }
-  e.cur = &f;
-  t_current.tid = f.tid;
-  t_current.lane = f.lane;
+  prepare(e, f);
+  enter(e, f);
+  e.from_scheduler = true;
 #if defined(SNAP_EMU_ASAN)
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, k_stack_bytes);
@@ -330,10 +418,11 @@ void run_fiber(Engine& e, Fiber& f) {
 #if defined(SNAP_EMU_ASAN)
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
+  Fiber* last = e.cur;  // the thread that switched back (only a thread that returned is done)
   e.cur = nullptr;
-  if (f.st == St::done) {
-    e.stacks.push_back(f.stack);
-    f.stack = nullptr;
+  if (last->st == St::done) {
+    e.stacks.push_back(last->stack);
+    last->stack = nullptr;
   }
 }
 
@@ -388,8 +477,9 @@ bool run_block(Engine& e, Order order) {
   for (;;) {
     if (order == Order::shuffle) std::shuffle(idx.begin(), idx.end(), e.rng);
     bool ran = false;
-    for (size_t i : idx) {
-      Fiber& f = e.fibers[i];
+    // pass_pos is shared with the threads: one that stops at a barrier runs the next itself.
+    for (e.pass_pos = 0; e.pass_pos < idx.size(); ++e.pass_pos) {
+      Fiber& f = e.fibers[idx[e.pass_pos]];
       if (f.st != St::ready) continue;
       run_fiber(e, f);
       ran = true;
@@ -413,6 +503,38 @@ void syncthreads() {
 }
 
 namespace {
+// What is wrong with lane f's arrival at a warp barrier, as a fault (warp_arrive found
+// something). Out of line: the messages' strings would give warp_arrive a large stack frame,
+// whose ASan redzones it would set and clear at every shuffle.
+[[gnu::noinline, gnu::cold]] void warp_fault(Engine& e, Fiber& f, size_t w, uint32_t mask, int src_lane,
+                                             const char* what, WarpCollectiveFn fn) {
+  const int lane = f.lane;
+  const WarpWait& ww = e.warps[w];
+  const size_t lanes_here = std::min<size_t>(32, e.fibers.size() - w * 32);
+  if (!(mask >> lane & 1u))
+    fault_here(e, thread_name(f) + " calls " + what + " with a mask that does not name its own lane " + std::to_string(lane));
+  if (lanes_here < 32 && (mask >> lanes_here) != 0)
+    fault_here(e, "warp " + std::to_string(w) + ": " + what + "'s mask names lanes this block (" +
+                      std::to_string(e.fibers.size()) + " threads) does not have");
+  if (ww.arrived != 0 && ww.mask != mask)
+    fault_here(e, "warp " + std::to_string(w) + ": lanes wait at shuffles with different masks");
+  if (src_lane < 0 || src_lane >= 32 || !(mask >> src_lane & 1u))
+    fault_here(e, "warp " + std::to_string(w) + ": lane " + std::to_string(lane) + "'s " + what + " reads lane " +
+                      std::to_string(src_lane) + ", outside the mask");
+  const int first = std::countr_zero(ww.arrived);
+  fault_here(e, "warp " + std::to_string(w) + ": lane " + std::to_string(lane) + " is at " + what + " while lane " +
+                    std::to_string(first) + " waits at " + e.fibers[w * 32 + static_cast<size_t>(first)].what);
+}
+
+// The last lane of a collective runs fn over every lane's deposit.
+[[gnu::noinline]] void run_collective(Engine& e, const Fiber* base, size_t w, uint32_t mask, const char* what,
+                                      WarpCollectiveFn fn) {
+  void* args[32] = {};
+  for (int l = 0; l < 32; ++l)
+    if (mask >> l & 1u) args[l] = reinterpret_cast<void*>(base[l].deposit);
+  if (const char* err = fn(args, mask); err != nullptr) fault_here(e, "warp " + std::to_string(w) + ": " + what + ": " + err);
+}
+
 // A lane arrives at a warp barrier (a shuffle, or a collective when fn is set) with `bits`.
 // The last lane of the mask to arrive completes it: a collective's fn runs once over every
 // lane's deposit, then each lane gets its source lane's deposit and goes on.
@@ -422,25 +544,15 @@ uint64_t warp_arrive(uint32_t mask, uint64_t bits, int src_lane, const char* wha
   const int lane = f.lane;
   const size_t w = static_cast<size_t>(&f - e.fibers.data()) / 32;
   WarpWait& ww = e.warps[w];
-  auto fault = [&](std::string why) { fault_here(e, std::move(why)); };
-  if (!(mask >> lane & 1u))
-    fault(thread_name(f) + " calls " + what + " with a mask that does not name its own lane " + std::to_string(lane));
-  const size_t lanes_here = std::min<size_t>(32, e.fibers.size() - w * 32);
-  if (lanes_here < 32 && (mask >> lanes_here) != 0)
-    fault("warp " + std::to_string(w) + ": " + what + "'s mask names lanes this block (" +
-          std::to_string(e.fibers.size()) + " threads) does not have");
-  if (ww.arrived != 0 && ww.mask != mask)
-    fault("warp " + std::to_string(w) + ": lanes wait at shuffles with different masks");
-  if (src_lane < 0 || src_lane >= 32 || !(mask >> src_lane & 1u))
-    fault("warp " + std::to_string(w) + ": lane " + std::to_string(lane) + "'s " + what + " reads lane " +
-          std::to_string(src_lane) + ", outside the mask");
   Fiber* base = &e.fibers[w * 32];
-  if (ww.arrived != 0) {  // a collective meets only the same collective
+  const size_t lanes_here = std::min<size_t>(32, e.fibers.size() - w * 32);
+  bool bad = !(mask >> lane & 1u) || (lanes_here < 32 && (mask >> lanes_here) != 0) ||
+             (ww.arrived != 0 && ww.mask != mask) || src_lane < 0 || src_lane >= 32 || !(mask >> src_lane & 1u);
+  if (!bad && ww.arrived != 0) {  // a collective meets only the same collective
     const Fiber& first = base[std::countr_zero(ww.arrived)];
-    if ((fn != nullptr || first.collective) && std::strcmp(first.what, what) != 0)
-      fault("warp " + std::to_string(w) + ": lane " + std::to_string(lane) + " is at " + what + " while lane " +
-            std::to_string(std::countr_zero(ww.arrived)) + " waits at " + first.what);
+    bad = (fn != nullptr || first.collective) && std::strcmp(first.what, what) != 0;
   }
+  if (bad) warp_fault(e, f, w, mask, src_lane, what, fn);  // does not come back
   ww.mask = mask;
   ww.arrived |= 1u << lane;
   f.src_lane = src_lane;
@@ -452,12 +564,7 @@ uint64_t warp_arrive(uint32_t mask, uint64_t bits, int src_lane, const char* wha
     yield_to_scheduler(e);
     return f.result;
   }
-  if (fn != nullptr) {
-    void* args[32] = {};
-    for (int l = 0; l < 32; ++l)
-      if (mask >> l & 1u) args[l] = reinterpret_cast<void*>(base[l].deposit);
-    if (const char* err = fn(args, mask); err != nullptr) fault("warp " + std::to_string(w) + ": " + what + ": " + err);
-  }
+  if (fn != nullptr) run_collective(e, base, w, mask, what, fn);
   for (int l = 0; l < 32; ++l) {
     if (!(mask >> l & 1u)) continue;
     Fiber& g = base[l];
@@ -612,7 +719,7 @@ void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), vo
   t_current.bdim = b;
   t_current.gdim = g;
   e.fault.clear();
-  e.fibers.assign(threads, Fiber{});
+  e.fibers.resize(threads);  // reset below, per block
   for (unsigned z = 0, i = 0; z < b.z; ++z)
     for (unsigned y = 0; y < b.y; ++y)
       for (unsigned x = 0; x < b.x; ++x, ++i) {
@@ -631,12 +738,8 @@ void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), vo
     t_current.bid = e.bid;
     std::fill(e.warps.begin(), e.warps.end(), WarpWait{});
     for (Fiber& f : e.fibers) {
-      if (f.stack) e.stacks.push_back(f.stack);  // a previous block's fault left it
-      const uint3 tid = f.tid;
-      const int lane = f.lane;
-      f = Fiber{};
-      f.tid = tid;
-      f.lane = lane;
+      if (f.stack) e.stacks.push_back(f.stack);  // a fault may leave one
+      f.reset();
     }
     e.slots.clear();
     e.dyn_bytes = c.smem;
