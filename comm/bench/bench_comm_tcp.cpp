@@ -6,6 +6,9 @@
 // chunks (512 x 576, 2048 x 4096 floats = 32 MiB). bytes counted as the comm counters do
 // (count x element size).
 //   usage: bench_comm_tcp [world_size = 2] [port = 29650]
+//          bench_comm_tcp --rank R --world-size P --leader HOST [--port N]: one rank only, the
+//          others started apart (bench/run_comm_tcp_netns.sh: one network namespace per rank,
+//          each behind its own rate-limited link, as pods on separate hosts)
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,17 +16,18 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "comm/bootstrap.h"
 
 namespace {
 
-int run_rank(int rank, int size, int port) {
+int run_rank(int rank, int size, int port, const std::string& leader) {
   auto world = snap::comm::World::make(rank, size);
   if (!world.ok()) return 1;
   snap::comm::CommOptions options;
-  options.leader_host = "127.0.0.1";
+  options.leader_host = leader;
   options.port = port;
   auto made = snap::comm::make_communicator(snap::comm::CommKind::tcp, world.value(), options);
   if (!made.ok()) {
@@ -31,7 +35,7 @@ int run_rank(int rank, int size, int port) {
     return 1;
   }
   snap::comm::Communicator& comm = *made.value();
-  if (rank == 0) std::printf("bench_comm_tcp: all_reduce_sum f32 over tcp, %d ranks on 127.0.0.1\n", size);
+  if (rank == 0) std::printf("bench_comm_tcp: all_reduce_sum f32 over tcp, %d ranks, leader %s\n", size, leader.c_str());
   const struct {
     const char* what;
     int64_t count;
@@ -65,6 +69,26 @@ int run_rank(int rank, int size, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--rank") {
+    int rank = -1, size = 0, port = 29650;
+    std::string leader;
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string flag = argv[i];
+      if (flag == "--rank") rank = std::atoi(argv[i + 1]);
+      else if (flag == "--world-size") size = std::atoi(argv[i + 1]);
+      else if (flag == "--leader") leader = argv[i + 1];
+      else if (flag == "--port") port = std::atoi(argv[i + 1]);
+      else {
+        std::fprintf(stderr, "bench_comm_tcp: unknown flag %s\n", flag.c_str());
+        return 2;
+      }
+    }
+    if (rank < 0 || size < 2 || rank >= size || leader.empty()) {
+      std::fprintf(stderr, "usage: bench_comm_tcp --rank R --world-size P (>= 2) --leader HOST [--port N]\n");
+      return 2;
+    }
+    return run_rank(rank, size, port, leader);
+  }
   const int size = argc > 1 ? std::atoi(argv[1]) : 2;
   const int port = argc > 2 ? std::atoi(argv[2]) : 29650;
   if (size < 2) {
@@ -74,10 +98,10 @@ int main(int argc, char** argv) {
   std::vector<pid_t> kids;
   for (int r = 1; r < size; ++r) {
     const pid_t pid = fork();
-    if (pid == 0) std::_Exit(run_rank(r, size, port));
+    if (pid == 0) std::_Exit(run_rank(r, size, port, "127.0.0.1"));
     kids.push_back(pid);
   }
-  int rc = run_rank(0, size, port);
+  int rc = run_rank(0, size, port, "127.0.0.1");
   for (pid_t pid : kids) {
     int status = 0;
     waitpid(pid, &status, 0);
