@@ -1,15 +1,23 @@
 // TCP backend (host buffers) for launchers without MPI: Kubernetes LeaderWorkerSet pods or
-// explicit --rank/--world-size. A star through group rank 0 over persistent connections:
-// every rank != 0 sends its block to rank 0, rank 0 combines (all_reduce_sum: exactly
-// sum_blocks_in_rank_order, hence the MPI backend's bits) and sends the result to every
-// rank; the all-reduce moves in 256 KiB pieces, piece k's sum going out while piece k + 1
-// comes in. Rank 0 moves (P-1)·n bytes each way per all-reduce: fine for CPU tensor
-// parallelism over a handful of pods, not a replacement for NCCL/MPI at scale. Two ranks
-// (the star is then one connection) swap their blocks both ways at once and each sums them
-// in rank order, so an all-reduce or all-gather is one crossing, not two in turn.
+// explicit --rank/--world-size, over persistent connections. Two ranks (one connection) swap
+// their blocks both ways at once and each sums them in rank order, so an all-reduce or
+// all-gather is one crossing, not two in turn. Three or more are connected pairwise (a mesh):
+// every rank r > 0 listens on a port of its own (the rendezvous port + 1 + r where it is free),
+// tells rank 0 which in its hello, rank 0 hands the
+// ranks' addresses out, and rank s connects to every rank 0 < r < s. The all-reduce is then a
+// reduce-scatter followed by an all-gather (blocks above 64 KiB; smaller ones, where the number
+// of messages costs more than the bytes, go through rank 0 as a star): rank r owns the r-th of P near-equal chunks, gets
+// that chunk's piece from every rank, sums the P blocks in rank order (sum_blocks_in_rank_order:
+// the MPI backend's bits, whatever the chunking, since each element's sum is the same) and
+// sends the sum to every rank; every rank moves 2(P-1)/P·n bytes each way (a ring's figure; the
+// star through rank 0 it replaces moved (P-1)·n at rank 0), in 256 KiB pieces, piece k's
+// all-gather in the same round as piece k + 1's reduce-scatter. The all-gather goes straight
+// from every rank to every rank; broadcasts and barriers go through rank 0 (a star).
 //
-// Wire, little-endian. Setup: hello = u32 {magic, rank, world_size}; reply = u32 {magic,
-// verdict, value}. Collectives: each message is a 16-byte header {u32 magic, u32 kind,
+// Wire, little-endian. Setup: hello = u32 {magic, rank, world_size, mesh port (0 for 2
+// ranks)}; reply = u32 {magic, verdict, value}; with 3+ ranks rank 0 then sends the table
+// u32 bytes + for each rank r >= 1 {u32 port, u32 length, host}, and a mesh connection from
+// rank s to r starts with s's hello (port 0), answered by {magic, ok, r}. Collectives: each message is a 16-byte header {u32 magic, u32 kind,
 // u64 num_bytes} + payload; kind is the CommOp + 1, so ranks that call different
 // collectives (or counts) fail with a one-line error instead of misreading bytes. A rank
 // that fails sends, where its connection is at a message boundary, an abort notice (kind
@@ -102,9 +110,36 @@ Result<Socket> listen_on(int port, const Setup& st) {
   return s;
 }
 
+// Where rank r (>= 1) listens for its mesh connections, as rank 0 saw it.
+struct MeshAddress {
+  std::string host;
+  int port = 0;
+};
+
+// The numeric address of a connection's peer; an IPv4 peer of a dual-stack listener as IPv4.
+std::string peer_host(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET6) {
+    const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+      ::inet_ntop(AF_INET, &a6->sin6_addr.s6_addr[12], text, sizeof text);
+    } else {
+      ::inet_ntop(AF_INET6, &a6->sin6_addr, text, sizeof text);
+    }
+  } else if (a.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, text, sizeof text);
+  }
+  return text;
+}
+
 // Rank 0: accept world_size - 1 hellos; peers[r] is rank r's connection (peers[0] empty).
-// A refused hello fails the whole group: the ranks already connected are told why.
+// A refused hello fails the whole group: the ranks already connected are told why. With 3+
+// ranks, every rank then gets the table of the others' mesh addresses.
 Result<std::vector<Socket>> lead(int port, const Setup& st) {
+  std::vector<MeshAddress> mesh(static_cast<size_t>(st.world_size));
   SNAP_ASSIGN_OR_RETURN(Socket listener, listen_on(port, st));
   std::vector<Socket> peers(st.world_size);
   int joined = 1;
@@ -128,8 +163,8 @@ Result<std::vector<Socket>> lead(int port, const Setup& st) {
     if (peer.fd() < 0) continue;
     // A peer that connects and stays silent (a probe) may hold us at most 5 s.
     const auto hello_deadline = std::min(st.deadline, Clock::now() + std::chrono::seconds(5));
-    uint32_t hello[3];
-    if (recv_words(peer.fd(), hello, 3, hello_deadline) != Io::ok) continue;
+    uint32_t hello[4];
+    if (recv_words(peer.fd(), hello, 4, hello_deadline) != Io::ok) continue;
     std::vector<bool> joined_ranks(static_cast<size_t>(st.world_size));
     for (int r = 1; r < st.world_size; ++r) joined_ranks[static_cast<size_t>(r)] = peers[r].fd() >= 0;
     const HelloVerdict verdict = check_hello(hello, joined_ranks);
@@ -149,12 +184,25 @@ Result<std::vector<Socket>> lead(int port, const Setup& st) {
                        std::to_string(st.world_size) + ")");
     }
     tune_socket(peer.fd());
+    mesh[static_cast<size_t>(rank)] = MeshAddress{peer_host(peer.fd()), static_cast<int>(hello[3])};
     peers[rank] = std::move(peer);
     ++joined;
   }
+  std::vector<uint8_t> table;
+  if (st.world_size > 2) {
+    for (int r = 1; r < st.world_size; ++r) {
+      const MeshAddress& m = mesh[static_cast<size_t>(r)];
+      const uint32_t words[2] = {htole32(static_cast<uint32_t>(m.port)), htole32(static_cast<uint32_t>(m.host.size()))};
+      table.insert(table.end(), reinterpret_cast<const uint8_t*>(words), reinterpret_cast<const uint8_t*>(words) + 8);
+      table.insert(table.end(), m.host.begin(), m.host.end());
+    }
+  }
   for (int r = 1; r < st.world_size; ++r) {
-    const Io io = send_words(peers[r].fd(), {k_magic, k_verdict_ok, static_cast<uint32_t>(st.world_size)}, st.deadline);
-    if (io != Io::ok) return st.io_error(io, "telling rank " + std::to_string(r) + " that the group is complete");
+    const std::string what = "telling rank " + std::to_string(r) + " that the group is complete";
+    Io io = send_words(peers[r].fd(), {k_magic, k_verdict_ok, static_cast<uint32_t>(st.world_size)}, st.deadline);
+    if (io == Io::ok && !table.empty()) io = send_words(peers[r].fd(), {static_cast<uint32_t>(table.size())}, st.deadline);
+    if (io == Io::ok && !table.empty()) io = send_all(peers[r].fd(), table.data(), table.size(), st.deadline);
+    if (io != Io::ok) return st.io_error(io, what);
   }
   return peers;
 }
@@ -166,7 +214,7 @@ Result<Socket> connect_tuned(const std::string& host, int port, Clock::time_poin
   return s;
 }
 
-Result<Socket> follow(const std::string& host, int port, int rank, const Setup& st) {
+Result<Socket> follow(const std::string& host, int port, int rank, int mesh_port, const Setup& st) {
   Socket s;
   for (;;) {
     Result<Socket> c = connect_tuned(host, port, st.deadline);
@@ -181,7 +229,10 @@ Result<Socket> follow(const std::string& host, int port, int rank, const Setup& 
         k_retry_interval, std::chrono::milliseconds(remaining_ms(st.deadline))));
   }
   const std::string me = "rank " + std::to_string(rank);
-  Io io = send_words(s.fd(), {k_magic, static_cast<uint32_t>(rank), static_cast<uint32_t>(st.world_size)}, st.deadline);
+  Io io = send_words(s.fd(),
+                     {k_magic, static_cast<uint32_t>(rank), static_cast<uint32_t>(st.world_size),
+                      static_cast<uint32_t>(mesh_port)},
+                     st.deadline);
   if (io != Io::ok) return st.io_error(io, me + " sending its hello");
   // Rank 0 gives up at the same deadline and then says why (e.g. which ranks are
   // missing); wait a little longer for that than for our own deadline.
@@ -204,12 +255,93 @@ Result<Socket> follow(const std::string& host, int port, int rank, const Setup& 
   }
 }
 
+// A worker with 3+ ranks: the table of mesh addresses rank 0 sends after its verdict.
+Result<std::vector<MeshAddress>> receive_table(int fd, const Setup& st) {
+  uint32_t bytes = 0;
+  Io io = recv_words(fd, &bytes, 1, st.deadline + k_verdict_grace);
+  if (io != Io::ok) return st.io_error(io, "receiving the ranks' addresses from rank 0");
+  if (bytes > (1u << 20)) return st.failed("rank 0 sent a table of " + std::to_string(bytes) + " bytes");
+  std::vector<uint8_t> table(bytes);
+  io = recv_all(fd, table.data(), table.size(), st.deadline + k_verdict_grace);
+  if (io != Io::ok) return st.io_error(io, "receiving the ranks' addresses from rank 0");
+  std::vector<MeshAddress> mesh(static_cast<size_t>(st.world_size));
+  size_t at = 0;
+  for (int r = 1; r < st.world_size; ++r) {
+    uint32_t words[2];
+    if (table.size() - at < 8) return st.failed("rank 0 sent a short table of addresses");
+    std::memcpy(words, table.data() + at, 8);
+    at += 8;
+    const uint32_t len = le32toh(words[1]);
+    if (table.size() - at < len || len > 255) return st.failed("rank 0 sent a short table of addresses");
+    mesh[static_cast<size_t>(r)] = MeshAddress{std::string(reinterpret_cast<const char*>(table.data() + at), len),
+                                               static_cast<int>(le32toh(words[0]))};
+    at += len;
+  }
+  return mesh;
+}
+
+// Rank `me` (>= 1) of 3+: connects to every rank 0 < r < me and accepts every rank above it,
+// on the mesh listener; peers[0] (the leader) is already there.
+Status connect_mesh(int me, const std::vector<MeshAddress>& mesh, const Socket& listener, std::vector<Socket>& peers,
+                    const Setup& st) {
+  const int p = st.world_size;
+  const std::string who = "rank " + std::to_string(me);
+  for (int r = 1; r < me; ++r) {
+    const MeshAddress& m = mesh[static_cast<size_t>(r)];
+    const std::string where = "rank " + std::to_string(r) + " at " + m.host + ":" + std::to_string(m.port);
+    Result<Socket> c = connect_tuned(m.host, m.port, st.deadline);
+    if (!c.ok()) {
+      return st.failed(who + " could not connect to " + where + " (" + c.status().message() +
+                       "); with 3 or more ranks the ranks connect to each other, not only to rank 0: allow TCP "
+                       "between them");
+    }
+    Socket s = std::move(c.value());
+    Io io = send_words(s.fd(), {k_magic, static_cast<uint32_t>(me), static_cast<uint32_t>(p), 0}, st.deadline);
+    uint32_t reply[3] = {};
+    if (io == Io::ok) io = recv_words(s.fd(), reply, 3, st.deadline);
+    if (io != Io::ok) return st.io_error(io, who + " connecting to " + where);
+    if (reply[0] != k_magic || reply[1] != k_verdict_ok || reply[2] != static_cast<uint32_t>(r))
+      return st.failed(who + " connected to " + where + ", which did not answer as rank " + std::to_string(r));
+    peers[static_cast<size_t>(r)] = std::move(s);
+  }
+  for (int joined = me + 1; joined < p;) {
+    if (wait_fd(listener.fd(), POLLIN, st.deadline) == Io::timeout) {
+      std::string missing;
+      for (int r = me + 1; r < p; ++r)
+        if (peers[static_cast<size_t>(r)].fd() < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      return st.timed_out(who + " waited for ranks above it to connect (missing: " + missing + ")");
+    }
+    Socket peer(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (peer.fd() < 0) continue;
+    const auto hello_deadline = std::min(st.deadline, Clock::now() + std::chrono::seconds(5));
+    uint32_t hello[4];
+    if (recv_words(peer.fd(), hello, 4, hello_deadline) != Io::ok || hello[0] != k_magic) continue;  // a stray probe
+    const int rank = static_cast<int>(hello[1]);
+    if (hello[2] != static_cast<uint32_t>(p) || rank <= me || rank >= p || peers[static_cast<size_t>(rank)].fd() >= 0)
+      return st.failed(who + " got a mesh connection from rank " + std::to_string(rank) + " of world size " +
+                       std::to_string(hello[2]) + " (expected a rank in (" + std::to_string(me) + ", " +
+                       std::to_string(p) + "), once)");
+    if (send_words(peer.fd(), {k_magic, k_verdict_ok, static_cast<uint32_t>(me)}, hello_deadline) != Io::ok) continue;
+    tune_socket(peer.fd());
+    peers[static_cast<size_t>(rank)] = std::move(peer);
+    ++joined;
+  }
+  return Status();
+}
+
 // ------------------------------------------------------------ collectives
 
 // The all-reduce moves its blocks in pieces of this size (one message each way per piece):
 // 256 KiB measured fastest on loopback (bench_comm_tcp: 64 KiB 29 ms, 256 KiB 9.7 ms, 1 MiB 18 ms
 // for 32 MiB), small enough to stay within the sockets' buffers while the last piece is summed.
 constexpr int64_t k_pair_piece_bytes = 1 << 18;
+// With 3+ ranks, blocks up to this size go through rank 0 (the star), larger ones over the mesh:
+// a decode step's all-reduce (Llama-3-8B: 4096 floats, 16 KiB) is a few messages' latency, a
+// prefill chunk's (2048 x 4096 floats, 32 MiB) is the bytes on each rank's link. Measured with
+// one rate-limited link per rank (bench/run_comm_tcp_netns.sh, 4 ranks, this 2-core machine):
+// 4096 floats star 70 µs, mesh 133 µs at 10 Gbit/s (414 and 208 µs at 1 Gbit/s); 512 x 576
+// floats star 3.2 ms, mesh 2.3 ms; 32 MiB 90 ms and 73 ms (845 and 476 ms at 1 Gbit/s).
+constexpr int64_t k_star_max_bytes = 64 << 10;
 
 // One message to or from one peer, moved a piece at a time as poll() allows.
 struct Transfer {
@@ -224,7 +356,8 @@ struct Transfer {
 
 class TcpCommunicator final : public Communicator {
  public:
-  // peers_[r]: the connection to group rank r (rank 0: every r > 0; others: r == 0 only).
+  // peers_[r]: the connection to group rank r (rank 0: every r > 0; others: r == 0, and with
+  // 3+ ranks every other rank too: the mesh).
   TcpCommunicator(World world, std::vector<Socket> peers)
       : Communicator(world), peers_(std::move(peers)), out_partial_(peers_.size(), false) {}
   const char* backend_name() const override { return "tcp"; }
@@ -266,39 +399,8 @@ class TcpCommunicator final : public Communicator {
       }
       return Status();
     }
-    // The star, in pieces: while rank 0 sends piece k's sum to everyone, the ranks' pieces
-    // k + 1 come in, so the two directions overlap and rank 0 sums one piece while the sockets
-    // move the next (before: every block in, then the whole sum, then every block out).
-    const int64_t pieces = (count + piece - 1) / piece;
-    const auto span = [&](int64_t k) { return static_cast<uint64_t>(std::min(piece, count - k * piece) * elem); };
-    if (group_rank() != 0) {  // send piece k + 1 while piece k's sum comes back
-      SNAP_RETURN_IF_ERROR(exchange({send_to(0, data, span(0))}, CommOp::all_reduce_sum));
-      for (int64_t k = 0; k < pieces; ++k) {
-        std::vector<Transfer> ts{recv_from(0, data + k * piece * elem, span(k))};
-        if (k + 1 < pieces) ts.push_back(send_to(0, data + (k + 1) * piece * elem, span(k + 1)));
-        SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_reduce_sum));
-      }
-      return Status();
-    }
-    const int64_t stride = std::min(piece, count);
-    scratch_.resize(static_cast<size_t>(p * stride * elem));  // [P × piece]: block r is rank r's piece
-    const auto receive = [&](int64_t k, std::vector<Transfer>* ts) {
-      for (int r = 1; r < p; ++r) ts->push_back(recv_from(r, scratch_.data() + r * stride * elem, span(k)));
-    };
-    std::vector<Transfer> first;
-    receive(0, &first);
-    SNAP_RETURN_IF_ERROR(exchange(std::move(first), CommOp::all_reduce_sum));
-    for (int64_t k = 0; k < pieces; ++k) {
-      uint8_t* at = data + k * piece * elem;
-      const int64_t n = static_cast<int64_t>(span(k)) / elem;
-      std::memcpy(scratch_.data(), at, static_cast<size_t>(n * elem));
-      sum_blocks_in_rank_order(scratch_.data(), p, stride, n, dtype, at);
-      std::vector<Transfer> ts;
-      for (int r = 1; r < p; ++r) ts.push_back(send_to(r, at, span(k)));
-      if (k + 1 < pieces) receive(k + 1, &ts);  // the sum is out of scratch_: it may refill
-      SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_reduce_sum));
-    }
-    return Status();
+    if (count * elem <= k_star_max_bytes) return star_all_reduce(data, count, dtype);
+    return mesh_all_reduce(data, count, dtype);
   }
 
   Status do_all_gather(const void* send, void* recv, int64_t count, DType dtype) override {
@@ -313,16 +415,16 @@ class TcpCommunicator final : public Communicator {
       if (send != mine) std::memmove(mine, send, bytes);
       return exchange({send_to(peer, mine, bytes), recv_from(peer, out + peer * bytes, bytes)}, CommOp::all_gather);
     }
-    if (group_rank() != 0) {
-      auto* in = static_cast<uint8_t*>(const_cast<void*>(send));  // only read: a send transfer
-      SNAP_RETURN_IF_ERROR(exchange({send_to(0, in, bytes)}, CommOp::all_gather));
-      return exchange({recv_from(0, out, p * bytes)}, CommOp::all_gather);
-    }
-    if (send != recv) std::memmove(out, send, bytes);
+    // The mesh: every rank sends its block to every other rank and receives theirs, at once.
+    uint8_t* mine = out + group_rank() * bytes;
+    if (send != mine) std::memmove(mine, send, bytes);
     std::vector<Transfer> ts;
-    for (int r = 1; r < p; ++r) ts.push_back(recv_from(r, out + r * bytes, bytes));
-    SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_gather));
-    return send_to_all(out, p * bytes, -1, CommOp::all_gather);
+    for (int r = 0; r < p; ++r) {
+      if (r == group_rank()) continue;
+      ts.push_back(send_to(r, mine, bytes));
+      ts.push_back(recv_from(r, out + r * bytes, bytes));
+    }
+    return exchange(std::move(ts), CommOp::all_gather);
   }
 
   Status do_broadcast(void* buf, int64_t count, DType dtype, int root) override {
@@ -372,8 +474,79 @@ class TcpCommunicator final : public Communicator {
     return exchange(std::move(ts), op);
   }
 
-  // Moves every transfer to completion, all peers at once (poll). The first failure breaks
-  // the communicator: see fail(). Inside a step (all_reduce_sum, all_gather, barrier) the
+  // 3+ ranks, a small block (up to k_star_max_bytes: decode steps' hidden states): through
+  // rank 0, which sums the P blocks in rank order and sends the sum back. Rank 0 moves (P-1)·n
+  // bytes each way, but workers send one message and receive one instead of 2(P-1) each.
+  Status star_all_reduce(uint8_t* data, int64_t count, DType dtype) {
+    const int p = group_size();
+    const auto bytes = static_cast<uint64_t>(count * dtype_size(dtype));
+    if (group_rank() != 0) {
+      SNAP_RETURN_IF_ERROR(exchange({send_to(0, data, bytes)}, CommOp::all_reduce_sum));
+      return exchange({recv_from(0, data, bytes)}, CommOp::all_reduce_sum);
+    }
+    scratch_.resize(static_cast<size_t>(p) * bytes);  // block r: rank r's
+    std::vector<Transfer> ts;
+    for (int r = 1; r < p; ++r) ts.push_back(recv_from(r, scratch_.data() + r * bytes, bytes));
+    SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_reduce_sum));
+    std::memcpy(scratch_.data(), data, bytes);
+    sum_blocks_in_rank_order(scratch_.data(), p, count, count, dtype, data);
+    return send_to_all(data, bytes, -1, CommOp::all_reduce_sum);
+  }
+
+  // 3+ ranks: a reduce-scatter then an all-gather over the mesh (the file's comment), in pieces
+  // of at most k_pair_piece_bytes per message. Round 0 is piece 0's reduce-scatter; round k + 1
+  // is piece k's all-gather and piece k + 1's reduce-scatter (exchange() keeps the order of
+  // two messages to one peer), each piece summed as soon as its round is in.
+  Status mesh_all_reduce(uint8_t* data, int64_t count, DType dtype) {
+    const int p = group_size(), me = group_rank();
+    const int64_t elem = dtype_size(dtype);
+    const int64_t piece = std::max<int64_t>(1, k_pair_piece_bytes / elem);
+    // Chunk r is elements [lo(r), lo(r + 1)); the first count % p chunks have one more.
+    const auto lo = [&](int r) { return count / p * r + std::min<int64_t>(r, count % p); };
+    const auto len = [&](int r, int64_t k) {  // elements in piece k of chunk r
+      return std::clamp<int64_t>(lo(r + 1) - lo(r) - k * piece, 0, piece);
+    };
+    const auto at = [&](int r, int64_t k) { return data + (lo(r) + k * piece) * elem; };
+    const auto bytes = [&](int r, int64_t k) { return static_cast<uint64_t>(len(r, k) * elem); };
+    const int64_t stride = std::min(piece, lo(1) - lo(0));  // chunk 0 is the longest
+    const int64_t pieces = (lo(1) - lo(0) + piece - 1) / piece;
+    scratch_.resize(static_cast<size_t>(p * stride * elem));  // [P × piece]: block r is rank r's piece
+    const auto reduce_scatter = [&](int64_t k, std::vector<Transfer>* ts) {
+      for (int r = 0; r < p; ++r) {
+        if (r == me) continue;
+        if (len(r, k) > 0) ts->push_back(send_to(r, at(r, k), bytes(r, k)));
+        if (len(me, k) > 0) ts->push_back(recv_from(r, scratch_.data() + r * stride * elem, bytes(me, k)));
+      }
+    };
+    const auto all_gather = [&](int64_t k, std::vector<Transfer>* ts) {
+      for (int r = 0; r < p; ++r) {
+        if (r == me) continue;
+        if (len(me, k) > 0) ts->push_back(send_to(r, at(me, k), bytes(me, k)));
+        if (len(r, k) > 0) ts->push_back(recv_from(r, at(r, k), bytes(r, k)));
+      }
+    };
+    const auto reduce = [&](int64_t k) {
+      const int64_t n = len(me, k);
+      if (n == 0) return;
+      std::memcpy(scratch_.data() + me * stride * elem, at(me, k), static_cast<size_t>(n * elem));
+      sum_blocks_in_rank_order(scratch_.data(), p, stride, n, dtype, at(me, k));
+    };
+    std::vector<Transfer> ts;
+    reduce_scatter(0, &ts);
+    SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_reduce_sum));
+    reduce(0);
+    for (int64_t k = 0; k < pieces; ++k) {
+      ts.clear();
+      all_gather(k, &ts);  // before the next piece's messages to the same peers: the same order on both ends
+      if (k + 1 < pieces) reduce_scatter(k + 1, &ts);
+      SNAP_RETURN_IF_ERROR(exchange(std::move(ts), CommOp::all_reduce_sum));
+      if (k + 1 < pieces) reduce(k + 1);
+    }
+    return Status();
+  }
+
+  // Moves every transfer to completion, all peers at once (poll); two transfers to (or from) one
+  // peer run in list order. The first failure breaks the communicator: see fail(). Inside a step (all_reduce_sum, all_gather, barrier) the
   // armed collective timeout bounds the wait; rank 0 names the ranks it waited for. The
   // others wait k_worker_grace longer, so that rank 0's notice, which names the culprit,
   // reaches them first (they only ever wait for rank 0). Broadcasts wait for ever (a worker
@@ -387,26 +560,49 @@ class TcpCommunicator final : public Communicator {
         bounded ? Clock::now() + limit + (group_rank() == 0 ? std::chrono::milliseconds(0) : k_worker_grace)
                 : Clock::time_point::max();
     for (Transfer& t : ts) {
-      if (t.send) {
-        encode_header(t.header, kind_of(op), t.num_bytes);
-        out_partial_[t.peer] = true;
-      }
+      if (t.send) encode_header(t.header, kind_of(op), t.num_bytes);
     }
+    current_ = &ts;  // fail() finishes the half-sent ones
+    struct Done {
+      std::vector<Transfer>*& current;
+      ~Done() { current = nullptr; }
+    } done{current_};
+    // A worker in the mesh may have nothing left to move with rank 0 while it waits for another
+    // rank, whom rank 0 may already have given up on: it still watches rank 0's connection, so
+    // that rank 0's abort notice (which names the culprit) reaches it, until the next bytes
+    // there are a message of a later collective.
+    const bool watch_leader = group_rank() != 0 && group_size() > 2;
+    bool leader_has_message = false;
     std::vector<pollfd> fds;
     std::vector<Transfer*> polled;
     for (;;) {
       fds.clear();
       polled.clear();
-      for (Transfer& t : ts) {
+      bool reading_leader = false;
+      for (size_t i = 0; i < ts.size(); ++i) {
+        Transfer& t = ts[i];
         if (t.finished()) continue;
+        bool queued = false;  // behind an earlier transfer to (or from) the same peer
+        for (size_t j = 0; j < i && !queued; ++j)
+          queued = !ts[j].finished() && ts[j].peer == t.peer && ts[j].send == t.send;
+        if (queued) continue;
+        reading_leader = reading_leader || (t.peer == 0 && !t.send);
         fds.push_back(pollfd{peers_[t.peer].fd(), static_cast<short>(t.send ? POLLOUT : POLLIN), 0});
         polled.push_back(&t);
       }
       if (fds.empty()) return Status();
+      const bool watching = watch_leader && !reading_leader && !leader_has_message;
+      if (watching) {
+        fds.push_back(pollfd{peers_[0].fd(), POLLIN, 0});
+        polled.push_back(nullptr);
+      }
       int wait_ms = -1;
       if (bounded) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        if (left <= 0) return fail(timed_out(polled, op, limit, flag, start));
+        if (left <= 0) {
+          if (watching) polled.pop_back();
+          return fail(timed_out(polled, op, limit, flag, start));
+        }
         wait_ms = static_cast<int>(std::min<int64_t>(left, 1 << 30));
       }
       if (::poll(fds.data(), fds.size(), wait_ms) < 0) {
@@ -416,7 +612,13 @@ class TcpCommunicator final : public Communicator {
       }
       for (size_t i = 0; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
+        if (polled[i] == nullptr) {  // rank 0's connection, watched
+          Status s = leader_notice(op, &leader_has_message);
+          if (!s.ok()) return fail(std::move(s));
+          continue;
+        }
         Transfer& t = *polled[i];
+        if (t.send) out_partial_[t.peer] = true;
         Status s = t.send ? step_send(t, op) : step_recv(t, op);
         if (!s.ok()) return fail(std::move(s));
         if (t.send && t.finished()) out_partial_[t.peer] = false;
@@ -510,6 +712,24 @@ class TcpCommunicator final : public Communicator {
     return internal_error(text);
   }
 
+  // Rank 0's watched connection is readable: an abort notice (its message, as this rank's
+  // error), a closed connection, or the start of a later message (*has_message: stop watching).
+  Status leader_notice(CommOp op, bool* has_message) {
+    const int fd = peers_[0].fd();
+    uint8_t header[k_header_bytes];
+    const ssize_t n = ::recv(fd, header, sizeof header, MSG_DONTWAIT | MSG_PEEK);
+    if (n == 0) return closed(0, op);
+    if (n < 0) return errno == EAGAIN || errno == EINTR ? Status() : closed(0, op);
+    if (n < static_cast<ssize_t>(sizeof header)) return Status();  // the rest of the header is on its way
+    const Header h = decode_header(header);
+    if (h.magic != k_magic || h.kind != k_kind_abort) {
+      *has_message = true;
+      return Status();
+    }
+    ::recv(fd, header, sizeof header, MSG_DONTWAIT);
+    return read_notice(fd, h.num_bytes);
+  }
+
   // After a failed send: an abort notice waiting in the receive queue, if any (ok: none).
   static Status pending_notice(int fd) {
     uint8_t header[k_header_bytes];
@@ -542,6 +762,23 @@ class TcpCommunicator final : public Communicator {
   // could discard the notice before the peer reads it.
   Status fail(Status s) {
     failed_ = s;
+    // A message half sent when this rank failed is finished first (bounded), so that its peer
+    // reads this rank's notice next instead of a connection closed mid-message, which would
+    // name this rank rather than the culprit.
+    if (current_ != nullptr) {
+      const auto deadline = Clock::now() + k_notice_time;
+      for (Transfer& t : *current_) {
+        if (!t.send || t.done == 0 || t.finished() || peers_[t.peer].fd() < 0) continue;
+        const uint64_t header_left = t.done < k_header_bytes ? k_header_bytes - t.done : 0;
+        Io io = header_left > 0 ? send_all(peers_[t.peer].fd(), t.header + t.done, header_left, deadline) : Io::ok;
+        const uint64_t payload_done = t.done < k_header_bytes ? 0 : t.done - k_header_bytes;
+        if (io == Io::ok) io = send_all(peers_[t.peer].fd(), t.data + payload_done, t.num_bytes - payload_done, deadline);
+        if (io == Io::ok) {
+          t.done = k_header_bytes + t.num_bytes;
+          out_partial_[t.peer] = false;
+        }
+      }
+    }
     notify_peers(s.message());
     uint8_t sink[1 << 16];
     for (Socket& p : peers_) {
@@ -556,7 +793,8 @@ class TcpCommunicator final : public Communicator {
 
   std::vector<Socket> peers_;
   std::vector<bool> out_partial_;  // [peer]: a message to it is half sent
-  std::vector<uint8_t> scratch_;   // all-reduce receive area: rank 0's [P × piece], a pair's [piece]
+  std::vector<uint8_t> scratch_;   // all-reduce receive area: the mesh's [P × piece], a pair's [piece]
+  std::vector<Transfer>* current_ = nullptr;  // the transfers of the exchange in progress
   Status failed_;                  // the first failure; ok while the communicator works
 };
 
@@ -584,9 +822,31 @@ Result<std::unique_ptr<Communicator>> make_tcp_communicator(const World& world, 
   if (world.rank() == 0) {
     SNAP_ASSIGN_OR_RETURN(peers, lead(options.port, st));
   } else {
-    SNAP_ASSIGN_OR_RETURN(Socket leader, follow(options.leader_host, options.port, world.rank(), st));
-    peers.resize(1);
-    peers[0] = std::move(leader);
+    // With 3+ ranks this rank listens for the ranks above it: on the rendezvous port + 1 + rank
+    // (a fixed port a firewall rule can name; + 1 is the NCCL id's port), or on one the kernel
+    // picks if that one is taken (ranks sharing a host).
+    Socket listener;
+    int mesh_port = 0;
+    if (p > 2) {
+      std::string error;
+      if (options.port + 1 + world.rank() <= 65535) listener = listen_any(options.port + 1 + world.rank(), p + 8, &error);
+      if (listener.fd() < 0) listener = listen_any(0, p + 8, &error);
+      sockaddr_storage a{};
+      socklen_t len = sizeof a;
+      if (listener.fd() < 0 || ::getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
+        return st.failed("rank " + std::to_string(world.rank()) + " cannot listen for the other ranks: " + error);
+      mesh_port = ntohs(a.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&a)->sin6_port
+                                                : reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+    }
+    SNAP_ASSIGN_OR_RETURN(Socket leader, follow(options.leader_host, options.port, world.rank(), mesh_port, st));
+    peers.resize(static_cast<size_t>(p));
+    if (p > 2) {
+      SNAP_ASSIGN_OR_RETURN(std::vector<MeshAddress> mesh, receive_table(leader.fd(), st));
+      peers[0] = std::move(leader);
+      SNAP_RETURN_IF_ERROR(connect_mesh(world.rank(), mesh, listener, peers, st));
+    } else {
+      peers[0] = std::move(leader);
+    }
   }
   return std::unique_ptr<Communicator>(std::make_unique<TcpCommunicator>(world, std::move(peers)));
 }

@@ -1,7 +1,8 @@
 // The TCP communicator's wire format (comm/tcp.cpp), as pure functions over bytes so that
 // what a peer — or anything else that connects to the leader's port — sends is checked in
 // one place, and fuzzed (fuzz/fuzz_tcp_wire.cpp). Little-endian.
-//   Setup: hello = u32 {magic, rank, world_size}; reply = u32 {magic, verdict, value}.
+//   Setup: hello = u32 {magic, rank, world_size, mesh port}; reply = u32 {magic, verdict, value}
+//   (with 3+ ranks, then the mesh table: comm/tcp.cpp).
 //   Collectives: a 16-byte header {u32 magic, u32 kind, u64 num_bytes} + payload; kind is
 //   the CommOp + 1, or k_kind_abort for an abort notice whose payload is a one-line message.
 #pragma once
@@ -42,8 +43,9 @@ enum class HeaderVerdict : uint8_t {
 };
 HeaderVerdict check_header(const Header& h, CommOp op, uint64_t expected_bytes);
 
-// Rank 0's view of one hello while the group forms: joined[r] says whether rank r is
-// already connected (joined.size() is rank 0's world size).
+// Rank 0's view of one hello (its first three words; the fourth, the mesh port, is any value)
+// while the group forms: joined[r] says whether rank r is already connected (joined.size() is
+// rank 0's world size).
 enum class HelloVerdict : uint8_t {
   ok,
   not_ours,      // bad magic: a stray connection (a probe); ignored, the group keeps waiting

@@ -33,7 +33,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const int64_t k_sizes[] = {1, 7, 83, 769, 5125, 100000, 333333};  // 333333: two ranks' all-reduce in 256 KiB pieces, the last partial
+// 333333: two ranks' all-reduce in 256 KiB pieces, the last partial. With 3+ ranks the sizes up
+// to 5125 go through rank 0 (the star), 100000 and 333333 over the mesh (333333 f32: each rank's
+// chunk in two pieces, the chunks one element apart in length).
+const int64_t k_sizes[] = {1, 7, 83, 769, 5125, 100000, 333333};
 const DType k_dtypes[] = {DType::f32, DType::bf16, DType::f16};
 
 // ------------------------------------------------------------ inputs and the reference
