@@ -2,23 +2,23 @@
 // explicit --rank/--world-size, over persistent connections. Two ranks (one connection) swap
 // their blocks both ways at once and each sums them in rank order, so an all-reduce or
 // all-gather is one crossing, not two in turn. Three or more are connected pairwise (a mesh):
-// every rank r > 0 listens on a port of its own (the rendezvous port + 1 + r where it is free),
-// tells rank 0 which in its hello, rank 0 hands the
-// ranks' addresses out, and rank s connects to every rank 0 < r < s. The all-reduce is then a
-// reduce-scatter followed by an all-gather (blocks above 64 KiB; smaller ones, where the number
-// of messages costs more than the bytes, go through rank 0 as a star): rank r owns the r-th of P near-equal chunks, gets
-// that chunk's piece from every rank, sums the P blocks in rank order (sum_blocks_in_rank_order:
-// the MPI backend's bits, whatever the chunking, since each element's sum is the same) and
-// sends the sum to every rank; every rank moves 2(P-1)/P·n bytes each way (a ring's figure; the
-// star through rank 0 it replaces moved (P-1)·n at rank 0), in 256 KiB pieces, piece k's
-// all-gather in the same round as piece k + 1's reduce-scatter. The all-gather goes straight
-// from every rank to every rank; broadcasts and barriers go through rank 0 (a star).
+// every rank r > 0 listens on a port of its own (the rendezvous port + 1 + r where it is
+// free), tells rank 0 which in its hello, rank 0 hands the ranks' addresses out, and rank s
+// connects to every rank 0 < r < s. An all-reduce above 64 KiB is then a reduce-scatter
+// followed by an all-gather: rank r owns the r-th of P near-equal chunks, gets that chunk's
+// piece from every rank, sums the P blocks in rank order (sum_blocks_in_rank_order: the MPI
+// backend's bits, whatever the chunking, since each element's sum is the same) and sends the
+// sum to every rank; every rank moves 2(P-1)/P·n bytes each way (a ring's figure; through rank
+// 0 it was (P-1)·n there), in 256 KiB pieces, piece k's all-gather in the same round as piece
+// k + 1's reduce-scatter. Smaller all-reduces (decode steps, where the number of messages costs
+// more than the bytes), broadcasts and barriers go through rank 0 (a star); the all-gather goes
+// straight from every rank to every rank.
 //
 // Wire, little-endian. Setup: hello = u32 {magic, rank, world_size, mesh port (0 for 2
 // ranks)}; reply = u32 {magic, verdict, value}; with 3+ ranks rank 0 then sends the table
 // u32 bytes + for each rank r >= 1 {u32 port, u32 length, host}, and a mesh connection from
-// rank s to r starts with s's hello (port 0), answered by {magic, ok, r}. Collectives: each message is a 16-byte header {u32 magic, u32 kind,
-// u64 num_bytes} + payload; kind is the CommOp + 1, so ranks that call different
+// rank s to r starts with s's hello (port 0), answered by {magic, ok, r}. Collectives: each
+// message is a 16-byte header {u32 magic, u32 kind, u64 num_bytes} + payload; kind is the CommOp + 1, so ranks that call different
 // collectives (or counts) fail with a one-line error instead of misreading bytes. A rank
 // that fails sends, where its connection is at a message boundary, an abort notice (kind
 // k_kind_abort, payload: the one-line message) and closes every connection; the others
@@ -545,11 +545,12 @@ class TcpCommunicator final : public Communicator {
     return Status();
   }
 
-  // Moves every transfer to completion, all peers at once (poll); two transfers to (or from) one
-  // peer run in list order. The first failure breaks the communicator: see fail(). Inside a step (all_reduce_sum, all_gather, barrier) the
-  // armed collective timeout bounds the wait; rank 0 names the ranks it waited for. The
-  // others wait k_worker_grace longer, so that rank 0's notice, which names the culprit,
-  // reaches them first (they only ever wait for rank 0). Broadcasts wait for ever (a worker
+  // Moves every transfer to completion, all peers at once (poll); two transfers to (or from)
+  // one peer run in list order. The first failure breaks the communicator: see fail(). Inside
+  // a step (all_reduce_sum, all_gather, barrier) the armed collective timeout bounds the wait;
+  // rank 0 names the ranks it waited for. The others wait k_worker_grace longer, so that rank
+  // 0's notice, which names the culprit, reaches them first (a mesh worker that waits for
+  // another worker watches rank 0's connection for it). Broadcasts wait for ever (a worker
   // waits there for an idle leader's next step plan) unless bound_broadcasts() bounds them.
   Status exchange(std::vector<Transfer> ts, CommOp op) {
     const std::chrono::milliseconds limit = op == CommOp::broadcast ? broadcast_timeout() : collective_timeout();
