@@ -87,6 +87,10 @@ class Communicator {
   // Counters may be read from another thread (metrics) while collectives run.
   CommStats stats() const;
   void reset_stats();
+  // Bytes this rank has put on the wire to each group rank ([r], message headers included)
+  // where the backend sees them (TCP); empty elsewhere. For checking a topology's traffic;
+  // read it from the thread that runs the collectives.
+  virtual std::vector<int64_t> wire_bytes_sent() const { return {}; }
 
   // No silent hang: once armed, all_reduce_sum, all_gather and barrier (the collectives inside
   // a step, where every rank is busy alike) wait at most `timeout` for the other ranks; then

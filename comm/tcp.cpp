@@ -359,8 +359,9 @@ class TcpCommunicator final : public Communicator {
   // peers_[r]: the connection to group rank r (rank 0: every r > 0; others: r == 0, and with
   // 3+ ranks every other rank too: the mesh).
   TcpCommunicator(World world, std::vector<Socket> peers)
-      : Communicator(world), peers_(std::move(peers)), out_partial_(peers_.size(), false) {}
+      : Communicator(world), peers_(std::move(peers)), out_partial_(peers_.size(), false), sent_(peers_.size(), 0) {}
   const char* backend_name() const override { return "tcp"; }
+  std::vector<int64_t> wire_bytes_sent() const override { return sent_; }
 
   // The peers see our closed connections (or this notice) and fail in turn; rank 0
   // passes the message on to everyone else.
@@ -668,6 +669,7 @@ class TcpCommunicator final : public Communicator {
         return notice.ok() ? closed(t.peer, op) : notice;
       }
       t.done += static_cast<uint64_t>(n);
+      sent_[static_cast<size_t>(t.peer)] += n;
     }
     return Status();
   }
@@ -796,6 +798,7 @@ class TcpCommunicator final : public Communicator {
   std::vector<bool> out_partial_;  // [peer]: a message to it is half sent
   std::vector<uint8_t> scratch_;   // all-reduce receive area: the mesh's [P × piece], a pair's [piece]
   std::vector<Transfer>* current_ = nullptr;  // the transfers of the exchange in progress
+  std::vector<int64_t> sent_;                 // [peer]: bytes sent by step_send (wire_bytes_sent)
   Status failed_;                  // the first failure; ok while the communicator works
 };
 

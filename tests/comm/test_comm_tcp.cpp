@@ -288,6 +288,40 @@ void check_stats(Communicator& comm, int p, Checks& c) {
   c.check(one[0] == static_cast<float>(p), "all_reduce_sum after bad arguments");
 }
 
+// What each rank puts on the wire (headers included) for one all-reduce: the topology, which
+// the bits do not show. 769 f32 (3 KB): a pair swaps one message; 3+ ranks go through rank 0,
+// which sends the sum to everyone. 100000 f32 (400 KB): a pair swaps 256 KiB pieces; 3+ ranks
+// reduce-scatter and all-gather over the mesh, each rank sending 2(P-1)/P of the block (the
+// star through rank 0 sent (P-1)x the block from rank 0).
+void check_wire_traffic(Communicator& comm, int p, Checks& c) {
+  constexpr int64_t header = 16, piece_floats = (256 << 10) / 4;
+  for (int64_t count : {int64_t{769}, int64_t{100000}}) {
+    std::vector<float> buf(static_cast<size_t>(count), 1.0f);
+    const std::vector<int64_t> before = comm.wire_bytes_sent();
+    if (!c.ok_status(comm.all_reduce_sum(std::span<float>(buf)), "wire all_reduce_sum")) return;
+    const std::vector<int64_t> after = comm.wire_bytes_sent();
+    if (!c.check(before.size() == static_cast<size_t>(p) && after.size() == before.size(), "wire counters per rank"))
+      return;
+    int64_t sent = 0;
+    for (int r = 0; r < p; ++r) sent += after[r] - before[r];
+    const int64_t bytes = count * 4;
+    int64_t want = 0;
+    if (p == 2) {
+      want = bytes + (count + piece_floats - 1) / piece_floats * header;
+    } else if (bytes <= (64 << 10)) {
+      want = c.rank == 0 ? (p - 1) * (bytes + header) : bytes + header;
+    } else {
+      const auto len = [&](int r) { return count / p + (r < count % p ? 1 : 0); };  // one piece each here
+      for (int r = 0; r < p; ++r)
+        if (r != c.rank) want += len(r) * 4 + header;  // the reduce-scatter: chunk r to rank r
+      want += (p - 1) * (len(c.rank) * 4 + header);    // the all-gather: this rank's summed chunk to everyone
+      c.check(want < (p - 1) * bytes, "the mesh's traffic is below the star's at rank 0");
+    }
+    c.check(sent == want, "all_reduce_sum of " + std::to_string(count) + " floats put " + std::to_string(sent) +
+                              " bytes on the wire, expected " + std::to_string(want));
+  }
+}
+
 int collectives_child(int rank, int p, int port) {
   Checks c{rank};
   Result<World> world = World::make(rank, p);
@@ -305,6 +339,7 @@ int collectives_child(int rank, int p, int port) {
   check_broadcast(comm, p, c);
   check_barrier(comm, p, c);
   check_stats(comm, p, c);
+  check_wire_traffic(comm, p, c);
   return c.failures == 0 ? 0 : 1;
 }
 
