@@ -572,9 +572,9 @@ class TcpCommunicator final : public Communicator {
     // A worker in the mesh may have nothing left to move with rank 0 while it waits for another
     // rank, whom rank 0 may already have given up on: it still watches rank 0's connection, so
     // that rank 0's abort notice (which names the culprit) reaches it, until the next bytes
-    // there are a message of a later collective.
+    // there are a message of a later collective or the connection's end.
     const bool watch_leader = group_rank() != 0 && group_size() > 2;
-    bool leader_has_message = false;
+    bool leader_done = false;
     std::vector<pollfd> fds;
     std::vector<Transfer*> polled;
     for (;;) {
@@ -593,7 +593,7 @@ class TcpCommunicator final : public Communicator {
         polled.push_back(&t);
       }
       if (fds.empty()) return Status();
-      const bool watching = watch_leader && !reading_leader && !leader_has_message;
+      const bool watching = watch_leader && !reading_leader && !leader_done;
       if (watching) {
         fds.push_back(pollfd{peers_[0].fd(), POLLIN, 0});
         polled.push_back(nullptr);
@@ -615,7 +615,7 @@ class TcpCommunicator final : public Communicator {
       for (size_t i = 0; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
         if (polled[i] == nullptr) {  // rank 0's connection, watched
-          Status s = leader_notice(op, &leader_has_message);
+          Status s = leader_notice(&leader_done);
           if (!s.ok()) return fail(std::move(s));
           continue;
         }
@@ -716,17 +716,23 @@ class TcpCommunicator final : public Communicator {
   }
 
   // Rank 0's watched connection is readable: an abort notice (its message, as this rank's
-  // error), a closed connection, or the start of a later message (*has_message: stop watching).
-  Status leader_notice(CommOp op, bool* has_message) {
+  // error), or the start of a later message or the connection's end (*done: stop watching).
+  // An end is no error here: rank 0 may have finished this collective, its last, and exited
+  // while this rank still waits for another; had it died, the ranks that wait for it fail
+  // and say so, and this rank meets the closed connection at its next message from rank 0.
+  Status leader_notice(bool* done) {
     const int fd = peers_[0].fd();
     uint8_t header[k_header_bytes];
     const ssize_t n = ::recv(fd, header, sizeof header, MSG_DONTWAIT | MSG_PEEK);
-    if (n == 0) return closed(0, op);
-    if (n < 0) return errno == EAGAIN || errno == EINTR ? Status() : closed(0, op);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Status();
+    if (n <= 0) {
+      *done = true;
+      return Status();
+    }
     if (n < static_cast<ssize_t>(sizeof header)) return Status();  // the rest of the header is on its way
     const Header h = decode_header(header);
     if (h.magic != k_magic || h.kind != k_kind_abort) {
-      *has_message = true;
+      *done = true;
       return Status();
     }
     ::recv(fd, header, sizeof header, MSG_DONTWAIT);
