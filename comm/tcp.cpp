@@ -352,6 +352,14 @@ struct Transfer {
   uint8_t header[k_header_bytes] = {};
   uint64_t done = 0;  // bytes of header + payload moved
   bool finished() const { return done == k_header_bytes + num_bytes; }
+  // What is left to send, as up to two pieces (the header's rest, the payload's); returns how many.
+  int rest(iovec out[2]) {
+    int n = 0;
+    if (done < k_header_bytes) out[n++] = {header + done, k_header_bytes - done};
+    const uint64_t payload_done = done < k_header_bytes ? 0 : done - k_header_bytes;
+    if (num_bytes > payload_done) out[n++] = {data + payload_done, num_bytes - payload_done};
+    return n;
+  }
 };
 
 class TcpCommunicator final : public Communicator {
@@ -654,13 +662,9 @@ class TcpCommunicator final : public Communicator {
     const int fd = peers_[t.peer].fd();
     while (!t.finished()) {
       iovec iov[2];
-      int n_iov = 0;
-      if (t.done < k_header_bytes) iov[n_iov++] = {t.header + t.done, k_header_bytes - t.done};
-      const uint64_t payload_done = t.done < k_header_bytes ? 0 : t.done - k_header_bytes;
-      if (t.num_bytes > payload_done) iov[n_iov++] = {t.data + payload_done, t.num_bytes - payload_done};
       msghdr msg{};
       msg.msg_iov = iov;
-      msg.msg_iovlen = n_iov;
+      msg.msg_iovlen = t.rest(iov);
       const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Status();
       if (n <= 0) {
@@ -778,11 +782,13 @@ class TcpCommunicator final : public Communicator {
       const auto deadline = Clock::now() + k_notice_time;
       for (Transfer& t : *current_) {
         if (!t.send || t.done == 0 || t.finished() || peers_[t.peer].fd() < 0) continue;
-        const uint64_t header_left = t.done < k_header_bytes ? k_header_bytes - t.done : 0;
-        Io io = header_left > 0 ? send_all(peers_[t.peer].fd(), t.header + t.done, header_left, deadline) : Io::ok;
-        const uint64_t payload_done = t.done < k_header_bytes ? 0 : t.done - k_header_bytes;
-        if (io == Io::ok) io = send_all(peers_[t.peer].fd(), t.data + payload_done, t.num_bytes - payload_done, deadline);
+        iovec iov[2];
+        const int n_iov = t.rest(iov);
+        Io io = Io::ok;
+        for (int k = 0; k < n_iov && io == Io::ok; ++k)
+          io = send_all(peers_[t.peer].fd(), iov[k].iov_base, iov[k].iov_len, deadline);
         if (io == Io::ok) {
+          sent_[static_cast<size_t>(t.peer)] += static_cast<int64_t>(k_header_bytes + t.num_bytes - t.done);
           t.done = k_header_bytes + t.num_bytes;
           out_partial_[t.peer] = false;
         }

@@ -332,20 +332,17 @@ void yield_to_scheduler(Engine& e) {
   Fiber* f = e.cur;
   const bool at_barrier = f->st == St::warp_bar || f->st == St::block_bar;
   Fiber* g = at_barrier && !e.unwinding && e.fault.empty() ? next_in_pass(e) : nullptr;
-#if defined(SNAP_EMU_ASAN)
-  void* fake = nullptr;
   if (g != nullptr) {
     prepare(e, *g);
     enter(e, *g);
+  }
+#if defined(SNAP_EMU_ASAN)
+  void* fake = nullptr;
+  if (g != nullptr) {
     e.from_scheduler = false;
     __sanitizer_start_switch_fiber(&fake, g->stack, k_stack_bytes);
   } else {
     __sanitizer_start_switch_fiber(f->st == St::done ? nullptr : &fake, e.main_stack_bottom, e.main_stack_size);
-  }
-#else
-  if (g != nullptr) {
-    prepare(e, *g);
-    enter(e, *g);
   }
 #endif
   if (g == nullptr) {
@@ -507,7 +504,7 @@ namespace {
 // something). Out of line: the messages' strings would give warp_arrive a large stack frame,
 // whose ASan redzones it would set and clear at every shuffle.
 [[gnu::noinline, gnu::cold]] void warp_fault(Engine& e, Fiber& f, size_t w, uint32_t mask, int src_lane,
-                                             const char* what, WarpCollectiveFn fn) {
+                                             const char* what) {
   const int lane = f.lane;
   const WarpWait& ww = e.warps[w];
   const size_t lanes_here = std::min<size_t>(32, e.fibers.size() - w * 32);
@@ -552,7 +549,7 @@ uint64_t warp_arrive(uint32_t mask, uint64_t bits, int src_lane, const char* wha
     const Fiber& first = base[std::countr_zero(ww.arrived)];
     bad = (fn != nullptr || first.collective) && std::strcmp(first.what, what) != 0;
   }
-  if (bad) warp_fault(e, f, w, mask, src_lane, what, fn);  // does not come back
+  if (bad) warp_fault(e, f, w, mask, src_lane, what);  // does not come back
   ww.mask = mask;
   ww.arrived |= 1u << lane;
   f.src_lane = src_lane;
