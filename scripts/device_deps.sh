@@ -29,11 +29,17 @@ for p in "${pkgs[@]}"; do
   echo "device_deps: downloaded $(ls "${p}"_*.deb)"
 done
 rm -f apt.err
-# The tiny GGUF checkpoint of test_device_generate (tools/make_tiny_checkpoint.py needs the PyPI
-# gguf package, which the device machine lacks): written here, carried with the .debs.
+# The tiny GGUF checkpoints of test_device_generate (tools/make_tiny_checkpoint.py needs the PyPI
+# gguf package, which the device machine lacks): written here, carried with the .debs. The
+# arguments are the test's (its Models list).
 if [ ! -f tiny-gguf/model.gguf ]; then
   python3 ../tools/make_tiny_checkpoint.py --arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11 --out tiny-gguf >/dev/null
   echo "device_deps: wrote tiny-gguf/model.gguf"
+fi
+if [ ! -f tiny-gemma3/model.gguf ]; then
+  python3 ../tools/make_tiny_checkpoint.py --arch gemma3 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --hidden 64 \
+    --sliding-window 48 --sliding-window-pattern 2 --rope-theta 1000000 --seed 21 --out tiny-gemma3 >/dev/null
+  echo "device_deps: wrote tiny-gemma3/model.gguf"
 fi
 # snapserve and the e2e device tests, built here for the H200 with their libraries
 # (scripts/device_bundle.sh; skip with SNAP_NO_BUNDLE=1).

@@ -6,6 +6,13 @@ OUT/model.gguf  the same weights as F32, llama.cpp conventions: llama-arch Q/K r
                 permuted for interleaved RoPE (the loader must undo it), llama3 rope
                 scaling as a `rope_freqs.weight` tensor, a tiny gpt2-style vocab.
 Weights are seeded (numpy), so two runs with the same arguments give the same files.
+
+--arch gemma3 writes the GGUF only (our loader reads Gemma 3 from GGUF alone): the Llama tensors
+plus per-head q/k norms and the post-attention/post-MLP norms, gemma3.attention.sliding_window
+(--sliding-window, required) and .sliding_window_pattern (--sliding-window-pattern: every
+pattern-th layer is global), the global RoPE base (--rope-theta) and the local one
+(--rope-local-theta, rope.freq_base_swa). Norm weights are stored as llama.cpp's converter
+stores Gemma's (1 + w), i.e. used as they are.
 """
 import argparse
 import json
@@ -127,7 +134,7 @@ def save_safetensors(path, tensors, dtype):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", choices=["llama", "mistral", "qwen2"], default="llama")
+    ap.add_argument("--arch", choices=["llama", "mistral", "qwen2", "gemma3"], default="llama")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
@@ -139,7 +146,9 @@ def main():
     ap.add_argument("--no-tie", dest="tie", action="store_false")
     ap.add_argument("--rope-scaling", choices=["none", "linear", "llama3"], default="none")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
-    ap.add_argument("--sliding-window", type=int, default=0, help="mistral/qwen2: window (0: none)")
+    ap.add_argument("--sliding-window", type=int, default=0, help="mistral/qwen2/gemma3: window (0: none)")
+    ap.add_argument("--sliding-window-pattern", type=int, default=6, help="gemma3: layer l is global iff (l+1) %% N == 0")
+    ap.add_argument("--rope-local-theta", type=float, default=10000.0, help="gemma3: the local layers' RoPE base")
     ap.add_argument("--max-position", type=int, default=2048)
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
                     help="safetensors storage (values are rounded to it, so the GGUF F32 copy is identical)")
@@ -155,7 +164,10 @@ def main():
         sys.exit("--hidden must be a multiple of --heads unless --head-dim is given")
     if a.heads % a.kv_heads or head_dim % 2:
         sys.exit("--heads must be a multiple of --kv-heads and head_dim even")
+    if a.arch == "gemma3" and a.sliding_window <= 0:
+        sys.exit("--arch gemma3 needs --sliding-window > 0")
     bias = a.arch == "qwen2"
+    gemma = a.arch == "gemma3"
     rng = np.random.default_rng(a.seed)
     q_dim, kv_dim = a.heads * head_dim, a.kv_heads * head_dim
 
@@ -179,6 +191,11 @@ def main():
         w[p + "mlp.gate_proj.weight"] = rand(a.intermediate, a.hidden)
         w[p + "mlp.up_proj.weight"] = rand(a.intermediate, a.hidden)
         w[p + "mlp.down_proj.weight"] = rand(a.hidden, a.intermediate)
+        if gemma:
+            w[p + "self_attn.q_norm.weight"] = rand(head_dim, scale=0.1, offset=1.0)
+            w[p + "self_attn.k_norm.weight"] = rand(head_dim, scale=0.1, offset=1.0)
+            w[p + "post_attention_norm.weight"] = rand(a.hidden, scale=0.1, offset=1.0)
+            w[p + "post_feedforward_layernorm.weight"] = rand(a.hidden, scale=0.1, offset=1.0)
     w["model.norm.weight"] = rand(a.hidden, scale=0.1, offset=1.0)
     if not a.tie:
         w["lm_head.weight"] = rand(a.vocab, a.hidden)
@@ -194,6 +211,10 @@ def main():
         rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
+    if gemma:  # GGUF only
+        os.makedirs(a.out, exist_ok=True)
+        write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope_scaling)
+        return
     arch_class = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
     config = {
         "architectures": [arch_class[a.arch]], "model_type": a.arch,
@@ -234,7 +255,13 @@ def main():
 
     if a.no_gguf:
         return
-    garch = "qwen2" if a.arch == "qwen2" else "llama"  # llama.cpp stores mistral as llama
+    write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope_scaling)
+
+
+def write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope_scaling):
+    bias = a.arch == "qwen2"
+    gemma = a.arch == "gemma3"
+    garch = a.arch if a.arch in ("qwen2", "gemma3") else "llama"  # llama.cpp stores mistral as llama
     wr = gguf.GGUFWriter(os.path.join(a.out, "model.gguf"), garch)
     wr.add_name(f"tiny-{a.arch}")
     wr.add_block_count(a.layers)
@@ -252,8 +279,11 @@ def main():
     if a.rope_scaling == "linear":
         wr.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         wr.add_rope_scaling_factor(2.0)
-    if a.sliding_window and a.arch in ("mistral", "qwen2"):
+    if a.sliding_window and a.arch in ("mistral", "qwen2", "gemma3"):
         wr.add_sliding_window(a.sliding_window)
+    if gemma:
+        wr.add_uint32("gemma3.attention.sliding_window_pattern", a.sliding_window_pattern)
+        wr.add_float32("gemma3.rope.freq_base_swa", a.rope_local_theta)
     wr.add_vocab_size(a.vocab)
     wr.add_tokenizer_model("gpt2")
     wr.add_tokenizer_pre("default")
@@ -285,6 +315,11 @@ def main():
         gg[b + "ffn_gate.weight"] = w[p + "mlp.gate_proj.weight"]
         gg[b + "ffn_up.weight"] = w[p + "mlp.up_proj.weight"]
         gg[b + "ffn_down.weight"] = w[p + "mlp.down_proj.weight"]
+        if gemma:
+            gg[b + "attn_q_norm.weight"] = w[p + "self_attn.q_norm.weight"]
+            gg[b + "attn_k_norm.weight"] = w[p + "self_attn.k_norm.weight"]
+            gg[b + "post_attention_norm.weight"] = w[p + "post_attention_norm.weight"]
+            gg[b + "post_ffw_norm.weight"] = w[p + "post_feedforward_layernorm.weight"]
     gg["output_norm.weight"] = w["model.norm.weight"]
     if not a.tie:
         gg["output.weight"] = w["lm_head.weight"]

@@ -189,7 +189,7 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   s->add_option("--device", a.device,
                 "Where the model runs: cpu (default; the reference) or cuda / cuda:N (the whole model on GPU N: bf16 "
                 "weights and KV cache in a device pool of --kv-cache-mib, every kv policy, layer-wise prefill, continuous "
-                "batching; no n > 1 or echo logprobs there yet; fails at once, before the model is read, "
+                "batching, n > 1 and echo logprobs; Llama-family and Gemma 3 models; fails at once, before the model is read, "
                 "without a GPU or in a build without CUDA). With --tp N each rank serves its shard from its GPU "
                 "(cuda = the rank's local rank, cuda:N = GPU N on every rank), a pool of --kv-cache-mib per rank");
   add_device_tp_options(s, a.device_tp);

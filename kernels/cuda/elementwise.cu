@@ -1,4 +1,4 @@
-// CUDA twins of the small element-wise steps of the forward: the residual add, the
+// CUDA twins of the small element-wise steps of the forward: the residual add, a scale, the
 // embedding gather (bf16 table -> f32 rows) and the f32 -> bf16 conversion in front of the
 // cuBLAS GEMM. All memory-bound grid-stride loops: one element per thread per iteration.
 #include "kernels/cuda/kernels_cuda.h"
@@ -24,6 +24,17 @@ __global__ void residual_add_kernel(float* x, const float* y, int64_t n) {
 void residual_add_cuda(float* x, const float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   residual_add_kernel<<<grid_for(n), k_threads, 0, stream>>>(x, y, n);
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
+void scale_cuda(float* x, float s, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<grid_for(n), k_threads, 0, stream>>>(x, s, n);
 }
 
 // One block row per token (blockIdx.x: up to 2^31 − 1 tokens), blockIdx.y and the threads

@@ -32,8 +32,12 @@ void rope_qk_cuda(float* q, int q_heads, float* k, int k_heads, const int32_t* p
                   int head_dim, const float* inv_freq, cudaStream_t stream);
 // out[i] = silu(gate[i]) · up[i]; out may alias gate.
 void swiglu_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+// out[i] = gelu_tanh(gate[i]) · up[i] (GeGLU, Gemma 3's MLP; geglu_cpu's twin); out may alias gate.
+void geglu_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 // x[i] += y[i] (the residual stream).
 void residual_add_cuda(float* x, const float* y, int64_t n, cudaStream_t stream);
+// x[i] *= s (Gemma 3's embedding scale, as LlamaForward::embed multiplies each f32 element).
+void scale_cuda(float* x, float s, int64_t n, cudaStream_t stream);
 
 // --- embedding and dtype conversion ----------------------------------------------------
 // out[t, :] = f32(table[ids[t], :]) for table[vocab_size, hidden_size] in bf16. An id outside

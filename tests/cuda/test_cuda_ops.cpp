@@ -29,6 +29,7 @@
 
 #include "common/dtype.h"
 #include "kernels/attention_paged.h"
+#include "kernels/cpu/geglu.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -135,6 +136,29 @@ void add_elementwise(std::vector<OpCase>& t) {
                    if (auto r = sync_ok(); !r) return r;
                    const auto got = dout.to_host();
                    return test::all_close(got.data(), want.data(), n, 2e-6);
+                 }});
+    // GeGLU against the f64 reference: gates over the range where tanh bends and saturates
+    // (|inner| > 9 rounds to ±1 in f32), up of both signs; out aliasing gate as the forward calls it.
+    t.push_back({"geglu_n" + std::to_string(n), [=]() -> AssertionResult {
+                   const auto gate = test::random_floats(n, 11, -12.0f, 12.0f);
+                   const auto up = test::random_floats(n, 12, -2.0f, 2.0f);
+                   std::vector<float> want(static_cast<size_t>(n));
+                   geglu_ref(gate.data(), up.data(), want.data(), n);
+                   DeviceBuffer<float> dg(gate), du(up);
+                   geglu_cuda(dg.ptr, du.ptr, dg.ptr, n, nullptr);
+                   if (auto r = sync_ok(); !r) return r;
+                   const auto got = dg.to_host();
+                   return test::all_close(got.data(), want.data(), n, 2e-6);
+                 }});
+    t.push_back({"scale_n" + std::to_string(n), [=]() -> AssertionResult {
+                   const auto x = test::random_floats(n, 13, -5.0f, 5.0f);
+                   const float s = 25.298221f;  // Gemma 3 270M's sqrt(640)
+                   std::vector<float> want(x);
+                   for (float& v : want) v *= s;
+                   DeviceBuffer<float> dx(x);
+                   scale_cuda(dx.ptr, s, n, nullptr);
+                   if (auto r = sync_ok(); !r) return r;
+                   return bitwise_equal(dx.to_host(), want);
                  }});
     t.push_back({"residual_add_n" + std::to_string(n), [=]() -> AssertionResult {
                    const auto x = test::random_floats(n, 3, -5.0f, 5.0f);

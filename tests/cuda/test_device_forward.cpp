@@ -179,13 +179,8 @@ TEST_P(DeviceForwardTest, MatchesNumpyReference) {
 // different lengths (one SnapKV-compressed, so its heads are shorter than its positions; one
 // long enough for its attention to be split), in batches of 3, of 2 in another order and alone —
 // and the greedy ids are equal too; asked for some rows' logits only, it copies just those.
-TEST(DeviceBatchDecode, RowsEqualAloneBitwise) {
-  const fs::path dir = fs::temp_directory_path() / ("snap_devbatch_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string model_dir = (dir / "model").string();
-  ASSERT_EQ(sh(std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/make_random_model.py --shape tiny-llama3 --seed 12 --out " +
-               model_dir + " >/dev/null"),
-            0);
+// `model_dir`: the model to load (a directory or a GGUF); dir is removed at the end.
+void rows_equal_alone(const fs::path& dir, const std::string& model_dir) {
   LoadOptions opts;
   opts.keep_quantized = false;
   auto model = load_model(model_dir, opts);
@@ -282,6 +277,38 @@ TEST(DeviceBatchDecode, RowsEqualAloneBitwise) {
   }
   cudaStreamDestroy(stream);
   fs::remove_all(dir);
+}
+
+TEST(DeviceBatchDecode, RowsEqualAloneBitwise) {
+  const fs::path dir = fs::temp_directory_path() / ("snap_devbatch_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string model_dir = (dir / "model").string();
+  ASSERT_EQ(sh(std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/make_random_model.py --shape tiny-llama3 --seed 12 --out " +
+               model_dir + " >/dev/null"),
+            0);
+  rows_equal_alone(dir, model_dir);
+}
+
+// The same with Gemma 3's layers (test_device_generate's tiny gemma3 GGUF: local layers with a
+// window of 48 between global ones, q/k norms, post-norms, GeGLU): a batch's attention launch
+// takes each layer's own window, the post-norms and GeGLU run per row.
+TEST(DeviceBatchDecode, Gemma3RowsEqualAloneBitwise) {
+  const fs::path dir = fs::temp_directory_path() / ("snap_devbatch_g3_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  // Keep these arguments as scripts/device_deps.sh has them (it writes the device machine's copy).
+  const std::string cmd = std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR
+                          "/tools/make_tiny_checkpoint.py --arch gemma3 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 "
+                          "--hidden 64 --sliding-window 48 --sliding-window-pattern 2 --rope-theta 1000000 --seed 21 --out " +
+                          (dir / "m").string() + " >/dev/null 2>&1";
+  fs::path path = dir / "m" / "model.gguf";
+  if (sh(cmd) != 0) {  // no gguf package (the device machine): scripts/device_deps.sh's copy
+    path = fs::path(SNAP_SOURCE_DIR) / ".device-deps/tiny-gemma3/model.gguf";
+    if (!fs::exists(path)) {
+      fs::remove_all(dir);
+      GTEST_SKIP() << "no gguf package and no " << path << " (run scripts/device_deps.sh): " << cmd;
+    }
+  }
+  rows_equal_alone(dir, path.string());
 }
 
 TEST(DeviceSnapKv, CompressionMatchesCpuSelection) {

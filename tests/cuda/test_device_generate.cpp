@@ -2,9 +2,12 @@
 // generate() over LlamaForward (the reference) and through the DeviceGenerator
 // (coordinator/engine/device_spec.h) on the same loaded model. Models: random Llama-family
 // checkpoints (tools/make_random_model.py: llama3 rope + GQA bf16, mistral sliding window f32,
-// qwen2 bias + tied f16) and the tiny GGUF checkpoint of tools/make_tiny_checkpoint.py (needs
-// the PyPI gguf package; on the device machine the copy scripts/device_deps.sh wrote into
-// .device-deps/tiny-gguf, else that case is skipped, saying so). Weights are
+// qwen2 bias + tied f16) and two tiny GGUF checkpoints of tools/make_tiny_checkpoint.py: a llama
+// one and a Gemma 3 one (4 layers, local and global alternating, window 48: q/k norms, post-norms,
+// GeGLU, the embedding scale, two RoPE bases; its local layers keep their window under every
+// policy). They need the PyPI gguf package; on the device machine the copies
+// scripts/device_deps.sh wrote into .device-deps/<carried> are used, else the case is skipped,
+// saying so. Weights are
 // loaded as bf16 on both sides, so the two differ only by activations (bf16 inputs to the
 // prefill GEMMs on the device: 2^-9 relative) and summation order. Checked:
 //   prompt logits: at every position the CPU's top 5 within 0.1 + 2^-9·(the row's largest
@@ -61,6 +64,7 @@ struct Model {
   const char* tool;  // tools/<tool>
   const char* args;
   const char* subpath;  // model path inside --out
+  const char* carried = "";  // make_tiny_checkpoint.py: scripts/device_deps.sh's copy, .device-deps/<carried>
 };
 
 struct Outcome {
@@ -80,8 +84,8 @@ class DeviceGenerateTest : public ::testing::TestWithParam<Model> {
     fs::path path = dir_ / "m" / m.subpath;
     if (sh(cmd) != 0) {
       // The device machine has no gguf package: scripts/device_deps.sh wrote the same
-      // checkpoint (same arguments) into .device-deps/tiny-gguf, carried there.
-      const fs::path carried = fs::path(SNAP_SOURCE_DIR) / ".device-deps/tiny-gguf" / m.subpath;
+      // checkpoint (same arguments) into .device-deps/<carried>, carried there.
+      const fs::path carried = fs::path(SNAP_SOURCE_DIR) / ".device-deps" / m.carried / m.subpath;
       if (std::string(m.tool) != "make_tiny_checkpoint.py") FAIL() << cmd;
       if (!fs::exists(carried)) GTEST_SKIP() << "no gguf package and no " << carried << " (run scripts/device_deps.sh): " << cmd;
       path = carried;
@@ -335,7 +339,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Model{"mistral_window", "make_random_model.py", "--shape tiny-mistral --dtype f32 --seed 5", ""},
                       Model{"qwen2_f16_tied", "make_random_model.py", "--shape tiny-qwen2 --dtype f16 --seed 4", ""},
                       Model{"tiny_gguf", "make_tiny_checkpoint.py", "--arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11",
-                            "model.gguf"}),
+                            "model.gguf", "tiny-gguf"},
+                      // Keep these arguments as scripts/device_deps.sh has them.
+                      Model{"gemma3_tiny", "make_tiny_checkpoint.py",
+                            "--arch gemma3 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --hidden 64 --sliding-window 48 "
+                            "--sliding-window-pattern 2 --rope-theta 1000000 --seed 21",
+                            "model.gguf", "tiny-gemma3"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

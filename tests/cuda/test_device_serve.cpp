@@ -67,8 +67,9 @@ class DeviceServe : public ::testing::Test {
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
-  std::unique_ptr<ServerProcess> start(const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {k_bin, "serve", "--device", "cuda", "--model", (dir_ / "m").string(), "--port", "0",
+  std::unique_ptr<ServerProcess> start(const std::vector<std::string>& extra = {}, const std::string& model = "") {
+    std::vector<std::string> argv = {k_bin, "serve", "--device", "cuda", "--model", model.empty() ? (dir_ / "m").string() : model,
+                                     "--port", "0",
                                      "--kv-cache-mib", "1", "--prefill-chunk", "64", "--shutdown-timeout", "30"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<ServerProcess>(argv);
@@ -334,6 +335,62 @@ TEST_F(DeviceServe, ChoicesKeepEveryCopyReserved) {
   EXPECT_EQ(b.j()["choices"][0]["finish_reason"], "length") << b.body;
   EXPECT_NE(streamed.find("[DONE]"), std::string::npos) << streamed.substr(0, 2000);
   EXPECT_EQ(streamed.find("\"error\""), std::string::npos) << streamed.substr(streamed.find("\"error\""), 600);
+}
+
+// Gemma 3 through the service, on test_device_generate's tiny Gemma 3 GGUF (4 layers, local and
+// global alternating, window 48; keep its arguments as scripts/device_deps.sh has them): three
+// greedy completions sent at once give the texts each gives alone (a batch's attention launch
+// takes each layer's own window; the post-norms and GeGLU run per row), and every policy
+// compresses with each local layer keeping its last 48 positions, so the resident KV is exactly
+// 2 local layers x 48 + 2 global layers x the budget entries per KV head (+ the generated tokens),
+// in 16-token blocks.
+TEST_F(DeviceServe, Gemma3BatchedAsAloneAndLocalLayersKeepTheirWindow) {
+  const std::string cmd = test_python() + " " + test_source_dir() +
+                          "/tools/make_tiny_checkpoint.py --arch gemma3 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 "
+                          "--hidden 64 --sliding-window 48 --sliding-window-pattern 2 --rope-theta 1000000 --seed 21 --out " +
+                          (dir_ / "g3").string() + " >/dev/null 2>&1";
+  fs::path model = dir_ / "g3" / "model.gguf";
+  if (std::system(cmd.c_str()) != 0) {  // no gguf package (the device machine): device_deps.sh's copy
+    model = fs::path(test_source_dir()) / ".device-deps/tiny-gemma3/model.gguf";
+    if (!fs::exists(model)) GTEST_SKIP() << "no gguf package and no " << model << " (run scripts/device_deps.sh): " << cmd;
+  }
+  auto srv = start({}, model.string());
+  ASSERT_GT(srv->port(), 0) << srv->log();
+  const std::vector<std::string> prompts = {words(40, 1), words(90, 2), words(150, 3)};
+  std::vector<std::future<Reply>> together;
+  for (const auto& p : prompts)
+    together.push_back(std::async(std::launch::async, [&, p] { return snap::testing::post(srv->port(), "/v1/completions", completion(p, 12)); }));
+  std::vector<std::string> texts;
+  for (auto& f : together) {
+    const Reply r = f.get();
+    ASSERT_EQ(r.status, 200) << r.body << r.error;
+    texts.push_back(r.j()["choices"][0]["text"].get<std::string>());
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Reply r = snap::testing::post(srv->port(), "/v1/completions", completion(prompts[i], 12));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.j()["choices"][0]["text"].get<std::string>(), texts[i]) << "prompt " << i << " alone vs batched";
+  }
+  for (const char* policy : {"snapkv", "pyramidkv", "adakv", "h2o", "streaming"}) {
+    const json kv = {{"policy", policy}, {"budget", 32}, {"window", 16}, {"kernel", 5}};
+    const Reply r = snap::testing::post(srv->port(), "/v1/completions", completion(words(150, 4), 8, kv));
+    ASSERT_EQ(r.status, 200) << policy << ": " << r.body;
+    const json k = r.j()["kv"];
+    const int64_t prompt = r.j()["usage"]["prompt_tokens"].get<int64_t>();
+    ASSERT_GT(prompt, 64) << "the prompt must pass the window and the budget";
+    // Slots per KV head, in the pool's 16-token blocks: the full cache holds prompt + 7
+    // generated tokens in each of 4 layers (the 8th is sampled, never appended); compressed, a
+    // local layer 48 + 7 and a global one budget + 7 (pyramidkv: its own layer budgets).
+    const auto slots = [](int64_t entries) { return (entries + 15) / 16 * 16; };
+    const int64_t full = 4 * slots(prompt + 7), local = 2 * slots(48 + 7), kept = local + 2 * slots(32 + 7);
+    const int64_t resident = k["resident_bytes"].get<int64_t>(), full_bytes = k["full_equivalent_bytes"].get<int64_t>();
+    if (std::string(policy) == "pyramidkv") {
+      EXPECT_LT(resident * full, full_bytes * kept) << policy << ": " << k.dump();  // deeper layers keep less
+      EXPECT_GT(resident * full, full_bytes * local) << policy << ": " << k.dump();
+    } else {
+      EXPECT_EQ(full_bytes * kept, resident * full) << policy << ": " << k.dump();
+    }
+  }
 }
 
 TEST_F(DeviceServe, CancelFreesBlocksAndSigtermDrains) {

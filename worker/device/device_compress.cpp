@@ -313,6 +313,38 @@ Status DeviceForward::compress(int32_t seq, const KvPolicy& policy, int64_t comp
   std::vector<std::vector<std::vector<int32_t>>> unused;  // kept may be null (a follower rank)
   if (kept == nullptr) kept = &unused;
   kept->clear();
+  if (policy.kind == KvPolicyKind::full) return Status::ok_status();
+  bool any_windowed = false;
+  for (int l = 0; l < config_.num_layers; ++l) any_windowed = any_windowed || windowed(l);
+  if (!any_windowed) return compress_policy(seq, policy, compress_at, kept, layer);
+  // gemma3: a local layer keeps its last `window` positions, all that a later query sees there
+  // (exact, whatever the policy); the policy selects on the global layers, one at a time.
+  const int nkv = config_.num_kv_heads;
+  const int64_t n = pool_.appended(seq, 0);
+  kept->assign(static_cast<size_t>(config_.num_layers), {});
+  Status st;
+  for (int l = 0; st.ok() && l < config_.num_layers; ++l) {
+    if (layer >= 0 && l != layer) continue;
+    if (!windowed(l)) {
+      std::vector<std::vector<std::vector<int32_t>>> one;
+      st = compress_policy(seq, policy, compress_at, &one, l);
+      if (st.ok() && l < static_cast<int>(one.size())) (*kept)[l] = std::move(one[l]);
+      continue;
+    }
+    const int64_t first = std::max<int64_t>(0, n - config_.layer_window(l));
+    std::vector<std::vector<int32_t>> lists(static_cast<size_t>(nkv));
+    for (auto& h : lists)
+      for (int64_t j = first; j < n; ++j) h.push_back(static_cast<int32_t>(j));
+    if (first > 0) st = pool_.compact(seq, l, lists);
+    if (st.ok()) (*kept)[l] = std::move(lists);
+  }
+  if (policy.kind == KvPolicyKind::h2o && (layer < 0 || layer == config_.num_layers - 1 || !st.ok()))
+    observe_h2o(0);  // the scores are spent (a windowed last layer never frees them itself)
+  return st;
+}
+
+Status DeviceForward::compress_policy(int32_t seq, const KvPolicy& policy, int64_t compress_at,
+                                      std::vector<std::vector<std::vector<int32_t>>>* kept, int layer) {
   switch (policy.kind) {
     case KvPolicyKind::full:
       return Status::ok_status();

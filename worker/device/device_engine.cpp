@@ -406,17 +406,27 @@ class DeviceEngine final : public Engine {
  private:
   // --- reservations (in device blocks) ----------------------------------------------------
 
-  int64_t after_compression_blocks(const EngineRequest& req) const {
+  // Blocks layer l of a request holds after compression (+ max_tokens).
+  int64_t layer_blocks_after_compression(const EngineRequest& req, int l) const {
     const ModelConfig& c = model_->config;
     const int64_t bs = cfg_.kv_block_size, kvh = c.num_kv_heads, n = static_cast<int64_t>(req.prompt_ids.size());
     const int64_t compress_at = req.kv_policy.context_tokens > 0 ? req.kv_policy.context_tokens : n;
     // pyramidkv layer budgets reach ~2x the average; adakv moves a layer's slots between heads
-    // (one head may hold them all) and each head may use one partly filled block more.
-    const int64_t budget = req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget : req.kv_policy.budget;
+    // (one head may hold them all) and each head may use one partly filled block more. A gemma3
+    // local layer keeps its window instead (DeviceForward::compress, as on the CPU).
+    const bool windowed = c.sliding_window_pattern > 0 && c.layer_window(l) > 0;
+    const int64_t budget = windowed                                           ? c.layer_window(l)
+                           : req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget
+                                                                            : req.kv_policy.budget;
     const int64_t kept = std::min(compress_at, budget) + (n - compress_at) + req.max_tokens;
-    if (req.kv_policy.kind == KvPolicyKind::adakv)
-      return int64_t{c.num_layers} * (ceil_div(kvh * kept, bs) + kvh);
-    return int64_t{c.num_layers} * kvh * ceil_div(kept, bs);
+    if (req.kv_policy.kind == KvPolicyKind::adakv && !windowed) return ceil_div(kvh * kept, bs) + kvh;
+    return kvh * ceil_div(kept, bs);
+  }
+
+  int64_t after_compression_blocks(const EngineRequest& req) const {
+    int64_t blocks = 0;
+    for (int l = 0; l < model_->config.num_layers; ++l) blocks += layer_blocks_after_compression(req, l);
+    return blocks;
   }
 
   // The most blocks a request holds: the prompt uncompressed (one layer of it with layer-wise
@@ -428,7 +438,9 @@ class DeviceEngine final : public Engine {
     const int64_t heads = int64_t{c.num_layers} * kvh;
     // n choices: one prefill, then n copies of the (compressed) cache, each growing alone.
     if (req.kv_policy.kind == KvPolicyKind::full) return req.n * heads * ceil_div(n + req.max_tokens, bs);
-    const int64_t after = after_compression_blocks(req), copy = after / c.num_layers;  // one layer's kept blocks
+    const int64_t after = after_compression_blocks(req);
+    int64_t copy = 0;  // the largest layer's kept blocks (fresh ones during its compaction)
+    for (int l = 0; l < c.num_layers; ++l) copy = std::max(copy, layer_blocks_after_compression(req, l));
     const int64_t prompt = req.kv_policy.layerwise ? kvh * ceil_div(n, bs) + after : heads * ceil_div(n, bs);
     return std::max(prompt + copy, req.n * after);
   }
@@ -446,6 +458,8 @@ class DeviceEngine final : public Engine {
     in.block_size = cfg_.kv_block_size;
     in.block_bytes = pool_->block_bytes();
     in.max_layer_budget = req.kv_policy.kind == KvPolicyKind::pyramidkv ? 2 * req.kv_policy.budget : req.kv_policy.budget;
+    if (model_->config.sliding_window_pattern > 0)  // gemma3's local layers keep their window
+      in.max_layer_budget = std::max<int64_t>(in.max_layer_budget, model_->config.sliding_window);
     in.prefill_chunk = cfg_.prefill_chunk;
     in.hidden_size = model_->config.hidden_size;
     return layerwise_prefill_is_cheaper(in);

@@ -36,8 +36,6 @@ ModelConfig shard_config(const ModelConfig& c, const TpShard& s) {
 }  // namespace
 
 Status device_supports(const ModelConfig& c, const std::string& device) {
-  if (c.arch == Arch::gemma3)
-    return unimplemented("--device " + device + ": the gemma3 architecture is not on the device yet (use --device cpu)");
   if (c.head_dim < 32 || c.head_dim > 256 || c.head_dim % 32 != 0)
     return unimplemented("--device " + device + ": head_dim " + std::to_string(c.head_dim) +
                          " is not on the device yet (its attention takes multiples of 32 up to 256; use --device cpu)");
@@ -51,8 +49,8 @@ DeviceForward::DeviceForward(const ModelConfig& config, const DeviceWeights& wei
   attn_.num_heads = config_.num_heads;
   attn_.num_kv_heads = config_.num_kv_heads;
   attn_.head_dim = config.head_dim;
-  attn_.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
-  attn_.sliding_window = config.sliding_window;
+  attn_.scale = config.attn_scale > 0.0f ? config.attn_scale : 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  attn_.sliding_window = config.sliding_window;  // per layer: layer_attn
   // SnapKV, AdaKV and H2O score with every query head of the rank's KV heads' groups: its own
   // heads, or — when its KV head is replicated on several ranks (tp > KV heads) — the whole
   // group, whose q_proj rows the shard holds, so that every replica selects what one process
@@ -93,15 +91,17 @@ void DeviceForward::free_scratch() {
                   static_cast<void*>(up_), static_cast<void*>(logits_), static_cast<void*>(inv_freq_),
                   static_cast<void*>(xb_), static_cast<void*>(tokens_), static_cast<void*>(positions_),
                   static_cast<void*>(greedy_), static_cast<void*>(head_part_), static_cast<void*>(head_all_),
-                  static_cast<void*>(qg_), attn_ws_})
+                  static_cast<void*>(qg_), static_cast<void*>(inv_freq_local_), attn_ws_})
     cudaFree(p);
-  head_part_ = head_all_ = qg_ = nullptr;
+  head_part_ = head_all_ = qg_ = inv_freq_local_ = nullptr;
   x_ = h_ = q_ = k_ = v_ = attn_out_ = gate_ = up_ = logits_ = inv_freq_ = nullptr;
   xb_ = nullptr;
   tokens_ = positions_ = greedy_ = nullptr;
   attn_ws_ = nullptr;
   attn_ws_bytes_ = 0;
   cap_ = 0;
+  logits_cap_ = 0;
+  logits_bytes_ = 0;
   scratch_bytes_ = 0;
 }
 
@@ -131,20 +131,52 @@ Status DeviceForward::ensure_scratch(int64_t n) {
   SNAP_RETURN_IF_ERROR(alloc(&attn_out_, 4 * n * qd));
   SNAP_RETURN_IF_ERROR(alloc(&gate_, 4 * n * ff));
   SNAP_RETURN_IF_ERROR(alloc(&up_, 4 * n * ff));
-  SNAP_RETURN_IF_ERROR(alloc(&logits_, 4 * n * config_.vocab_size));
   SNAP_RETURN_IF_ERROR(alloc(&xb_, 2 * n * widest));
   SNAP_RETURN_IF_ERROR(alloc(&tokens_, 4 * n));
   SNAP_RETURN_IF_ERROR(alloc(&positions_, 4 * n));
   SNAP_RETURN_IF_ERROR(alloc(&greedy_, 4 * n));  // one id per row (decode_batch)
   if (replicated()) SNAP_RETURN_IF_ERROR(alloc(&qg_, 4 * n * score_attn_.num_heads * config_.head_dim));
-  if (exchange_ != nullptr && w_.shard.tp_size > 1) {  // the LM head's rows, padded, then gathered
-    SNAP_RETURN_IF_ERROR(alloc(&head_part_, 4 * n * w_.shard.vocab_chunk));
-    SNAP_RETURN_IF_ERROR(alloc(&head_all_, 4 * n * w_.shard.vocab_chunk * w_.shard.tp_size));
-  }
   const std::vector<float> inv = kernels::rope_inv_freq(config_.rope);
   SNAP_RETURN_IF_ERROR(alloc(&inv_freq_, 4 * static_cast<int64_t>(inv.size())));
   DEV_TRY("inv_freq", cudaMemcpy(inv_freq_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  if (config_.rope_local_theta > 0.0f) {  // gemma3 local layers: their own base, no scaling (as LlamaForward)
+    kernels::RopeConfig local;
+    local.theta = config_.rope_local_theta;
+    local.head_dim = config_.head_dim;
+    const std::vector<float> inv_local = kernels::rope_inv_freq(local);
+    SNAP_RETURN_IF_ERROR(alloc(&inv_freq_local_, 4 * static_cast<int64_t>(inv_local.size())));
+    DEV_TRY("inv_freq (local layers)",
+            cudaMemcpy(inv_freq_local_, inv_local.data(), inv_local.size() * 4, cudaMemcpyHostToDevice));
+  }
   cap_ = n;
+  return Status::ok_status();
+}
+
+// The LM head's buffers for `rows` rows (logits_, and at tp > 1 the padded rows and their
+// gather), apart from the chunk's scratch: a prompt chunk needs them for its last row only
+// (unless every row's logits are asked for), and at a large vocabulary they are the biggest
+// scratch there is (4 bytes × vocab per row: 512 MiB for a 512-token chunk of Gemma 3's 262,144).
+Status DeviceForward::ensure_logits(int64_t rows) {
+  if (rows <= logits_cap_) return Status::ok_status();
+  cudaStreamSynchronize(stream_);  // queued kernels may still use the buffers
+  for (float** p : {&logits_, &head_part_, &head_all_}) {
+    cudaFree(*p);
+    *p = nullptr;
+  }
+  scratch_bytes_ -= logits_bytes_;
+  logits_bytes_ = 0;
+  logits_cap_ = 0;
+  auto alloc = [&](float** p, int64_t bytes) -> Status {
+    logits_bytes_ += bytes;
+    scratch_bytes_ += bytes;
+    return cuda_status("cudaMalloc logits", cudaMalloc(reinterpret_cast<void**>(p), static_cast<size_t>(bytes)));
+  };
+  SNAP_RETURN_IF_ERROR(alloc(&logits_, 4 * rows * config_.vocab_size));
+  if (exchange_ != nullptr && w_.shard.tp_size > 1) {  // the LM head's rows, padded, then gathered
+    SNAP_RETURN_IF_ERROR(alloc(&head_part_, 4 * rows * w_.shard.vocab_chunk));
+    SNAP_RETURN_IF_ERROR(alloc(&head_all_, 4 * rows * w_.shard.vocab_chunk * w_.shard.tp_size));
+  }
+  logits_cap_ = rows;
   return Status::ok_status();
 }
 
@@ -171,15 +203,16 @@ Status DeviceForward::project_rows(const DeviceMatrix& w, const float* bias, con
 // as heads grow; every call on the stream, so one workspace serves them in turn).
 Status DeviceForward::attend(int32_t seq, int layer, const float* q, const int32_t* positions, int64_t n, float* out) {
   SNAP_ASSIGN_OR_RETURN(kernels::PagedKvCuda view, pool_.view(seq, layer));
+  const kernels::AttentionParams ap = layer_attn(layer);
   if (n > 1 && prompt_attention_ == PromptAttention::tensor_cores &&
-      kernels::attention_prefill_tc_supported(attn_, view)) {  // the pool's views always are
+      kernels::attention_prefill_tc_supported(ap, view)) {  // the pool's views always are
     DEV_TRY("attention_prefill_tc_cuda",
-            kernels::attention_prefill_tc_cuda(q, positions, n, view, attn_, out, stream_, prefill_kernel_));
+            kernels::attention_prefill_tc_cuda(q, positions, n, view, ap, out, stream_, prefill_kernel_));
     return Status::ok_status();
   }
-  SNAP_RETURN_IF_ERROR(reserve_attention_workspace(kernels::attention_paged_cuda_workspace_bytes(n, attn_, view.max_length)));
+  SNAP_RETURN_IF_ERROR(reserve_attention_workspace(kernels::attention_paged_cuda_workspace_bytes(n, ap, view.max_length)));
   DEV_TRY("attention_paged_cuda",
-          kernels::attention_paged_cuda(q, positions, n, view, attn_, out, attn_ws_, attn_ws_bytes_, stream_,
+          kernels::attention_paged_cuda(q, positions, n, view, ap, out, attn_ws_, attn_ws_bytes_, stream_,
                                         decode_attention_));
   return Status::ok_status();
 }
@@ -201,17 +234,19 @@ Status DeviceForward::attend_rows(const int32_t* seqs, int layer, int64_t n) {
   for (int64_t b = 0; b < n; ++b) {
     SNAP_ASSIGN_OR_RETURN(views[b], pool_.view(seqs[b], layer));
   }
-  SNAP_RETURN_IF_ERROR(reserve_attention_workspace(kernels::attention_decode_rows_workspace_bytes(n, views.data(), attn_)));
+  const kernels::AttentionParams ap = layer_attn(layer);
+  SNAP_RETURN_IF_ERROR(reserve_attention_workspace(kernels::attention_decode_rows_workspace_bytes(n, views.data(), ap)));
   DEV_TRY("attention_decode_rows_cuda",
-          kernels::attention_decode_rows_cuda(q_, positions_, n, views.data(), attn_, attn_out_, attn_ws_,
+          kernels::attention_decode_rows_cuda(q_, positions_, n, views.data(), ap, attn_out_, attn_ws_,
                                               attn_ws_bytes_, stream_, decode_attention_));
   return Status::ok_status();
 }
 
-// Layer l's q, k and v of the n rows of h_, q and k after RoPE: q into q_ [n, own heads] (with a
+// Layer l's q, k and v of the n rows of h_, q and k after RoPE (gemma3: after their per-head
+// RMSNorm, with the local layers' RoPE base on local layers): q into q_ [n, own heads] (with a
 // replicated KV head the whole group's into qg_ [n, group heads] first, the scoring's queries,
 // ours copied out), k and v into k_, v_. rows (decode): the three GEMVs in one launch.
-Status DeviceForward::attention_inputs(const DeviceLayer& L, int64_t n, bool rows) {
+Status DeviceForward::attention_inputs(const DeviceLayer& L, int l, int64_t n, bool rows) {
   const int hd = config_.head_dim;
   float* dst = replicated() ? qg_ : q_;
   if (rows) {
@@ -225,7 +260,12 @@ Status DeviceForward::attention_inputs(const DeviceLayer& L, int64_t n, bool row
     SNAP_RETURN_IF_ERROR(project(L.k, L.k_bias.f32(), h_, k_, n));
     SNAP_RETURN_IF_ERROR(project(L.v, L.v_bias.f32(), h_, v_, n));
   }
-  kernels::rope_qk_cuda(dst, score_attn_.num_heads, k_, config_.num_kv_heads, positions_, n, hd, inv_freq_, stream_);
+  if (L.q_norm.ptr != nullptr) {  // over each head's head_dim, in place (rms_norm_cuda allows it)
+    kernels::rms_norm_cuda(dst, L.q_norm.f32(), dst, n * score_attn_.num_heads, hd, config_.rms_norm_eps, stream_);
+    kernels::rms_norm_cuda(k_, L.k_norm.f32(), k_, n * config_.num_kv_heads, hd, config_.rms_norm_eps, stream_);
+  }
+  kernels::rope_qk_cuda(dst, score_attn_.num_heads, k_, config_.num_kv_heads, positions_, n, hd, layer_inv_freq(l),
+                        stream_);
   DEV_TRY("rope", cudaGetLastError());
   if (!replicated()) return Status::ok_status();
   const int64_t own = w_.shard.head_begin - w_.shard.q_load_begin;
@@ -237,26 +277,43 @@ Status DeviceForward::attention_inputs(const DeviceLayer& L, int64_t n, bool row
 // After attention (attn_out_), decode rows: o_proj into the residual stream x_, RMSNorm, gate and
 // up with SwiGLU in one launch, down_proj into x_. At tp 1 the residual adds are fused into
 // the GEMVs (the same bits as GEMV + residual_add_cuda); a shard sums its partials first.
+// gemma3: each output is RMSNormed (post_attn_norm, post_ffn_norm) before its residual add, so
+// nothing fuses there, and gate and up are one launch followed by GeGLU.
 Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
   const int64_t hidden = config_.hidden_size, ff = config_.intermediate_size;
   const bool sum_first = exchange_ != nullptr && w_.shard.tp_size > 1;
-  // x_ += in · wᵀ, summed over the group first when sharded.
-  const auto into_residual = [&](const DeviceMatrix& w, const float* in) -> Status {
-    if (!sum_first) {
+  // x_ += post_norm(in · wᵀ), summed over the group first when sharded.
+  const auto into_residual = [&](const DeviceMatrix& w, const float* in, const DeviceArray& post_norm) -> Status {
+    if (!sum_first && post_norm.ptr == nullptr) {
       kernels::matmul_rowwise_residual_cuda(in, w.data.bf16(), nullptr, x_, n, w.rows, w.cols, stream_);
       return Status::ok_status();
     }
     SNAP_RETURN_IF_ERROR(project_rows(w, nullptr, in, h_, n));
     SNAP_RETURN_IF_ERROR(reduce(n));
+    if (post_norm.ptr != nullptr) kernels::rms_norm_cuda(h_, post_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
     kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
     return Status::ok_status();
   };
-  SNAP_RETURN_IF_ERROR(into_residual(L.o, attn_out_));
+  SNAP_RETURN_IF_ERROR(into_residual(L.o, attn_out_, L.post_attn_norm));
   kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-  kernels::matmul_rowwise_swiglu_cuda(h_, L.gate.data.bf16(), L.up.data.bf16(), gate_, n, ff, L.gate.cols, stream_);
-  SNAP_RETURN_IF_ERROR(into_residual(L.down, gate_));
+  if (config_.gelu_mlp) {
+    const kernels::RowwiseOut outs[2] = {{L.gate.data.bf16(), nullptr, gate_, L.gate.rows},
+                                         {L.up.data.bf16(), nullptr, up_, L.up.rows}};
+    kernels::matmul_rowwise_multi_cuda(h_, outs, 2, n, L.gate.cols, stream_);
+    kernels::geglu_cuda(gate_, up_, gate_, n * ff, stream_);
+  } else {
+    kernels::matmul_rowwise_swiglu_cuda(h_, L.gate.data.bf16(), L.up.data.bf16(), gate_, n, ff, L.gate.cols, stream_);
+  }
+  SNAP_RETURN_IF_ERROR(into_residual(L.down, gate_, L.post_ffn_norm));
   DEV_TRY("layer rows", cudaGetLastError());
   return Status::ok_status();
+}
+
+Status DeviceForward::embed(const int32_t* tokens, int64_t n, float* out) {
+  const int64_t hidden = config_.hidden_size;
+  kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens, n, hidden, config_.vocab_size, out, stream_);
+  if (config_.embed_scale != 1.0f) kernels::scale_cuda(out, config_.embed_scale, n * hidden, stream_);
+  return cuda_status("embedding", cudaGetLastError());
 }
 
 Status DeviceForward::check_shard() const {
@@ -277,6 +334,7 @@ Status DeviceForward::reduce(int64_t n) {
 }
 
 Status DeviceForward::head(int64_t rows, bool rowwise) {
+  SNAP_RETURN_IF_ERROR(ensure_logits(rows));
   const DeviceHeadView hw = w_.head();
   const TpShard& s = w_.shard;
   const bool gather = exchange_ != nullptr && s.tp_size > 1;
@@ -341,12 +399,11 @@ Status DeviceForward::decode_batch(const int32_t* seqs, const int32_t* tokens, i
   const int64_t n = num_rows, hidden = config_.hidden_size, vocab = config_.vocab_size;
   DEV_TRY("tokens", cudaMemcpyAsync(tokens_, tokens, 4 * n, cudaMemcpyHostToDevice, stream_));
   DEV_TRY("positions", cudaMemcpyAsync(positions_, pos.data(), 4 * n, cudaMemcpyHostToDevice, stream_));
-  kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens_, n, hidden, vocab, x_, stream_);
-  DEV_TRY("embedding", cudaGetLastError());
+  SNAP_RETURN_IF_ERROR(embed(tokens_, n, x_));
   for (int l = 0; l < config_.num_layers; ++l) {
     const DeviceLayer& L = w_.layers[l];
     kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-    SNAP_RETURN_IF_ERROR(attention_inputs(L, n, true));
+    SNAP_RETURN_IF_ERROR(attention_inputs(L, l, n, true));
     // Each row into its own sequence's cache, then every row attends there: one launch each.
     if (batched_rows_) {
       SNAP_RETURN_IF_ERROR(pool_.append_rows(seqs, n, l, k_, v_, positions_));
@@ -394,25 +451,33 @@ Status DeviceForward::run_layer(int32_t seq, int l, int64_t n, int64_t start) {
   const DeviceLayer& L = w_.layers[l];
   kernels::rms_norm_cuda(x_, L.attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
   const bool rows = n == 1;  // a lone row takes the decode GEMVs, as decode_batch does
-  SNAP_RETURN_IF_ERROR(attention_inputs(L, n, rows));
+  SNAP_RETURN_IF_ERROR(attention_inputs(L, l, n, rows));
   if (window_ > 0 && n >= window_ && win_q_[l] != nullptr) {  // this chunk's last W queries (scoring heads)
     const int64_t qd = int64_t{score_attn_.num_heads} * hd;
     DEV_TRY("window queries", cudaMemcpyAsync(win_q_[l], score_queries() + (n - window_) * qd,
                                               sizeof(float) * window_ * qd, cudaMemcpyDeviceToDevice, stream_));
   }
   SNAP_RETURN_IF_ERROR(pool_.append(seq, l, k_, v_, positions_, n));
-  if (start < h2o_tokens_) SNAP_RETURN_IF_ERROR(accumulate_h2o(seq, l, start, std::min(n, h2o_tokens_ - start)));
+  if (start < h2o_tokens_ && !windowed(l))  // a windowed layer keeps its window, whatever the scores
+    SNAP_RETURN_IF_ERROR(accumulate_h2o(seq, l, start, std::min(n, h2o_tokens_ - start)));
   SNAP_RETURN_IF_ERROR(attend(seq, l, q_, positions_, n, attn_out_));
   if (rows) return finish_layer_rows(L, n);
   SNAP_RETURN_IF_ERROR(project(L.o, nullptr, attn_out_, h_, n));
   SNAP_RETURN_IF_ERROR(reduce(n));
+  if (L.post_attn_norm.ptr != nullptr)
+    kernels::rms_norm_cuda(h_, L.post_attn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
   kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
   kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
   SNAP_RETURN_IF_ERROR(project(L.gate, nullptr, h_, gate_, n));
   SNAP_RETURN_IF_ERROR(project(L.up, nullptr, h_, up_, n));
-  kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
+  if (config_.gelu_mlp)
+    kernels::geglu_cuda(gate_, up_, gate_, n * ff, stream_);
+  else
+    kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
   SNAP_RETURN_IF_ERROR(project(L.down, nullptr, gate_, h_, n));
   SNAP_RETURN_IF_ERROR(reduce(n));
+  if (L.post_ffn_norm.ptr != nullptr)
+    kernels::rms_norm_cuda(h_, L.post_ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
   kernels::residual_add_cuda(x_, h_, n * hidden, stream_);
   DEV_TRY("layer", cudaGetLastError());
   return Status::ok_status();
@@ -435,8 +500,7 @@ Status DeviceForward::forward(int32_t seq, const int32_t* tokens, int64_t n, flo
   for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(start + i);
   DEV_TRY("tokens", cudaMemcpyAsync(tokens_, tokens, 4 * n, cudaMemcpyHostToDevice, stream_));
   DEV_TRY("positions", cudaMemcpyAsync(positions_, pos.data(), 4 * n, cudaMemcpyHostToDevice, stream_));
-  kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens_, n, hidden, vocab, x_, stream_);
-  DEV_TRY("embedding", cudaGetLastError());
+  SNAP_RETURN_IF_ERROR(embed(tokens_, n, x_));
 
   for (int l = 0; l < config_.num_layers; ++l) SNAP_RETURN_IF_ERROR(run_layer(seq, l, n, start));
 
@@ -507,8 +571,7 @@ Status DeviceForward::prefill_layerwise(int32_t seq, const int32_t* tokens, int6
   };
   for (const auto& [s, len] : chunks) {
     SNAP_RETURN_IF_ERROR(upload_chunk(s, len, true));
-    kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens_, len, hidden, vocab, states + s * hidden, stream_);
-    DEV_TRY("embedding", cudaGetLastError());
+    SNAP_RETURN_IF_ERROR(embed(tokens_, len, states + s * hidden));
   }
   if (kept) kept->assign(static_cast<size_t>(config_.num_layers), {});
   for (int l = 0; l < config_.num_layers; ++l) {

@@ -1,8 +1,11 @@
-// The Llama-family forward pass (llama, mistral, qwen2) on one GPU: the device twin of
-// LlamaForward (worker/model/llama.h), over the device KV block pool. Same steps in the same
-// order — embed, per layer RMSNorm, q/k/v (+ qwen2 bias), RoPE, KV append, paged attention
+// The Llama-family forward pass (llama, mistral, qwen2) and Gemma 3's on one GPU: the device
+// twin of LlamaForward (worker/model/llama.h), over the device KV block pool. Same steps in the
+// same order — embed, per layer RMSNorm, q/k/v (+ qwen2 bias), RoPE, KV append, paged attention
 // (causal by position, sliding window), o_proj + residual, RMSNorm, SwiGLU MLP + residual;
-// final norm, LM head — with bf16 weights and KV and f32 activations. Prompt chunks
+// final norm, LM head — with bf16 weights and KV and f32 activations. Gemma 3's options as
+// LlamaForward takes them from the config: the embedding scale, per-head q/k RMSNorm before
+// RoPE, local layers (their sliding window and RoPE base) between global ones, the attention
+// scale, RMSNorm on the attention and MLP outputs before each residual add, and GeGLU. Prompt chunks
 // (num_tokens > 1) run the projections through cuBLAS on bf16 activations; single decode
 // rows through the row-invariant GEMV (f32 activations), as the CPU splits sgemm/matvec.
 // Only the logits (or greedy ids) cross to the host.
@@ -32,9 +35,8 @@
 
 namespace snap {
 
-// What DeviceForward runs: the Llama family (one window for every layer, no QK-norm, post-norms
-// or GeGLU; a gemma3 model would run wrong) with a head_dim the device attention takes (a
-// multiple of 32, at most 256). Else a one-line refusal naming `device` and the reason.
+// What DeviceForward runs: the Llama family and Gemma 3, with a head_dim the device attention
+// takes (a multiple of 32, at most 256). Else a one-line refusal naming `device` and the reason.
 Status device_supports(const ModelConfig& config, const std::string& device);
 
 class DeviceForward {
@@ -121,6 +123,8 @@ class DeviceForward {
   // policy's selection + compaction once the first compress_at tokens are in the pool; kept
   // (per layer, per KV head) stays empty when nothing was dropped or the policy is full.
   int prepare_compression(const KvPolicy& policy, int64_t compress_at);
+  // gemma3's local layers are not the policy's: each keeps its last window positions (exact),
+  // as the CPU's KvCompressor keeps them.
   Status compress(int32_t seq, const KvPolicy& policy, int64_t compress_at,
                   std::vector<std::vector<std::vector<int32_t>>>* kept, int layer = -1);
 
@@ -179,6 +183,7 @@ class DeviceForward {
 
  private:
   Status ensure_scratch(int64_t n);
+  Status ensure_logits(int64_t rows);
   void free_scratch();
   Status project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status project_rows(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
@@ -197,7 +202,22 @@ class DeviceForward {
   Status check_shard() const;
   // The layer's q, k, v of h_, q and k after RoPE (q into q_, and qg_ when replicated); rows:
   // the decode GEMVs, q/k/v in one launch.
-  Status attention_inputs(const DeviceLayer& L, int64_t n, bool rows);
+  Status attention_inputs(const DeviceLayer& L, int l, int64_t n, bool rows);
+  // The embedding rows of tokens[n] (device ids) into out [n, hidden], times the embedding scale.
+  Status embed(const int32_t* tokens, int64_t n, float* out);
+  // Layer l's attention: attn_ with the layer's sliding window (gemma3: local layers only).
+  kernels::AttentionParams layer_attn(int l) const {
+    kernels::AttentionParams a = attn_;
+    a.sliding_window = config_.layer_window(l);
+    return a;
+  }
+  // Layer l's RoPE frequencies: gemma3's local layers have their own base.
+  const float* layer_inv_freq(int l) const {
+    return inv_freq_local_ != nullptr && config_.layer_is_local(l) ? inv_freq_local_ : inv_freq_;
+  }
+  // A gemma3 local layer: no policy compresses it; it keeps its window (exact), as the CPU's
+  // KvCompressor does with CompressorShape::layer_windows.
+  bool windowed(int l) const { return config_.sliding_window_pattern > 0 && config_.layer_window(l) > 0; }
   // Decode rows after attention: o_proj, the residual, RMSNorm, the fused gate/up/SwiGLU GEMV,
   // down_proj and the residual (the residual adds fused into the GEMVs at tp 1).
   Status finish_layer_rows(const DeviceLayer& L, int64_t n);
@@ -208,6 +228,9 @@ class DeviceForward {
   const float* score_queries() const { return qg_ != nullptr ? qg_ : q_; }
   // Layer l over the n rows of x_ at positions_ (= start..): append, capture, attention, MLP.
   Status run_layer(int32_t seq, int l, int64_t n, int64_t start);
+  // compress() over the layers without a window of their own (every layer but gemma3's local ones).
+  Status compress_policy(int32_t seq, const KvPolicy& policy, int64_t compress_at,
+                         std::vector<std::vector<std::vector<int32_t>>>* kept, int layer);
   // device_compress.cpp: H2O accumulation of one chunk's rows [0, m) of q_ (positions start..).
   Status accumulate_h2o(int32_t seq, int layer, int64_t start, int64_t m);
   // Kept prefix ids (g·stride + j, ascending) + the positions [tail, n) of every head -> the
@@ -227,11 +250,13 @@ class DeviceForward {
   cublasHandle_t cublas_ = nullptr;
   kernels::AttentionParams attn_;        // the rank's own query heads over its KV heads
   kernels::AttentionParams score_attn_;  // the scoring heads (q_load_heads) over them
-  // Device scratch for chunks of up to cap_ tokens.
+  // Device scratch for chunks of up to cap_ tokens (the LM head's for up to logits_cap_ rows).
   int64_t cap_ = 0;
+  int64_t logits_cap_ = 0, logits_bytes_ = 0;  // rows logits_ (and head_part_, head_all_) hold
   int64_t scratch_bytes_ = 0;
   float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_out_ = nullptr;
   float *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *inv_freq_ = nullptr;
+  float* inv_freq_local_ = nullptr;  // gemma3 local layers' RoPE frequencies (null: none)
   __nv_bfloat16* xb_ = nullptr;  // bf16 copy of a GEMM input [cap, max(hidden, q dim, ff)]
   int32_t *tokens_ = nullptr, *positions_ = nullptr, *greedy_ = nullptr;
   void* attn_ws_ = nullptr;

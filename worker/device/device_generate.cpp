@@ -305,7 +305,10 @@ Result<GenerateResult> CudaGenerator::run_request(const GenerateRequest& req, co
     // adakv may put a layer's slots in one head, each head with one partly filled block.
     const KvPolicy& p = req.kv_policy;
     const int64_t compress_at = p.context_tokens > 0 ? std::min<int64_t>(p.context_tokens, n) : n;
-    const int64_t kept = std::min(compress_at, p.kind == KvPolicyKind::pyramidkv ? 2 * p.budget : p.budget);
+    int64_t largest = p.kind == KvPolicyKind::pyramidkv ? 2 * p.budget : p.budget;
+    if (config_.sliding_window_pattern > 0)  // gemma3's local layers keep their window
+      largest = std::max<int64_t>(largest, config_.sliding_window);
+    const int64_t kept = std::min(compress_at, largest);
     blocks += p.kind == KvPolicyKind::adakv ? blocks_for(nkv * kept) + nkv : nkv * blocks_for(kept);
   }
   const int64_t bytes = req.kv_pool_bytes > 0 ? req.kv_pool_bytes : blocks * block_bytes;
@@ -347,6 +350,8 @@ Status CudaGenerator::run(DeviceForward& fwd, DeviceKvPool& pool, int32_t seq, c
       SNAP_ASSIGN_OR_RETURN(auto budgets, pyramid_budgets(config_.num_layers, policy.budget, policy.window, policy.pyramid_beta));
       in.max_layer_budget = *std::max_element(budgets.begin(), budgets.end());
     }
+    if (config_.sliding_window_pattern > 0)  // gemma3's local layers keep their window
+      in.max_layer_budget = std::max<int64_t>(in.max_layer_budget, config_.sliding_window);
     in.prefill_chunk = req.prefill_chunk;
     in.hidden_size = config_.hidden_size;
     layerwise = layerwise_prefill_is_cheaper(in);

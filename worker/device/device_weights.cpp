@@ -114,8 +114,13 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const LoadedModel& 
     SNAP_ASSIGN_OR_RETURN(dl.q_bias, vector_f32(s.q_bias, p + "q_bias"));
     SNAP_ASSIGN_OR_RETURN(dl.k_bias, vector_f32(s.k_bias, p + "k_bias"));
     SNAP_ASSIGN_OR_RETURN(dl.v_bias, vector_f32(s.v_bias, p + "v_bias"));
+    SNAP_ASSIGN_OR_RETURN(dl.q_norm, vector_f32(s.q_norm, p + "q_norm"));
+    SNAP_ASSIGN_OR_RETURN(dl.k_norm, vector_f32(s.k_norm, p + "k_norm"));
+    SNAP_ASSIGN_OR_RETURN(dl.post_attn_norm, vector_f32(s.post_attn_norm, p + "post_attn_norm"));
+    SNAP_ASSIGN_OR_RETURN(dl.post_ffn_norm, vector_f32(s.post_ffn_norm, p + "post_ffn_norm"));
     for (const DeviceArray* a : {&dl.attn_norm, &dl.ffn_norm, &dl.q.data, &dl.k.data, &dl.v.data, &dl.o.data,
-                                 &dl.gate.data, &dl.up.data, &dl.down.data, &dl.q_bias, &dl.k_bias, &dl.v_bias})
+                                 &dl.gate.data, &dl.up.data, &dl.down.data, &dl.q_bias, &dl.k_bias, &dl.v_bias,
+                                 &dl.q_norm, &dl.k_norm, &dl.post_attn_norm, &dl.post_ffn_norm})
       d->bytes += a->bytes;
     d->layers.push_back(std::move(dl));
   }

@@ -1,5 +1,6 @@
 // A model's weights on one GPU: every projection and the LM head as bf16 [rows, cols]
-// (f32 accumulation in the kernels), the embedding table bf16, norms and biases f32. Built
+// (f32 accumulation in the kernels), the embedding table bf16, norms (Gemma 3's q/k and
+// post-norms too) and biases f32. Built
 // from a LoadedModel whose matrices are f32/f16/bf16 (load with keep_quantized = false, so a
 // GGUF's Q8_0/Q4_0/Q4_1 tensors arrive dequantized); tied embeddings share one table.
 #pragma once
@@ -38,6 +39,9 @@ struct DeviceLayer {
   DeviceArray attn_norm, ffn_norm;     // f32 [hidden]
   DeviceMatrix q, k, v, o, gate, up, down;
   DeviceArray q_bias, k_bias, v_bias;  // f32, empty without attention_bias
+  // Gemma 3 only (empty otherwise), f32: the per-head q/k RMSNorm weights [head_dim] and the
+  // norms on the attention and MLP outputs [hidden] (LayerWeights: stored as 1 + w).
+  DeviceArray q_norm, k_norm, post_attn_norm, post_ffn_norm;
 };
 
 // The LM head rows one rank multiplies: a view into lm_head or (tied) the embedding table.

@@ -234,6 +234,8 @@ inline float expf(float x) { return off_by_ulp(std::exp(x), x); }
 inline float fast_expf(float x) { return off_by_ulp(std::exp2(opaque(x * 1.44269504f)), x); }
 // rsqrtf: at most 2 ulp from 1/sqrt(x).
 inline float rsqrtf(float x) { return off_by_ulp(1.0f / std::sqrt(x), x); }
+// CUDA's tanhf: at most 2 ulp from tanh.
+inline float tanhf(float x) { return off_by_ulp(std::tanh(x), x); }
 }  // namespace snap_emu::gpu_math
 inline float __fadd_rn(float a, float b) { return snap_emu::gpu_math::opaque(a + b); }
 inline float __fmul_rn(float a, float b) { return snap_emu::gpu_math::opaque(a * b); }
@@ -241,6 +243,7 @@ inline float __fdiv_rn(float a, float b) { return snap_emu::gpu_math::opaque(a /
 inline float __expf(float x) { return snap_emu::gpu_math::fast_expf(x); }
 inline float rsqrtf(float x) { return snap_emu::gpu_math::rsqrtf(x); }
 #define expf(x) ::snap_emu::gpu_math::expf(x)
+#define tanhf(x) ::snap_emu::gpu_math::tanhf(x)
 #else
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }

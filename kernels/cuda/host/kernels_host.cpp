@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/attention_paged.h"
+#include "kernels/cpu/geglu.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "worker/kv/selection.h"
@@ -152,6 +153,18 @@ void swiglu_cuda(const float* gate, const float* up, float* out, int64_t n, cuda
       !require_device(out, f32s(n), "swiglu out"))
     return;
   swiglu_cpu(gate, up, out, n);
+}
+
+void geglu_cuda(const float* gate, const float* up, float* out, int64_t n, cudaStream_t) {
+  if (!require_device(gate, f32s(n), "geglu gate") || !require_device(up, f32s(n), "geglu up") ||
+      !require_device(out, f32s(n), "geglu out"))
+    return;
+  geglu_cpu(gate, up, out, n);
+}
+
+void scale_cuda(float* x, float s, int64_t n, cudaStream_t) {
+  if (!require_device(x, f32s(n), "scale x")) return;
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
 void residual_add_cuda(float* x, const float* y, int64_t n, cudaStream_t) {
