@@ -24,6 +24,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
+#include "comm/socket_io.h"
 #include "comm/tcp_wire.h"
 #include "tests/comm/collective_reference.h"
 #include "tests/free_port.h"
@@ -574,6 +575,44 @@ TEST(TcpSetup, WrongWorldSizeIsAOneLineError) {
   EXPECT_NE(out[2].output.find("rank 0 has world size 3, rank 2 has 4"), std::string::npos) << out[2].output;
   EXPECT_NE(out[1].output.find("setup error: comm/tcp: connecting the group at"), std::string::npos) << out[1].output;
   EXPECT_LT(seconds, 5.0 + k_bound_seconds);
+}
+
+// With 3+ ranks the ranks connect to each other (the mesh), so a rank that rank 0 can reach
+// but another rank cannot is a set-up error naming both and the way out. Rank 1 here is the
+// test itself speaking the protocol: its hello names a mesh port where nothing listens, as a
+// firewall between the workers would leave it; rank 2 cannot connect there.
+TEST(TcpSetup, UnreachableMeshPeerIsAOneLineErrorNamingIt) {
+  const int port = snap::testing::free_port(), dead = snap::testing::free_port();
+  const auto out = run_ranks(3, [&](int rank) {
+    if (rank != 1) return setup_child(rank, 3, port, std::chrono::seconds(5));
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    for (;;) {  // rank 0 may not listen yet
+      Result<comm::detail::Socket> c = comm::detail::try_connect("127.0.0.1", port, deadline);
+      if (!c.ok()) {
+        if (Clock::now() > deadline) return 20;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        continue;
+      }
+      const int fd = c.value().fd();
+      if (comm::detail::send_words(fd, {tcp_wire::k_magic, 1, 3, static_cast<uint32_t>(dead)}, deadline) != comm::detail::Io::ok)
+        return 21;
+      uint32_t verdict[3] = {}, table_bytes = 0;
+      if (comm::detail::recv_words(fd, verdict, 3, deadline) != comm::detail::Io::ok || verdict[1] != 0) return 22;  // 0: k_verdict_ok
+      if (comm::detail::recv_words(fd, &table_bytes, 1, deadline) != comm::detail::Io::ok) return 23;
+      std::vector<uint8_t> table(table_bytes);
+      if (comm::detail::recv_all(fd, table.data(), table.size(), deadline) != comm::detail::Io::ok) return 24;
+      std::this_thread::sleep_for(std::chrono::seconds(1));  // stays connected while rank 2 tries
+      return 0;
+    }
+  });
+  EXPECT_EQ(out[1].exit_code, 0) << out[1].output;
+  EXPECT_EQ(out[0].exit_code, 0) << out[0].output;  // rank 0 itself connects to no worker
+  EXPECT_EQ(out[2].exit_code, 10) << out[2].output;
+  EXPECT_NE(out[2].output.find("rank 2 could not connect to rank 1 at 127.0.0.1:" + std::to_string(dead)), std::string::npos)
+      << out[2].output;
+  EXPECT_NE(out[2].output.find("the ranks connect to each other, not only to rank 0: allow TCP between them"),
+            std::string::npos)
+      << out[2].output;
 }
 
 TEST(TcpSetup, MissingRankTimesOutNamingIt) {
