@@ -31,7 +31,7 @@ done
 rm -f apt.err
 # The tiny GGUF checkpoints of test_device_generate (tools/make_tiny_checkpoint.py needs the PyPI
 # gguf package, which the device machine lacks): written here, carried with the .debs. The
-# arguments are the test's (its Models list).
+# arguments are the tests' (test_device_generate's Models list; tests/cuda/tiny_gemma3.h).
 if [ ! -f tiny-gguf/model.gguf ]; then
   python3 ../tools/make_tiny_checkpoint.py --arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11 --out tiny-gguf >/dev/null
   echo "device_deps: wrote tiny-gguf/model.gguf"

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "tests/cuda/tiny_gemma3.h"
 #include "worker/device/device_forward.h"
 #include "worker/device/device_kv_pool.h"
 #include "worker/device/device_weights.h"
@@ -295,20 +296,13 @@ TEST(DeviceBatchDecode, RowsEqualAloneBitwise) {
 TEST(DeviceBatchDecode, Gemma3RowsEqualAloneBitwise) {
   const fs::path dir = fs::temp_directory_path() / ("snap_devbatch_g3_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  // Keep these arguments as scripts/device_deps.sh has them (it writes the device machine's copy).
-  const std::string cmd = std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR
-                          "/tools/make_tiny_checkpoint.py --arch gemma3 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 "
-                          "--hidden 64 --sliding-window 48 --sliding-window-pattern 2 --rope-theta 1000000 --seed 21 --out " +
-                          (dir / "m").string() + " >/dev/null 2>&1";
-  fs::path path = dir / "m" / "model.gguf";
-  if (sh(cmd) != 0) {  // no gguf package (the device machine): scripts/device_deps.sh's copy
-    path = fs::path(SNAP_SOURCE_DIR) / ".device-deps/tiny-gemma3/model.gguf";
-    if (!fs::exists(path)) {
-      fs::remove_all(dir);
-      GTEST_SKIP() << "no gguf package and no " << path << " (run scripts/device_deps.sh): " << cmd;
-    }
+  std::string why;
+  const std::string path = test::tiny_gemma3(SNAP_PYTHON, SNAP_SOURCE_DIR, dir / "m", &why);
+  if (path.empty()) {
+    fs::remove_all(dir);
+    GTEST_SKIP() << why;
   }
-  rows_equal_alone(dir, path.string());
+  rows_equal_alone(dir, path);
 }
 
 TEST(DeviceSnapKv, CompressionMatchesCpuSelection) {

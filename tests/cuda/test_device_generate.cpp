@@ -40,6 +40,7 @@
 
 #include "coordinator/engine/device_spec.h"
 #include "coordinator/engine/generate.h"
+#include "tests/cuda/tiny_gemma3.h"
 #include "worker/model/llama.h"
 #include "worker/model/weights.h"
 
@@ -340,11 +341,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Model{"qwen2_f16_tied", "make_random_model.py", "--shape tiny-qwen2 --dtype f16 --seed 4", ""},
                       Model{"tiny_gguf", "make_tiny_checkpoint.py", "--arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11",
                             "model.gguf", "tiny-gguf"},
-                      // Keep these arguments as scripts/device_deps.sh has them.
-                      Model{"gemma3_tiny", "make_tiny_checkpoint.py",
-                            "--arch gemma3 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --hidden 64 --sliding-window 48 "
-                            "--sliding-window-pattern 2 --rope-theta 1000000 --seed 21",
-                            "model.gguf", "tiny-gemma3"}),
+                      Model{"gemma3_tiny", "make_tiny_checkpoint.py", test::k_tiny_gemma3_args, "model.gguf",
+                            test::k_tiny_gemma3_carried}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

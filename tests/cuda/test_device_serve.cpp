@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "tests/snapserve_binary.h"
+#include "tests/cuda/tiny_gemma3.h"
 #include "tests/e2e/http_client.h"
 #include "tests/e2e/logits_dump_file.h"
 #include "tests/e2e/server_process.h"
@@ -88,6 +89,26 @@ class DeviceServe : public ::testing::Test {
     }
     return s;
   }
+  // Greedy completions of `prompts` sent at once give the texts each gives alone.
+  static void expect_batched_as_alone(ServerProcess& srv, const std::vector<std::string>& prompts, int max_tokens) {
+    std::vector<std::future<Reply>> together;
+    for (const auto& p : prompts)
+      together.push_back(std::async(std::launch::async, [&, p] {
+        return snap::testing::post(srv.port(), "/v1/completions", completion(p, max_tokens));
+      }));
+    std::vector<std::string> texts;
+    for (auto& f : together) {
+      const Reply r = f.get();
+      ASSERT_EQ(r.status, 200) << r.body << r.error;
+      texts.push_back(r.j()["choices"][0]["text"].get<std::string>());
+      EXPECT_EQ(r.j()["usage"]["completion_tokens"], max_tokens);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Reply r = snap::testing::post(srv.port(), "/v1/completions", completion(prompts[i], max_tokens));
+      ASSERT_EQ(r.status, 200) << r.body;
+      EXPECT_EQ(r.j()["choices"][0]["text"].get<std::string>(), texts[i]) << "prompt " << i << " alone vs batched";
+    }
+  }
   static inline fs::path dir_;
 };
 
@@ -95,22 +116,7 @@ TEST_F(DeviceServe, HealthMetricsAndBatchInvariance) {
   auto srv = start();
   ASSERT_GT(srv->port(), 0) << srv->log();
   EXPECT_EQ(snap::testing::call(srv->port(), boost::beast::http::verb::get, "/health").status, 200);
-  const std::vector<std::string> prompts = {words(40, 1), words(90, 2), words(15, 3)};
-  std::vector<std::future<Reply>> together;
-  for (const auto& p : prompts)
-    together.push_back(std::async(std::launch::async, [&, p] { return snap::testing::post(srv->port(), "/v1/completions", completion(p, 16)); }));
-  std::vector<std::string> texts;
-  for (auto& f : together) {
-    const Reply r = f.get();
-    ASSERT_EQ(r.status, 200) << r.body << r.error;
-    texts.push_back(r.j()["choices"][0]["text"].get<std::string>());
-    EXPECT_EQ(r.j()["usage"]["completion_tokens"], 16);
-  }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const Reply r = snap::testing::post(srv->port(), "/v1/completions", completion(prompts[i], 16));
-    ASSERT_EQ(r.status, 200) << r.body;
-    EXPECT_EQ(r.j()["choices"][0]["text"].get<std::string>(), texts[i]) << "prompt " << i << " alone vs batched";
-  }
+  expect_batched_as_alone(*srv, {words(40, 1), words(90, 2), words(15, 3)}, 16);
   // The engine publishes its figures after each step: poll until the finished requests' blocks show as free.
   std::string m;
   for (int i = 0; i < 100; ++i) {
@@ -345,32 +351,12 @@ TEST_F(DeviceServe, ChoicesKeepEveryCopyReserved) {
 // 2 local layers x 48 + 2 global layers x the budget entries per KV head (+ the generated tokens),
 // in 16-token blocks.
 TEST_F(DeviceServe, Gemma3BatchedAsAloneAndLocalLayersKeepTheirWindow) {
-  const std::string cmd = test_python() + " " + test_source_dir() +
-                          "/tools/make_tiny_checkpoint.py --arch gemma3 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 "
-                          "--hidden 64 --sliding-window 48 --sliding-window-pattern 2 --rope-theta 1000000 --seed 21 --out " +
-                          (dir_ / "g3").string() + " >/dev/null 2>&1";
-  fs::path model = dir_ / "g3" / "model.gguf";
-  if (std::system(cmd.c_str()) != 0) {  // no gguf package (the device machine): device_deps.sh's copy
-    model = fs::path(test_source_dir()) / ".device-deps/tiny-gemma3/model.gguf";
-    if (!fs::exists(model)) GTEST_SKIP() << "no gguf package and no " << model << " (run scripts/device_deps.sh): " << cmd;
-  }
-  auto srv = start({}, model.string());
+  std::string why;
+  const std::string model = test::tiny_gemma3(test_python(), test_source_dir(), dir_ / "g3", &why);
+  if (model.empty()) GTEST_SKIP() << why;
+  auto srv = start({}, model);
   ASSERT_GT(srv->port(), 0) << srv->log();
-  const std::vector<std::string> prompts = {words(40, 1), words(90, 2), words(150, 3)};
-  std::vector<std::future<Reply>> together;
-  for (const auto& p : prompts)
-    together.push_back(std::async(std::launch::async, [&, p] { return snap::testing::post(srv->port(), "/v1/completions", completion(p, 12)); }));
-  std::vector<std::string> texts;
-  for (auto& f : together) {
-    const Reply r = f.get();
-    ASSERT_EQ(r.status, 200) << r.body << r.error;
-    texts.push_back(r.j()["choices"][0]["text"].get<std::string>());
-  }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const Reply r = snap::testing::post(srv->port(), "/v1/completions", completion(prompts[i], 12));
-    ASSERT_EQ(r.status, 200) << r.body;
-    EXPECT_EQ(r.j()["choices"][0]["text"].get<std::string>(), texts[i]) << "prompt " << i << " alone vs batched";
-  }
+  expect_batched_as_alone(*srv, {words(40, 1), words(90, 2), words(150, 3)}, 12);
   for (const char* policy : {"snapkv", "pyramidkv", "adakv", "h2o", "streaming"}) {
     const json kv = {{"policy", policy}, {"budget", 32}, {"window", 16}, {"kernel", 5}};
     const Reply r = snap::testing::post(srv->port(), "/v1/completions", completion(words(150, 4), 8, kv));

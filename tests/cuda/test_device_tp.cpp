@@ -38,6 +38,7 @@
 
 #include "comm/communicator.h"
 #include "coordinator/engine/device_spec.h"
+#include "tests/cuda/tiny_gemma3.h"
 #include "worker/device/device_exchange.h"
 #include "worker/device/device_forward.h"
 #include "worker/device/device_kv_pool.h"
@@ -371,13 +372,10 @@ INSTANTIATE_TEST_SUITE_P(
         // tied f16 embeddings).
         Model{"llama3_tp4_replicated", "--shape tiny-llama3 --dtype bf16 --seed 9 --heads 8 --kv-heads 2 --head-dim 32 --vocab 1001", 4},
         Model{"qwen2_replicated_tp2", "--shape tiny-qwen2 --dtype f16 --seed 4", 2},
-        // Gemma 3 (test_device_generate's tiny checkpoint; keep the arguments as
-        // scripts/device_deps.sh has them): 4 ranks over 2 KV heads, so replicated, with the
-        // q/k norms, local/global layers, post-norms after the row-parallel sums, GeGLU; 288 ids: 72 each.
-        Model{"gemma3_tp4_replicated",
-              "--arch gemma3 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --hidden 64 --sliding-window 48 "
-              "--sliding-window-pattern 2 --rope-theta 1000000 --seed 21",
-              4, "make_tiny_checkpoint.py", "model.gguf", "tiny-gemma3"}),
+        // Gemma 3 (tiny_gemma3.h): 4 ranks over 2 KV heads, so replicated, with the q/k norms,
+        // local/global layers, post-norms after the row-parallel sums, GeGLU; 288 ids: 72 each.
+        Model{"gemma3_tp4_replicated", test::k_tiny_gemma3_args, 4, "make_tiny_checkpoint.py", "model.gguf",
+              test::k_tiny_gemma3_carried}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
