@@ -10,6 +10,11 @@ References:
                   <|begin_of_text|> template) trained here on the text set; tokenizer.json committed.
   spm           - a Llama-2-style BPE with byte_fallback, Prepend+Replace normalizer, <s> template.
   spm_metaspace - the same model with a Metaspace pre-tokenizer instead of the normalizer.
+  spm_gemma     - the same model with Gemma 3's pipeline (tokenizer.json as transformers writes
+                  it for Gemma 3): Replace(" ", "▁") without Prepend, Split(" ",
+                  MergedWithPrevious), Replace/ByteFallback/Fuse decoder. `--only spm_gemma`
+                  builds it from the committed spm/tokenizer.json and adds its ids to
+                  expected.json without retraining the others.
   spm.gguf      - the spm vocab written as a GGUF (tokenizer.ggml.model "llama", scores = -id, no
                   merges); its reference is spm's ids: sentencepiece adds the dummy "▁" prefix to
                   every text segment, as llama.cpp and the Prepend normalizer do. transformers'
@@ -180,6 +185,15 @@ def train_spm():
     return build(True), build(False), vocab
 
 
+def gemma_variant(spm):
+    """spm's vocab and merges with Gemma 3's normalizer, pre-tokenizer and decoder."""
+    tok = Tokenizer.from_str(spm.to_str())
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tok
+
+
 def write_spm_gguf(path, vocab, chat_template):
     w = gguf.GGUFWriter(path, "llama")
     w.add_tokenizer_model("llama")
@@ -274,8 +288,21 @@ def main():
     ap.add_argument("--model", default=os.environ.get(
         "SNAP_MODEL", os.path.expanduser("~/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf")))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "tokenizer"))
+    ap.add_argument("--only", choices=["spm_gemma"], help="add this one tokenizer to an existing fixture set")
     args = ap.parse_args()
     out = os.path.abspath(args.out)
+    if args.only == "spm_gemma":
+        with open(os.path.join(out, "texts.json"), encoding="utf-8") as f:
+            texts = json.load(f)["texts"]
+        gemma = gemma_variant(Tokenizer.from_file(os.path.join(out, "spm", "tokenizer.json")))
+        os.makedirs(os.path.join(out, "spm_gemma"), exist_ok=True)
+        gemma.save(os.path.join(out, "spm_gemma", "tokenizer.json"))
+        with open(os.path.join(out, "expected.json"), encoding="utf-8") as f:
+            expected = json.load(f)
+        expected["spm_gemma"] = reference(gemma, texts, None)
+        with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
+            json.dump(expected, f, ensure_ascii=False, separators=(",", ":"))
+        return
     for sub in ("", "bytebpe", "spm", "spm_metaspace"):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
 
@@ -311,6 +338,10 @@ def main():
     expected["spm"] = reference(spm, TEXTS, None)
     spm_meta.save(os.path.join(out, "spm_metaspace", "tokenizer.json"))
     expected["spm_metaspace"] = reference(spm_meta, TEXTS, None)
+    gemma = gemma_variant(spm)
+    os.makedirs(os.path.join(out, "spm_gemma"), exist_ok=True)
+    gemma.save(os.path.join(out, "spm_gemma", "tokenizer.json"))
+    expected["spm_gemma"] = reference(gemma, TEXTS, None)
 
     gguf_path = os.path.join(out, "spm.gguf")
     write_spm_gguf(gguf_path, spm_vocab, MISTRAL_TEMPLATE)

@@ -19,7 +19,9 @@ using nlohmann::json;
 Result<std::shared_ptr<CompiledRegex>> compile_regex(const std::string& pattern, bool literal) {
   int err = 0;
   PCRE2_SIZE err_offset = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2_LITERAL refuses PCRE2_UCP (which only changes how \d, \w and classes match).
+  const uint32_t options =
+      PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? uint32_t{PCRE2_LITERAL} : uint32_t{PCRE2_UCP});
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &err, &err_offset, nullptr);
   if (!code) {

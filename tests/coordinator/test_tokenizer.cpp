@@ -127,6 +127,8 @@ TEST(Tokenizer, SmolLM2LongTextMatchesReference) {
 TEST(Tokenizer, ByteLevelJsonMatchesReference) { check_reference(load_dir("bytebpe"), "bytebpe"); }
 TEST(Tokenizer, SentencePieceJsonMatchesReference) { check_reference(load_dir("spm"), "spm"); }
 TEST(Tokenizer, MetaspaceJsonMatchesReference) { check_reference(load_dir("spm_metaspace"), "spm_metaspace"); }
+// Gemma 3's tokenizer.json pipeline: a literal Split(" ") pre-tokenizer, no Prepend.
+TEST(Tokenizer, GemmaPipelineJsonMatchesReference) { check_reference(load_dir("spm_gemma"), "spm_gemma"); }
 // The same vocabulary as spm/tokenizer.json, as GGUF scores without merges.
 TEST(Tokenizer, SentencePieceGgufMatchesReference) { check_reference(load_spm_gguf(), "spm"); }
 
