@@ -25,6 +25,7 @@ REPO_DIR = os.path.dirname(TOOLS_DIR)
 GOLDEN_DIR = os.path.join(REPO_DIR, "tests", "fixtures", "golden")
 sys.path.insert(0, TOOLS_DIR)
 
+import reference_gemma3  # noqa: E402
 import reference_llama  # noqa: E402
 
 DEFAULT_MODEL = os.path.expanduser("~/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -217,6 +218,11 @@ TINY_CONFIGS = {
                     TINY_IDS),
     "head_dim": (["--arch", "llama", "--no-tie", "--hidden", "64", "--heads", "4",
                   "--kv-heads", "2", "--head-dim", "24", "--seed", "6"], TINY_IDS),
+    # Gemma3ForCausalLM: layers 0 and 2 local (window 7, RoPE base 10^4), 1 and 3 global
+    # (base 10^6), 20 ids so the window bites; head_dim 32 != query_pre_attn_scalar**0.5.
+    "gemma3_swa": (["--arch", "gemma3", "--tie", "--layers", "4", "--head-dim", "32",
+                    "--sliding-window", "7", "--sliding-window-pattern", "2",
+                    "--rope-theta", "1000000", "--seed", "7"], TINY_IDS),
 }
 TINY_GREEDY = 8
 
@@ -257,12 +263,13 @@ def run_tiny_one(name, args, ids, work):
     greedy, margins = hf_greedy(model, ids, TINY_GREEDY)
 
     diffs = {}
+    reference = reference_gemma3 if "gemma3" in args else reference_llama
     for form, path in (("hf", hf_dir), ("gguf", os.path.join(out_dir, "model.gguf"))):
-        cfg, weights = reference_llama.load_model(path)
-        mine = reference_llama.forward(cfg, weights, ids)
+        cfg, weights = reference.load_model(path)
+        mine = reference.forward(cfg, weights, ids)
         diffs[f"numpy_{form}_max_abs_logit_diff"] = sig6(np.max(np.abs(ref - mine)))
         diffs[f"numpy_{form}_greedy_agrees"] = (
-            reference_llama.greedy(cfg, weights, ids, TINY_GREEDY) == greedy)
+            reference.greedy(cfg, weights, ids, TINY_GREEDY) == greedy)
     print(f"{name}: {diffs}")
     positions = recorded_positions(len(ids))
 

@@ -7,12 +7,16 @@ OUT/model.gguf  the same weights as F32, llama.cpp conventions: llama-arch Q/K r
                 scaling as a `rope_freqs.weight` tensor, a tiny gpt2-style vocab.
 Weights are seeded (numpy), so two runs with the same arguments give the same files.
 
---arch gemma3 writes the GGUF only (our loader reads Gemma 3 from GGUF alone): the Llama tensors
-plus per-head q/k norms and the post-attention/post-MLP norms, gemma3.attention.sliding_window
-(--sliding-window, required) and .sliding_window_pattern (--sliding-window-pattern: every
-pattern-th layer is global), the global RoPE base (--rope-theta) and the local one
-(--rope-local-theta, rope.freq_base_swa). Norm weights are stored as llama.cpp's converter
-stores Gemma's (1 + w), i.e. used as they are.
+--arch gemma3: the Llama tensors plus per-head q/k norms and the post-attention/post-MLP norms,
+the sliding window (--sliding-window, required) and its layer pattern (--sliding-window-pattern:
+every pattern-th layer is global), the global RoPE base (--rope-theta) and the local one
+(--rope-local-theta). The GGUF says these as llama.cpp's converter does
+(gemma3.attention.sliding_window_pattern, rope.freq_base_swa) and stores Gemma's norm weights as
+(1 + w); the HF form is a Gemma3ForCausalLM directory (model_type gemma3_text, layer_types,
+rope_local_base_freq, query_pre_attn_scalar 256, tied embeddings) holding w, under transformers'
+names (post_attention_layernorm is the attention output's norm, pre_feedforward_layernorm the
+MLP input's). w = (1 + w) - 1 is exact for these norms (within [0.5, 2], Sterbenz), so both
+forms hold the same numbers.
 """
 import argparse
 import json
@@ -166,6 +170,8 @@ def main():
         sys.exit("--heads must be a multiple of --kv-heads and head_dim even")
     if a.arch == "gemma3" and a.sliding_window <= 0:
         sys.exit("--arch gemma3 needs --sliding-window > 0")
+    if a.arch == "gemma3" and a.shards > 1:
+        sys.exit("--arch gemma3 writes one safetensors file (no --shards)")
     bias = a.arch == "qwen2"
     gemma = a.arch == "gemma3"
     rng = np.random.default_rng(a.seed)
@@ -211,9 +217,10 @@ def main():
         rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
-    if gemma:  # GGUF only
-        os.makedirs(a.out, exist_ok=True)
-        write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope_scaling)
+    if gemma:
+        write_gemma3_hf(a, w, head_dim, bos_id, eos_id)
+        if not a.no_gguf:
+            write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope_scaling)
         return
     arch_class = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
     config = {
@@ -256,6 +263,54 @@ def main():
     if a.no_gguf:
         return
     write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope_scaling)
+
+
+def write_gemma3_hf(a, w, head_dim, bos_id, eos_id):
+    """OUT/hf as transformers' Gemma3ForCausalLM saves it (transformers 4.5x config keys)."""
+    if a.rope_scaling == "llama3":
+        sys.exit("--arch gemma3 takes --rope-scaling none or linear")
+    layer_types = ["full_attention" if (i + 1) % a.sliding_window_pattern == 0 else "sliding_attention"
+                   for i in range(a.layers)]
+    config = {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "vocab_size": a.vocab, "hidden_size": a.hidden, "intermediate_size": a.intermediate,
+        "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
+        "head_dim": head_dim, "rms_norm_eps": 1e-5, "rope_theta": a.rope_theta,
+        "rope_local_base_freq": a.rope_local_theta,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0} if a.rope_scaling == "linear" else None,
+        "sliding_window": a.sliding_window, "layer_types": layer_types, "query_pre_attn_scalar": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
+        "attn_logit_softcapping": None, "attention_bias": False,
+        "max_position_embeddings": a.max_position, "tie_word_embeddings": a.tie,
+        "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": 0, "torch_dtype": "float32",
+    }
+    one = np.float32(1.0)
+    hf = {"model.embed_tokens.weight": w["model.embed_tokens.weight"],
+          "model.norm.weight": w["model.norm.weight"] - one}
+    for i in range(a.layers):
+        p = f"model.layers.{i}."
+        for name in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                     "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                     "mlp.down_proj.weight"):
+            hf[p + name] = w[p + name]
+        # ours (GGUF meaning) -> transformers' Gemma3 name, norms as w = stored - 1
+        for ours, theirs in (("input_layernorm", "input_layernorm"),
+                             ("post_attention_norm", "post_attention_layernorm"),
+                             ("post_attention_layernorm", "pre_feedforward_layernorm"),
+                             ("post_feedforward_layernorm", "post_feedforward_layernorm"),
+                             ("self_attn.q_norm", "self_attn.q_norm"),
+                             ("self_attn.k_norm", "self_attn.k_norm")):
+            g = w[p + ours + ".weight"]
+            if not np.all((g >= 0.5) & (g <= 2.0)):
+                sys.exit(f"{p}{ours}: norm weights outside [0.5, 2] would not survive (1 + w) - 1 exactly")
+            hf[p + theirs + ".weight"] = g - one
+    if not a.tie:
+        hf["lm_head.weight"] = w["lm_head.weight"]
+    hf_dir = os.path.join(a.out, "hf")
+    os.makedirs(hf_dir, exist_ok=True)
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    save_safetensors(os.path.join(hf_dir, "model.safetensors"), hf, a.dtype)
 
 
 def write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope_scaling):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plain numpy reference forward pass for Gemma 3 (text) from a GGUF file.
+"""Plain numpy reference forward pass for Gemma 3 (text) from a GGUF file or an HF directory.
 
 The readable reference the C++ engine's gemma3 path (worker/model/llama.cpp with the
 ModelConfig gemma3 options) and the golden fixture tests/fixtures/golden/gemma3_270m_q4_k_m.json
@@ -93,11 +93,80 @@ def load_gguf(path):
         head_dim=int(field("gemma3.attention.key_length", hidden // num_heads)),
         rms_norm_eps=float(field("gemma3.attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(field("gemma3.rope.freq_base", 1e6)),
-        rope_local_theta=ROPE_LOCAL_BASE,
+        rope_local_theta=float(field("gemma3.rope.freq_base_swa", ROPE_LOCAL_BASE)),
         sliding_window=int(field("gemma3.attention.sliding_window")),
-        sliding_window_pattern=SLIDING_WINDOW_PATTERN,
+        sliding_window_pattern=int(field("gemma3.attention.sliding_window_pattern", SLIDING_WINDOW_PATTERN)),
     )
     return cfg, tensors
+
+
+# transformers' Gemma3ForCausalLM names -> the GGUF names forward() reads. Its
+# post_attention_layernorm is the attention output's norm; pre_feedforward_layernorm is the
+# MLP input's. Norm weights are stored as w (Gemma3RMSNorm: x * (1 + w)).
+HF_LAYER_NAMES = {
+    "input_layernorm.weight": ("attn_norm.weight", True),
+    "self_attn.q_proj.weight": ("attn_q.weight", False),
+    "self_attn.k_proj.weight": ("attn_k.weight", False),
+    "self_attn.v_proj.weight": ("attn_v.weight", False),
+    "self_attn.o_proj.weight": ("attn_output.weight", False),
+    "self_attn.q_norm.weight": ("attn_q_norm.weight", True),
+    "self_attn.k_norm.weight": ("attn_k_norm.weight", True),
+    "post_attention_layernorm.weight": ("post_attention_norm.weight", True),
+    "pre_feedforward_layernorm.weight": ("ffn_norm.weight", True),
+    "post_feedforward_layernorm.weight": ("post_ffw_norm.weight", True),
+    "mlp.gate_proj.weight": ("ffn_gate.weight", False),
+    "mlp.up_proj.weight": ("ffn_up.weight", False),
+    "mlp.down_proj.weight": ("ffn_down.weight", False),
+}
+
+
+def load_hf(directory):
+    """Returns (Config, weights) from a Gemma3ForCausalLM directory (config.json, one
+    model.safetensors), renamed to the GGUF names and with 1 added to the norms."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    with open(os.path.join(directory, "config.json")) as f:
+        c = json.load(f)
+    if c.get("model_type") != "gemma3_text":
+        raise ValueError(f"{directory}: model_type is {c.get('model_type')!r}, not 'gemma3_text'")
+    raw = load_file(os.path.join(directory, "model.safetensors"))
+    if "lm_head.weight" in raw:
+        raise ValueError(f"{directory}: untied lm_head.weight: not a Gemma 3 layout this reference knows")
+    one = np.float32(1.0)
+    w = {"token_embd.weight": raw["model.embed_tokens.weight"].astype(np.float32),
+         "output_norm.weight": raw["model.norm.weight"].astype(np.float32) + one}
+    for i in range(int(c["num_hidden_layers"])):
+        for theirs, (ours, is_norm) in HF_LAYER_NAMES.items():
+            t = raw[f"model.layers.{i}.{theirs}"].astype(np.float32)
+            w[f"blk.{i}.{ours}"] = t + one if is_norm else t
+    types = c["layer_types"]
+    pattern = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), len(types) + 1)
+    if any((t == "full_attention") != ((i + 1) % pattern == 0) for i, t in enumerate(types)):
+        raise ValueError(f"{directory}: layer_types is not every {pattern}th layer full")
+    if c.get("query_pre_attn_scalar", QUERY_PRE_ATTN_SCALAR) != QUERY_PRE_ATTN_SCALAR or c.get("rope_scaling"):
+        raise ValueError(f"{directory}: query_pre_attn_scalar != 256 or rope scaling: not in this reference")
+    cfg = Config(
+        vocab_size=int(c["vocab_size"]),
+        hidden_size=int(c["hidden_size"]),
+        intermediate_size=int(c["intermediate_size"]),
+        num_layers=int(c["num_hidden_layers"]),
+        num_heads=int(c["num_attention_heads"]),
+        num_kv_heads=int(c["num_key_value_heads"]),
+        head_dim=int(c["head_dim"]),
+        rms_norm_eps=float(c["rms_norm_eps"]),
+        rope_theta=float(c["rope_theta"]),
+        rope_local_theta=float(c.get("rope_local_base_freq", ROPE_LOCAL_BASE)),
+        sliding_window=int(c["sliding_window"]),
+        sliding_window_pattern=pattern,
+    )
+    return cfg, w
+
+
+def load_model(path):
+    """A .gguf file or a Gemma3ForCausalLM directory."""
+    return load_hf(path) if os.path.isdir(path) else load_gguf(path)
 
 
 def inv_freq(theta, head_dim):
@@ -185,13 +254,13 @@ def greedy(cfg, w, ids, num_new):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="gemma3 .gguf file")
+    ap.add_argument("--model", required=True, help="gemma3 .gguf file or Gemma3ForCausalLM directory")
     ap.add_argument("--ids", required=True, help="comma-separated token ids")
     ap.add_argument("--greedy", type=int, default=0, help="greedy-decode N new tokens")
     ap.add_argument("--top", type=int, default=5, help="top-k ids printed for the last position")
     args = ap.parse_args(argv)
     ids = [int(s) for s in args.ids.split(",") if s.strip()]
-    cfg, w = load_gguf(args.model)
+    cfg, w = load_model(args.model)
     row = forward(cfg, w, ids, [len(ids) - 1])[0]
     top = np.argsort(-row, kind="stable")[: args.top]
     print("last position top " + " ".join(f"{int(i)}:{row[i]:.4f}" for i in top))

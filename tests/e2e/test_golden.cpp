@@ -177,7 +177,7 @@ TEST_P(TinyGolden, GgufAndSafetensorsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, TinyGolden,
                          ::testing::Values("llama_untied", "qwen2_bias", "mistral_swa", "llama3_rope", "linear_rope",
-                                           "head_dim"));
+                                           "head_dim", "gemma3_swa"));
 
 }  // namespace
 }  // namespace snap

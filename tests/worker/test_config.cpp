@@ -1,9 +1,11 @@
 // ModelConfig from hand-written config.json files: defaults, per-architecture rules
-// (qwen2 bias and use_sliding_window, mistral sliding_window, llama attention_bias),
-// rope_scaling forms, eos lists, and the errors for unsupported or missing fields;
+// (qwen2 bias and use_sliding_window, mistral sliding_window, llama attention_bias, Gemma 3's
+// layer pattern and scales), rope_scaling and transformers 5's rope_parameters, eos lists
+// (with generation_config.json), and the errors for unsupported or missing fields;
 // plus GGUF metadata (tiny GGUF from tools/make_tiny_checkpoint.py) and validate().
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include <nlohmann/json.hpp>
@@ -118,6 +120,167 @@ TEST(HfConfig, RopeScalingForms) {
   EXPECT_NE(partial.status().message().find("low_freq_factor"), std::string::npos) << partial.status().message();
 }
 
+// transformers 5 saves rope_theta and the scaling as one rope_parameters object; a Llama 3.1
+// config saved that way must not fall back to the default base and no scaling.
+TEST(HfConfig, RopeParametersOfTransformers5) {
+  TempDir dir("cfg");
+  json j = base_llama();
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0},
+                          {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", 8192}};
+  Result<ModelConfig> l3 = parse(dir, j);
+  ASSERT_TRUE(l3.ok()) << l3.status().to_string();
+  EXPECT_EQ(l3->rope.theta, 500000.0f);
+  EXPECT_EQ(l3->rope.scaling, kernels::RopeScaling::llama3);
+  EXPECT_EQ(l3->rope.factor, 8.0f);
+  EXPECT_EQ(l3->rope.original_max_position, 8192);
+
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  Result<ModelConfig> plain = parse(dir, j);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->rope.theta, 1e6f);
+  EXPECT_EQ(plain->rope.scaling, kernels::RopeScaling::none);
+
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0}};
+  Result<ModelConfig> yarn = parse(dir, j);
+  ASSERT_FALSE(yarn.ok());
+  EXPECT_EQ(yarn.status().code(), StatusCode::k_unimplemented);
+  EXPECT_NE(yarn.status().message().find("rope_parameters type 'yarn'"), std::string::npos)
+      << yarn.status().message();
+}
+
+// gemma-3-270m-it's config.json as transformers 4.5x saved it (tie_word_embeddings and
+// head_dim left to their Gemma3TextConfig defaults).
+json base_gemma3() {
+  json types = json::array();
+  for (int l = 0; l < 18; ++l) types.push_back((l + 1) % 6 == 0 ? "full_attention" : "sliding_attention");
+  return json{{"architectures", {"Gemma3ForCausalLM"}}, {"model_type", "gemma3_text"}, {"vocab_size", 262144},
+              {"hidden_size", 640}, {"intermediate_size", 2048}, {"num_hidden_layers", 18},
+              {"num_attention_heads", 4}, {"num_key_value_heads", 1}, {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000000.0}, {"rope_local_base_freq", 10000.0}, {"rope_scaling", nullptr},
+              {"sliding_window", 512}, {"layer_types", types}, {"query_pre_attn_scalar", 256},
+              {"hidden_activation", "gelu_pytorch_tanh"}, {"final_logit_softcapping", nullptr},
+              {"attn_logit_softcapping", nullptr}, {"max_position_embeddings", 32768},
+              {"bos_token_id", 2}, {"eos_token_id", 1}, {"use_bidirectional_attention", false}};
+}
+
+void expect_gemma3_270m(const Result<ModelConfig>& c) {
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->arch, Arch::gemma3);
+  EXPECT_EQ(c->head_dim, 256);  // Gemma3TextConfig's default, not hidden / heads = 160
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->sliding_window, 512);
+  EXPECT_EQ(c->sliding_window_pattern, 6);
+  EXPECT_TRUE(c->layer_is_local(4));
+  EXPECT_FALSE(c->layer_is_local(5));
+  EXPECT_EQ(c->rope.theta, 1e6f);
+  EXPECT_EQ(c->rope.scaling, kernels::RopeScaling::none);
+  EXPECT_EQ(c->rope_local_theta, 10000.0f);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_TRUE(c->post_norms);
+  EXPECT_TRUE(c->gelu_mlp);
+  EXPECT_EQ(c->embed_scale, static_cast<float>(std::sqrt(640.0)));
+  EXPECT_EQ(c->attn_scale, 1.0f / 16.0f);
+  EXPECT_EQ(c->max_position, 32768);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{1});
+}
+
+// The same model from transformers 4's keys, from the older sliding_window_pattern, and from
+// transformers 5's rope_parameters (one object per layer type).
+TEST(HfConfig, Gemma3TextFromEveryConfigForm) {
+  TempDir dir("cfg");
+  expect_gemma3_270m(parse(dir, base_gemma3()));
+
+  json old = base_gemma3();
+  old.erase("layer_types");
+  old["sliding_window_pattern"] = 6;
+  expect_gemma3_270m(parse(dir, old));
+  old.erase("sliding_window_pattern");  // Gemma3TextConfig's default is 6 too
+  expect_gemma3_270m(parse(dir, old));
+
+  json v5 = base_gemma3();
+  v5.erase("rope_theta");
+  v5.erase("rope_local_base_freq");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}},
+                           {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
+  expect_gemma3_270m(parse(dir, v5));
+
+  // Gemma 3 4B's linear scaling applies to the global layers alone.
+  v5["rope_parameters"]["full_attention"] = {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1000000.0}};
+  v5["rope_parameters"]["sliding_attention"]["rope_theta"] = 20000.0;
+  Result<ModelConfig> scaled = parse(dir, v5);
+  ASSERT_TRUE(scaled.ok()) << scaled.status().to_string();
+  EXPECT_EQ(scaled->rope.scaling, kernels::RopeScaling::linear);
+  EXPECT_EQ(scaled->rope.factor, 8.0f);
+  EXPECT_EQ(scaled->rope_local_theta, 20000.0f);
+}
+
+// generation_config.json's stop ids (an -it checkpoint's <end_of_turn>) join config.json's.
+TEST(HfConfig, GenerationConfigEosJoinsConfigEos) {
+  TempDir dir("cfg");
+  snap::testing::write_file(dir / "generation_config.json", R"({"eos_token_id": [1, 106], "top_k": 64})");
+  Result<ModelConfig> c = parse(dir, base_gemma3());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{1, 106}));
+  snap::testing::write_file(dir / "generation_config.json", R"({"do_sample": true})");
+  Result<ModelConfig> none = parse(dir, base_gemma3());
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_EQ(none->eos_token_ids, std::vector<int32_t>{1});
+  snap::testing::write_file(dir / "generation_config.json", R"({"eos_token_id": [1,)");
+  Result<ModelConfig> bad = parse(dir, base_gemma3());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::k_data_loss);
+  EXPECT_EQ(bad.status().message(), (dir / "generation_config.json") + ": not a JSON object");
+}
+
+// Gemma 3 variants the forward does not compute are refused by name, not run wrongly.
+TEST(HfConfig, Gemma3VariantsWeDoNotRunAreOneLineErrors) {
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    StatusCode code;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"vision-language", [](json& j) { j["architectures"] = {"Gemma3ForConditionalGeneration"}; },
+       StatusCode::k_unimplemented, "Gemma3ForConditionalGeneration (the vision-language Gemma 3) is not supported"},
+      {"soft-capping", [](json& j) { j["final_logit_softcapping"] = 30.0; }, StatusCode::k_unimplemented,
+       "final_logit_softcapping (logit soft-capping) is not supported"},
+      {"irregular layers", [](json& j) { j["layer_types"][7] = "full_attention"; }, StatusCode::k_unimplemented,
+       "layer 7 is \"full_attention\""},
+      {"unknown layer type", [](json& j) { j["layer_types"][0] = "chunked_attention"; },
+       StatusCode::k_invalid_argument, "layer_types[0] is \"chunked_attention\""},
+      {"short layer_types", [](json& j) { j["layer_types"].erase(0); }, StatusCode::k_invalid_argument,
+       "layer_types must be a list of num_hidden_layers (18) strings"},
+      {"erf gelu", [](json& j) { j["hidden_activation"] = "gelu"; }, StatusCode::k_unimplemented,
+       "hidden_activation 'gelu' is not supported"},
+      {"embedding model", [](json& j) { j["use_bidirectional_attention"] = true; }, StatusCode::k_unimplemented,
+       "use_bidirectional_attention"},
+      {"scaled local rope",
+       [](json& j) {
+         j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
+                                 {"sliding_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}};
+       },
+       StatusCode::k_unimplemented, "rope_parameters.sliding_attention.rope_type 'linear'"},
+      {"no window", [](json& j) { j["sliding_window"] = 0; }, StatusCode::k_invalid_argument,
+       "sliding_window = 0 is out of range"},
+  };
+  TempDir dir("cfg");
+  const std::string path = dir / "config.json";
+  for (const Case& c : cases) {
+    json j = base_gemma3();
+    c.edit(j);
+    Result<ModelConfig> r = parse(dir, j);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status().to_string();
+    const std::string& m = r.status().message();
+    EXPECT_EQ(m.rfind(path + ": ", 0), 0u) << c.what << ": " << m;
+    EXPECT_NE(m.find(c.needle), std::string::npos) << c.what << ": " << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << c.what;
+  }
+}
+
 TEST(HfConfig, Qwen2AlwaysHasBiasAndWindowOnlyWhenEnabled) {
   TempDir dir("cfg");
   json j = base_llama();
@@ -163,7 +326,7 @@ TEST(HfConfig, BadConfigsAreOneLineErrors) {
   };
   const Case cases[] = {
       {"unsupported arch", [](json& j) { j["architectures"] = {"GPT2LMHeadModel"}; }, StatusCode::k_unimplemented,
-       "unsupported architecture 'GPT2LMHeadModel' (supported: llama, mistral, qwen2)"},
+       "unsupported architecture 'GPT2LMHeadModel' (supported: llama, mistral, qwen2, gemma3_text)"},
       {"missing hidden_size", [](json& j) { j.erase("hidden_size"); }, StatusCode::k_not_found,
        "missing field 'hidden_size'"},
       {"missing layers", [](json& j) { j.erase("num_hidden_layers"); }, StatusCode::k_not_found,

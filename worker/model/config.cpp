@@ -1,6 +1,6 @@
 // ModelConfig from a Hugging Face config.json or from GGUF metadata, and its checks.
 // Defaults follow the transformers config classes (LlamaConfig, MistralConfig,
-// Qwen2Config) for optional fields; required fields missing are not_found naming the
+// Qwen2Config, Gemma3TextConfig) for optional fields; required fields missing are not_found naming the
 // field. GGUF llama3 rope scaling lives in a `rope_freqs.weight` tensor, not metadata:
 // we recover the llama3 parameters from it and refuse files it does not match.
 #include "worker/model/config.h"
@@ -16,6 +16,7 @@
 
 #include "worker/model/gemma3_config.h"
 #include "worker/model/gguf.h"
+#include "worker/model/json_fields.h"
 
 namespace snap {
 namespace {
@@ -28,50 +29,6 @@ constexpr int64_t k_max_dim = int64_t{1} << 20;      // hidden, intermediate, he
 constexpr int64_t k_max_vocab = int64_t{1} << 24;
 constexpr int64_t k_max_layers = 4096;
 constexpr int64_t k_max_heads = 4096;
-
-// ---------------------------------------------------------------------------
-// config.json field access
-
-class JsonFields {
- public:
-  JsonFields(const std::string& path, const json& j) : path_(path), j_(j) {}
-
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-
-  Result<int64_t> req_int(const char* key) const {
-    if (!has(key)) return not_found(path_ + ": missing field '" + key + "'");
-    return as_int(key, j_[key]);
-  }
-  Result<int64_t> opt_int(const char* key, int64_t def) const {
-    return has(key) ? as_int(key, j_[key]) : Result<int64_t>(def);
-  }
-  Result<double> opt_float(const char* key, double def) const {
-    if (!has(key)) return def;
-    return as_float(key, j_[key]);
-  }
-  Result<bool> opt_bool(const char* key, bool def) const {
-    if (!has(key)) return def;
-    if (!j_[key].is_boolean()) return invalid_argument(path_ + ": field '" + key + "' must be true or false");
-    return j_[key].get<bool>();
-  }
-
-  Result<int64_t> as_int(const std::string& key, const json& v) const {
-    if (v.is_number_integer()) return v.get<int64_t>();
-    // Some exporters write integral values as floats (e.g. 8192.0).
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
-        std::fabs(v.get<double>()) < 9e15)
-      return static_cast<int64_t>(v.get<double>());
-    return invalid_argument(path_ + ": field '" + key + "' must be an integer, got " + v.dump());
-  }
-  Result<double> as_float(const std::string& key, const json& v) const {
-    if (v.is_number()) return v.get<double>();
-    return invalid_argument(path_ + ": field '" + key + "' must be a number, got " + v.dump());
-  }
-
- private:
-  const std::string& path_;
-  const json& j_;
-};
 
 Status range(const std::string& source, const char* field, int64_t v, int64_t lo, int64_t hi) {
   if (v < lo || v > hi)
@@ -111,35 +68,45 @@ Result<Arch> arch_from_hf(const std::string& path, const json& j) {
     if (name == "LlamaForCausalLM") return Arch::llama;
     if (name == "MistralForCausalLM") return Arch::mistral;
     if (name == "Qwen2ForCausalLM") return Arch::qwen2;
+    if (name == "Gemma3ForCausalLM") return Arch::gemma3;
+    if (name == "Gemma3ForConditionalGeneration")
+      return unimplemented(path + ": Gemma3ForConditionalGeneration (the vision-language Gemma 3) is not supported;"
+                                  " text-only Gemma 3 (Gemma3ForCausalLM, e.g. gemma-3-270m, gemma-3-1b) is");
   } else if (j.contains("model_type") && j["model_type"].is_string()) {
     name = j["model_type"].get<std::string>();
     if (name == "llama") return Arch::llama;
     if (name == "mistral") return Arch::mistral;
     if (name == "qwen2") return Arch::qwen2;
+    if (name == "gemma3_text") return Arch::gemma3;
   } else {
     return not_found(path + ": missing field 'architectures' (or 'model_type')");
   }
-  return unimplemented(path + ": unsupported architecture '" + name + "' (supported: llama, mistral, qwen2)");
+  return unimplemented(path + ": unsupported architecture '" + name +
+                       "' (supported: llama, mistral, qwen2, gemma3_text)");
 }
 
-Status parse_rope_scaling(const std::string& path, const JsonFields& f, const json& j,
-                          kernels::RopeConfig* rope) {
-  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return Status();
-  const json& rs = j["rope_scaling"];
-  if (!rs.is_object()) return invalid_argument(path + ": field 'rope_scaling' must be an object or null");
+// One RoPE object: rope_scaling (rope_type or type, its factors), or transformers 5's
+// rope_parameters, which also holds rope_theta. `field` names it in errors.
+Status parse_rope_object(const std::string& path, const JsonFields& f, const json& rs, const std::string& field,
+                         kernels::RopeConfig* rope) {
+  if (!rs.is_object()) return invalid_argument(path + ": field '" + field + "' must be an object or null");
   std::string type;
   if (rs.contains("rope_type") && rs["rope_type"].is_string()) {
     type = rs["rope_type"].get<std::string>();
   } else if (rs.contains("type") && rs["type"].is_string()) {
     type = rs["type"].get<std::string>();
   } else {
-    return invalid_argument(path + ": rope_scaling has no 'rope_type' or 'type'");
+    return invalid_argument(path + ": " + field + " has no 'rope_type' or 'type'");
   }
   auto num = [&](const char* key) -> Result<double> {
     if (!rs.contains(key) || rs[key].is_null())
-      return not_found(path + ": missing field 'rope_scaling." + std::string(key) + "'");
-    return f.as_float(std::string("rope_scaling.") + key, rs[key]);
+      return not_found(path + ": missing field '" + field + "." + std::string(key) + "'");
+    return f.as_float(field + "." + key, rs[key]);
   };
+  if (rs.contains("rope_theta") && !rs["rope_theta"].is_null()) {
+    SNAP_ASSIGN_OR_RETURN(double theta, num("rope_theta"));
+    rope->theta = static_cast<float>(theta);
+  }
   if (type == "default") return Status();
   if (type == "linear") {
     SNAP_ASSIGN_OR_RETURN(double factor, num("factor"));
@@ -159,7 +126,25 @@ Status parse_rope_scaling(const std::string& path, const JsonFields& f, const js
     rope->original_max_position = static_cast<int>(orig);
     return Status();
   }
-  return unimplemented(path + ": unsupported rope_scaling type '" + type + "' (supported: linear, llama3)");
+  return unimplemented(path + ": unsupported " + field + " type '" + type + "' (supported: default, linear, llama3)");
+}
+
+// rope_theta and rope_scaling (transformers 4), or rope_parameters (transformers 5 writes
+// these instead; Gemma 3 keeps one per layer type, and its full_attention one is the
+// global layers' RoPE: gemma3_config_from_hf reads sliding_attention's).
+Status parse_rope(const std::string& path, const JsonFields& f, const json& j, double default_theta,
+                  kernels::RopeConfig* rope) {
+  rope->theta = static_cast<float>(default_theta);
+  if (f.has("rope_parameters")) {
+    const json& rp = j["rope_parameters"];
+    if (rp.is_object() && rp.contains("full_attention"))
+      return parse_rope_object(path, f, rp["full_attention"], "rope_parameters.full_attention", rope);
+    return parse_rope_object(path, f, rp, "rope_parameters", rope);
+  }
+  SNAP_ASSIGN_OR_RETURN(double theta, f.opt_float("rope_theta", default_theta));
+  rope->theta = static_cast<float>(theta);
+  if (!f.has("rope_scaling")) return Status();
+  return parse_rope_object(path, f, j["rope_scaling"], "rope_scaling", rope);
 }
 
 Result<std::vector<int32_t>> token_ids(const std::string& path, const JsonFields& f, const json& v,
@@ -178,6 +163,28 @@ Result<std::vector<int32_t>> token_ids(const std::string& path, const JsonFields
   SNAP_RETURN_IF_ERROR(range(path, key, id, 0, k_max_vocab));
   out.push_back(static_cast<int32_t>(id));
   return out;
+}
+
+// generation_config.json's eos_token_id (what transformers' generate() stops at) joins
+// config.json's: instruction-tuned checkpoints list their end-of-turn ids there (Gemma 3's
+// <end_of_turn>, Llama 3's <|eot_id|>). No file, or no such field, adds nothing.
+Status add_generation_eos(const std::filesystem::path& file, std::vector<int32_t>* eos) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return Status();
+  const std::string path = file.string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return not_found(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return data_loss(path + ": not a JSON object");
+  if (!j.contains("eos_token_id")) return Status();
+  const JsonFields f(path, j);
+  SNAP_ASSIGN_OR_RETURN(std::vector<int32_t> ids, token_ids(path, f, j["eos_token_id"], "eos_token_id"));
+  for (int32_t id : ids) {
+    if (std::find(eos->begin(), eos->end(), id) == eos->end()) eos->push_back(id);
+  }
+  return Status();
 }
 
 // ---------------------------------------------------------------------------
@@ -317,8 +324,9 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
   c.num_layers = static_cast<int>(layers);
   c.num_heads = static_cast<int>(heads);
   c.num_kv_heads = static_cast<int>(kv_heads);
-  if (f.has("head_dim")) {
-    SNAP_ASSIGN_OR_RETURN(int64_t hd, f.req_int("head_dim"));
+  const bool gemma = c.arch == Arch::gemma3;  // Gemma3TextConfig's defaults differ from Llama's
+  if (f.has("head_dim") || gemma) {
+    SNAP_ASSIGN_OR_RETURN(int64_t hd, f.opt_int("head_dim", 256));
     SNAP_RETURN_IF_ERROR(range(path, "head_dim", hd, 2, k_max_dim));
     c.head_dim = static_cast<int>(hd);
   } else {
@@ -330,11 +338,9 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
   }
   SNAP_ASSIGN_OR_RETURN(double eps, f.opt_float("rms_norm_eps", 1e-6));
   c.rms_norm_eps = static_cast<float>(eps);
-  SNAP_ASSIGN_OR_RETURN(double theta, f.opt_float("rope_theta", 10000.0));
-  c.rope.theta = static_cast<float>(theta);
+  SNAP_RETURN_IF_ERROR(parse_rope(path, f, j, gemma ? 1e6 : 10000.0, &c.rope));
   c.rope.head_dim = c.head_dim;
-  SNAP_RETURN_IF_ERROR(parse_rope_scaling(path, f, j, &c.rope));
-  const int64_t default_max_pos = c.arch == Arch::llama ? 2048 : 32768;
+  const int64_t default_max_pos = c.arch == Arch::llama ? 2048 : gemma ? 131072 : 32768;
   SNAP_ASSIGN_OR_RETURN(c.max_position, f.opt_int("max_position_embeddings", default_max_pos));
 
   if (c.arch == Arch::mistral) {
@@ -349,7 +355,7 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
       c.sliding_window = static_cast<int>(sw);
     }
   }
-  SNAP_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.opt_bool("tie_word_embeddings", false));
+  SNAP_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.opt_bool("tie_word_embeddings", gemma));
   if (c.arch == Arch::qwen2) {
     c.attention_bias = true;
   } else if (c.arch == Arch::llama) {
@@ -364,6 +370,8 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
     SNAP_ASSIGN_OR_RETURN(c.eos_token_ids, token_ids(path, f, j["eos_token_id"], "eos_token_id"));
   }
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  SNAP_RETURN_IF_ERROR(add_generation_eos(dir / "generation_config.json", &c.eos_token_ids));
+  if (gemma) SNAP_RETURN_IF_ERROR(gemma3_config_from_hf(path, j, &c));
   c.name = dir.filename().string();
   if (c.name.empty() || c.name == ".") c.name = arch_name(c.arch);
   SNAP_RETURN_IF_ERROR(c.validate(path));

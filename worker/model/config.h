@@ -1,5 +1,5 @@
 // Model hyper-parameters for Llama-family decoders (llama, mistral, qwen2) and Gemma 3,
-// read from a Hugging Face config.json or from GGUF metadata (gemma3: GGUF only). Missing or
+// read from a Hugging Face config.json or from GGUF metadata. Missing or
 // out-of-range fields are a one-line Status naming the file and the field.
 #pragma once
 
@@ -57,7 +57,8 @@ struct ModelConfig {
   Status validate(const std::string& source) const;
 };
 
-// From a Hugging Face config.json (path to the file).
+// From a Hugging Face config.json (path to the file); a generation_config.json beside it
+// adds its eos_token_id to the stop ids.
 Result<ModelConfig> config_from_hf_json(const std::string& path);
 // From GGUF metadata (`<arch>.block_count`, `<arch>.attention.head_count`, ...).
 Result<ModelConfig> config_from_gguf(const GgufFile& file);

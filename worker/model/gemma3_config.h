@@ -1,8 +1,13 @@
 // Gemma 3 hyper-parameters that its GGUF files do not state, taken from transformers'
 // Gemma3TextConfig (the published configuration) and checked against its modeling code
 // (see gemma3_config.cpp for what was checked). Called by config_from_gguf for
-// general.architecture = gemma3 after the Llama-family fields are read.
+// general.architecture = gemma3 and by config_from_hf_json for Gemma3ForCausalLM, after the
+// Llama-family fields are read.
 #pragma once
+
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
 #include "worker/model/config.h"
@@ -15,5 +20,12 @@ class GgufFile;
 // embedding and attention scales, <end_of_turn> as a stop id) from g's metadata and the
 // published defaults; unimplemented for variants we do not run (logit soft-capping).
 Status gemma3_config_from_gguf(const GgufFile& g, ModelConfig* c);
+
+// The same from a config.json (model_type gemma3_text) at `path`: the sliding window, its
+// layer pattern (layer_types or sliding_window_pattern), rope_local_base_freq and
+// query_pre_attn_scalar, with Gemma3TextConfig's defaults; unimplemented for soft-capping,
+// another activation, or bidirectional attention. Stop ids come from config.json and
+// generation_config.json (config_from_hf_json).
+Status gemma3_config_from_hf(const std::string& path, const nlohmann::json& j, ModelConfig* c);
 
 }  // namespace snap

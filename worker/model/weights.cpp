@@ -75,6 +75,7 @@ struct Job {
   int permute_heads = 0;  // > 0: undo llama.cpp's Q/K row permutation (heads of head_dim rows)
   int head_dim = 0;
   bool may_keep_blocks = false;  // a matmul weight: may stay in its GGUF block format
+  float offset = 0.0f;           // added to every value read (Gemma's safetensors norms hold w of x * (1 + w))
   bool whole() const { return rows == file_rows && cols == file_cols; }
 };
 
@@ -95,7 +96,8 @@ struct Names {
   std::string embed, final_norm, lm_head;
   std::string layer_prefix;  // "blk." / "model.layers."
   std::string attn_norm, q, k, v, o, q_bias, k_bias, v_bias, ffn_norm, gate, up, down;
-  std::string q_norm, k_norm, post_attn_norm, post_ffn_norm;  // gemma3 (GGUF only)
+  std::string q_norm, k_norm, post_attn_norm, post_ffn_norm;  // gemma3
+  float norm_offset = 0.0f;  // added to every RMSNorm weight read (Job::offset)
 };
 
 Names gguf_names() {
@@ -112,6 +114,23 @@ Names hf_names() {
           "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_proj.bias",
           "self_attn.k_proj.bias", "self_attn.v_proj.bias", "post_attention_layernorm.weight",
           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "", "", "", ""};
+}
+
+// Gemma3ForCausalLM: the MLP's input norm is pre_feedforward_layernorm, and
+// post_attention_layernorm is the norm on the attention output (the Llama family's
+// post_attention_layernorm is the MLP's input norm). Gemma3RMSNorm computes x * (1 + w)
+// with w as stored; the forward multiplies by its weight, so the loader adds the 1 (in f32:
+// the multiplier transformers computes, bit for bit).
+Names hf_names(const ModelConfig& c) {
+  Names n = hf_names();
+  if (c.arch != Arch::gemma3) return n;
+  n.ffn_norm = "pre_feedforward_layernorm.weight";
+  n.q_norm = "self_attn.q_norm.weight";
+  n.k_norm = "self_attn.k_norm.weight";
+  n.post_attn_norm = "post_attention_layernorm.weight";
+  n.post_ffn_norm = "post_feedforward_layernorm.weight";
+  n.norm_offset = 1.0f;
+  return n;
 }
 
 // Builds the job list of one shard and sizes `w` (matrices are allocated later, once
@@ -146,11 +165,16 @@ std::vector<Job> plan_jobs(const ModelConfig& c, const TpShard& sh, const Names&
   };
   // The embedding is the largest single tensor; first, so a worker starts it early. f32
   // unless the GGUF loader keeps its blocks (load_gguf).
+  // An RMSNorm weight: a vector plus the format's offset.
+  auto norm = [&](std::string name, Matrix* dst, int64_t len) {
+    vec(std::move(name), dst, len, 0, len);
+    jobs.back().offset = n.norm_offset;
+  };
   col_par(n.embed, &w->embed, c.vocab_size, h, 0, c.vocab_size);
   jobs.back().store = DType::f32;
   jobs.back().may_keep_blocks = false;
   if (load_lm_head) col_par(n.lm_head, &w->lm_head, c.vocab_size, h, sh.vocab_begin, sh.vocab_size);
-  vec(n.final_norm, &w->final_norm, h, 0, h);
+  norm(n.final_norm, &w->final_norm, h);
   const int64_t q0 = sh.q_load_begin * hd, q_rows = sh.q_load_heads * hd;
   const int64_t kv0 = sh.kv_head_begin * hd, kv_rows = sh.num_kv_heads * hd;
   const int64_t o0 = sh.head_begin * hd, o_cols = sh.num_heads * hd;
@@ -158,7 +182,7 @@ std::vector<Job> plan_jobs(const ModelConfig& c, const TpShard& sh, const Names&
   for (int i = 0; i < c.num_layers; ++i) {
     LayerWeights& l = w->layers[static_cast<size_t>(i)];
     const std::string p = n.layer_prefix + std::to_string(i) + ".";
-    vec(p + n.attn_norm, &l.attn_norm, h, 0, h);
+    norm(p + n.attn_norm, &l.attn_norm, h);
     col_par(p + n.q, &l.q_proj, q_dim, h, q0, q_rows, c.num_heads);
     col_par(p + n.k, &l.k_proj, kv_dim, h, kv0, kv_rows, c.num_kv_heads);
     col_par(p + n.v, &l.v_proj, kv_dim, h, kv0, kv_rows);
@@ -168,17 +192,17 @@ std::vector<Job> plan_jobs(const ModelConfig& c, const TpShard& sh, const Names&
       vec(p + n.k_bias, &l.k_bias, kv_dim, kv0, kv_rows, c.num_kv_heads);
       vec(p + n.v_bias, &l.v_bias, kv_dim, kv0, kv_rows);
     }
-    vec(p + n.ffn_norm, &l.ffn_norm, h, 0, h);
+    norm(p + n.ffn_norm, &l.ffn_norm, h);
     col_par(p + n.gate, &l.gate_proj, ff, h, sh.ff_begin, sh.ff_size);
     col_par(p + n.up, &l.up_proj, ff, h, sh.ff_begin, sh.ff_size);
     row_par(p + n.down, &l.down_proj, h, ff, sh.ff_begin, sh.ff_size);
     if (c.qk_norm) {  // one weight for every head: whole on every shard
-      vec(p + n.q_norm, &l.q_norm, hd, 0, hd);
-      vec(p + n.k_norm, &l.k_norm, hd, 0, hd);
+      norm(p + n.q_norm, &l.q_norm, hd);
+      norm(p + n.k_norm, &l.k_norm, hd);
     }
     if (c.post_norms) {
-      vec(p + n.post_attn_norm, &l.post_attn_norm, h, 0, h);
-      vec(p + n.post_ffn_norm, &l.post_ffn_norm, h, 0, h);
+      norm(p + n.post_attn_norm, &l.post_attn_norm, h);
+      norm(p + n.post_ffn_norm, &l.post_ffn_norm, h);
     }
   }
   return jobs;
@@ -253,7 +277,11 @@ Status run_jobs(std::vector<Job>& jobs, Fill fill) {
         out = scratch.data();
       }
       status[static_cast<size_t>(i)] = fill(job, out);
-      if (status[static_cast<size_t>(i)].ok()) store_f32(out, job);
+      if (!status[static_cast<size_t>(i)].ok()) continue;
+      if (job.offset != 0.0f) {
+        for (int64_t e = 0; e < job.rows * job.cols; ++e) out[e] += job.offset;
+      }
+      store_f32(out, job);
     }
   }
   for (Status& s : status) {
@@ -440,7 +468,7 @@ Result<LoadedModel> load_hf_dir(const std::string& dir, const LoadOptions& opts)
   SNAP_ASSIGN_OR_RETURN(m.config, config_from_hf_json((std::filesystem::path(dir) / "config.json").string()));
   SNAP_ASSIGN_OR_RETURN(SafetensorsModel st, SafetensorsModel::open(dir));
   SNAP_ASSIGN_OR_RETURN(m.shard, make_tp_shard(m.config, opts.tp_rank, opts.tp_size));
-  std::vector<Job> jobs = plan_jobs(m.config, m.shard, hf_names(), !m.config.tie_word_embeddings, false,
+  std::vector<Job> jobs = plan_jobs(m.config, m.shard, hf_names(m.config), !m.config.tie_word_embeddings, false,
                                     opts.weight_dtype, &m.weights);
   for (const Job& j : jobs) SNAP_RETURN_IF_ERROR(check_safetensors(st, dir, j));
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, [&st](const Job& j, float* out) { return fill_safetensors(st, j, out); }));
