@@ -398,6 +398,23 @@ void print_config(const ModelConfig& c) {
               c.rope.factor);
   std::printf("rms_norm_eps       %g\n", c.rms_norm_eps);
   std::printf("sliding_window     %d\n", c.sliding_window);
+  if (c.sliding_window > 0 && c.sliding_window_pattern > 0) {  // gemma3: local and global layers
+    int local = 0;
+    std::string global;
+    for (int l = 0; l < c.num_layers; ++l) {
+      if (c.layer_is_local(l)) {
+        ++local;
+      } else {
+        global += (global.empty() ? "" : ", ") + std::to_string(l);
+      }
+    }
+    std::printf("layer kinds        %d local (window %d, rope theta %g), %d global (layers %s)\n", local,
+                c.sliding_window, c.rope_local_theta > 0.0f ? c.rope_local_theta : c.rope.theta,
+                c.num_layers - local, global.empty() ? "none" : global.c_str());
+  }
+  std::string stops;
+  for (int32_t id : c.eos_token_ids) stops += (stops.empty() ? "" : ", ") + std::to_string(id);
+  std::printf("stop token ids     %s\n", stops.empty() ? "none" : stops.c_str());
   std::printf("tied embeddings    %s\n", c.tie_word_embeddings ? "yes" : "no");
   std::printf("qkv bias           %s\n", c.attention_bias ? "yes" : "no");
   const int64_t kv_per_token = 2LL * c.num_layers * c.num_kv_heads * c.head_dim * 4;

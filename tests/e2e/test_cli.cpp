@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tests/snapserve_binary.h"
+#include "tests/worker/tiny_checkpoint.h"
 
 namespace {
 
@@ -148,6 +149,27 @@ TEST_F(Cli, InspectPrintsTheConfig) {
   for (const char* key : {"llama", "layers             30", "9 / 3", "head_dim 64", "49152", "Q4_1"}) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing from: " << r.out;
   }
+}
+
+// Gemma 3 from a Hugging Face directory: which layers are local, their window and RoPE base,
+// and the stop ids (config.json's and generation_config.json's).
+TEST_F(Cli, InspectShowsGemma3LayerKindsAndStopIds) {
+  snap::testing::TempDir dir("cli_gemma3");
+  ASSERT_TRUE(snap::testing::make_tiny_checkpoint(
+      dir.path(), "--arch gemma3 --tie --layers 4 --head-dim 32 --sliding-window 7 --sliding-window-pattern 2 "
+                  "--rope-theta 1000000 --no-gguf"));
+  snap::testing::write_file(dir / "hf/generation_config.json", R"({"eos_token_id": [5, 6]})");
+  CliRun r = run("inspect --model " + (dir / "hf"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* key : {"architecture       gemma3", "(safetensors, ",
+                          "layer kinds        2 local (window 7, rope theta 10000), 2 global (layers 1, 3)",
+                          "tied embeddings    yes"}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing from: " << r.out;
+  }
+  const size_t stops = r.out.find("stop token ids     ");
+  ASSERT_NE(stops, std::string::npos) << r.out;
+  const std::string line = r.out.substr(stops, r.out.find('\n', stops) - stops);
+  EXPECT_NE(line.find(", 5, 6"), std::string::npos) << line;  // after config.json's own eos id
 }
 
 }  // namespace
