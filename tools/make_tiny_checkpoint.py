@@ -160,6 +160,9 @@ def main():
     ap.add_argument("--scale", type=float, default=0.08, help="std of the random weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gguf", action="store_true")
+    ap.add_argument("--vision-language", action="store_true",
+                    help="gemma3: the HF form as Gemma3ForConditionalGeneration (text_config, a tiny SigLIP "
+                         "vision_config, language_model.model. names, two vision tensors)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -170,6 +173,8 @@ def main():
         sys.exit("--heads must be a multiple of --kv-heads and head_dim even")
     if a.arch == "gemma3" and a.sliding_window <= 0:
         sys.exit("--arch gemma3 needs --sliding-window > 0")
+    if a.vision_language and a.arch != "gemma3":
+        sys.exit("--vision-language is for --arch gemma3")
     if a.arch == "gemma3" and a.shards > 1:
         sys.exit("--arch gemma3 writes one safetensors file (no --shards)")
     bias = a.arch == "qwen2"
@@ -306,6 +311,29 @@ def write_gemma3_hf(a, w, head_dim, bos_id, eos_id):
             hf[p + theirs + ".weight"] = g - one
     if not a.tie:
         hf["lm_head.weight"] = w["lm_head.weight"]
+    if a.vision_language:
+        # Gemma3ForConditionalGeneration: the text model under language_model., its config under
+        # text_config; the vision tower's tensors are there and unread by a text-only loader.
+        hf = {("language_model." + k if k.startswith("model.") else "language_model." + k): v
+              for k, v in hf.items()}
+        vision_rng = np.random.default_rng(a.seed + 1000)
+        hf["vision_tower.vision_model.post_layernorm.weight"] = round_to(
+            vision_rng.standard_normal(32).astype(np.float32), a.dtype)
+        hf["multi_modal_projector.mm_soft_emb_norm.weight"] = round_to(
+            vision_rng.standard_normal(32).astype(np.float32), a.dtype)
+        text = dict(config)
+        for key in ("architectures", "torch_dtype"):
+            text.pop(key)
+        config = {
+            "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+            "text_config": text,
+            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                              "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
+                              "patch_size": 14, "vision_use_head": False},
+            "mm_tokens_per_image": 4, "boi_token_index": 0, "eoi_token_index": 0,
+            "image_token_index": a.vocab - 1, "eos_token_id": [eos_id], "tie_word_embeddings": a.tie,
+            "torch_dtype": "float32",
+        }
     hf_dir = os.path.join(a.out, "hf")
     os.makedirs(hf_dir, exist_ok=True)
     with open(os.path.join(hf_dir, "config.json"), "w") as f:

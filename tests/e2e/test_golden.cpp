@@ -175,6 +175,44 @@ TEST_P(TinyGolden, GgufAndSafetensorsMatchTransformers) {
   std::printf("tiny %s: max |logit - transformers| = %.3g\n", GetParam().c_str(), max_diff);
 }
 
+// Gemma3ForConditionalGeneration (the 4B-27B checkpoints' form): the same tiny Gemma 3 with its
+// config under text_config, its tensors under language_model.model. and two vision tensors
+// beside them. Its text model is the Gemma3ForCausalLM one: bit-identical logits to the GGUF,
+// so within the golden's bound of transformers.
+TEST(TinyGoldenGemma3, VisionLanguageFormServesItsTextModel) {
+  const json g = load_json("tests/fixtures/golden/tiny_gemma3_swa.json");
+  const fs::path dir = fs::temp_directory_path() / ("snap_tiny_gemma3_vl_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::string cmd = g["checkpoint"]["command"].get<std::string>();
+  cmd.replace(cmd.find("<DIR>"), 5, dir.string());
+  cmd = "cd " + std::string(SNAP_SOURCE_DIR) + " && " + cmd + " --vision-language >/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto vl = load_model((dir / "hf").string());
+  ASSERT_TRUE(vl.ok()) << vl.status().to_string();
+  auto gg = load_model((dir / "model.gguf").string());
+  ASSERT_TRUE(gg.ok()) << gg.status().to_string();
+  fs::remove_all(dir);
+  EXPECT_EQ(vl->config.sliding_window_pattern, 2);
+  EXPECT_TRUE(vl->config.layer_is_local(2));
+
+  const auto ids = g["ids"].get<std::vector<int32_t>>();
+  const std::vector<float> a = all_logits(*vl, ids, 7);
+  const std::vector<float> b = all_logits(*gg, ids, 7);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+      << "the vision-language form's text model and the GGUF disagree";
+  const int64_t vocab = vl->config.vocab_size;
+  const auto positions = g["positions"].get<std::vector<int64_t>>();
+  double max_diff = 0;
+  for (size_t j = 0; j < positions.size(); ++j) {
+    const auto want = g["logits"][j].get<std::vector<double>>();
+    ASSERT_EQ(static_cast<int64_t>(want.size()), vocab);
+    for (int64_t v = 0; v < vocab; ++v) max_diff = std::max(max_diff, std::fabs(a[positions[j] * vocab + v] - want[v]));
+  }
+  EXPECT_LE(max_diff, k_tiny_tol);
+  EXPECT_EQ(greedy(*vl, ids, g["num_greedy"].get<int64_t>()), g["greedy"].get<std::vector<int32_t>>());
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, TinyGolden,
                          ::testing::Values("llama_untied", "qwen2_bias", "mistral_swa", "llama3_rope", "linear_rope",
                                            "head_dim", "gemma3_swa"));

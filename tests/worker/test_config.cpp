@@ -216,6 +216,53 @@ TEST(HfConfig, Gemma3TextFromEveryConfigForm) {
   EXPECT_EQ(scaled->rope_local_theta, 20000.0f);
 }
 
+// gemma-3-4b-it's config.json: Gemma3ForConditionalGeneration, whose text_config states only
+// what differs from Gemma3TextConfig's defaults; we serve its text model.
+TEST(HfConfig, Gemma3VisionLanguageCheckpointServesItsTextModel) {
+  TempDir dir("cfg");
+  const json j = {
+      {"architectures", {"Gemma3ForConditionalGeneration"}}, {"model_type", "gemma3"},
+      {"boi_token_index", 255999}, {"eoi_token_index", 256000}, {"eos_token_id", {1, 106}},
+      {"image_token_index", 262144}, {"mm_tokens_per_image", 256}, {"torch_dtype", "bfloat16"},
+      {"text_config",
+       {{"hidden_size", 2560}, {"intermediate_size", 10240}, {"model_type", "gemma3_text"},
+        {"num_hidden_layers", 34}, {"rope_scaling", {{"factor", 8.0}, {"rope_type", "linear"}}},
+        {"sliding_window", 1024}}},
+      {"vision_config", {{"model_type", "siglip_vision_model"}, {"hidden_size", 1152}}}};
+  Result<ModelConfig> c = parse(dir, j);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->arch, Arch::gemma3);
+  EXPECT_EQ(c->vocab_size, 262208);
+  EXPECT_EQ(c->hidden_size, 2560);
+  EXPECT_EQ(c->num_layers, 34);
+  EXPECT_EQ(c->num_heads, 8);
+  EXPECT_EQ(c->num_kv_heads, 4);
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->sliding_window, 1024);
+  EXPECT_EQ(c->sliding_window_pattern, 6);
+  EXPECT_EQ(c->rope.theta, 1e6f);
+  EXPECT_EQ(c->rope.scaling, kernels::RopeScaling::linear);  // global layers only
+  EXPECT_EQ(c->rope.factor, 8.0f);
+  EXPECT_EQ(c->rope_local_theta, 10000.0f);
+  EXPECT_EQ(c->max_position, 131072);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{1, 106}));
+  EXPECT_EQ(c->bos_token_id, 2);
+  EXPECT_EQ(c->attn_scale, 1.0f / 16.0f);
+
+  json bad = j;
+  bad["text_config"]["hidden_size"] = "big";
+  Result<ModelConfig> b = parse(dir, bad);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().message().rfind(dir / "config.json" + " text_config: field 'hidden_size'", 0), 0u)
+      << b.status().message();
+  bad.erase("text_config");
+  Result<ModelConfig> none = parse(dir, bad);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("needs a 'text_config' object"), std::string::npos)
+      << none.status().message();
+}
+
 // generation_config.json's stop ids (an -it checkpoint's <end_of_turn>) join config.json's.
 TEST(HfConfig, GenerationConfigEosJoinsConfigEos) {
   TempDir dir("cfg");
@@ -243,8 +290,6 @@ TEST(HfConfig, Gemma3VariantsWeDoNotRunAreOneLineErrors) {
     const char* needle;
   };
   const Case cases[] = {
-      {"vision-language", [](json& j) { j["architectures"] = {"Gemma3ForConditionalGeneration"}; },
-       StatusCode::k_unimplemented, "Gemma3ForConditionalGeneration (the vision-language Gemma 3) is not supported"},
       {"soft-capping", [](json& j) { j["final_logit_softcapping"] = 30.0; }, StatusCode::k_unimplemented,
        "final_logit_softcapping (logit soft-capping) is not supported"},
       {"irregular layers", [](json& j) { j["layer_types"][7] = "full_attention"; }, StatusCode::k_unimplemented,
@@ -326,7 +371,7 @@ TEST(HfConfig, BadConfigsAreOneLineErrors) {
   };
   const Case cases[] = {
       {"unsupported arch", [](json& j) { j["architectures"] = {"GPT2LMHeadModel"}; }, StatusCode::k_unimplemented,
-       "unsupported architecture 'GPT2LMHeadModel' (supported: llama, mistral, qwen2, gemma3_text)"},
+       "unsupported architecture 'GPT2LMHeadModel' (supported: llama, mistral, qwen2, gemma3_text, gemma3)"},
       {"missing hidden_size", [](json& j) { j.erase("hidden_size"); }, StatusCode::k_not_found,
        "missing field 'hidden_size'"},
       {"missing layers", [](json& j) { j.erase("num_hidden_layers"); }, StatusCode::k_not_found,

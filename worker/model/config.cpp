@@ -69,20 +69,18 @@ Result<Arch> arch_from_hf(const std::string& path, const json& j) {
     if (name == "MistralForCausalLM") return Arch::mistral;
     if (name == "Qwen2ForCausalLM") return Arch::qwen2;
     if (name == "Gemma3ForCausalLM") return Arch::gemma3;
-    if (name == "Gemma3ForConditionalGeneration")
-      return unimplemented(path + ": Gemma3ForConditionalGeneration (the vision-language Gemma 3) is not supported;"
-                                  " text-only Gemma 3 (Gemma3ForCausalLM, e.g. gemma-3-270m, gemma-3-1b) is");
+    if (name == "Gemma3ForConditionalGeneration") return Arch::gemma3;  // its text model (gemma3_config.h)
   } else if (j.contains("model_type") && j["model_type"].is_string()) {
     name = j["model_type"].get<std::string>();
     if (name == "llama") return Arch::llama;
     if (name == "mistral") return Arch::mistral;
     if (name == "qwen2") return Arch::qwen2;
-    if (name == "gemma3_text") return Arch::gemma3;
+    if (name == "gemma3_text" || name == "gemma3") return Arch::gemma3;
   } else {
     return not_found(path + ": missing field 'architectures' (or 'model_type')");
   }
   return unimplemented(path + ": unsupported architecture '" + name +
-                       "' (supported: llama, mistral, qwen2, gemma3_text)");
+                       "' (supported: llama, mistral, qwen2, gemma3_text, gemma3)");
 }
 
 // One RoPE object: rope_scaling (rope_type or type, its factors), or transformers 5's
@@ -300,18 +298,26 @@ Status ModelConfig::validate(const std::string& source) const {
   return Status();
 }
 
-Result<ModelConfig> config_from_hf_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(path + ": cannot open (no config.json?)");
+Result<ModelConfig> config_from_hf_json(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return not_found(file + ": cannot open (no config.json?)");
   std::stringstream ss;
   ss << in.rdbuf();
-  const json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return data_loss(path + ": not valid JSON");
-  if (!j.is_object()) return data_loss(path + ": not a JSON object");
-  const JsonFields f(path, j);
-
+  const json top = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (top.is_discarded()) return data_loss(file + ": not valid JSON");
+  if (!top.is_object()) return data_loss(file + ": not a JSON object");
   ModelConfig c;
-  SNAP_ASSIGN_OR_RETURN(c.arch, arch_from_hf(path, j));
+  SNAP_ASSIGN_OR_RETURN(c.arch, arch_from_hf(file, top));
+  // Gemma 3: the text model's fields with Gemma3TextConfig's defaults filled in, from
+  // text_config for the vision-language checkpoints (errors then name "FILE text_config").
+  std::string path = file;
+  json text;
+  if (c.arch == Arch::gemma3) {
+    SNAP_ASSIGN_OR_RETURN(text, gemma3_text_config(file, top));
+    if (gemma3_is_vision_language(top)) path = file + " text_config";
+  }
+  const json& j = c.arch == Arch::gemma3 ? text : top;
+  const JsonFields f(path, j);
   SNAP_ASSIGN_OR_RETURN(c.vocab_size, f.req_int("vocab_size"));
   SNAP_ASSIGN_OR_RETURN(c.hidden_size, f.req_int("hidden_size"));
   SNAP_ASSIGN_OR_RETURN(c.intermediate_size, f.req_int("intermediate_size"));
@@ -369,7 +375,7 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
   if (j.contains("eos_token_id")) {
     SNAP_ASSIGN_OR_RETURN(c.eos_token_ids, token_ids(path, f, j["eos_token_id"], "eos_token_id"));
   }
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  const std::filesystem::path dir = std::filesystem::path(file).parent_path();
   SNAP_RETURN_IF_ERROR(add_generation_eos(dir / "generation_config.json", &c.eos_token_ids));
   if (gemma) SNAP_RETURN_IF_ERROR(gemma3_config_from_hf(path, j, &c));
   c.name = dir.filename().string();

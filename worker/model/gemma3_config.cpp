@@ -85,6 +85,36 @@ Status gemma3_config_from_gguf(const GgufFile& g, ModelConfig* c) {
   return Status();
 }
 
+bool gemma3_is_vision_language(const nlohmann::json& top) {
+  if (top.contains("architectures") && top["architectures"].is_array() && !top["architectures"].empty())
+    return top["architectures"][0] == "Gemma3ForConditionalGeneration";
+  return top.contains("model_type") && top["model_type"] == "gemma3";
+}
+
+Result<nlohmann::json> gemma3_text_config(const std::string& path, const nlohmann::json& top) {
+  nlohmann::json text = top;
+  if (gemma3_is_vision_language(top)) {
+    if (!top.contains("text_config") || !top["text_config"].is_object())
+      return invalid_argument(path + ": a Gemma3ForConditionalGeneration config needs a 'text_config' object");
+    text = top["text_config"];
+    // Gemma3Config's own fields speak for the whole model: the -it checkpoints list
+    // <end_of_turn> in its eos_token_id, and it says whether the embeddings are tied.
+    for (const char* key : {"eos_token_id", "bos_token_id", "tie_word_embeddings"}) {
+      if (top.contains(key) && !top[key].is_null()) text[key] = top[key];
+    }
+  }
+  // Gemma3TextConfig's defaults: the 4B-27B checkpoints' text_config states only a few fields.
+  const nlohmann::json defaults = {
+      {"vocab_size", 262208},      {"hidden_size", 2304},  {"intermediate_size", 9216},
+      {"num_hidden_layers", 26},   {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+      {"head_dim", 256},           {"rms_norm_eps", 1e-6}, {"max_position_embeddings", 131072},
+      {"tie_word_embeddings", true}, {"bos_token_id", 2},  {"eos_token_id", 1}};
+  for (const auto& [key, value] : defaults.items()) {
+    if (!text.contains(key)) text[key] = value;
+  }
+  return text;
+}
+
 Status gemma3_config_from_hf(const std::string& path, const nlohmann::json& j, ModelConfig* c) {
   const JsonFields f(path, j);
   SNAP_ASSIGN_OR_RETURN(int64_t window, f.opt_int("sliding_window", 4096));

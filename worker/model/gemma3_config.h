@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 #include "worker/model/config.h"
@@ -21,7 +21,17 @@ class GgufFile;
 // published defaults; unimplemented for variants we do not run (logit soft-capping).
 Status gemma3_config_from_gguf(const GgufFile& g, ModelConfig* c);
 
-// The same from a config.json (model_type gemma3_text) at `path`: the sliding window, its
+// Whether a config.json's top level is the vision-language Gemma3ForConditionalGeneration
+// (model_type gemma3), whose text model snapserve serves (images are not supported).
+bool gemma3_is_vision_language(const nlohmann::json& top);
+
+// The text model's config.json object: `top` itself (Gemma3ForCausalLM, model_type
+// gemma3_text) or its text_config, with the outer eos/bos/tie fields, and every absent field
+// that config_from_hf_json requires set to Gemma3TextConfig's default (the 4B-27B
+// checkpoints state only the fields that differ).
+Result<nlohmann::json> gemma3_text_config(const std::string& path, const nlohmann::json& top);
+
+// The Gemma fields from that object (model_type gemma3_text) at `path`: the sliding window, its
 // layer pattern (layer_types or sliding_window_pattern), rope_local_base_freq and
 // query_pre_attn_scalar, with Gemma3TextConfig's defaults; unimplemented for soft-capping,
 // another activation, or bidirectional attention. Stop ids come from config.json and

@@ -133,6 +133,24 @@ Names hf_names(const ModelConfig& c) {
   return n;
 }
 
+// Gemma3ForConditionalGeneration holds the text model under language_model.model. (as the
+// checkpoints on the Hub and transformers 5's save_pretrained name it) or model.language_model.
+// (transformers 4.52-4.5x's own names); the vision tower's tensors are never read.
+Names hf_names(const ModelConfig& c, const SafetensorsModel& st) {
+  Names n = hf_names(c);
+  if (c.arch != Arch::gemma3) return n;
+  for (const char* prefix : {"language_model.model.", "model.language_model."}) {
+    const std::string p = prefix;
+    if (!st.find(p + "embed_tokens.weight")) continue;
+    n.embed = p + "embed_tokens.weight";
+    n.final_norm = p + "norm.weight";
+    n.layer_prefix = p + "layers.";
+    n.lm_head = p == "language_model.model." ? "language_model.lm_head.weight" : "lm_head.weight";
+    break;
+  }
+  return n;
+}
+
 // Builds the job list of one shard and sizes `w` (matrices are allocated later, once
 // shapes are checked). permute_qk: the file is a llama-arch GGUF whose Q/K rows the
 // converter permuted. The embedding is always whole; the LM head only on the shard that
@@ -468,7 +486,7 @@ Result<LoadedModel> load_hf_dir(const std::string& dir, const LoadOptions& opts)
   SNAP_ASSIGN_OR_RETURN(m.config, config_from_hf_json((std::filesystem::path(dir) / "config.json").string()));
   SNAP_ASSIGN_OR_RETURN(SafetensorsModel st, SafetensorsModel::open(dir));
   SNAP_ASSIGN_OR_RETURN(m.shard, make_tp_shard(m.config, opts.tp_rank, opts.tp_size));
-  std::vector<Job> jobs = plan_jobs(m.config, m.shard, hf_names(m.config), !m.config.tie_word_embeddings, false,
+  std::vector<Job> jobs = plan_jobs(m.config, m.shard, hf_names(m.config, st), !m.config.tie_word_embeddings, false,
                                     opts.weight_dtype, &m.weights);
   for (const Job& j : jobs) SNAP_RETURN_IF_ERROR(check_safetensors(st, dir, j));
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, [&st](const Job& j, float* out) { return fill_safetensors(st, j, out); }));
