@@ -23,7 +23,8 @@ class Tokenizer {
   static Result<Tokenizer> from_gguf(const GgufFile& gguf);
   static Result<Tokenizer> from_json(const std::string& tokenizer_json_path);
   // A .gguf file -> from_gguf; a directory -> tokenizer.json plus, when present,
-  // tokenizer_config.json (chat_template, bos_token, eos_token).
+  // tokenizer_config.json (chat_template, bos_token, eos_token) and chat_template.jinja (which
+  // wins over the config's template, as in transformers) or chat_template.json.
   static Result<Tokenizer> load_for_model(const std::string& model_path);
 
   // add_special_tokens adds what the file's post-processor / add_bos_token says (BOS...).

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -536,6 +537,20 @@ Result<Tokenizer> Tokenizer::load_for_model(const std::string& model_path) {
       for (const auto& e : *ct) {
         if (e.is_object() && json_str(e, "name") == "default") chat_template = json_str(e, "template");
       }
+    }
+    // transformers >= 4.47 saves the template beside the config, as chat_template.jinja (and
+    // a processor's as chat_template.json); the .jinja file wins, as transformers loads it.
+    const fs::path jinja = dir / "chat_template.jinja";
+    const fs::path ct_json = dir / "chat_template.json";
+    if (fs::exists(jinja, ec)) {
+      std::ifstream in(jinja, std::ios::binary);
+      if (!in) return not_found(jinja.string() + ": cannot open");
+      chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } else if (chat_template.empty() && fs::exists(ct_json, ec)) {
+      SNAP_ASSIGN_OR_RETURN(json j, read_json(ct_json.string()));
+      if (!j.is_object() || !j.contains("chat_template") || !j["chat_template"].is_string())
+        return data_loss(ct_json.string() + ": no 'chat_template' string");
+      chat_template = j["chat_template"].get<std::string>();
     }
     d->finalize();
     return TokenizerBuilder::make(std::move(d), std::move(chat_template));

@@ -274,6 +274,47 @@ TEST(ChatTemplate, MatchesTransformersRendering) {
   EXPECT_EQ(checked, 14);
 }
 
+// transformers >= 4.47 saves the template as chat_template.jinja beside tokenizer_config.json
+// (a processor's as chat_template.json); the .jinja file wins over the config's, as there.
+TEST(ChatTemplate, TemplateFilesBesideTheConfig) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("snap_chat_template_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(k_fixtures + "/bytebpe/tokenizer.json", dir / "tokenizer.json");
+  fs::copy_file(k_fixtures + "/bytebpe/tokenizer_config.json", dir / "tokenizer_config.json");
+  const std::string mistral = load_dir("spm").chat_template_source();
+  ASSERT_EQ(chat_family(mistral), ChatFamily::mistral);
+  EXPECT_EQ(chat_family(Tokenizer::load_for_model(dir.string())->chat_template_source()), ChatFamily::llama3);
+  {
+    std::ofstream(dir / "chat_template.json") << json{{"chat_template", mistral}}.dump();
+  }
+  // The config's own template comes before a processor's chat_template.json...
+  EXPECT_EQ(chat_family(Tokenizer::load_for_model(dir.string())->chat_template_source()), ChatFamily::llama3);
+  {
+    std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token": "<|begin_of_text|>"})";
+  }
+  // ...which is used when the config has none;
+  EXPECT_EQ(Tokenizer::load_for_model(dir.string())->chat_template_source(), mistral);
+  {
+    std::ofstream(dir / "chat_template.jinja") << "{{ bos_token }}" << mistral.substr(15);
+    std::ofstream(dir / "tokenizer_config.json") << read_json(k_fixtures + "/bytebpe/tokenizer_config.json").dump();
+  }
+  // chat_template.jinja wins over both.
+  auto tok = Tokenizer::load_for_model(dir.string());
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  EXPECT_EQ(tok->chat_template_source(), "{{ bos_token }}" + mistral.substr(15));
+  {
+    std::ofstream(dir / "chat_template.json") << "{\"chat_template\": 7}";
+    fs::remove(dir / "chat_template.jinja");
+    std::ofstream(dir / "tokenizer_config.json") << "{}";
+  }
+  auto bad = Tokenizer::load_for_model(dir.string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), (dir / "chat_template.json").string() + ": no 'chat_template' string");
+  fs::remove_all(dir);
+}
+
 TEST(ChatTemplate, TemplatesFromTheModelFiles) {
   EXPECT_EQ(chat_family(load_dir("bytebpe").chat_template_source()), ChatFamily::llama3);
   EXPECT_EQ(chat_family(load_dir("spm").chat_template_source()), ChatFamily::mistral);
