@@ -3,7 +3,7 @@
 // against its memory-bandwidth floor: bytes read per decoded token (weights + resident KV)
 // / measured bandwidth.
 //   build/bench/bench_generate [--model PATH] [--lengths 512,2048,8000] [--decode 32]
-//       [--threads 2] [--policies full,snapkv:1024] [--layerwise] [--weight-dtype auto|f32|f16|bf16]
+//       [--threads 2] [--policies full,snapkv:1024] [--layerwise] [--weight-dtype auto|f32|f16|bf16|q8_0]
 //       [--json FILE]
 // A policy is NAME[:BUDGET]. Prompts are synthetic (a fixed-seed stream of ordinary token
 // ids): speed does not depend on which ids they are.
@@ -119,10 +119,11 @@ int main(int argc, char** argv) {
   }
   const double bw = measure_bandwidth_gbs(threads);  // first: before any OpenMP region here
   omp_set_num_threads(threads);
-  LoadOptions opts;  // auto: GGUF Q8_0/Q4_0/Q4_1 kept natively; f32/f16/bf16: all dequantized
-  opts.keep_quantized = weight_format == "auto";
-  if (weight_format == "f16") opts.weight_dtype = DType::f16;
-  if (weight_format == "bf16") opts.weight_dtype = DType::bf16;
+  LoadOptions opts;  // auto: GGUF Q8_0/Q4_0/Q4_1 kept natively; f32/f16/bf16: all dequantized; q8_0: quantized
+  if (const Status named = apply_weight_dtype(weight_format, &opts); !named.ok()) {
+    std::fprintf(stderr, "bench_generate: %s\n", named.message().c_str());
+    return 2;
+  }
   auto model = load_model(model_path, opts);
   if (!model.ok()) {
     std::fprintf(stderr, "bench_generate: %s\n", model.status().message().c_str());
@@ -140,7 +141,8 @@ int main(int argc, char** argv) {
   std::printf("%-14s %7s %11s %10s %10s %9s %12s %12s %8s %9s %8s\n", "policy", "prompt", "prefill_tps", "decode_ms",
               "decode_tps", "floor_ms", "kv_resident", "kv_full_eq", "ratio", "select_%", "rss_MiB");
   std::string json = "{\"model\":\"" + c.name + "\",\"threads\":" + std::to_string(threads) +
-                     ",\"bandwidth_gbs\":" + std::to_string(bw) + ",\"rows\":[";
+                     ",\"weight_dtype\":\"" + weight_format + "\",\"weight_bytes_per_token\":" +
+                     std::to_string(weight_bytes) + ",\"bandwidth_gbs\":" + std::to_string(bw) + ",\"rows\":[";
   bool first = true;
   for (const std::string& pol : split(policies_arg)) {
     KvPolicy policy;

@@ -173,6 +173,7 @@ int run_generate_device(const GenerateArgs& a) {
   if (!parsed.ok()) return fail(parsed.status().message());
   if (!a.kv.dtype.empty() && a.kv.dtype != "bf16")
     return fail("--device " + parsed->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv.dtype + " is CPU-only");
+  if (const std::string e = device_weight_dtype_error(parsed->name(), a.weight_dtype); !e.empty()) return fail(e);
   auto launch = start_tensor_parallel("generate", a.parallel);
   if (!launch.ok()) return fail(launch.status().message());
   const comm::World& world = launch->world();
@@ -226,9 +227,8 @@ int run_generate(const GenerateArgs& a) {
   if (!policy.ok()) return fail(policy.status().message());
 
   LoadOptions opts;  // auto: q8_0/q4_0/q4_1 matrices stay native, the rest f32
-  opts.keep_quantized = a.weight_dtype == "auto";
-  if (a.weight_dtype == "f16") opts.weight_dtype = DType::f16;
-  if (a.weight_dtype == "bf16") opts.weight_dtype = DType::bf16;
+  const Status named = apply_weight_dtype(a.weight_dtype, &opts);  // checked by the flag
+  if (!named.ok()) return fail(named.message());
   opts.tp_rank = world->tp_rank();
   opts.tp_size = size;
   const double t_load = now_seconds();
@@ -498,10 +498,7 @@ int main(int argc, char** argv) {
                   "rank runs its shard on its GPU: cuda = the rank's local rank, cuda:N = GPU N on every rank");
   add_device_tp_options(gen, g.device_tp);
   gen->add_option("--prefill-chunk", g.prefill_chunk, "Prompt tokens per prefill step (default 512)")->check(CLI::Range(1, 1 << 20));
-  gen->add_option("--weight-dtype", g.weight_dtype,
-                  "Storage of projection weights: auto (default: GGUF q8_0/q4_0/q4_1 kept as is, others f32), "
-                  "or all f32, f16, bf16")
-      ->check(CLI::IsMember({"auto", "f32", "f16", "bf16"}));
+  add_weight_dtype_option(gen, g.weight_dtype);
 
   gen->add_option("--question", g.question,
                   "Question appended after the prompt (the context); with a compressing --kv-policy the context "

@@ -13,9 +13,9 @@ every pattern-th layer is global), the global RoPE base (--rope-theta) and the l
 (--rope-local-theta). The GGUF says these as llama.cpp's converter does
 (gemma3.attention.sliding_window_pattern, rope.freq_base_swa) and stores Gemma's norm weights as
 (1 + w); the HF form is a Gemma3ForCausalLM directory (model_type gemma3_text, layer_types,
-rope_local_base_freq, query_pre_attn_scalar 256, tied embeddings) holding w, under transformers'
-names (post_attention_layernorm is the attention output's norm, pre_feedforward_layernorm the
-MLP input's). w = (1 + w) - 1 is exact for these norms (within [0.5, 2], Sterbenz), so both
+rope_local_base_freq, query_pre_attn_scalar = head_dim as llama.cpp assumes for the GGUF, tied
+embeddings) holding w, under transformers' names (post_attention_layernorm is the attention
+output's norm, pre_feedforward_layernorm the MLP input's). w = (1 + w) - 1 is exact for these norms (within [0.5, 2], Sterbenz), so both
 forms hold the same numbers.
 """
 import argparse
@@ -160,6 +160,9 @@ def main():
     ap.add_argument("--scale", type=float, default=0.08, help="std of the random weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gguf", action="store_true")
+    ap.add_argument("--gguf-type", choices=["f32", "q8_0"], default="f32",
+                    help="q8_0: the GGUF's matrices (token_embd only when tied) quantized by the gguf package's "
+                         "Q8_0 (ggml's reference quantizer), for checking --weight-dtype q8_0")
     ap.add_argument("--vision-language", action="store_true",
                     help="gemma3: the HF form as Gemma3ForConditionalGeneration (text_config, a tiny SigLIP "
                          "vision_config, language_model.model. names, two vision tensors)")
@@ -283,7 +286,8 @@ def write_gemma3_hf(a, w, head_dim, bos_id, eos_id):
         "head_dim": head_dim, "rms_norm_eps": 1e-5, "rope_theta": a.rope_theta,
         "rope_local_base_freq": a.rope_local_theta,
         "rope_scaling": {"rope_type": "linear", "factor": 2.0} if a.rope_scaling == "linear" else None,
-        "sliding_window": a.sliding_window, "layer_types": layer_types, "query_pre_attn_scalar": 256,
+        "sliding_window": a.sliding_window, "layer_types": layer_types,
+        "query_pre_attn_scalar": head_dim,  # what llama.cpp (and our GGUF reader) take for a GGUF
         "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
         "attn_logit_softcapping": None, "attention_bias": False,
         "max_position_embeddings": a.max_position, "tie_word_embeddings": a.tie,
@@ -407,7 +411,14 @@ def write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope
     if not a.tie:
         gg["output.weight"] = w["lm_head.weight"]
     for name, t in gg.items():
-        wr.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
+        t = np.ascontiguousarray(t, dtype=np.float32)
+        quantize = (a.gguf_type == "q8_0" and t.ndim == 2 and t.shape[1] % 32 == 0 and name != "rope_freqs.weight"
+                    and (name != "token_embd.weight" or a.tie))
+        if quantize:
+            q = gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0)
+            wr.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            wr.add_tensor(name, t)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

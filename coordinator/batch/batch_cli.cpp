@@ -333,6 +333,7 @@ BatchCommands add_batch_subcommand(CLI::App& app, BatchArgs& a) {
                 "each line's own, full when absent); the --kv-* flags below go with it")
       ->check(CLI::IsMember({"full", "snapkv", "streaming", "h2o", "pyramidkv", "adakv"}));
   add_kv_options(b, a.kv);
+  add_weight_dtype_option(b, a.weight_dtype);
   add_tp_options(b, a.parallel, "batch");
   b->add_option("--device", a.device,
                 "Where the model runs: cpu (default; the reference) or cuda / cuda:N (serve's device engine: bf16 "
@@ -391,6 +392,8 @@ int run_batch(const BatchArgs& a) {
   const bool on_device = device->kind == DeviceKind::cuda;
   if (on_device && !a.kv.dtype.empty() && a.kv.dtype != "bf16")
     return batch_fail("--device " + device->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv.dtype + " is CPU-only");
+  if (const std::string e = on_device ? device_weight_dtype_error(device->name(), a.weight_dtype) : ""; !e.empty())
+    return batch_fail(e);
   auto launch = start_tensor_parallel("batch", a.parallel);
   if (!launch.ok()) return batch_fail(launch.status().message());
   std::unique_ptr<comm::Communicator> comm = std::move(launch->comm);
@@ -398,7 +401,7 @@ int run_batch(const BatchArgs& a) {
   auto rank_device = open_rank_device(a.device, launch->launch, comm.get(), a.device_tp, a.parallel.collective_timeout_s);
   if (!rank_device.ok()) return batch_fail(rank_device.status().message());
   std::unique_ptr<comm::Communicator> exchange = std::move(rank_device->exchange);
-  if (!launch->world().is_leader() && !on_device) return run_tp_worker(a.model, *comm);
+  if (!launch->world().is_leader() && !on_device) return run_tp_worker(a.model, a.weight_dtype, *comm);
 
   // The input is checked and scanned (its SHA-256, which on a large corpus takes a while) before
   // the model is loaded when this process is alone, so that a bad input fails at once; in a
@@ -468,6 +471,7 @@ int run_batch(const BatchArgs& a) {
   };
   cfg.kv_cache_bytes = a.kv_cache_mib << 20;
   cfg.kv_dtype = kv_dtype_from_name(a.kv.dtype).value();  // checked by the flag
+  cfg.weight_dtype = a.weight_dtype;
   cfg.max_num_seqs = a.max_num_seqs;
   cfg.max_waiting = int64_t{1} << 40;  // the loop below bounds what it hands the engine
   cfg.prefill_chunk = a.prefill_chunk;

@@ -71,8 +71,10 @@ double mpirun_kill_grace() {
 
 }  // namespace
 
-int run_tp_worker(const std::string& model_path, comm::Communicator& comm) {
+int run_tp_worker(const std::string& model_path, const std::string& weight_dtype, comm::Communicator& comm) {
   LoadOptions opts;
+  const Status named = apply_weight_dtype(weight_dtype, &opts);  // checked by the flag
+  CHECK(named.ok()) << named.to_string();
   opts.tp_rank = comm.group_rank();
   opts.tp_size = comm.group_size();
   auto model = load_model(model_path, opts);
@@ -147,6 +149,21 @@ void add_kv_dtype_option(CLI::App* cmd, std::string& dtype) {
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0"}));
 }
 
+void add_weight_dtype_option(CLI::App* cmd, std::string& dtype) {
+  cmd->add_option("--weight-dtype", dtype,
+                  "Storage of the projection weights on the CPU: auto (default: a GGUF's q8_0/q4_0/q4_1 matrices "
+                  "kept as they are, the rest f32), f32, f16, bf16, or q8_0 (every projection and the LM head "
+                  "quantized at load as llama.cpp's Q8_0, one f16 scale per 32 weights: 0.27x the bytes of f32, "
+                  "for Hugging Face f32/bf16 checkpoints and any GGUF; see README \"Quantize at load\"). "
+                  "--device cuda stores bf16 (auto or bf16 there)")
+      ->check(CLI::IsMember({"auto", "f32", "f16", "bf16", "q8_0"}));
+}
+
+std::string device_weight_dtype_error(const std::string& device_name, const std::string& weight_dtype) {
+  if (weight_dtype == "auto" || weight_dtype == "bf16") return "";
+  return "--device " + device_name + " stores the weights in bf16; --weight-dtype " + weight_dtype + " is CPU-only";
+}
+
 void add_kv_options(CLI::App* cmd, KvFlags& f) {
   cmd->add_option("--kv-budget", f.budget, "Tokens kept per KV head per layer, window included (default 1024)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
@@ -197,6 +214,7 @@ void add_serve_subcommand(CLI::App& app, ServeArgs& a) {
   s->add_option("--kv-cache-mib", a.kv_cache_mib, "KV block pool size in MiB (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   add_kv_dtype_option(s, a.kv_dtype);
+  add_weight_dtype_option(s, a.weight_dtype);
   s->add_flag("--no-auto-layerwise", a.no_auto_layerwise,
               "Never choose layer-wise prefill by itself (by default a request with a compressing kv policy over its "
               "whole prompt and no prompt logprobs is prefilled layer by layer when that peaks lower in KV memory; "
@@ -253,6 +271,8 @@ int run_serve(const ServeArgs& a) {
   const bool on_device = device->kind == DeviceKind::cuda;
   if (on_device && !a.kv_dtype.empty() && a.kv_dtype != "bf16")
     return serve_fail("--device " + device->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv_dtype + " is CPU-only");
+  if (const std::string e = on_device ? device_weight_dtype_error(device->name(), a.weight_dtype) : ""; !e.empty())
+    return serve_fail(e);
   auto launch = start_tensor_parallel("serve", a.parallel);
   if (!launch.ok()) return serve_fail(launch.status().message());
   const comm::World* world = &launch->world();
@@ -277,6 +297,7 @@ int run_serve(const ServeArgs& a) {
   cfg.threads = threads;
   cfg.kv_cache_bytes = a.kv_cache_mib << 20;
   cfg.kv_dtype = kv_dtype_from_name(a.kv_dtype).value();  // checked by the flag
+  cfg.weight_dtype = a.weight_dtype;
   cfg.auto_layerwise = !a.no_auto_layerwise;
   cfg.max_num_seqs = a.max_num_seqs;
   cfg.max_waiting = a.max_waiting;
@@ -284,7 +305,7 @@ int run_serve(const ServeArgs& a) {
   cfg.max_prompt_tokens = a.max_model_len > 0 ? a.max_model_len - 1 : 0;
   cfg.max_tokens_limit = a.max_model_len;
   if (!world->is_leader()) {
-    if (!on_device) return run_tp_worker(a.model, *comm);
+    if (!on_device) return run_tp_worker(a.model, a.weight_dtype, *comm);
     // A device rank follows rank 0's operations until it stops the group; stop signals are
     // for rank 0 (blocked here, as on the CPU: the launcher's SIGTERM reaches rank 0 too).
     const Status st = run_device_engine_follower(dev, cfg);

@@ -27,6 +27,7 @@ struct ServeArgs {
   int http_threads = 2;
   int64_t kv_cache_mib = 512;
   std::string kv_dtype;  // --kv-dtype; empty: k_default_kv_dtype
+  std::string weight_dtype = "auto";  // --weight-dtype (apply_weight_dtype); CPU only
   bool no_auto_layerwise = false;  // --no-auto-layerwise (EngineConfig::auto_layerwise = false)
   int64_t max_num_seqs = 16;
   int64_t max_waiting = 64;
@@ -66,10 +67,15 @@ struct KvFlags {
 void add_kv_options(CLI::App* cmd, KvFlags& flags);
 // --kv-dtype alone (serve, whose KV policy is per request).
 void add_kv_dtype_option(CLI::App* cmd, std::string& dtype);
+// --weight-dtype (generate, serve, batch): auto, f32, f16, bf16 or q8_0 (worker/model/weights.h).
+void add_weight_dtype_option(CLI::App* cmd, std::string& dtype);
+// The one-line refusal of --weight-dtype other than auto or bf16 with --device cuda (the device
+// stores bf16), or empty.
+std::string device_weight_dtype_error(const std::string& device_name, const std::string& weight_dtype);
 
 // A tensor-parallel rank other than 0 (of `serve` or `batch`): loads its shard of
-// `model_path`, then runs the plans rank 0 sends until rank 0 stops. Exit code.
-int run_tp_worker(const std::string& model_path, comm::Communicator& comm);
+// `model_path` (with --weight-dtype `weight_dtype`), then runs the plans rank 0 sends until rank 0 stops. Exit code.
+int run_tp_worker(const std::string& model_path, const std::string& weight_dtype, comm::Communicator& comm);
 
 void add_serve_subcommand(CLI::App& app, ServeArgs& args);
 int run_serve(const ServeArgs& args);

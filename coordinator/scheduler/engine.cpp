@@ -59,6 +59,7 @@ class EngineImpl final : public Engine {
   Status init() {
     comm::Communicator* comm = cfg_.comm;
     LoadOptions opts;
+    SNAP_RETURN_IF_ERROR(apply_weight_dtype(cfg_.weight_dtype, &opts));
     if (comm) {
       opts.tp_rank = comm->group_rank();
       opts.tp_size = comm->group_size();

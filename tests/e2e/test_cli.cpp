@@ -75,6 +75,15 @@ TEST_F(Cli, ChatAnswersTheCapitalOfFrance) {
   }
 }
 
+// The default model's q4_1 projections and q8_0 table requantized to q8_0 at load.
+TEST_F(Cli, WeightsQuantizedAtLoadStillAnswer) {
+  CliRun r = run("generate --model " + model_path() +
+                 " --chat --prompt 'What is the capital of France?' --max-tokens 24 --threads 2 --weight-dtype q8_0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Paris"), std::string::npos) << "output: " << r.out;
+  EXPECT_NE(r.err.find("projections q8_0, lm_head q8_0"), std::string::npos) << r.err;
+}
+
 TEST_F(Cli, SeededSamplingIsReproducible) {
   const std::string args = "generate --model " + model_path() +
                            " --prompt 'Once upon a time' --max-tokens 12 --temperature 0.9 --top-p 0.9 --seed 7";
@@ -130,6 +139,9 @@ TEST_F(Cli, BadInputGivesOneLineErrorNamingTheProblem) {
       {"generate --model " + model_path() + " --prompt hi --temperature banana", 2, "temperature"},
       {"generate --model " + model_path() + " --prompt hi --no-such-flag", 2, "no-such-flag"},
       {"generate --model " + model_path(), 1, "--prompt"},
+      {"generate --model " + model_path() + " --prompt hi --weight-dtype q4_k", 2, "weight-dtype"},
+      {"generate --device cuda --weight-dtype q8_0 --prompt hi", 1, "--weight-dtype q8_0 is CPU-only"},
+      {"serve --device cuda --weight-dtype f16", 1, "--weight-dtype f16 is CPU-only"},
       {"generate --prompt-file /nonexistent/prompt.txt", 2, "/nonexistent/prompt.txt"},
       {"inspect --model " + truncated, 1, truncated},
       {"frobnicate", 2, "frobnicate"},

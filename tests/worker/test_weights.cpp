@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -153,6 +154,134 @@ TEST_P(BothFormats, LoadToIdenticalWeightsAndConfig) {
 
 INSTANTIATE_TEST_SUITE_P(TinyCheckpoints, BothFormats, ::testing::ValuesIn(k_variants),
                          [](const ::testing::TestParamInfo<Variant>& i) { return std::string(i.param.name); });
+
+// ---------------------------------------------------------------------------
+// --weight-dtype q8_0: quantized at load
+
+void expect_same_bytes(const Matrix& a, const Matrix& b, const std::string& what) {
+  ASSERT_EQ(dtype_name(a.dtype()), std::string(dtype_name(b.dtype()))) << what;
+  ASSERT_EQ(a.rows(), b.rows()) << what;
+  ASSERT_EQ(a.cols(), b.cols()) << what;
+  if (a.empty()) return;
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), static_cast<size_t>(a.nbytes()))) << what;
+}
+
+void expect_same_weights(const ModelWeights& a, const ModelWeights& b, const std::string& what) {
+  expect_same_bytes(a.embed, b.embed, what + " embed");
+  expect_same_bytes(a.lm_head, b.lm_head, what + " lm_head");
+  expect_same_bytes(a.final_norm, b.final_norm, what + " final_norm");
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    const LayerWeights& x = a.layers[i];
+    const LayerWeights& y = b.layers[i];
+    const std::string l = what + " layer " + std::to_string(i) + " ";
+    const std::pair<const char*, Matrix LayerWeights::*> members[] = {
+        {"attn_norm", &LayerWeights::attn_norm}, {"q_proj", &LayerWeights::q_proj},
+        {"k_proj", &LayerWeights::k_proj},       {"v_proj", &LayerWeights::v_proj},
+        {"q_bias", &LayerWeights::q_bias},       {"k_bias", &LayerWeights::k_bias},
+        {"v_bias", &LayerWeights::v_bias},       {"o_proj", &LayerWeights::o_proj},
+        {"ffn_norm", &LayerWeights::ffn_norm},   {"gate_proj", &LayerWeights::gate_proj},
+        {"up_proj", &LayerWeights::up_proj},     {"down_proj", &LayerWeights::down_proj}};
+    for (const auto& [name, m] : members) expect_same_bytes(x.*m, y.*m, l + name);
+  }
+}
+
+// The reference is a GGUF whose matrices the `gguf` package quantized to Q8_0 (ggml's
+// reference quantizer; make_tiny_checkpoint.py --gguf-type q8_0), loaded as it is. The HF f32
+// form and the F32 GGUF of the same weights, loaded with weight_dtype q8_0, give the same
+// blocks byte for byte (Q/K un-permuted rows, slices of every tensor-parallel rank, the tied
+// table as the LM head, an untied table left f32), and the same blocks as a q8_0 GGUF copied.
+// With --intermediate 96 a tp-2 rank's down_proj columns [48, 96) are not whole blocks: that
+// slice stays f32 (from the file's values, so there the Q8_0 GGUF differs: it is not compared).
+TEST(QuantizeAtLoad, Q8_0EqualsGgmlsQuantizerBlockForBlock) {
+  for (const char* args : {"--arch llama --tie --seed 2 --intermediate 128",
+                           "--arch llama --no-tie --seed 1 --intermediate 128",
+                           "--arch qwen2 --tie --seed 3 --kv-heads 1 --intermediate 96"}) {
+    const bool aligned = std::string(args).find("96") == std::string::npos;
+    TempDir q8("q8"), f32("f32");
+    ASSERT_TRUE(snap::testing::make_tiny_checkpoint(q8.path(), std::string(args) + " --gguf-type q8_0"));
+    ASSERT_TRUE(snap::testing::make_tiny_checkpoint(f32.path(), args));
+    for (int tp : {1, 2}) {
+      for (int rank = 0; rank < tp; ++rank) {
+        const std::string what = std::string(args) + " tp " + std::to_string(tp) + " rank " + std::to_string(rank);
+        LoadOptions as_is;  // the Q8_0 GGUF's blocks copied (keep_quantized)
+        as_is.matvec_tiles = false;
+        as_is.tp_rank = rank;
+        as_is.tp_size = tp;
+        LoadOptions quantize = as_is;
+        ASSERT_TRUE(apply_weight_dtype("q8_0", &quantize).ok());
+        Result<LoadedModel> ref = load_model(q8 / "model.gguf", as_is);
+        Result<LoadedModel> hf = load_model(f32 / "hf", quantize);
+        Result<LoadedModel> gf = load_model(f32 / "model.gguf", quantize);
+        Result<LoadedModel> gq = load_model(q8 / "model.gguf", quantize);
+        ASSERT_TRUE(ref.ok() && hf.ok() && gf.ok() && gq.ok()) << what;
+        EXPECT_EQ(hf->weights.layers[0].q_proj.dtype(), DType::q8_0) << what;
+        EXPECT_EQ(hf->weights.output().dtype(), DType::q8_0) << what;
+        EXPECT_EQ(hf->weights.embed.dtype(), hf->config.tie_word_embeddings ? DType::q8_0 : DType::f32) << what;
+        expect_same_weights(hf->weights, gf->weights, what + " hf vs f32 gguf");
+        if (aligned || tp == 1) {
+          expect_same_weights(ref->weights, hf->weights, what + " hf");
+          expect_same_weights(ref->weights, gq->weights, what + " q8_0 gguf");
+        } else {
+          EXPECT_EQ(hf->weights.layers[0].down_proj.dtype(), DType::f32) << what;
+          EXPECT_EQ(hf->weights.layers[0].up_proj.dtype(), DType::q8_0) << what;
+        }
+      }
+    }
+  }
+}
+
+// Rounding as ggml's: d = amax / 127, q = round half away from zero (x / d); a zero block is
+// d = 0, q = 0; a NaN or infinity refuses (no block holds one); the loader names the tensor.
+TEST(QuantizeAtLoad, Q8_0RoundsAsGgmlAndRefusesNonFinite) {
+  float x[64] = {};
+  x[0] = 127.0f;  // d = 1
+  x[1] = 2.5f;    // ties away from zero: 3, not 2
+  x[2] = -2.5f;
+  x[3] = -0.49f;
+  uint8_t blocks[68];
+  ASSERT_TRUE(quantize_q8_0(x, blocks, 64));
+  uint16_t d;
+  std::memcpy(&d, blocks, 2);
+  EXPECT_EQ(f16_to_f32(d), 1.0f);
+  EXPECT_EQ(static_cast<int8_t>(blocks[2]), 127);
+  EXPECT_EQ(static_cast<int8_t>(blocks[3]), 3);
+  EXPECT_EQ(static_cast<int8_t>(blocks[4]), -3);
+  EXPECT_EQ(static_cast<int8_t>(blocks[5]), 0);
+  std::memcpy(&d, blocks + 34, 2);  // the second block is all zeros
+  EXPECT_EQ(d, 0);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(blocks[36 + j], 0);
+  x[40] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(quantize_q8_0(x, blocks, 64));
+  x[40] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(quantize_q8_0(x, blocks, 64));
+
+  TempDir dir("q8nan");
+  ASSERT_TRUE(snap::testing::make_tiny_checkpoint(dir.path(), "--arch llama --no-tie --seed 1 --no-gguf"));
+  // Poison weight [1, 6] of layer 1's up_proj ([96, 64] f32, little-endian) in the safetensors file.
+  const std::string file = dir / "hf/model.safetensors";
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_len = 0;
+  f.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(header_len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  const auto meta = nlohmann::json::parse(header)["model.layers.1.mlp.up_proj.weight"];
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  f.seekp(static_cast<std::streamoff>(8 + header_len + meta["data_offsets"][0].get<uint64_t>() + 4 * 70));
+  f.write(reinterpret_cast<const char*>(&nan), 4);
+  f.close();
+  LoadOptions quantize;
+  ASSERT_TRUE(apply_weight_dtype("q8_0", &quantize).ok());
+  Result<LoadedModel> m = load_model(dir / "hf", quantize);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::k_data_loss);
+  EXPECT_NE(m.status().message().find("tensor 'model.layers.1.mlp.up_proj.weight' holds a NaN or infinite value "
+                                      "(row 1): it cannot be quantized to q8_0"),
+            std::string::npos)
+      << m.status().message();
+  EXPECT_TRUE(load_model(dir / "hf", LoadOptions{}).ok());  // f32 keeps what the file says
+  EXPECT_FALSE(apply_weight_dtype("q4_k", &quantize).ok());
+}
 
 // ---------------------------------------------------------------------------
 // The default model

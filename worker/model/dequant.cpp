@@ -6,6 +6,8 @@
 // Blocks are independent: dequantize() splits them over OpenMP threads.
 #include "worker/model/dequant.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -298,6 +300,29 @@ Result<uint64_t> ggml_nbytes(GgmlType type, int64_t n) {
     return invalid_argument(std::to_string(n) + " " + info.name + " elements overflow a byte count");
   }
   return blocks * type_size;
+}
+
+bool quantize_q8_0(const float* src, void* dst, int64_t n) {
+  CHECK(n % k_qk == 0) << "quantize_q8_0: " << n << " values are not whole blocks of 32";
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t b = 0; b < n / k_qk; ++b) {
+    const float* x = src + b * k_qk;
+    uint8_t* block = out + b * 34;
+    float amax = 0.0f;
+    for (int64_t j = 0; j < k_qk; ++j) {
+      if (!std::isfinite(x[j])) return false;
+      amax = std::max(amax, std::fabs(x[j]));
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = f32_to_f16(d);
+    std::memcpy(block, &h, 2);
+    for (int64_t j = 0; j < k_qk; ++j) {
+      const float q = std::round(x[j] * id);  // half away from zero, as roundf
+      block[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    }
+  }
+  return true;
 }
 
 Status dequantize(GgmlType type, const void* src, float* dst, int64_t n) {

@@ -1,5 +1,5 @@
 // Dequantization of ggml tensor types to f32: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Bit-exact with the reference dequantizer of the
+// Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; and quantization of f32 to Q8_0. Bit-exact with the reference dequantizer of the
 // PyPI package `gguf` (tests/worker/test_dequant.cpp, fixtures from tools/gen_dequant_fixture.py).
 #pragma once
 
@@ -22,6 +22,14 @@ GgmlTypeInfo ggml_type_info(GgmlType type);
 
 // Bytes taken by n elements (n must be a multiple of the block size; else error).
 Result<uint64_t> ggml_nbytes(GgmlType type, int64_t n);
+
+// The inverse for Q8_0, as ggml's quantize_row_q8_0_ref (and the `gguf` package's Q8_0)
+// does it, bit for bit: per 32 values d = max|x| / 127 (in f32), id = d ? 1 / d : 0, q =
+// round-half-away-from-zero(x * id), and d stored as f16 (nearest even). n is a multiple of
+// 32; dst gets n / 32 blocks of 34 bytes (common/dtype.h). Used to quantize weights at load
+// (LoadOptions::weight_dtype = q8_0). False, with dst partly written, if a value is NaN or
+// infinite (no block format holds one).
+bool quantize_q8_0(const float* src, void* dst, int64_t n);
 
 // dst[0..n) = dequantized src. n must be a multiple of the type's block size.
 // unimplemented for types we cannot dequantize (the message names the type).

@@ -76,6 +76,7 @@ struct Job {
   int head_dim = 0;
   bool may_keep_blocks = false;  // a matmul weight: may stay in its GGUF block format
   float offset = 0.0f;           // added to every value read (Gemma's safetensors norms hold w of x * (1 + w))
+  bool requantize = false;       // stored as q8_0 from a source that is not q8_0 blocks: read f32, quantize
   bool whole() const { return rows == file_rows && cols == file_cols; }
 };
 
@@ -244,11 +245,22 @@ inline int64_t file_row(const Job& job, int64_t r) {
   return head * job.head_dim + 2 * (within % half) + within / half;
 }
 
-// Writes f32 values into the job's matrix in its storage dtype (an element type).
-void store_f32(const float* src, Job& job) {
+// Writes f32 values into the job's matrix in its storage dtype (an element type, or q8_0
+// quantized row by row: LoadOptions::weight_dtype q8_0).
+Status store_f32(const float* src, Job& job, const std::string& source) {
   const int64_t n = job.rows * job.cols;
   switch (job.store) {
-    case DType::q8_0:
+    case DType::q8_0: {
+      CHECK(job.requantize && job.cols % 32 == 0) << job.name;
+      auto* d = static_cast<uint8_t*>(job.dst->data());
+      const int64_t row_bytes = dtype_row_bytes(DType::q8_0, job.cols);
+      for (int64_t r = 0; r < job.rows; ++r) {
+        if (!quantize_q8_0(src + r * job.cols, d + r * row_bytes, job.cols))
+          return data_loss(source + ": tensor '" + job.name + "' holds a NaN or infinite value (row " +
+                           std::to_string(job.row_begin + r) + "): it cannot be quantized to q8_0");
+      }
+      break;
+    }
     case DType::q4_0:
     case DType::q4_1:
       CHECK(false) << "store_f32 into block format " << dtype_name(job.store) << " (" << job.name << ")";
@@ -267,13 +279,15 @@ void store_f32(const float* src, Job& job) {
       break;
     }
   }
+  return Status();
 }
 
 // Runs `fill(job, f32_out)` for every job in parallel; fill writes rows*cols floats in
-// HF order, or, for a job stored in a block format, f32_out is null and fill writes the
-// blocks into job.dst itself. The first failure (in job order) is returned.
+// HF order, or, for a job stored in a block format it copies (not requantize), f32_out is
+// null and fill writes the blocks into job.dst itself. The first failure (in job order) is
+// returned; `source` (the file) names it where fill does not.
 template <typename Fill>
-Status run_jobs(std::vector<Job>& jobs, Fill fill) {
+Status run_jobs(std::vector<Job>& jobs, const std::string& source, Fill fill) {
   for (Job& j : jobs) *j.dst = Matrix(j.store, j.rows, j.cols);
   std::vector<Status> status(jobs.size());
   const int64_t num_jobs = static_cast<int64_t>(jobs.size());
@@ -283,7 +297,7 @@ Status run_jobs(std::vector<Job>& jobs, Fill fill) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < num_jobs; ++i) {
       Job& job = jobs[static_cast<size_t>(i)];
-      if (dtype_is_quantized(job.store)) {
+      if (dtype_is_quantized(job.store) && !job.requantize) {
         status[static_cast<size_t>(i)] = fill(job, nullptr);
         continue;
       }
@@ -299,7 +313,7 @@ Status run_jobs(std::vector<Job>& jobs, Fill fill) {
       if (job.offset != 0.0f) {
         for (int64_t e = 0; e < job.rows * job.cols; ++e) out[e] += job.offset;
       }
-      store_f32(out, job);
+      status[static_cast<size_t>(i)] = store_f32(out, job, source);
     }
   }
   for (Status& s : status) {
@@ -374,7 +388,7 @@ Status copy_gguf_blocks(const GgufFile& g, const Job& job) {
 }
 
 Status fill_gguf(const GgufFile& g, const Job& job, float* out) {
-  if (dtype_is_quantized(job.store)) return copy_gguf_blocks(g, job);
+  if (dtype_is_quantized(job.store) && !job.requantize) return copy_gguf_blocks(g, job);
   const GgufTensor& t = *g.find_tensor(job.name);
   if (job.whole() && job.permute_heads == 0) return dequantize(t.type, t.data, out, job.rows * job.cols);
   if (job.vector) {  // a bias or norm: elements [col_begin, col_begin + cols), un-permuted
@@ -393,6 +407,37 @@ Status fill_gguf(const GgufFile& g, const Job& job, float* out) {
   return Status();
 }
 
+// LoadOptions::weight_dtype q8_0: the matrices the matmul reads (projections, an untied LM
+// head) are stored as q8_0 where their slice is whole blocks of 32 (else f32), quantized from
+// what the file holds (the GGUF loader copies q8_0 tensors as they are).
+void plan_q8_0(std::vector<Job>& jobs) {
+  for (Job& j : jobs) {
+    if (j.store != DType::q8_0) continue;
+    if (j.may_keep_blocks && j.col_begin % 32 == 0 && j.cols % 32 == 0) {
+      j.requantize = true;
+    } else {
+      j.store = DType::f32;
+    }
+  }
+}
+
+// The embedding table kept in a block format (lookups dequantize their rows, LlamaForward::
+// embed): tied, it is also the LM head, and a tensor-parallel shard that computes only part
+// of the vocabulary gets its rows as a copy of their own (lookups need the whole table).
+void embed_in_blocks(std::vector<Job>& jobs, LoadedModel& m, DType table, bool requantize) {
+  Job& embed = *std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) { return j.dst == &m.weights.embed; });
+  embed.store = table;
+  embed.requantize = requantize;
+  if (m.config.tie_word_embeddings && m.shard.vocab_size != m.config.vocab_size) {
+    Job lm = embed;
+    lm.dst = &m.weights.lm_head;
+    lm.row_begin = m.shard.vocab_begin;  // this rank's vocabulary rows
+    lm.rows = m.shard.vocab_size;
+    lm.may_keep_blocks = true;
+    jobs.insert(jobs.begin() + 1, lm);
+  }
+}
+
 Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) {
   SNAP_ASSIGN_OR_RETURN(GgufFile g, GgufFile::open(path));
   LoadedModel m;
@@ -406,32 +451,28 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
   std::vector<Job> jobs = plan_jobs(m.config, m.shard, names, !m.config.tie_word_embeddings, permute,
                                     opts.weight_dtype, &m.weights);
   for (const Job& j : jobs) SNAP_RETURN_IF_ERROR(check_gguf(g, j));
-  if (opts.keep_quantized) {
+  const bool embed_q8_0 = g.find_tensor(names.embed)->type == GgmlType::q8_0;
+  if (opts.weight_dtype == DType::q8_0) {
+    plan_q8_0(jobs);
+    for (Job& j : jobs) {
+      if (j.requantize && g.find_tensor(j.name)->type == GgmlType::q8_0) j.requantize = false;  // copied
+    }
+    // Tied, the table is the LM head: q8_0 too (an untied table is only looked up: f32).
+    if (m.config.tie_word_embeddings && m.config.hidden_size % 32 == 0)
+      embed_in_blocks(jobs, m, DType::q8_0, !embed_q8_0);
+  } else if (opts.keep_quantized) {
     for (Job& j : jobs) {
       // A column slice stays in blocks only when it starts and ends on a block boundary.
       if (j.may_keep_blocks && j.col_begin % 32 == 0 && j.cols % 32 == 0) {
         native_dtype(g.find_tensor(j.name)->type, &j.store);
       }
     }
-    // An embedding table in a block format stays in it: lookups dequantize their rows
-    // (LlamaForward::embed), so SmolLM2-135M holds 30 MB of q8_0 instead of a 113 MB f32
-    // table. Tied, it is also the LM head; a tensor-parallel shard that computes only part
-    // of the vocabulary gets its rows as a copy of their own (lookups need the whole table).
+    // An embedding table in a block format stays in it: SmolLM2-135M holds 30 MB of q8_0
+    // instead of a 113 MB f32 table.
     DType table = DType::f32;
-    Job& embed = *std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) { return j.dst == &m.weights.embed; });
-    if (native_dtype(g.find_tensor(names.embed)->type, &table)) {
-      embed.store = table;
-      if (m.config.tie_word_embeddings && m.shard.vocab_size != m.config.vocab_size) {
-        Job lm = embed;
-        lm.dst = &m.weights.lm_head;
-        lm.row_begin = m.shard.vocab_begin;  // this rank's vocabulary rows
-        lm.rows = m.shard.vocab_size;
-        lm.may_keep_blocks = true;
-        jobs.insert(jobs.begin() + 1, lm);
-      }
-    }
+    if (native_dtype(g.find_tensor(names.embed)->type, &table)) embed_in_blocks(jobs, m, table, false);
   }
-  SNAP_RETURN_IF_ERROR(run_jobs(jobs, [&g](const Job& j, float* out) { return fill_gguf(g, j, out); }));
+  SNAP_RETURN_IF_ERROR(run_jobs(jobs, path, [&g](const Job& j, float* out) { return fill_gguf(g, j, out); }));
   if (opts.matvec_tiles) pack_for_matvec(&m.weights);
   return m;
 }
@@ -489,13 +530,34 @@ Result<LoadedModel> load_hf_dir(const std::string& dir, const LoadOptions& opts)
   std::vector<Job> jobs = plan_jobs(m.config, m.shard, hf_names(m.config, st), !m.config.tie_word_embeddings, false,
                                     opts.weight_dtype, &m.weights);
   for (const Job& j : jobs) SNAP_RETURN_IF_ERROR(check_safetensors(st, dir, j));
-  SNAP_RETURN_IF_ERROR(run_jobs(jobs, [&st](const Job& j, float* out) { return fill_safetensors(st, j, out); }));
+  if (opts.weight_dtype == DType::q8_0) {
+    plan_q8_0(jobs);
+    if (m.config.tie_word_embeddings && m.config.hidden_size % 32 == 0) embed_in_blocks(jobs, m, DType::q8_0, true);
+  }
+  SNAP_RETURN_IF_ERROR(run_jobs(jobs, dir, [&st](const Job& j, float* out) { return fill_safetensors(st, j, out); }));
+  if (opts.matvec_tiles) pack_for_matvec(&m.weights);
   return m;
 }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------
+
+Status apply_weight_dtype(const std::string& name, LoadOptions* opts) {
+  opts->keep_quantized = name == "auto";
+  if (name == "auto" || name == "f32") {
+    opts->weight_dtype = DType::f32;
+  } else if (name == "f16") {
+    opts->weight_dtype = DType::f16;
+  } else if (name == "bf16") {
+    opts->weight_dtype = DType::bf16;
+  } else if (name == "q8_0") {
+    opts->weight_dtype = DType::q8_0;
+  } else {
+    return invalid_argument("--weight-dtype '" + name + "' is not one of auto, f32, f16, bf16, q8_0");
+  }
+  return Status();
+}
 
 Result<LoadedModel> load_model(const std::string& path, const LoadOptions& opts) {
   namespace fs = std::filesystem;

@@ -1,6 +1,7 @@
 // Owned model weights in the Hugging Face layout (row-major [out, in]), loaded from GGUF
 // or safetensors. Projection matrices and the LM head keep a GGUF tensor's q8_0/q4_0/q4_1
-// blocks as they are (LoadOptions::keep_quantized); everything else is dequantized.
+// blocks as they are (LoadOptions::keep_quantized), or are quantized to q8_0 at load from
+// any format (LoadOptions::weight_dtype q8_0); everything else is dequantized.
 // GGUF llama/mistral Q and K projections are stored permuted for interleaved RoPE; the
 // loader undoes that (on whole rows, so also on block rows) so the forward pass always
 // uses the HF rotate_half layout and both formats give identical logits.
@@ -94,7 +95,12 @@ struct ModelWeights {
 };
 
 struct LoadOptions {
-  DType weight_dtype = DType::f32;  // f32/f16/bf16 storage of the other projections (norms/embed stay f32)
+  // f32/f16/bf16: storage of the projections the file does not keep in blocks (norms and an
+  // untied embedding table stay f32). q8_0: every projection and the LM head (a tied table
+  // too) whose slice is whole blocks of 32 is stored as q8_0, quantized at load as ggml does
+  // (worker/model/dequant.h; a GGUF q8_0 tensor is copied as it is), whatever the file holds;
+  // keep_quantized is then ignored.
+  DType weight_dtype = DType::f32;
   // Projection matrices and the LM head whose GGUF type is q8_0, q4_0 or q4_1 stay in that
   // format (the matmul dequantizes on the fly); false dequantizes them to weight_dtype.
   bool keep_quantized = true;
@@ -118,6 +124,12 @@ struct LoadedModel {
   TpShard shard;       // what `weights` holds of it
   ModelWeights weights;
 };
+
+// The --weight-dtype names: auto (GGUF q8_0/q4_0/q4_1 projections kept in their blocks, the
+// rest f32), f32, f16, bf16 (every projection dequantized to it), q8_0 (every projection and
+// the LM head quantized to q8_0 at load). Sets weight_dtype and keep_quantized; an unknown
+// name is invalid_argument.
+Status apply_weight_dtype(const std::string& name, LoadOptions* opts);
 
 // path: a .gguf file, or a Hugging Face directory (config.json + safetensors).
 Result<LoadedModel> load_model(const std::string& path, const LoadOptions& opts = {});
