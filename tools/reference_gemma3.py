@@ -15,7 +15,9 @@ models/gemma3/modeling_gemma3.py and configuration_gemma3.py (Gemma3TextConfig):
     llama.cpp's converter stores w + 1 in the GGUF (transformers' GGUF loader subtracts
     the 1 again), so the stored weights multiply directly;
   - q_norm / k_norm: RMSNorm over head_dim of every q and k head, before RoPE;
-  - attention scale query_pre_attn_scalar ** -0.5 with query_pre_attn_scalar = 256;
+  - attention scale query_pre_attn_scalar ** -0.5: config.json states it; a GGUF does not,
+    and llama.cpp takes head_dim (hidden_size / heads for the 62-layer 27B), the published
+    value of every Gemma 3 (256 for 270M-12B);
   - layer_types: sliding_attention unless (i + 1) % 6 == 0 (sliding_window_pattern 6);
     sliding layers see keys s with t - window < s <= t and use RoPE base
     rope_local_base_freq = 10,000; full layers use rope_theta (GGUF rope.freq_base);
@@ -55,6 +57,7 @@ class Config:
     rope_local_theta: float    # sliding layers
     sliding_window: int
     sliding_window_pattern: int
+    query_pre_attn_scalar: float
 
     def is_sliding(self, layer):
         return (layer + 1) % self.sliding_window_pattern != 0
@@ -96,7 +99,9 @@ def load_gguf(path):
         rope_local_theta=float(field("gemma3.rope.freq_base_swa", ROPE_LOCAL_BASE)),
         sliding_window=int(field("gemma3.attention.sliding_window")),
         sliding_window_pattern=int(field("gemma3.attention.sliding_window_pattern", SLIDING_WINDOW_PATTERN)),
+        query_pre_attn_scalar=0.0,
     )
+    cfg.query_pre_attn_scalar = float(cfg.hidden_size / cfg.num_heads if cfg.num_layers == 62 else cfg.head_dim)
     return cfg, tensors
 
 
@@ -145,8 +150,8 @@ def load_hf(directory):
     pattern = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), len(types) + 1)
     if any((t == "full_attention") != ((i + 1) % pattern == 0) for i, t in enumerate(types)):
         raise ValueError(f"{directory}: layer_types is not every {pattern}th layer full")
-    if c.get("query_pre_attn_scalar", QUERY_PRE_ATTN_SCALAR) != QUERY_PRE_ATTN_SCALAR or c.get("rope_scaling"):
-        raise ValueError(f"{directory}: query_pre_attn_scalar != 256 or rope scaling: not in this reference")
+    if c.get("rope_scaling"):
+        raise ValueError(f"{directory}: rope scaling is not in this reference")
     cfg = Config(
         vocab_size=int(c["vocab_size"]),
         hidden_size=int(c["hidden_size"]),
@@ -160,6 +165,7 @@ def load_hf(directory):
         rope_local_theta=float(c.get("rope_local_base_freq", ROPE_LOCAL_BASE)),
         sliding_window=int(c["sliding_window"]),
         sliding_window_pattern=pattern,
+        query_pre_attn_scalar=float(c.get("query_pre_attn_scalar", QUERY_PRE_ATTN_SCALAR)),
     )
     return cfg, w
 
@@ -212,7 +218,7 @@ def forward(cfg, w, ids, positions_wanted=None):
     positions = np.arange(num_tokens)
     freq_global = inv_freq(cfg.rope_theta, cfg.head_dim)
     freq_local = inv_freq(cfg.rope_local_theta, cfg.head_dim)
-    scale = QUERY_PRE_ATTN_SCALAR ** -0.5
+    scale = cfg.query_pre_attn_scalar ** -0.5
     embed_scale = np.float32(math.sqrt(cfg.hidden_size))
     x = w["token_embd.weight"][ids].astype(np.float32) * embed_scale
     eps = cfg.rms_norm_eps

@@ -464,5 +464,23 @@ TEST(GgufConfig, ReadsMetadataOfTinyCheckpoint) {
   EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{274});
 }
 
+// A Gemma 3 GGUF does not state query_pre_attn_scalar: as llama.cpp, we take head_dim, or
+// hidden_size / heads for the 62-layer 27B (whose published scalar is 168, head_dim 128).
+TEST(GgufConfig, Gemma3AttentionScaleIsLlamaCppsRule) {
+  for (int layers : {4, 62}) {
+    TempDir dir("cfg");
+    ASSERT_TRUE(snap::testing::make_tiny_checkpoint(
+        dir.path(), "--arch gemma3 --tie --hidden 64 --heads 4 --kv-heads 2 --head-dim 32 --intermediate 32 "
+                    "--sliding-window 8 --sliding-window-pattern 2 --layers " + std::to_string(layers)));
+    Result<GgufFile> g = GgufFile::open(dir / "model.gguf");
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    Result<ModelConfig> c = config_from_gguf(*g);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_EQ(c->arch, Arch::gemma3);
+    EXPECT_EQ(c->head_dim, 32);
+    EXPECT_EQ(c->attn_scale, static_cast<float>(1.0 / std::sqrt(layers == 62 ? 64.0 / 4 : 32.0))) << layers;
+  }
+}
+
 }  // namespace
 }  // namespace snap

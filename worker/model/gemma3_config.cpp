@@ -9,7 +9,9 @@
 //    sliding_window_pattern 6: layers 5, 11, 17 of 18 are global;
 //  - rope_local_base_freq 10,000 on sliding layers (no rope scaling there); rope_theta
 //    (GGUF rope.freq_base, 1e6) and any rope scaling on global layers;
-//  - query_pre_attn_scalar 256: attention scale 256^-0.5 (= 1/sqrt(head_dim) for 270M);
+//  - the attention scale query_pre_attn_scalar^-0.5. A GGUF does not state the scalar: as
+//    llama.cpp does, it is head_dim, or hidden_size / heads for the 62-layer 27B. That is the
+//    published value of every Gemma 3 (256 for 270M-12B, 168 for 27B);
 //  - the embedding times hidden_size**0.5 cast to the model dtype (f32 here);
 //  - Gemma3RMSNorm is x * (1 + w): llama.cpp's converter stores w + 1, so the GGUF norm
 //    weights are used as they are (plain RMSNorm); safetensors hold w, and the loader adds
@@ -30,7 +32,8 @@ namespace {
 
 constexpr int k_gemma3_sliding_window_pattern = 6;
 constexpr double k_gemma3_rope_local_base = 10000.0;
-constexpr double k_gemma3_query_pre_attn_scalar = 256.0;
+constexpr double k_gemma3_query_pre_attn_scalar = 256.0;  // Gemma3TextConfig's default
+constexpr int k_gemma3_27b_layers = 62;
 
 Result<double> opt_float(const GgufFile& g, const std::string& key, double def) {
   if (!g.find(key)) return def;
@@ -71,7 +74,10 @@ Status gemma3_config_from_gguf(const GgufFile& g, ModelConfig* c) {
     SNAP_ASSIGN_OR_RETURN(double cap, opt_float(g, p + key, 0.0));
     if (cap != 0.0) return unimplemented(path + ": " + p + key + " (logit soft-capping) is not supported");
   }
-  set_gemma3_layers(k_gemma3_query_pre_attn_scalar, c);
+  const double scalar = c->num_layers == k_gemma3_27b_layers
+                            ? static_cast<double>(c->hidden_size) / c->num_heads
+                            : static_cast<double>(c->head_dim);
+  set_gemma3_layers(scalar, c);
   // Gemma's chat turns end with <end_of_turn>, not <eos>: generation stops at either.
   if (const GgufValue* toks = g.find("tokenizer.ggml.tokens"); toks && toks->type == GgufType::array) {
     for (size_t i = 0; i < toks->arr.size(); ++i) {
