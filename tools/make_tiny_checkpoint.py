@@ -15,8 +15,11 @@ every pattern-th layer is global), the global RoPE base (--rope-theta) and the l
 (1 + w); the HF form is a Gemma3ForCausalLM directory (model_type gemma3_text, layer_types,
 rope_local_base_freq, query_pre_attn_scalar = head_dim as llama.cpp assumes for the GGUF, tied
 embeddings) holding w, under transformers' names (post_attention_layernorm is the attention
-output's norm, pre_feedforward_layernorm the MLP input's). w = (1 + w) - 1 is exact for these norms (within [0.5, 2], Sterbenz), so both
-forms hold the same numbers.
+output's norm, pre_feedforward_layernorm the MLP input's). w = (1 + w) - 1 is exact for these
+norms (within [0.5, 2], Sterbenz), so both forms hold the same numbers. --vision-language
+writes the HF form as Gemma3ForConditionalGeneration instead (the 4B-27B checkpoints' form).
+
+--gguf-type q8_0 quantizes the GGUF's matrices with the gguf package (ggml's Q8_0).
 """
 import argparse
 import json
@@ -318,8 +321,7 @@ def write_gemma3_hf(a, w, head_dim, bos_id, eos_id):
     if a.vision_language:
         # Gemma3ForConditionalGeneration: the text model under language_model., its config under
         # text_config; the vision tower's tensors are there and unread by a text-only loader.
-        hf = {("language_model." + k if k.startswith("model.") else "language_model." + k): v
-              for k, v in hf.items()}
+        hf = {"language_model." + k: v for k, v in hf.items()}
         vision_rng = np.random.default_rng(a.seed + 1000)
         hf["vision_tower.vision_model.post_layernorm.weight"] = round_to(
             vision_rng.standard_normal(32).astype(np.float32), a.dtype)

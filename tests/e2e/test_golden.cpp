@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -127,16 +128,40 @@ TEST_F(SmolLM2Golden, GreedyContinuationMatchesTransformersFor32Tokens) {
 
 // --- tiny random checkpoints ---------------------------------------------------------
 
+// Writes the fixture's checkpoint (its make_tiny_checkpoint.py command, plus `extra` arguments)
+// into a fresh `dir`.
+void write_checkpoint(const json& g, const fs::path& dir, const std::string& extra) {
+  fs::remove_all(dir);
+  std::string cmd = g["checkpoint"]["command"].get<std::string>();
+  cmd.replace(cmd.find("<DIR>"), 5, dir.string());
+  cmd = "cd " + std::string(SNAP_SOURCE_DIR) + " && " + cmd + extra + " >/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// The largest |logit - transformers| over the fixture's recorded positions; `logits` holds
+// every position's row.
+double max_diff_to_golden(const json& g, const std::vector<float>& logits, int64_t vocab) {
+  const auto positions = g["positions"].get<std::vector<int64_t>>();
+  double max_diff = 0;
+  for (size_t j = 0; j < positions.size(); ++j) {
+    const auto want = g["logits"][j].get<std::vector<double>>();
+    EXPECT_EQ(static_cast<int64_t>(want.size()), vocab);
+    for (int64_t v = 0; v < vocab && v < static_cast<int64_t>(want.size()); ++v) {
+      const double got = logits[positions[j] * vocab + v];
+      if (std::isnan(got)) return std::numeric_limits<double>::infinity();
+      max_diff = std::max(max_diff, std::fabs(got - want[v]));
+    }
+  }
+  return max_diff;
+}
+
 class TinyGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TinyGolden, GgufAndSafetensorsMatchTransformers) {
   const json g = load_json("tests/fixtures/golden/tiny_" + GetParam() + ".json");
   const fs::path dir = fs::temp_directory_path() / ("snap_tiny_" + GetParam() + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  std::string cmd = g["checkpoint"]["command"].get<std::string>();
-  cmd.replace(cmd.find("<DIR>"), 5, dir.string());
-  cmd = "cd " + std::string(SNAP_SOURCE_DIR) + " && " + cmd + " >/dev/null";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  write_checkpoint(g, dir, "");
+  if (HasFatalFailure()) return;
 
   auto hf = load_model((dir / "hf").string());
   ASSERT_TRUE(hf.ok()) << hf.status().to_string();
@@ -157,18 +182,7 @@ TEST_P(TinyGolden, GgufAndSafetensorsMatchTransformers) {
   for (size_t i = 0; i < a.size(); ++i) chunk_diff = std::max(chunk_diff, double(std::fabs(a[i] - c[i])));
   EXPECT_LE(chunk_diff, k_tiny_tol) << "chunked and one-shot prefill disagree";
 
-  const int64_t vocab = hf->config.vocab_size;
-  const auto positions = g["positions"].get<std::vector<int64_t>>();
-  double max_diff = 0;
-  for (size_t j = 0; j < positions.size(); ++j) {
-    const auto want = g["logits"][j].get<std::vector<double>>();
-    ASSERT_EQ(static_cast<int64_t>(want.size()), vocab);
-    for (int64_t v = 0; v < vocab; ++v) {
-      const double got = a[positions[j] * vocab + v];
-      ASSERT_FALSE(std::isnan(got));
-      max_diff = std::max(max_diff, std::fabs(got - want[v]));
-    }
-  }
+  const double max_diff = max_diff_to_golden(g, a, hf->config.vocab_size);
   EXPECT_LE(max_diff, k_tiny_tol) << GetParam();
   EXPECT_EQ(greedy(*hf, ids, g["num_greedy"].get<int64_t>()), g["greedy"].get<std::vector<int32_t>>());
   EXPECT_EQ(greedy(*gg, ids, g["num_greedy"].get<int64_t>()), g["greedy"].get<std::vector<int32_t>>());
@@ -182,11 +196,8 @@ TEST_P(TinyGolden, GgufAndSafetensorsMatchTransformers) {
 TEST(TinyGoldenGemma3, VisionLanguageFormServesItsTextModel) {
   const json g = load_json("tests/fixtures/golden/tiny_gemma3_swa.json");
   const fs::path dir = fs::temp_directory_path() / ("snap_tiny_gemma3_vl_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  std::string cmd = g["checkpoint"]["command"].get<std::string>();
-  cmd.replace(cmd.find("<DIR>"), 5, dir.string());
-  cmd = "cd " + std::string(SNAP_SOURCE_DIR) + " && " + cmd + " --vision-language >/dev/null";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  write_checkpoint(g, dir, " --vision-language");
+  if (HasFatalFailure()) return;
   auto vl = load_model((dir / "hf").string());
   ASSERT_TRUE(vl.ok()) << vl.status().to_string();
   auto gg = load_model((dir / "model.gguf").string());
@@ -201,15 +212,7 @@ TEST(TinyGoldenGemma3, VisionLanguageFormServesItsTextModel) {
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
       << "the vision-language form's text model and the GGUF disagree";
-  const int64_t vocab = vl->config.vocab_size;
-  const auto positions = g["positions"].get<std::vector<int64_t>>();
-  double max_diff = 0;
-  for (size_t j = 0; j < positions.size(); ++j) {
-    const auto want = g["logits"][j].get<std::vector<double>>();
-    ASSERT_EQ(static_cast<int64_t>(want.size()), vocab);
-    for (int64_t v = 0; v < vocab; ++v) max_diff = std::max(max_diff, std::fabs(a[positions[j] * vocab + v] - want[v]));
-  }
-  EXPECT_LE(max_diff, k_tiny_tol);
+  EXPECT_LE(max_diff_to_golden(g, a, vl->config.vocab_size), k_tiny_tol);
   EXPECT_EQ(greedy(*vl, ids, g["num_greedy"].get<int64_t>()), g["greedy"].get<std::vector<int32_t>>());
 }
 

@@ -32,6 +32,31 @@ Result<ModelConfig> parse(const TempDir& dir, const json& j) {
   return config_from_hf_json(path);
 }
 
+// A config that `edit` breaks: one line naming the file, with the expected code and words.
+struct BadConfig {
+  const char* what;
+  std::function<void(json&)> edit;
+  StatusCode code;
+  const char* needle;
+};
+
+template <size_t N>
+void expect_one_line_errors(const json& base, const BadConfig (&cases)[N]) {
+  TempDir dir("cfg");
+  const std::string path = dir / "config.json";
+  for (const BadConfig& c : cases) {
+    json j = base;
+    c.edit(j);
+    Result<ModelConfig> r = parse(dir, j);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status().to_string();
+    const std::string& m = r.status().message();
+    EXPECT_EQ(m.rfind(path + ": ", 0), 0u) << c.what << ": " << m;
+    EXPECT_NE(m.find(c.needle), std::string::npos) << c.what << ": " << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << c.what;
+  }
+}
+
 TEST(HfConfig, LlamaDefaults) {
   TempDir dir("cfg");
   Result<ModelConfig> c = parse(dir, base_llama());
@@ -283,13 +308,7 @@ TEST(HfConfig, GenerationConfigEosJoinsConfigEos) {
 
 // Gemma 3 variants the forward does not compute are refused by name, not run wrongly.
 TEST(HfConfig, Gemma3VariantsWeDoNotRunAreOneLineErrors) {
-  struct Case {
-    const char* what;
-    std::function<void(json&)> edit;
-    StatusCode code;
-    const char* needle;
-  };
-  const Case cases[] = {
+  const BadConfig cases[] = {
       {"soft-capping", [](json& j) { j["final_logit_softcapping"] = 30.0; }, StatusCode::k_unimplemented,
        "final_logit_softcapping (logit soft-capping) is not supported"},
       {"irregular layers", [](json& j) { j["layer_types"][7] = "full_attention"; }, StatusCode::k_unimplemented,
@@ -311,19 +330,7 @@ TEST(HfConfig, Gemma3VariantsWeDoNotRunAreOneLineErrors) {
       {"no window", [](json& j) { j["sliding_window"] = 0; }, StatusCode::k_invalid_argument,
        "sliding_window = 0 is out of range"},
   };
-  TempDir dir("cfg");
-  const std::string path = dir / "config.json";
-  for (const Case& c : cases) {
-    json j = base_gemma3();
-    c.edit(j);
-    Result<ModelConfig> r = parse(dir, j);
-    ASSERT_FALSE(r.ok()) << c.what;
-    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status().to_string();
-    const std::string& m = r.status().message();
-    EXPECT_EQ(m.rfind(path + ": ", 0), 0u) << c.what << ": " << m;
-    EXPECT_NE(m.find(c.needle), std::string::npos) << c.what << ": " << m;
-    EXPECT_EQ(m.find('\n'), std::string::npos) << c.what;
-  }
+  expect_one_line_errors(base_gemma3(), cases);
 }
 
 TEST(HfConfig, Qwen2AlwaysHasBiasAndWindowOnlyWhenEnabled) {
@@ -361,15 +368,8 @@ TEST(HfConfig, MistralSlidingWindowNullOrInt) {
   EXPECT_EQ(w->sliding_window, 4096);
 }
 
-// Each bad config gives one line naming the file, with the expected code and words.
 TEST(HfConfig, BadConfigsAreOneLineErrors) {
-  struct Case {
-    const char* what;
-    std::function<void(json&)> edit;
-    StatusCode code;
-    const char* needle;
-  };
-  const Case cases[] = {
+  const BadConfig cases[] = {
       {"unsupported arch", [](json& j) { j["architectures"] = {"GPT2LMHeadModel"}; }, StatusCode::k_unimplemented,
        "unsupported architecture 'GPT2LMHeadModel' (supported: llama, mistral, qwen2, gemma3_text, gemma3)"},
       {"missing hidden_size", [](json& j) { j.erase("hidden_size"); }, StatusCode::k_not_found,
@@ -387,19 +387,9 @@ TEST(HfConfig, BadConfigsAreOneLineErrors) {
       {"no arch", [](json& j) { j.erase("architectures"); j.erase("model_type"); }, StatusCode::k_not_found,
        "'architectures'"},
   };
+  expect_one_line_errors(base_llama(), cases);
   TempDir dir("cfg");
   const std::string path = dir / "config.json";
-  for (const Case& c : cases) {
-    json j = base_llama();
-    c.edit(j);
-    Result<ModelConfig> r = parse(dir, j);
-    ASSERT_FALSE(r.ok()) << c.what;
-    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status().to_string();
-    const std::string& m = r.status().message();
-    EXPECT_EQ(m.rfind(path + ": ", 0), 0u) << c.what << ": " << m;
-    EXPECT_NE(m.find(c.needle), std::string::npos) << c.what << ": " << m;
-    EXPECT_EQ(m.find('\n'), std::string::npos) << c.what;
-  }
   snap::testing::write_file(path, "{\"vocab_size\": 10,");
   Result<ModelConfig> bad = config_from_hf_json(path);
   ASSERT_FALSE(bad.ok());

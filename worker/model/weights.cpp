@@ -182,13 +182,13 @@ std::vector<Job> plan_jobs(const ModelConfig& c, const TpShard& sh, const Names&
           false};
     jobs.push_back(std::move(j));
   };
-  // The embedding is the largest single tensor; first, so a worker starts it early. f32
-  // unless the GGUF loader keeps its blocks (load_gguf).
   // An RMSNorm weight: a vector plus the format's offset.
   auto norm = [&](std::string name, Matrix* dst, int64_t len) {
     vec(std::move(name), dst, len, 0, len);
     jobs.back().offset = n.norm_offset;
   };
+  // The embedding is the largest single tensor; first, so a worker starts it early. f32
+  // unless the loader keeps it in blocks (embed_in_blocks).
   col_par(n.embed, &w->embed, c.vocab_size, h, 0, c.vocab_size);
   jobs.back().store = DType::f32;
   jobs.back().may_keep_blocks = false;
