@@ -210,11 +210,17 @@ TEST(QuantizeAtLoad, Q8_0EqualsGgmlsQuantizerBlockForBlock) {
         as_is.tp_size = tp;
         LoadOptions quantize = as_is;
         ASSERT_TRUE(apply_weight_dtype("q8_0", &quantize).ok());
+        LoadOptions in_slabs = quantize;  // 7 rows of 64 at a time: slabs and a short last one
+        in_slabs.scratch_floats = 7 * 64 + 5;
         Result<LoadedModel> ref = load_model(q8 / "model.gguf", as_is);
         Result<LoadedModel> hf = load_model(f32 / "hf", quantize);
         Result<LoadedModel> gf = load_model(f32 / "model.gguf", quantize);
         Result<LoadedModel> gq = load_model(q8 / "model.gguf", quantize);
-        ASSERT_TRUE(ref.ok() && hf.ok() && gf.ok() && gq.ok()) << what;
+        Result<LoadedModel> hs = load_model(f32 / "hf", in_slabs);
+        Result<LoadedModel> gs = load_model(f32 / "model.gguf", in_slabs);
+        ASSERT_TRUE(ref.ok() && hf.ok() && gf.ok() && gq.ok() && hs.ok() && gs.ok()) << what;
+        expect_same_weights(hf->weights, hs->weights, what + " hf in slabs");
+        expect_same_weights(gf->weights, gs->weights, what + " f32 gguf in slabs (Q/K rows un-permuted per slab)");
         EXPECT_EQ(hf->weights.layers[0].q_proj.dtype(), DType::q8_0) << what;
         EXPECT_EQ(hf->weights.output().dtype(), DType::q8_0) << what;
         EXPECT_EQ(hf->weights.embed.dtype(), hf->config.tie_word_embeddings ? DType::q8_0 : DType::f32) << what;
@@ -228,6 +234,26 @@ TEST(QuantizeAtLoad, Q8_0EqualsGgmlsQuantizerBlockForBlock) {
         }
       }
     }
+  }
+}
+
+// Non-f32 storage is read through f32 scratch a slab of rows at a time (scratch_floats): one
+// slab or many, GGUF (Q/K rows un-permuted per slab) or safetensors, the same bytes.
+TEST(LoadScratch, Bf16SameBytesInOneSlabOrMany) {
+  for (const char* args : {"--arch llama --no-tie --seed 1", "--arch qwen2 --tie --seed 3 --hidden 48 --head-dim 16"}) {
+    TempDir dir("slabs");
+    ASSERT_TRUE(snap::testing::make_tiny_checkpoint(dir.path(), args));
+    LoadOptions whole;
+    ASSERT_TRUE(apply_weight_dtype("bf16", &whole).ok());
+    LoadOptions slabs = whole;
+    slabs.scratch_floats = 100;  // one or two rows at a time
+    Result<LoadedModel> a = load_model(dir / "model.gguf", whole);
+    Result<LoadedModel> b = load_model(dir / "model.gguf", slabs);
+    Result<LoadedModel> c = load_model(dir / "hf", slabs);
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << args;
+    EXPECT_EQ(a->weights.layers[0].q_proj.dtype(), DType::bf16);
+    expect_same_weights(a->weights, b->weights, std::string(args) + " gguf slabs");
+    expect_same_weights(a->weights, c->weights, std::string(args) + " hf slabs");
   }
 }
 

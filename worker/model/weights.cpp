@@ -245,14 +245,16 @@ inline int64_t file_row(const Job& job, int64_t r) {
   return head * job.head_dim + 2 * (within % half) + within / half;
 }
 
-// Writes f32 values into the job's matrix in its storage dtype (an element type, or q8_0
-// quantized row by row: LoadOptions::weight_dtype q8_0).
-Status store_f32(const float* src, Job& job, const std::string& source) {
+// Writes the f32 values of `job`'s rows (job.rows of them) into its matrix from row
+// `first_row` on, in the storage dtype (an element type, or q8_0 quantized row by row:
+// LoadOptions::weight_dtype q8_0).
+Status store_f32(const float* src, const Job& job, int64_t first_row, const std::string& source) {
   const int64_t n = job.rows * job.cols;
+  const int64_t first = first_row * job.cols;  // elements before this slab
   switch (job.store) {
     case DType::q8_0: {
       CHECK(job.requantize && job.cols % 32 == 0) << job.name;
-      auto* d = static_cast<uint8_t*>(job.dst->data());
+      auto* d = static_cast<uint8_t*>(job.dst->data()) + first_row * dtype_row_bytes(DType::q8_0, job.cols);
       const int64_t row_bytes = dtype_row_bytes(DType::q8_0, job.cols);
       for (int64_t r = 0; r < job.rows; ++r) {
         if (!quantize_q8_0(src + r * job.cols, d + r * row_bytes, job.cols))
@@ -266,15 +268,16 @@ Status store_f32(const float* src, Job& job, const std::string& source) {
       CHECK(false) << "store_f32 into block format " << dtype_name(job.store) << " (" << job.name << ")";
       break;
     case DType::f32:
-      if (src != job.dst->f32()) std::memcpy(job.dst->f32(), src, static_cast<size_t>(n) * sizeof(float));
+      if (src != job.dst->f32() + first)
+        std::memcpy(job.dst->f32() + first, src, static_cast<size_t>(n) * sizeof(float));
       break;
     case DType::f16: {
-      auto* d = static_cast<uint16_t*>(job.dst->data());
+      auto* d = static_cast<uint16_t*>(job.dst->data()) + first;
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
       break;
     }
     case DType::bf16: {
-      auto* d = static_cast<uint16_t*>(job.dst->data());
+      auto* d = static_cast<uint16_t*>(job.dst->data()) + first;
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
       break;
     }
@@ -287,7 +290,7 @@ Status store_f32(const float* src, Job& job, const std::string& source) {
 // null and fill writes the blocks into job.dst itself. The first failure (in job order) is
 // returned; `source` (the file) names it where fill does not.
 template <typename Fill>
-Status run_jobs(std::vector<Job>& jobs, const std::string& source, Fill fill) {
+Status run_jobs(std::vector<Job>& jobs, const std::string& source, int64_t scratch_floats, Fill fill) {
   for (Job& j : jobs) *j.dst = Matrix(j.store, j.rows, j.cols);
   std::vector<Status> status(jobs.size());
   const int64_t num_jobs = static_cast<int64_t>(jobs.size());
@@ -301,19 +304,30 @@ Status run_jobs(std::vector<Job>& jobs, const std::string& source, Fill fill) {
         status[static_cast<size_t>(i)] = fill(job, nullptr);
         continue;
       }
-      float* out = nullptr;
-      if (job.store == DType::f32) {
-        out = job.dst->f32();
-      } else {
-        scratch.resize(static_cast<size_t>(job.rows * job.cols));
-        out = scratch.data();
+      // f32 is read in place. Other storage goes through f32 scratch a slab of rows at a time,
+      // so that the scratch stays scratch_floats per thread however large the tensor (Llama 3's
+      // 128,256 x 4,096 embedding table would take 2 GiB whole).
+      const bool in_place = job.store == DType::f32;
+      const int64_t slab = in_place ? job.rows : std::max<int64_t>(1, scratch_floats / job.cols);
+      Status& st = status[static_cast<size_t>(i)];
+      for (int64_t r0 = 0; r0 < job.rows && st.ok(); r0 += slab) {
+        Job part = job;
+        part.row_begin = job.row_begin + r0;
+        part.rows = std::min(slab, job.rows - r0);
+        float* out = nullptr;
+        if (in_place) {
+          out = job.dst->f32();
+        } else {
+          scratch.resize(static_cast<size_t>(part.rows * part.cols));
+          out = scratch.data();
+        }
+        st = fill(part, out);
+        if (!st.ok()) break;
+        if (job.offset != 0.0f) {
+          for (int64_t e = 0; e < part.rows * part.cols; ++e) out[e] += job.offset;
+        }
+        st = store_f32(out, part, r0, source);
       }
-      status[static_cast<size_t>(i)] = fill(job, out);
-      if (!status[static_cast<size_t>(i)].ok()) continue;
-      if (job.offset != 0.0f) {
-        for (int64_t e = 0; e < job.rows * job.cols; ++e) out[e] += job.offset;
-      }
-      status[static_cast<size_t>(i)] = store_f32(out, job, source);
     }
   }
   for (Status& s : status) {
@@ -472,7 +486,8 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
     DType table = DType::f32;
     if (native_dtype(g.find_tensor(names.embed)->type, &table)) embed_in_blocks(jobs, m, table, false);
   }
-  SNAP_RETURN_IF_ERROR(run_jobs(jobs, path, [&g](const Job& j, float* out) { return fill_gguf(g, j, out); }));
+  SNAP_RETURN_IF_ERROR(run_jobs(jobs, path, opts.scratch_floats,
+                                [&g](const Job& j, float* out) { return fill_gguf(g, j, out); }));
   if (opts.matvec_tiles) pack_for_matvec(&m.weights);
   return m;
 }
@@ -534,7 +549,8 @@ Result<LoadedModel> load_hf_dir(const std::string& dir, const LoadOptions& opts)
     plan_q8_0(jobs);
     if (m.config.tie_word_embeddings && m.config.hidden_size % 32 == 0) embed_in_blocks(jobs, m, DType::q8_0, true);
   }
-  SNAP_RETURN_IF_ERROR(run_jobs(jobs, dir, [&st](const Job& j, float* out) { return fill_safetensors(st, j, out); }));
+  SNAP_RETURN_IF_ERROR(run_jobs(jobs, dir, opts.scratch_floats,
+                                [&st](const Job& j, float* out) { return fill_safetensors(st, j, out); }));
   if (opts.matvec_tiles) pack_for_matvec(&m.weights);
   return m;
 }

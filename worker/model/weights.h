@@ -109,6 +109,10 @@ struct LoadOptions {
   // columns do not start and end on a block boundary is dequantized instead of kept.
   int tp_rank = 0;
   int tp_size = 1;
+  // Weights stored other than as f32 (f16, bf16, q8_0 quantized at load) are read through f32
+  // scratch, this many floats per loading thread at a time (whole rows, at least one): 16 MiB
+  // by default, whatever the tensor's size.
+  int64_t scratch_floats = int64_t{4} << 20;
   // Kept q8_0/q4_0/q4_1 projections and LM head are rearranged into the decode matvec's 4-row
   // tiles (kernels/weight_tiles.h) where the CPU matvec reads them (kernels::
   // weight_tiles4_wanted(): q8x3act on AVX-512 VNNI or AVX2; decided by the matvec mode set before
