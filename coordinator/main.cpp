@@ -376,11 +376,14 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model_ref, Ste
 
 // --- inspect -------------------------------------------------------------------
 
-std::string dims_string(const std::vector<int64_t>& d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
+template <typename T>
+std::string comma_join(const std::vector<T>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
 }
+
+std::string dims_string(const std::vector<int64_t>& d) { return "[" + comma_join(d) + "]"; }
 
 void print_config(const ModelConfig& c) {
   std::printf("architecture       %s\n", arch_name(c.arch));
@@ -399,21 +402,17 @@ void print_config(const ModelConfig& c) {
   std::printf("rms_norm_eps       %g\n", c.rms_norm_eps);
   std::printf("sliding_window     %d\n", c.sliding_window);
   if (c.sliding_window > 0 && c.sliding_window_pattern > 0) {  // gemma3: local and global layers
-    int local = 0;
-    std::string global;
+    std::vector<int> global_layers;
     for (int l = 0; l < c.num_layers; ++l) {
-      if (c.layer_is_local(l)) {
-        ++local;
-      } else {
-        global += (global.empty() ? "" : ", ") + std::to_string(l);
-      }
+      if (!c.layer_is_local(l)) global_layers.push_back(l);
     }
+    const int local = c.num_layers - static_cast<int>(global_layers.size());
+    const std::string global = comma_join(global_layers);
     std::printf("layer kinds        %d local (window %d, rope theta %g), %d global (layers %s)\n", local,
                 c.sliding_window, c.rope_local_theta > 0.0f ? c.rope_local_theta : c.rope.theta,
                 c.num_layers - local, global.empty() ? "none" : global.c_str());
   }
-  std::string stops;
-  for (int32_t id : c.eos_token_ids) stops += (stops.empty() ? "" : ", ") + std::to_string(id);
+  const std::string stops = comma_join(c.eos_token_ids);
   std::printf("stop token ids     %s\n", stops.empty() ? "none" : stops.c_str());
   std::printf("tied embeddings    %s\n", c.tie_word_embeddings ? "yes" : "no");
   std::printf("qkv bias           %s\n", c.attention_bias ? "yes" : "no");

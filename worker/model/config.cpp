@@ -330,9 +330,11 @@ Result<ModelConfig> config_from_hf_json(const std::string& file) {
   c.num_layers = static_cast<int>(layers);
   c.num_heads = static_cast<int>(heads);
   c.num_kv_heads = static_cast<int>(kv_heads);
-  const bool gemma = c.arch == Arch::gemma3;  // Gemma3TextConfig's defaults differ from Llama's
-  if (f.has("head_dim") || gemma) {
-    SNAP_ASSIGN_OR_RETURN(int64_t hd, f.opt_int("head_dim", 256));
+  // Gemma 3's other defaults (head_dim, max_position_embeddings, tie_word_embeddings) are
+  // filled in by gemma3_text_config; its RoPE base stays here (rope_parameters may omit it).
+  const bool gemma = c.arch == Arch::gemma3;
+  if (f.has("head_dim")) {
+    SNAP_ASSIGN_OR_RETURN(int64_t hd, f.req_int("head_dim"));
     SNAP_RETURN_IF_ERROR(range(path, "head_dim", hd, 2, k_max_dim));
     c.head_dim = static_cast<int>(hd);
   } else {
@@ -346,7 +348,7 @@ Result<ModelConfig> config_from_hf_json(const std::string& file) {
   c.rms_norm_eps = static_cast<float>(eps);
   SNAP_RETURN_IF_ERROR(parse_rope(path, f, j, gemma ? 1e6 : 10000.0, &c.rope));
   c.rope.head_dim = c.head_dim;
-  const int64_t default_max_pos = c.arch == Arch::llama ? 2048 : gemma ? 131072 : 32768;
+  const int64_t default_max_pos = c.arch == Arch::llama ? 2048 : 32768;
   SNAP_ASSIGN_OR_RETURN(c.max_position, f.opt_int("max_position_embeddings", default_max_pos));
 
   if (c.arch == Arch::mistral) {
@@ -361,7 +363,7 @@ Result<ModelConfig> config_from_hf_json(const std::string& file) {
       c.sliding_window = static_cast<int>(sw);
     }
   }
-  SNAP_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.opt_bool("tie_word_embeddings", gemma));
+  SNAP_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.opt_bool("tie_word_embeddings", false));
   if (c.arch == Arch::qwen2) {
     c.attention_bias = true;
   } else if (c.arch == Arch::llama) {

@@ -307,7 +307,7 @@ bool quantize_q8_0(const float* src, void* dst, int64_t n) {
   auto* out = static_cast<uint8_t*>(dst);
   for (int64_t b = 0; b < n / k_qk; ++b) {
     const float* x = src + b * k_qk;
-    uint8_t* block = out + b * 34;
+    uint8_t* block = out + b * dtype_row_bytes(DType::q8_0, k_qk);
     float amax = 0.0f;
     for (int64_t j = 0; j < k_qk; ++j) {
       if (!std::isfinite(x[j])) return false;

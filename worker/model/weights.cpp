@@ -465,8 +465,8 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
   std::vector<Job> jobs = plan_jobs(m.config, m.shard, names, !m.config.tie_word_embeddings, permute,
                                     opts.weight_dtype, &m.weights);
   for (const Job& j : jobs) SNAP_RETURN_IF_ERROR(check_gguf(g, j));
-  const bool embed_q8_0 = g.find_tensor(names.embed)->type == GgmlType::q8_0;
   if (opts.weight_dtype == DType::q8_0) {
+    const bool embed_q8_0 = g.find_tensor(names.embed)->type == GgmlType::q8_0;
     plan_q8_0(jobs);
     for (Job& j : jobs) {
       if (j.requantize && g.find_tensor(j.name)->type == GgmlType::q8_0) j.requantize = false;  // copied
