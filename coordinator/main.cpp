@@ -171,9 +171,7 @@ int run_generate_leader(const GenerateArgs& a, const LoadedModel& model, StepDri
 int run_generate_device(const GenerateArgs& a) {
   auto parsed = parse_device(a.device);
   if (!parsed.ok()) return fail(parsed.status().message());
-  if (!a.kv.dtype.empty() && a.kv.dtype != "bf16")
-    return fail("--device " + parsed->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv.dtype + " is CPU-only");
-  if (const std::string e = device_weight_dtype_error(parsed->name(), a.weight_dtype); !e.empty()) return fail(e);
+  if (const std::string e = device_dtype_error(parsed->name(), a.kv.dtype, a.weight_dtype); !e.empty()) return fail(e);
   auto launch = start_tensor_parallel("generate", a.parallel);
   if (!launch.ok()) return fail(launch.status().message());
   const comm::World& world = launch->world();
@@ -188,9 +186,10 @@ int run_generate_device(const GenerateArgs& a) {
   comm::Communicator* exchange = nccl ? nccl.get() : control.get();
   auto policy = kv_policy_from_args(a);
   if (!policy.ok()) return fail(policy.status().message());
-  LoadOptions opts;  // dequantized at load; bf16 on the host too (the device stores bf16)
+  LoadOptions opts;  // dequantized at load to the device's storage: bf16, or Q8_0 when asked
   opts.keep_quantized = false;
-  opts.weight_dtype = DType::bf16;
+  opts.matvec_tiles = false;  // the device reads row-major blocks
+  opts.weight_dtype = a.weight_dtype == "q8_0" ? DType::q8_0 : DType::bf16;
   opts.tp_rank = world.tp_rank();
   opts.tp_size = size;
   const double t_load = now_seconds();

@@ -321,6 +321,20 @@ else
   row "bench_device_forward" INFO "skipped: not built or under 180 s left"
 fi
 
+# The same model with --weight-dtype q8_0 (Q8_0 on the device, 1.0625 bytes a weight): 8K only,
+# decode ms/token and its HBM floor against the bf16 rows above.
+if [ -x "$build/bench_device_forward" ] && [ -f "$fwd_model/model.safetensors" ] && [ "$(left)" -gt 150 ]; then
+  t0=$SECONDS
+  if timeout 120 "$build/bench_device_forward" --model "$fwd_model" --contexts 8192 --decode 16 --weight-dtype q8_0 \
+    >>"$out/bench.txt" 2>>"$log"; then
+    row "bench_device_forward q8_0" PASS "$((SECONDS - t0)) s (table below)"
+  else
+    row "bench_device_forward q8_0" FAIL "rc $? after $((SECONDS - t0)) s (see $log)"
+  fi
+else
+  row "bench_device_forward q8_0" INFO "skipped: not built, no model or under 150 s left"
+fi
+
 # The side-by-side anchor (#9): the same model, prompts and decode lengths through Hugging Face
 # transformers (bf16, SDPA, its full DynamicCache) on this GPU, then HF ms/token ÷ ours, full and
 # snapkv 2048, from the rows bench_device_forward wrote above (its layer-wise table gives the

@@ -21,9 +21,12 @@
 // all B rows against one per row (DeviceForward::set_batched_rows; the same bits).
 // With --contexts-budget S, a context of the first two tables runs only if its predicted time
 // (the last one's, grown ~n^2 by attention, for both tables) fits in what is left of S seconds.
+// --weight-dtype q8_0 loads the weights as --weight-dtype q8_0 does (Q8_0 on the device: the
+// floor counts their bytes).
 //   usage: bench_device_forward --model DIR [--contexts 8192,32768] [--decode 16]
 //                               [--contexts-budget 0] [--layerwise-contexts 131072,524288]
 //                               [--time-budget 240] [--batches 1,8,32,64] [--batch-prompt 2048]
+//                               [--weight-dtype bf16|q8_0]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,6 +66,7 @@ int main(int argc, char** argv) {
   int64_t batch_prompt = 2048;
   double time_budget = 240;
   double contexts_budget = 0;  // 0: no limit
+  std::string weight_dtype = "bf16";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
@@ -85,10 +89,14 @@ int main(int argc, char** argv) {
       time_budget = std::atof(argv[++i]);
     } else if (a == "--contexts-budget" && i + 1 < argc) {
       contexts_budget = std::atof(argv[++i]);
+    } else if (a == "--weight-dtype" && i + 1 < argc) {
+      weight_dtype = argv[++i];
+      if (weight_dtype != "bf16" && weight_dtype != "q8_0") return fail("--weight-dtype takes bf16 or q8_0");
     } else {
       return fail("unknown or incomplete argument '" + a +
                   "' (usage: --model DIR [--contexts 8192,32768] [--decode 16] [--contexts-budget S] "
-                  "[--layerwise-contexts N,...] [--time-budget S] [--batches B,...] [--batch-prompt N])");
+                  "[--layerwise-contexts N,...] [--time-budget S] [--batches B,...] [--batch-prompt N] "
+                  "[--weight-dtype bf16|q8_0])");
     }
   }
   if (model_dir.empty()) return fail("--model DIR is required");
@@ -105,7 +113,8 @@ int main(int argc, char** argv) {
   double t0 = now_s();
   snap::LoadOptions opts;
   opts.keep_quantized = false;
-  opts.weight_dtype = snap::DType::bf16;
+  opts.matvec_tiles = false;  // the device reads row-major blocks
+  opts.weight_dtype = weight_dtype == "q8_0" ? snap::DType::q8_0 : snap::DType::bf16;
   auto model = snap::load_model(model_dir, opts);
   if (!model.ok()) return fail(model.status().to_string());
   const double load_s = now_s() - t0;
@@ -114,10 +123,10 @@ int main(int argc, char** argv) {
   if (!weights.ok()) return fail(weights.status().to_string());
   const double upload_s = now_s() - t0;
   const snap::ModelConfig& c = model->config;
-  std::printf("bench_device_forward: %s: %d layers, hidden %lld, %d/%d heads, vocab %lld; weights %.2f GB on device "
+  std::printf("bench_device_forward: %s: %d layers, hidden %lld, %d/%d heads, vocab %lld; weights %.2f GB %s on device "
               "(load %.1f s, upload %.1f s)\n",
               model_dir.c_str(), c.num_layers, static_cast<long long>(c.hidden_size), c.num_heads, c.num_kv_heads,
-              static_cast<long long>(c.vocab_size), (*weights)->bytes / 1e9, load_s, upload_s);
+              static_cast<long long>(c.vocab_size), (*weights)->bytes / 1e9, weight_dtype.c_str(), load_s, upload_s);
 
   cudaStream_t stream;
   if (cudaStreamCreate(&stream) != cudaSuccess) return fail("cudaStreamCreate failed");

@@ -390,9 +390,7 @@ int run_batch(const BatchArgs& a) {
   auto device = parse_device(a.device);
   if (!device.ok()) return batch_fail(device.status().message());
   const bool on_device = device->kind == DeviceKind::cuda;
-  if (on_device && !a.kv.dtype.empty() && a.kv.dtype != "bf16")
-    return batch_fail("--device " + device->name() + " keeps the KV cache in bf16; --kv-dtype " + a.kv.dtype + " is CPU-only");
-  if (const std::string e = on_device ? device_weight_dtype_error(device->name(), a.weight_dtype) : ""; !e.empty())
+  if (const std::string e = on_device ? device_dtype_error(device->name(), a.kv.dtype, a.weight_dtype) : ""; !e.empty())
     return batch_fail(e);
   auto launch = start_tensor_parallel("batch", a.parallel);
   if (!launch.ok()) return batch_fail(launch.status().message());

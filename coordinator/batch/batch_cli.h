@@ -17,7 +17,7 @@ namespace snap {
 
 struct BatchArgs {
   std::string model;  // default: $SNAP_MODEL or the cached SmolLM2-135M-Instruct
-  std::string weight_dtype = "auto";  // --weight-dtype (CPU)
+  std::string weight_dtype = "auto";  // --weight-dtype (cuda: auto, bf16, q8_0)
   std::string input;
   std::string output;
   std::string shard;     // "I/N"; "" = from SLURM_ARRAY_* or 0/1

@@ -27,7 +27,7 @@ struct ServeArgs {
   int http_threads = 2;
   int64_t kv_cache_mib = 512;
   std::string kv_dtype;  // --kv-dtype; empty: k_default_kv_dtype
-  std::string weight_dtype = "auto";  // --weight-dtype (apply_weight_dtype); CPU only
+  std::string weight_dtype = "auto";  // --weight-dtype (apply_weight_dtype); cuda: auto, bf16, q8_0
   bool no_auto_layerwise = false;  // --no-auto-layerwise (EngineConfig::auto_layerwise = false)
   int64_t max_num_seqs = 16;
   int64_t max_waiting = 64;
@@ -69,9 +69,10 @@ void add_kv_options(CLI::App* cmd, KvFlags& flags);
 void add_kv_dtype_option(CLI::App* cmd, std::string& dtype);
 // --weight-dtype (generate, serve, batch): auto, f32, f16, bf16 or q8_0 (worker/model/weights.h).
 void add_weight_dtype_option(CLI::App* cmd, std::string& dtype);
-// The one-line refusal of --weight-dtype other than auto or bf16 with --device cuda (the device
-// stores bf16), or empty.
-std::string device_weight_dtype_error(const std::string& device_name, const std::string& weight_dtype);
+// The one-line refusal of storage --device cuda lacks, or empty: --kv-dtype other than bf16
+// (empty: the default), --weight-dtype other than auto, bf16 or q8_0.
+std::string device_dtype_error(const std::string& device_name, const std::string& kv_dtype,
+                               const std::string& weight_dtype);
 
 // A tensor-parallel rank other than 0 (of `serve` or `batch`): loads its shard of
 // `model_path` (with --weight-dtype `weight_dtype`), then runs the plans rank 0 sends until rank 0 stops. Exit code.

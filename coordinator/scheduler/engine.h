@@ -33,7 +33,7 @@ struct EngineConfig {
   int64_t kv_cache_bytes = 512LL << 20;  // block pool size
   int kv_block_size = 16;
   DType kv_dtype = k_default_kv_dtype;  // K/V element type: f32, bf16, f16 or q8_0 (--kv-dtype)
-  std::string weight_dtype = "auto";    // --weight-dtype (worker/model/weights.h apply_weight_dtype); CPU engine
+  std::string weight_dtype = "auto";    // --weight-dtype (worker/model/weights.h apply_weight_dtype); cuda: bf16 or q8_0
   // A compressing request over its whole prompt that did not ask for layer-wise prefill
   // gets it when that peaks lower (coordinator/engine/prefill_choice.h), unless it wants
   // prompt logprobs; its finished event says which (prefill_kind).

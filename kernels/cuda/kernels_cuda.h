@@ -44,6 +44,14 @@ void scale_cuda(float* x, float s, int64_t n, cudaStream_t stream);
 // [0, vocab_size) gives a row of NaN (never a silent wrong row; the host validates ids first).
 void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64_t num_tokens, int64_t hidden_size,
                            int64_t vocab_size, float* out, cudaStream_t stream);
+// The Q8_0 form of embedding_gather_cuda: table as int8 quants q [vocab_size, hidden_size] and
+// f16 scales d [vocab_size, hidden_size / 32] (hidden_size % 32 == 0); out = d · q, exact.
+void embedding_gather_q8_0_cuda(const int8_t* q, const uint16_t* d, const int32_t* ids, int64_t num_tokens,
+                                int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t stream);
+// out[i] = bf16(d[i / 32] · q[i]), round to nearest even, for n (a multiple of 32) Q8_0 values:
+// a Q8_0 matrix's rows as cuBLAS input for prompt chunks.
+void dequant_q8_0_to_bf16_cuda(const int8_t* q, const uint16_t* d, int64_t n, __nv_bfloat16* out,
+                               cudaStream_t stream);
 // y[i] = bf16(x[i]), round to nearest even (the cuBLAS GEMM's activation input).
 void f32_to_bf16_cuda(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t stream);
 // y[i] = f32(x[i]), exact (a bf16 exchange's result back into the f32 activations).
@@ -53,10 +61,11 @@ void bf16_to_f32_cuda(const __nv_bfloat16* x, float* y, int64_t n, cudaStream_t 
 // w is row-major [rows = out_features, cols = in_features] in bf16, as WeightView.
 // Prompt chunks: cuBLAS bf16 x bf16 -> f32 with f32 compute (cublasGemmEx, CUBLAS_COMPUTE_32F).
 // x must already be bf16 (f32_to_bf16_cuda). cuBLAS picks its kernel by shape, so a row's bits
-// may depend on num_tokens: decode rows use matmul_rowwise_cuda instead.
+// may depend on num_tokens: decode rows use matmul_rowwise_cuda instead. ldy: y's row pitch
+// (0: rows), so that a slab of w's rows fills its columns of a wider y.
 cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w,
                                 const float* bias, float* y, int64_t num_tokens, int64_t rows, int64_t cols,
-                                cudaStream_t stream);
+                                cudaStream_t stream, int64_t ldy = 0);
 // Decode rows (the twin of matmul_rowwise_cpu): f32 x, bf16 w, f32 accumulation in an order
 // fixed by cols alone, so each row's result is bitwise independent of num_tokens and of what
 // shares the step (batch invariance). Memory-bound: each weight row is read once per 8 tokens.
@@ -64,12 +73,18 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
 // bench_cuda_kernels times both).
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
                          int64_t rows, int64_t cols, cudaStream_t stream, int loads = 4);
+// The same over Q8_0 weights: int8 quants q [rows, cols] and f16 scales d [rows, cols / 32]
+// (llama.cpp's Q8_0 blocks split into two arrays; cols % 32 == 0). Each weight d · q is exact in
+// f32, so y is the bf16 GEMV's over the dequantized matrix, up to summation order; batch-invariant
+// by the same rule (16 quants per lane load, columns l·16 + 512·i).
+void matmul_rowwise_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
+                            int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream, int loads = 4);
 // Fused decode GEMVs: the same per-row code as matmul_rowwise_cuda, several outputs in one launch
 // (one launch costs a few µs on the GPU, about what a 4096 × 1024 GEMV reads in). Each output's
 // bits equal the separate launches' (the path, vector or scalar, follows cols and the alignment
 // of x and of every weight: give aligned bases to keep matmul_rowwise_cuda's path).
 //  - multi: outs[i].y [num_tokens, outs[i].rows] = x · outs[i].wᵀ (+ bias), e.g. q, k and v;
-//    up to 3 outputs per launch (more: several launches).
+//    up to 3 outputs of one weight kind per launch (more, or bf16 and Q8_0 mixed: several).
 //  - residual: y [num_tokens, rows] += x · wᵀ (+ bias): matmul_rowwise_cuda then residual_add_cuda.
 //  - swiglu: out [num_tokens, rows] = SwiGLU(x · gateᵀ, x · upᵀ), a row's gate and up in one
 //    warp: two matmul_rowwise_cuda then swiglu_cuda.
@@ -78,6 +93,8 @@ struct RowwiseOut {
   const float* bias = nullptr;
   float* y = nullptr;
   int64_t rows = 0;
+  const int8_t* q8 = nullptr;          // set: the weights are Q8_0 (w unused)
+  const uint16_t* q8_scales = nullptr;
 };
 void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count, int64_t num_tokens, int64_t cols,
                                cudaStream_t stream, int loads = 4);
@@ -85,6 +102,12 @@ void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const 
                                   int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
 void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
                                 int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
+// Q8_0 forms of residual and swiglu (matmul_rowwise_q8_cuda's weights).
+void matmul_rowwise_residual_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
+                                     int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
+void matmul_rowwise_swiglu_q8_cuda(const float* x, const int8_t* gate_q, const uint16_t* gate_d, const int8_t* up_q,
+                                   const uint16_t* up_d, float* out, int64_t num_tokens, int64_t rows, int64_t cols,
+                                   cudaStream_t stream);
 
 // --- sampling --------------------------------------------------------------------------
 // ids[t] = argmax_v logits[t, v] (greedy; lowest id wins ties, NaN never wins; all -inf/NaN -> 0),

@@ -13,6 +13,8 @@
 //   - the exchange's exact bytes: 2 all-reduces of hidden f32 per layer and token, and the
 //     vocabulary-parallel LM head's gather of 1000/2 f32 per sampled token;
 //   - --tp-exchange-dtype bf16: half the all-reduce bytes, the same text;
+//   - --weight-dtype q8_0: each rank holds its shard's Q8_0 weights on the device (the report
+//     says so) and two processes give one process's text and logits;
 //   - `batch --device cuda:0 --tp 2` (the serving engine's lockstep under the batch runner):
 //     every record's choices equal one process's, except a SnapKV record whose prompt's
 //     selections differ as above (checked through `generate` on that prompt);
@@ -225,6 +227,20 @@ TEST_F(DeviceTpCli, BfloatExchangeHalvesTheBytes) {
   EXPECT_NE(b.err.find("hidden x 2 B"), std::string::npos) << b.err;
   EXPECT_EQ(find_int(b.err, R"(per decoded token: all_reduce_sum (\d+) bytes)"), 2 * k_layers * k_hidden * 2) << b.err;
   EXPECT_EQ(find_int(b.err, R"(per decoded token: .* all_gather (\d+) bytes)"), k_vocab / 2 * 4) << b.err;  // logits stay f32
+}
+
+// --weight-dtype q8_0 on the device: each rank's shard in Q8_0 (o_proj's 96-column slices are
+// whole blocks; down_proj's 164 are not and stay bf16), the same text and logits as one process.
+TEST_F(DeviceTpCli, QuantizedWeightsTwoProcessesMatchOne) {
+  const Outcome a = one("q81", " --weight-dtype q8_0");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  const Outcome b = two("q82", " --weight-dtype q8_0");
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_GT(a.out.size(), 6u);
+  EXPECT_EQ(b.out, a.out);
+  compare_logits("q81", "q82");
+  EXPECT_NE(a.err.find("MiB q8_0"), std::string::npos) << a.err;
+  EXPECT_NE(b.err.find("MiB q8_0"), std::string::npos) << b.err;
 }
 
 TEST_F(DeviceTpCli, SnapKvPerRankSelectsWhatOneProcessSelects) {

@@ -140,7 +140,7 @@ TEST_F(Cli, BadInputGivesOneLineErrorNamingTheProblem) {
       {"generate --model " + model_path() + " --prompt hi --no-such-flag", 2, "no-such-flag"},
       {"generate --model " + model_path(), 1, "--prompt"},
       {"generate --model " + model_path() + " --prompt hi --weight-dtype q4_k", 2, "weight-dtype"},
-      {"generate --device cuda --weight-dtype q8_0 --prompt hi", 1, "--weight-dtype q8_0 is CPU-only"},
+      {"generate --device cuda --weight-dtype f32 --prompt hi", 1, "--weight-dtype f32 is CPU-only"},
       {"serve --device cuda --weight-dtype f16", 1, "--weight-dtype f16 is CPU-only"},
       {"generate --prompt-file /nonexistent/prompt.txt", 2, "/nonexistent/prompt.txt"},
       {"inspect --model " + truncated, 1, truncated},

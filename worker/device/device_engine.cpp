@@ -91,9 +91,10 @@ struct DeviceShard {
 
   Status open(const DeviceSpec& spec, const EngineConfig& cfg) {
     SNAP_RETURN_IF_ERROR(check_device(spec));
-    LoadOptions opts;  // dequantized at load; bf16 on the host too (the device stores bf16)
+    LoadOptions opts;  // dequantized at load to the device's storage: bf16, or Q8_0 when asked
     opts.keep_quantized = false;
-    opts.weight_dtype = DType::bf16;
+    opts.matvec_tiles = false;  // the device reads row-major blocks
+    opts.weight_dtype = cfg.weight_dtype == "q8_0" ? DType::q8_0 : DType::bf16;
     if (grouped(cfg)) {
       opts.tp_rank = cfg.comm->group_rank();
       opts.tp_size = cfg.comm->group_size();
@@ -282,8 +283,9 @@ class DeviceEngine final : public Engine {
     for (int32_t id : c.eos_token_ids) eos_.push_back(id);
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, spec_.ordinal) == cudaSuccess) device_name_ = prop.name;
-    std::fprintf(stderr, "snapserve: --device %s (%s): weights %.1f MiB bf16, KV pool %lld blocks of %lld bytes%s\n",
+    std::fprintf(stderr, "snapserve: --device %s (%s): weights %.1f MiB %s, KV pool %lld blocks of %lld bytes%s\n",
                  spec_.name().c_str(), device_name_.c_str(), weights_->bytes / 1048576.0,
+                 weights_->any_q8() ? "q8_0" : "bf16",
                  static_cast<long long>(pool_->num_blocks()), static_cast<long long>(pool_->block_bytes()),
                  grouped(cfg_) ? (", tensor parallel " + std::to_string(cfg_.comm->group_size()) + " ranks, exchange " +
                                   (shard_.exchange->staged() ? std::string("host-staged over ") + cfg_.comm->backend_name()

@@ -96,6 +96,9 @@ void DeviceForward::free_scratch() {
   head_part_ = head_all_ = qg_ = inv_freq_local_ = nullptr;
   x_ = h_ = q_ = k_ = v_ = attn_out_ = gate_ = up_ = logits_ = inv_freq_ = nullptr;
   xb_ = nullptr;
+  cudaFree(wb_);
+  wb_ = nullptr;
+  wb_elems_ = 0;
   tokens_ = positions_ = greedy_ = nullptr;
   attn_ws_ = nullptr;
   attn_ws_bytes_ = 0;
@@ -182,21 +185,62 @@ Status DeviceForward::ensure_logits(int64_t rows) {
 
 // y[n, rows] = x[n, cols] · wᵀ (+ bias): cuBLAS on bf16 x for a chunk, the row GEMV for one row.
 Status DeviceForward::project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n) {
-  if (n == 1) {
-    kernels::matmul_rowwise_cuda(x, w.data.bf16(), bias, y, 1, w.rows, w.cols, stream_);
-    return cuda_status("matmul_rowwise_cuda", cudaGetLastError());
-  }
-  kernels::f32_to_bf16_cuda(x, xb_, n * w.cols, stream_);
-  const cublasStatus_t st = kernels::matmul_bf16_cuda(cublas_, xb_, w.data.bf16(), bias, y, n, w.rows, w.cols, stream_);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    return internal_error("device forward: cublasGemmEx status " + std::to_string(static_cast<int>(st)));
-  return cuda_status("matmul_bf16_cuda", cudaGetLastError());
+  if (n == 1) return project_rows(w, bias, x, y, 1);
+  return gemm(w.view(), bias, x, y, n);
 }
 
 // Every row through the GEMV, whatever n: the decode rows of a batch (decode_batch).
 Status DeviceForward::project_rows(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n) {
-  kernels::matmul_rowwise_cuda(x, w.data.bf16(), bias, y, n, w.rows, w.cols, stream_);
+  gemv_rows(w.view(), bias, x, y, n);
   return cuda_status("matmul_rowwise_cuda", cudaGetLastError());
+}
+
+namespace {
+// A decode GEMV's output for the launch that fuses several (bf16 or Q8_0 weights).
+kernels::RowwiseOut rowwise_out(const DeviceMatrixView& w, const float* bias, float* y) {
+  kernels::RowwiseOut o{w.data, bias, y, w.rows};
+  o.q8 = w.q8;
+  o.q8_scales = w.q8_scales;
+  return o;
+}
+
+// Largest slab of Q8_0 rows dequantized at a time for a prompt GEMM: 64 MiB of bf16 (a
+// Llama-3-8B gate_proj in two slabs; each slab's GEMM is still thousands of rows tall).
+constexpr int64_t k_dequant_slab_elements = int64_t{32} << 20;
+}  // namespace
+
+void DeviceForward::gemv_rows(const DeviceMatrixView& w, const float* bias, const float* x, float* y, int64_t n) {
+  const kernels::RowwiseOut out = rowwise_out(w, bias, y);
+  kernels::matmul_rowwise_multi_cuda(x, &out, 1, n, w.cols, stream_);
+}
+
+Status DeviceForward::gemm(const DeviceMatrixView& w, const float* bias, const float* x, float* y, int64_t n) {
+  kernels::f32_to_bf16_cuda(x, xb_, n * w.cols, stream_);
+  const auto check = [](cublasStatus_t st) -> Status {
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return internal_error("device forward: cublasGemmEx status " + std::to_string(static_cast<int>(st)));
+    return Status::ok_status();
+  };
+  if (w.q8 == nullptr) {
+    SNAP_RETURN_IF_ERROR(check(kernels::matmul_bf16_cuda(cublas_, xb_, w.data, bias, y, n, w.rows, w.cols, stream_)));
+    return cuda_status("matmul_bf16_cuda", cudaGetLastError());
+  }
+  if (wb_ == nullptr) {
+    const int64_t layer = w_.largest_q8_layer_elements();  // 0: only the head is Q8_0
+    const int64_t elems = std::max(std::min(layer > 0 ? layer : w.rows * w.cols, k_dequant_slab_elements), w.cols);
+    DEV_TRY("cudaMalloc Q8_0 dequant slab", cudaMalloc(reinterpret_cast<void**>(&wb_), static_cast<size_t>(2 * elems)));
+    wb_elems_ = elems;
+    scratch_bytes_ += 2 * elems;
+  }
+  const int64_t slab = std::max<int64_t>(1, wb_elems_ / w.cols);
+  for (int64_t r = 0; r < w.rows; r += slab) {  // one stream: a slab's GEMM reads wb_ before the next fills it
+    const int64_t m = std::min(slab, w.rows - r);
+    const DeviceMatrixView s = w.rows_from(r, m);
+    kernels::dequant_q8_0_to_bf16_cuda(s.q8, s.q8_scales, m * w.cols, wb_, stream_);
+    SNAP_RETURN_IF_ERROR(check(kernels::matmul_bf16_cuda(cublas_, xb_, wb_, bias != nullptr ? bias + r : nullptr, y + r,
+                                                         n, m, w.cols, stream_, w.rows)));
+  }
+  return cuda_status("Q8_0 GEMM", cudaGetLastError());
 }
 
 // q rows [n] of `seq` against (seq, layer)'s paged cache, into out (the split workspace grows
@@ -250,9 +294,9 @@ Status DeviceForward::attention_inputs(const DeviceLayer& L, int l, int64_t n, b
   const int hd = config_.head_dim;
   float* dst = replicated() ? qg_ : q_;
   if (rows) {
-    const kernels::RowwiseOut outs[3] = {{L.q.data.bf16(), L.q_bias.f32(), dst, L.q.rows},
-                                         {L.k.data.bf16(), L.k_bias.f32(), k_, L.k.rows},
-                                         {L.v.data.bf16(), L.v_bias.f32(), v_, L.v.rows}};
+    const kernels::RowwiseOut outs[3] = {rowwise_out(L.q.view(), L.q_bias.f32(), dst),
+                                         rowwise_out(L.k.view(), L.k_bias.f32(), k_),
+                                         rowwise_out(L.v.view(), L.v_bias.f32(), v_)};
     kernels::matmul_rowwise_multi_cuda(h_, outs, 3, n, L.q.cols, stream_);
     DEV_TRY("q/k/v rows", cudaGetLastError());
   } else {
@@ -285,7 +329,10 @@ Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
   // x_ += post_norm(in · wᵀ), summed over the group first when sharded.
   const auto into_residual = [&](const DeviceMatrix& w, const float* in, const DeviceArray& post_norm) -> Status {
     if (!sum_first && post_norm.ptr == nullptr) {
-      kernels::matmul_rowwise_residual_cuda(in, w.data.bf16(), nullptr, x_, n, w.rows, w.cols, stream_);
+      if (w.q8())
+        kernels::matmul_rowwise_residual_q8_cuda(in, w.data.i8(), w.scales.u16(), nullptr, x_, n, w.rows, w.cols, stream_);
+      else
+        kernels::matmul_rowwise_residual_cuda(in, w.data.bf16(), nullptr, x_, n, w.rows, w.cols, stream_);
       return Status::ok_status();
     }
     SNAP_RETURN_IF_ERROR(project_rows(w, nullptr, in, h_, n));
@@ -296,11 +343,16 @@ Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
   };
   SNAP_RETURN_IF_ERROR(into_residual(L.o, attn_out_, L.post_attn_norm));
   kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-  if (config_.gelu_mlp) {
-    const kernels::RowwiseOut outs[2] = {{L.gate.data.bf16(), nullptr, gate_, L.gate.rows},
-                                         {L.up.data.bf16(), nullptr, up_, L.up.rows}};
+  if (config_.gelu_mlp || L.gate.q8() != L.up.q8()) {  // gate and up in one launch, then the activation
+    const kernels::RowwiseOut outs[2] = {rowwise_out(L.gate.view(), nullptr, gate_), rowwise_out(L.up.view(), nullptr, up_)};
     kernels::matmul_rowwise_multi_cuda(h_, outs, 2, n, L.gate.cols, stream_);
-    kernels::geglu_cuda(gate_, up_, gate_, n * ff, stream_);
+    if (config_.gelu_mlp)
+      kernels::geglu_cuda(gate_, up_, gate_, n * ff, stream_);
+    else
+      kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
+  } else if (L.gate.q8()) {
+    kernels::matmul_rowwise_swiglu_q8_cuda(h_, L.gate.data.i8(), L.gate.scales.u16(), L.up.data.i8(), L.up.scales.u16(),
+                                           gate_, n, ff, L.gate.cols, stream_);
   } else {
     kernels::matmul_rowwise_swiglu_cuda(h_, L.gate.data.bf16(), L.up.data.bf16(), gate_, n, ff, L.gate.cols, stream_);
   }
@@ -311,7 +363,11 @@ Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
 
 Status DeviceForward::embed(const int32_t* tokens, int64_t n, float* out) {
   const int64_t hidden = config_.hidden_size;
-  kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens, n, hidden, config_.vocab_size, out, stream_);
+  if (w_.embed.q8())
+    kernels::embedding_gather_q8_0_cuda(w_.embed.data.i8(), w_.embed.scales.u16(), tokens, n, hidden, config_.vocab_size,
+                                        out, stream_);
+  else
+    kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens, n, hidden, config_.vocab_size, out, stream_);
   if (config_.embed_scale != 1.0f) kernels::scale_cuda(out, config_.embed_scale, n * hidden, stream_);
   return cuda_status("embedding", cudaGetLastError());
 }
@@ -335,7 +391,7 @@ Status DeviceForward::reduce(int64_t n) {
 
 Status DeviceForward::head(int64_t rows, bool rowwise) {
   SNAP_RETURN_IF_ERROR(ensure_logits(rows));
-  const DeviceHeadView hw = w_.head();
+  const DeviceMatrixView hw = w_.head();
   const TpShard& s = w_.shard;
   const bool gather = exchange_ != nullptr && s.tp_size > 1;
   // This rank's rows [rows, shard vocab] straight into logits_ at tp 1, else into head_part_
@@ -346,14 +402,10 @@ Status DeviceForward::head(int64_t rows, bool rowwise) {
   float* y = part;
   if (gather && hw.rows != pitch) y = logits_;  // computed dense, then copied at the pitch
   if (rowwise || rows == 1) {
-    kernels::matmul_rowwise_cuda(h_, hw.data, nullptr, y, rows, hw.rows, hw.cols, stream_);
+    gemv_rows(hw, nullptr, h_, y, rows);
     DEV_TRY("lm head", cudaGetLastError());
   } else {
-    kernels::f32_to_bf16_cuda(h_, xb_, rows * hw.cols, stream_);
-    const cublasStatus_t st = kernels::matmul_bf16_cuda(cublas_, xb_, hw.data, nullptr, y, rows, hw.rows, hw.cols, stream_);
-    if (st != CUBLAS_STATUS_SUCCESS)
-      return internal_error("device forward: LM head cublasGemmEx status " + std::to_string(static_cast<int>(st)));
-    DEV_TRY("lm head", cudaGetLastError());
+    SNAP_RETURN_IF_ERROR(gemm(hw, nullptr, h_, y, rows));
   }
   if (!gather) return Status::ok_status();
   if (y != part)

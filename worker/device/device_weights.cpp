@@ -1,11 +1,12 @@
 // DeviceWeights::upload: host matrices -> bf16 device arrays (f32 and f16 are converted on the
-// host, bf16 copied as is, a block-format table — a GGUF embedding the loader keeps in q8_0/
-// q4_0/q4_1 even with keep_quantized = false — dequantized row by row by the loader's
-// dequantizer, then rounded to bf16), vectors -> f32 device arrays.
+// host, bf16 copied as is, q4_0/q4_1 blocks dequantized row by row by the loader's dequantizer,
+// then rounded to bf16), Q8_0 ones -> quants and scales, vectors -> f32 device arrays.
 #include "worker/device/device_weights.h"
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "worker/model/dequant.h"
@@ -40,7 +41,31 @@ Result<DeviceArray> to_device(const void* host, int64_t bytes, const std::string
   return a;
 }
 
+// A host Q8_0 matrix (ggml blocks: f16 scale, 32 int8) as the two device arrays.
+Result<DeviceMatrix> q8_matrix(const Matrix& m, const std::string& what) {
+  DeviceMatrix d;
+  d.rows = m.rows();
+  d.cols = m.cols();
+  const int64_t n = m.rows() * m.cols(), blocks = n / 32;
+  if (m.cols() % 32 != 0) return invalid_argument("device weights: " + what + " is Q8_0 with cols % 32 != 0");
+  std::vector<int8_t> q(static_cast<size_t>(n));
+  std::vector<uint16_t> scale(static_cast<size_t>(blocks));
+  const int64_t block_bytes = dtype_row_bytes(DType::q8_0, 32);
+  const auto* src = static_cast<const uint8_t*>(m.data());
+  for (int64_t b = 0; b < blocks; ++b) {  // rows are whole blocks: block b is row b / (cols / 32)'s
+    const uint8_t* blk = src + b * block_bytes;
+    std::memcpy(&scale[b], blk, 2);
+    std::memcpy(&q[b * 32], blk + 2, 32);
+  }
+  SNAP_ASSIGN_OR_RETURN(d.data, to_device(q.data(), n, what + " quants"));
+  SNAP_ASSIGN_OR_RETURN(d.scales, to_device(scale.data(), blocks * 2, what + " scales"));
+  return d;
+}
+
 Result<DeviceMatrix> matrix(const Matrix& m, const std::string& what) {
+  if (m.layout() != kernels::WeightLayout::rows)  // the CPU matvec's tiles: load with matvec_tiles = false
+    return invalid_argument("device weights: " + what + " is in the CPU matvec's tiles (LoadOptions::matvec_tiles)");
+  if (m.dtype() == DType::q8_0 && !m.empty()) return q8_matrix(m, what);
   DeviceMatrix d;
   d.rows = m.rows();
   d.cols = m.cols();
@@ -63,12 +88,9 @@ Result<DeviceMatrix> matrix(const Matrix& m, const std::string& what) {
       for (int64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(f16_to_f32(s[i]));
       break;
     }
-    case DType::q8_0:
     case DType::q4_0:
-    case DType::q4_1: {  // the loader keeps a GGUF embedding in its block format
-      const GgmlType t = m.dtype() == DType::q8_0   ? GgmlType::q8_0
-                         : m.dtype() == DType::q4_0 ? GgmlType::q4_0
-                                                    : GgmlType::q4_1;
+    case DType::q4_1: {  // a GGUF's blocks (LoadOptions::keep_quantized): dequantized
+      const GgmlType t = m.dtype() == DType::q4_0 ? GgmlType::q4_0 : GgmlType::q4_1;
       const int64_t row_bytes = dtype_row_bytes(m.dtype(), m.cols());
       std::vector<float> row(static_cast<size_t>(m.cols()));
       for (int64_t r = 0; r < m.rows(); ++r) {
@@ -118,26 +140,33 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const LoadedModel& 
     SNAP_ASSIGN_OR_RETURN(dl.k_norm, vector_f32(s.k_norm, p + "k_norm"));
     SNAP_ASSIGN_OR_RETURN(dl.post_attn_norm, vector_f32(s.post_attn_norm, p + "post_attn_norm"));
     SNAP_ASSIGN_OR_RETURN(dl.post_ffn_norm, vector_f32(s.post_ffn_norm, p + "post_ffn_norm"));
-    for (const DeviceArray* a : {&dl.attn_norm, &dl.ffn_norm, &dl.q.data, &dl.k.data, &dl.v.data, &dl.o.data,
-                                 &dl.gate.data, &dl.up.data, &dl.down.data, &dl.q_bias, &dl.k_bias, &dl.v_bias,
-                                 &dl.q_norm, &dl.k_norm, &dl.post_attn_norm, &dl.post_ffn_norm})
+    for (const DeviceArray* a : {&dl.attn_norm, &dl.ffn_norm, &dl.q_bias, &dl.k_bias, &dl.v_bias, &dl.q_norm,
+                                 &dl.k_norm, &dl.post_attn_norm, &dl.post_ffn_norm})
       d->bytes += a->bytes;
+    for (const DeviceMatrix* m : {&dl.q, &dl.k, &dl.v, &dl.o, &dl.gate, &dl.up, &dl.down}) d->bytes += m->bytes();
     d->layers.push_back(std::move(dl));
   }
   SNAP_ASSIGN_OR_RETURN(d->final_norm, vector_f32(w.final_norm, "final_norm"));
   SNAP_ASSIGN_OR_RETURN(d->lm_head, matrix(w.lm_head, "lm_head"));
-  d->bytes += d->embed.data.bytes + d->final_norm.bytes + d->lm_head.data.bytes;
+  d->bytes += d->embed.bytes() + d->final_norm.bytes + d->lm_head.bytes();
   return d;
 }
 
-DeviceHeadView DeviceWeights::head() const {
-  const DeviceMatrix& out = output();
-  DeviceHeadView v{out.data.bf16(), out.rows, out.cols};
-  if (out.rows != shard.vocab_size) {  // the whole tied table: this rank's rows of it
-    v.data += shard.vocab_begin * out.cols;
-    v.rows = shard.vocab_size;
+bool DeviceWeights::any_q8() const { return embed.q8() || lm_head.q8() || largest_q8_layer_elements() > 0; }
+
+int64_t DeviceWeights::largest_q8_layer_elements() const {
+  int64_t most = 0;
+  for (const DeviceLayer& l : layers) {
+    for (const DeviceMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
+      if (m->q8()) most = std::max(most, m->rows * m->cols);
   }
-  return v;
+  return most;
+}
+
+DeviceMatrixView DeviceWeights::head() const {
+  const DeviceMatrix& out = output();
+  // The whole tied table: this rank's rows of it.
+  return out.rows == shard.vocab_size ? out.view() : out.view().rows_from(shard.vocab_begin, shard.vocab_size);
 }
 
 }  // namespace snap

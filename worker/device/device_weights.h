@@ -3,6 +3,11 @@
 // post-norms too) and biases f32. Built
 // from a LoadedModel whose matrices are f32/f16/bf16 (load with keep_quantized = false, so a
 // GGUF's Q8_0/Q4_0/Q4_1 tensors arrive dequantized); tied embeddings share one table.
+// With --weight-dtype q8_0 (loaded with LoadOptions::weight_dtype q8_0), the matrices the
+// loader holds in Q8_0 stay Q8_0 on the device: int8 quants [rows, cols] and f16 scales
+// [rows, cols / 32] in two arrays (16-byte aligned rows for the GEMV's loads), 1.0625 bytes
+// per weight instead of 2; the rest (a column slice off the 32-block grid, an untied
+// embedding table) is bf16.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,11 +33,49 @@ struct DeviceArray {
   ~DeviceArray();
   const __nv_bfloat16* bf16() const { return static_cast<const __nv_bfloat16*>(ptr); }
   const float* f32() const { return static_cast<const float*>(ptr); }
+  const int8_t* i8() const { return static_cast<const int8_t*>(ptr); }
+  const uint16_t* u16() const { return static_cast<const uint16_t*>(ptr); }
+};
+
+// A matrix's rows on the device, bf16 or Q8_0: a DeviceMatrix, or some rows of one (the LM
+// head's vocabulary rows of a tied table).
+struct DeviceMatrixView {
+  const __nv_bfloat16* data = nullptr;  // bf16 [rows, cols]; null when Q8_0
+  int64_t rows = 0, cols = 0;
+  const int8_t* q8 = nullptr;           // Q8_0: quants [rows, cols] and scales [rows, cols / 32]
+  const uint16_t* q8_scales = nullptr;
+  // Rows [begin, begin + n).
+  DeviceMatrixView rows_from(int64_t begin, int64_t n) const {
+    DeviceMatrixView v = *this;
+    if (q8 != nullptr) {
+      v.q8 += begin * cols;
+      v.q8_scales += begin * (cols / 32);
+    } else {
+      v.data += begin * cols;
+    }
+    v.rows = n;
+    return v;
+  }
 };
 
 struct DeviceMatrix {
-  DeviceArray data;  // bf16 [rows, cols]
+  DeviceArray data;    // bf16 [rows, cols], or Q8_0 int8 quants [rows, cols]
+  DeviceArray scales;  // Q8_0 only: f16 bits [rows, cols / 32]; empty for bf16
   int64_t rows = 0, cols = 0;
+  bool q8() const { return scales.ptr != nullptr; }
+  int64_t bytes() const { return data.bytes + scales.bytes; }
+  DeviceMatrixView view() const {
+    DeviceMatrixView v;
+    v.rows = rows;
+    v.cols = cols;
+    if (q8()) {
+      v.q8 = data.i8();
+      v.q8_scales = scales.u16();
+    } else {
+      v.data = data.bf16();
+    }
+    return v;
+  }
 };
 
 struct DeviceLayer {
@@ -42,12 +85,6 @@ struct DeviceLayer {
   // Gemma 3 only (empty otherwise), f32: the per-head q/k RMSNorm weights [head_dim] and the
   // norms on the attention and MLP outputs [hidden] (LayerWeights: stored as 1 + w).
   DeviceArray q_norm, k_norm, post_attn_norm, post_ffn_norm;
-};
-
-// The LM head rows one rank multiplies: a view into lm_head or (tied) the embedding table.
-struct DeviceHeadView {
-  const __nv_bfloat16* data = nullptr;  // [rows, cols]
-  int64_t rows = 0, cols = 0;
 };
 
 struct DeviceWeights {
@@ -62,12 +99,19 @@ struct DeviceWeights {
   const DeviceMatrix& output() const { return lm_head.rows == 0 ? embed : lm_head; }
   // This rank's LM head rows [shard.vocab_size, hidden]: lm_head (already the shard's rows),
   // or the tied embedding's rows from shard.vocab_begin.
-  DeviceHeadView head() const;
+  DeviceMatrixView head() const;
   int64_t bytes = 0;  // device bytes held
 
+  bool any_q8() const;  // some matrix is Q8_0
+  // The most weights of any Q8_0 layer matrix (0: none): prompt chunks dequantize Q8_0
+  // matrices to bf16 for cuBLAS in slabs of rows up to this size (capped by the forward), the
+  // LM head in several when it is larger (SmolLM2: a 1.7 MB slab, not its 56 MB head).
+  int64_t largest_q8_layer_elements() const;
+
   // The model, or the shard of it that `model` holds (LoadOptions tp_rank/tp_size; with
-  // replicated KV heads, q_proj holds the whole GQA group's rows). One-line errors: a
-  // quantized matrix, or cudaMalloc failing (with the bytes asked for).
+  // replicated KV heads, q_proj holds the whole GQA group's rows). The host's Q8_0 matrices
+  // (LoadOptions::weight_dtype q8_0) stay Q8_0, the rest become bf16. One-line errors:
+  // cudaMalloc failing (with the bytes asked for).
   static Result<std::unique_ptr<DeviceWeights>> upload(const LoadedModel& model);
 };
 

@@ -205,13 +205,14 @@ void bf16_to_f32_cuda(const __nv_bfloat16* x, float* y, int64_t n, cudaStream_t)
 
 cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, const __nv_bfloat16* w,
                                 const float* bias, float* y, int64_t num_tokens, int64_t rows, int64_t cols,
-                                cudaStream_t) {
+                                cudaStream_t, int64_t ldy) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (num_tokens <= 0 || rows <= 0) return CUBLAS_STATUS_SUCCESS;
+  if (ldy <= 0) ldy = rows;
   if (!require_device(x, 2 * static_cast<size_t>(num_tokens * cols), "GEMM x") ||
       !require_device(w, 2 * static_cast<size_t>(rows * cols), "GEMM w") ||
       (bias && !require_device(bias, f32s(rows), "GEMM bias")) ||
-      !require_device(y, f32s(num_tokens * rows), "GEMM y"))
+      !require_device(y, f32s((num_tokens - 1) * ldy + rows), "GEMM y"))
     return CUBLAS_STATUS_EXECUTION_FAILED;
   std::vector<float> xf(static_cast<size_t>(num_tokens * cols));
   for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf16_to_f32(bits(x)[i]);
@@ -220,8 +221,53 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
   wv.data = w;
   wv.rows = rows;
   wv.cols = cols;
-  matmul_cpu(xf.data(), wv, bias, y, num_tokens);
+  std::vector<float> dense(static_cast<size_t>(num_tokens * rows));
+  matmul_cpu(xf.data(), wv, bias, dense.data(), num_tokens);
+  for (int64_t t = 0; t < num_tokens; ++t) std::copy_n(dense.data() + t * rows, rows, y + t * ldy);
   return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+// A Q8_0 matrix (quants [rows, cols], f16 scales [rows, cols / 32]) as f32: d · q, exact.
+bool q8_to_f32(const int8_t* q, const uint16_t* d, int64_t rows, int64_t cols, const char* what,
+               std::vector<float>* out) {
+  if (!require_device(q, static_cast<size_t>(rows * cols), what) ||
+      !require_device(d, 2 * static_cast<size_t>(rows * (cols / 32)), what))
+    return false;
+  out->resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) (*out)[i] = f16_to_f32(d[i / 32]) * static_cast<float>(q[i]);
+  return true;
+}
+}  // namespace
+
+void embedding_gather_q8_0_cuda(const int8_t* q, const uint16_t* d, const int32_t* ids, int64_t num_tokens,
+                                int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t) {
+  if (num_tokens <= 0 || hidden_size <= 0) return;
+  if (!require_device(q, static_cast<size_t>(vocab_size * hidden_size), "embedding table quants") ||
+      !require_device(d, 2 * static_cast<size_t>(vocab_size * (hidden_size / 32)), "embedding table scales") ||
+      !require_device(ids, sizeof(int32_t) * num_tokens, "embedding ids") ||
+      !require_device(out, f32s(num_tokens * hidden_size), "embedding out"))
+    return;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    float* row = out + t * hidden_size;
+    const int32_t id = ids[t];
+    if (id < 0 || id >= vocab_size) {
+      std::fill(row, row + hidden_size, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    const int64_t base = static_cast<int64_t>(id) * hidden_size;
+    for (int64_t c = 0; c < hidden_size; ++c)
+      row[c] = f16_to_f32(d[(base + c) / 32]) * static_cast<float>(q[base + c]);
+  }
+}
+
+void dequant_q8_0_to_bf16_cuda(const int8_t* q, const uint16_t* d, int64_t n, __nv_bfloat16* out, cudaStream_t) {
+  if (n <= 0) return;
+  std::vector<float> f;
+  if (!q8_to_f32(q, d, 1, n, "dequant_q8_0 input", &f) ||
+      !require_device(out, 2 * static_cast<size_t>(n), "dequant_q8_0 out"))
+    return;
+  for (int64_t i = 0; i < n; ++i) bits(out)[i] = f32_to_bf16(f[i]);
 }
 
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
@@ -240,10 +286,57 @@ void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bi
   matmul_rowwise_cpu(x, wv, bias, y, num_tokens);
 }
 
+namespace {
+// x · wᵀ (+ bias) over a Q8_0 matrix into out (host memory of num_tokens · rows floats), once
+// x, the weights and the bias are checked to be device memory; false (the error set) if not.
+bool rowwise_q8(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* out, int64_t num_tokens,
+                int64_t rows, int64_t cols, const char* what) {
+  std::vector<float> wf;
+  if (!q8_to_f32(q, d, rows, cols, what, &wf) || !require_device(x, f32s(num_tokens * cols), what) ||
+      (bias && !require_device(bias, f32s(rows), what)))
+    return false;
+  matmul_rowwise_cpu(x, WeightView{DType::f32, wf.data(), rows, cols}, bias, out, num_tokens);
+  return true;
+}
+}  // namespace
+
+void matmul_rowwise_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
+                            int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t, int) {
+  if (num_tokens <= 0 || rows <= 0) return;
+  if (!require_device(y, f32s(num_tokens * rows), "matmul_rowwise_q8 y")) return;
+  rowwise_q8(x, q, d, bias, y, num_tokens, rows, cols, "matmul_rowwise_q8 inputs");
+}
+
 void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count, int64_t num_tokens, int64_t cols,
                                cudaStream_t stream, int loads) {
-  for (int i = 0; i < count; ++i)
-    matmul_rowwise_cuda(x, outs[i].w, outs[i].bias, outs[i].y, num_tokens, outs[i].rows, cols, stream, loads);
+  for (int i = 0; i < count; ++i) {
+    if (outs[i].q8 != nullptr)
+      matmul_rowwise_q8_cuda(x, outs[i].q8, outs[i].q8_scales, outs[i].bias, outs[i].y, num_tokens, outs[i].rows, cols,
+                             stream, loads);
+    else
+      matmul_rowwise_cuda(x, outs[i].w, outs[i].bias, outs[i].y, num_tokens, outs[i].rows, cols, stream, loads);
+  }
+}
+
+void matmul_rowwise_residual_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
+                                     int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
+  if (num_tokens <= 0 || rows <= 0) return;
+  if (!require_device(y, f32s(num_tokens * rows), "matmul_rowwise_residual_q8 y")) return;
+  std::vector<float> part(static_cast<size_t>(num_tokens * rows));
+  if (!rowwise_q8(x, q, d, bias, part.data(), num_tokens, rows, cols, "matmul_rowwise_residual_q8 inputs")) return;
+  for (size_t i = 0; i < part.size(); ++i) y[i] += part[i];
+}
+
+void matmul_rowwise_swiglu_q8_cuda(const float* x, const int8_t* gate_q, const uint16_t* gate_d, const int8_t* up_q,
+                                   const uint16_t* up_d, float* out, int64_t num_tokens, int64_t rows, int64_t cols,
+                                   cudaStream_t) {
+  if (num_tokens <= 0 || rows <= 0) return;
+  if (!require_device(out, f32s(num_tokens * rows), "matmul_rowwise_swiglu_q8 out")) return;
+  std::vector<float> g(static_cast<size_t>(num_tokens * rows)), u(g.size());
+  if (!rowwise_q8(x, gate_q, gate_d, nullptr, g.data(), num_tokens, rows, cols, "matmul_rowwise_swiglu_q8 gate") ||
+      !rowwise_q8(x, up_q, up_d, nullptr, u.data(), num_tokens, rows, cols, "matmul_rowwise_swiglu_q8 up"))
+    return;
+  swiglu_cpu(g.data(), u.data(), out, static_cast<int64_t>(g.size()));
 }
 
 void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
