@@ -41,6 +41,18 @@ if [ ! -f tiny-gemma3/model.gguf ]; then
     --sliding-window 48 --sliding-window-pattern 2 --rope-theta 1000000 --seed 21 --out tiny-gemma3 >/dev/null
   echo "device_deps: wrote tiny-gemma3/model.gguf"
 fi
+# The same two with the GGUF's own Q4_1 / Q4_0 blocks (the device keeps them with --weight-dtype auto).
+if [ ! -f tiny-gguf-q4_1/model.gguf ]; then
+  python3 ../tools/make_tiny_checkpoint.py --arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11 --gguf-type q4_1 \
+    --out tiny-gguf-q4_1 >/dev/null
+  echo "device_deps: wrote tiny-gguf-q4_1/model.gguf"
+fi
+if [ ! -f tiny-gemma3-q4_0/model.gguf ]; then
+  python3 ../tools/make_tiny_checkpoint.py --arch gemma3 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --hidden 64 \
+    --sliding-window 48 --sliding-window-pattern 2 --rope-theta 1000000 --seed 21 --gguf-type q4_0 \
+    --out tiny-gemma3-q4_0 >/dev/null
+  echo "device_deps: wrote tiny-gemma3-q4_0/model.gguf"
+fi
 # snapserve and the e2e device tests, built here for the H200 with their libraries
 # (scripts/device_bundle.sh; skip with SNAP_NO_BUNDLE=1).
 cd ..

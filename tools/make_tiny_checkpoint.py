@@ -19,7 +19,8 @@ output's norm, pre_feedforward_layernorm the MLP input's). w = (1 + w) - 1 is ex
 norms (within [0.5, 2], Sterbenz), so both forms hold the same numbers. --vision-language
 writes the HF form as Gemma3ForConditionalGeneration instead (the 4B-27B checkpoints' form).
 
---gguf-type q8_0 quantizes the GGUF's matrices with the gguf package (ggml's Q8_0).
+--gguf-type q8_0 (q4_0, q4_1) quantizes the GGUF's matrices with the gguf package (ggml's
+reference quantizers).
 """
 import argparse
 import json
@@ -163,9 +164,10 @@ def main():
     ap.add_argument("--scale", type=float, default=0.08, help="std of the random weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gguf", action="store_true")
-    ap.add_argument("--gguf-type", choices=["f32", "q8_0"], default="f32",
-                    help="q8_0: the GGUF's matrices (token_embd only when tied) quantized by the gguf package's "
-                         "Q8_0 (ggml's reference quantizer), for checking --weight-dtype q8_0")
+    ap.add_argument("--gguf-type", choices=["f32", "q8_0", "q4_0", "q4_1"], default="f32",
+                    help="the GGUF's matrices (token_embd only when tied) quantized by the gguf package "
+                         "(ggml's reference quantizers): q8_0 for checking --weight-dtype q8_0, q4_0/q4_1 for "
+                         "a GGUF's own blocks on the device")
     ap.add_argument("--vision-language", action="store_true",
                     help="gemma3: the HF form as Gemma3ForConditionalGeneration (text_config, a tiny SigLIP "
                          "vision_config, language_model.model. names, two vision tensors)")
@@ -414,11 +416,13 @@ def write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope
         gg["output.weight"] = w["lm_head.weight"]
     for name, t in gg.items():
         t = np.ascontiguousarray(t, dtype=np.float32)
-        quantize = (a.gguf_type == "q8_0" and t.ndim == 2 and t.shape[1] % 32 == 0 and name != "rope_freqs.weight"
+        quantize = (a.gguf_type != "f32" and t.ndim == 2 and t.shape[1] % 32 == 0 and name != "rope_freqs.weight"
                     and (name != "token_embd.weight" or a.tie))
         if quantize:
-            q = gguf.quants.quantize(t, gguf.GGMLQuantizationType.Q8_0)
-            wr.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+                     "q4_1": gguf.GGMLQuantizationType.Q4_1}[a.gguf_type]
+            q = gguf.quants.quantize(t, qtype)
+            wr.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
         else:
             wr.add_tensor(name, t)
     wr.write_header_to_file()

@@ -2,8 +2,8 @@
 // head_dim 128, MLP 14336, vocab 128256), bf16 weights and KV: the measured device
 // bandwidth, prefill GEMMs (cuBLAS) as a share of the bf16 peak, decode GEMVs and paged
 // attention against the HBM floor, prefill attention throughput, SnapKV selection per layer,
-// Q8_0 weights' decode GEMVs against bf16's, and a per-token decode estimate composed from
-// those kernel times (NOT an end-to-end run).
+// block-format (Q8_0, Q4_0, Q4_1) weights' decode GEMVs against bf16's, and a per-token decode
+// estimate composed from those kernel times (NOT an end-to-end run).
 // Medians of 10 timed runs (CUDA events) after 2 warm-ups; values are constant fills (timing
 // does not depend on them). Run by scripts/device_check.sh; prints one table to stdout.
 //   usage: bench_cuda_kernels [--quick]   (--quick: 8K context only)
@@ -312,78 +312,95 @@ int main(int argc, char** argv) {
     layer_gemv_ms = fused_sum;  // the composed estimate below takes what the model runs
   }
 
-  // Q8_0 weights (--weight-dtype q8_0): int8 quants + one f16 scale per 32, 1.0625 bytes a
-  // weight against bf16's 2. Each GEMV paired with the bf16 one in the same loop; then a layer's
-  // fused GEMVs, and a prompt GEMM's cost of dequantizing its weights for cuBLAS (DeviceForward
-  // does it in slabs of <= 32 Mi weights into one bf16 buffer).
-  std::printf("Q8_0 weights (--weight-dtype q8_0, 1.0625 bytes a weight): decode GEMVs, 1 row, vs bf16:\n");
+  // Block-format weights on the device (--weight-dtype q8_0; a GGUF's Q8_0/Q4_0/Q4_1 with auto):
+  // quants + one f16 scale per 32 (+ Q4_1's min): 1.0625, 0.5625 and 0.625 bytes a weight against
+  // bf16's 2. Each GEMV paired with the bf16 one in the same loop; then a layer's fused GEMVs,
+  // and a prompt GEMM's cost of dequantizing its weights for cuBLAS (DeviceForward does it in
+  // slabs of <= 32 Mi weights into one bf16 buffer).
+  std::printf("block-format weights (q8_0 / q4_0 / q4_1: 1.0625 / 0.5625 / 0.625 bytes a weight), 1 row, vs bf16:\n");
   {
-    struct Q8 {
-      Dev q, d;
-      Q8(int64_t rows, int64_t cols) : q(static_cast<size_t>(rows * cols)), d(static_cast<size_t>(rows * cols / 16)) {}
-      const int8_t* qs() const { return q.as<int8_t>(); }
-      const uint16_t* ds() const { return d.as<uint16_t>(); }
+    struct Blocks {
+      Dev q, d, m;
+      BlockWeights w;
+      Blocks(BlockFormat f, int64_t rows, int64_t cols)
+          : q(static_cast<size_t>(f == BlockFormat::q8_0 ? rows * cols : rows * cols / 2)),
+            d(static_cast<size_t>(rows * cols / 16)), m(static_cast<size_t>(rows * cols / 16)) {
+        w.format = f;
+        w.quants = q.p;
+        w.scales = d.as<uint16_t>();
+        w.mins = f == BlockFormat::q4_1 ? m.as<uint16_t>() : nullptr;
+      }
+      // Rows from `begin` of a matrix `cols` wide.
+      BlockWeights rows_from(int64_t begin, int64_t cols) const {
+        BlockWeights v = w;
+        v.quants = q.as<uint8_t>() + begin * (w.format == BlockFormat::q8_0 ? cols : cols / 2);
+        v.scales += begin * (cols / 32);
+        if (v.mins != nullptr) v.mins += begin * (cols / 32);
+        return v;
+      }
     };
+    const BlockFormat formats[3] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1};
+    const char* fnames[3] = {"q8_0", "q4_0", "q4_1"};
+    const double bpw[3] = {1.0625, 0.5625, 0.625};
     Dev x(4ull * k_mlp), y(4ull * k_vocab);
     for (const Gemm& g : gemms) {
-      Q8 w(g.rows, g.cols);
-      const double ms = time_ms([&] {
-        matmul_rowwise_q8_cuda(x.as<float>(), w.qs(), w.ds(), nullptr, y.as<float>(), 1, g.rows, g.cols, nullptr);
-      });
       const double bf16_ms = time_ms([&] {
         matmul_rowwise_cuda(x.as<float>(), g.w->as<__nv_bfloat16>(), nullptr, y.as<float>(), 1, g.rows, g.cols, nullptr);
       });
-      const double gbs = 1.0625 * g.rows * g.cols / (ms * 1e-3) / 1e9;
-      row(std::string(g.name) + " x 1 row, q8_0", ms,
-          fmt("%.0f GB/s = %.2f x the HBM floor; bf16 %.3f ms: %.2fx", gbs, bw / gbs, bf16_ms, bf16_ms / ms));
+      for (int f = 0; f < 3; ++f) {
+        Blocks w(formats[f], g.rows, g.cols);
+        const double ms = time_ms([&] {
+          matmul_rowwise_blocks_cuda(x.as<float>(), w.w, nullptr, y.as<float>(), 1, g.rows, g.cols, nullptr);
+        });
+        const double gbs = bpw[f] * g.rows * g.cols / (ms * 1e-3) / 1e9;
+        row(std::string(g.name) + " x 1 row, " + fnames[f], ms,
+            fmt("%.0f GB/s = %.2f x the HBM floor; bf16 %.3f ms: %.2fx", gbs, bw / gbs, bf16_ms, bf16_ms / ms));
+      }
     }
     const int64_t qd = int64_t{k_heads} * k_head_dim, kvd = int64_t{k_kv_heads} * k_head_dim;
-    Q8 qkv(qd + 2 * kvd, k_hidden), o(k_hidden, k_hidden), gate_up(2 * k_mlp, k_hidden), down(k_hidden, k_mlp);
     Dev xs(4ull * k_hidden), q(4ull * qd), k(4ull * kvd), v(4ull * kvd), gate(4ull * k_mlp);
-    RowwiseOut outs[3] = {{nullptr, nullptr, q.as<float>(), qd}, {nullptr, nullptr, k.as<float>(), kvd},
-                          {nullptr, nullptr, v.as<float>(), kvd}};
-    const int64_t offsets[3] = {0, qd, qd + kvd};
-    for (int i = 0; i < 3; ++i) {
-      outs[i].q8 = qkv.qs() + offsets[i] * k_hidden;
-      outs[i].q8_scales = qkv.ds() + offsets[i] * (k_hidden / 32);
+    for (int f = 0; f < 3; ++f) {
+      Blocks qkv(formats[f], qd + 2 * kvd, k_hidden), o(formats[f], k_hidden, k_hidden),
+          gate_up(formats[f], 2 * k_mlp, k_hidden), down(formats[f], k_hidden, k_mlp);
+      RowwiseOut outs[3] = {{nullptr, nullptr, q.as<float>(), qd}, {nullptr, nullptr, k.as<float>(), kvd},
+                            {nullptr, nullptr, v.as<float>(), kvd}};
+      const int64_t offsets[3] = {0, qd, qd + kvd};
+      for (int i = 0; i < 3; ++i) outs[i].blocks = qkv.rows_from(offsets[i], k_hidden);
+      const double layer_ms = time_ms([&] {
+        matmul_rowwise_multi_cuda(x.as<float>(), outs, 3, 1, k_hidden, nullptr);
+        matmul_rowwise_residual_blocks_cuda(x.as<float>(), o.w, nullptr, xs.as<float>(), 1, k_hidden, k_hidden, nullptr);
+        matmul_rowwise_swiglu_blocks_cuda(x.as<float>(), gate_up.w, gate_up.rows_from(k_mlp, k_hidden), gate.as<float>(), 1,
+                                          k_mlp, k_hidden, nullptr);
+        matmul_rowwise_residual_blocks_cuda(gate.as<float>(), down.w, nullptr, xs.as<float>(), 1, k_hidden, k_mlp, nullptr);
+      });
+      const double layer_bytes = bpw[f] * ((qd + 2 * kvd) * k_hidden + k_hidden * k_hidden + 3.0 * k_mlp * k_hidden);
+      row(std::string("a layer, fused, ") + fnames[f] + " (4 launches)", layer_ms,
+          fmt("%.2f x the HBM floor; bf16 fused %.3f ms: %.2fx", bw / (layer_bytes / (layer_ms * 1e-3) / 1e9),
+              layer_gemv_ms, layer_gemv_ms / layer_ms));
+      // A prompt chunk's gate_up GEMM: dequantize (2 slabs of 14336 rows) + cuBLAS, vs bf16's GEMM.
+      const int64_t tokens = 2048, slab = k_mlp;
+      Dev xb(2ull * tokens * k_hidden), yb(4ull * tokens * 2 * k_mlp), wb(2ull * slab * k_hidden);
+      const double deq_ms = time_ms([&] {
+        for (int64_t r = 0; r < 2 * k_mlp; r += slab)
+          dequant_blocks_to_bf16_cuda(gate_up.rows_from(r, k_hidden), slab * k_hidden, wb.as<__nv_bfloat16>(), nullptr);
+      });
+      const double blocks_gemm_ms = time_ms([&] {
+        for (int64_t r = 0; r < 2 * k_mlp; r += slab) {
+          dequant_blocks_to_bf16_cuda(gate_up.rows_from(r, k_hidden), slab * k_hidden, wb.as<__nv_bfloat16>(), nullptr);
+          check(matmul_bf16_cuda(h, xb.as<__nv_bfloat16>(), wb.as<__nv_bfloat16>(), nullptr, yb.as<float>() + r, tokens,
+                                 slab, k_hidden, nullptr, 2 * k_mlp),
+                "slab GEMM");
+        }
+      });
+      const double bf16_gemm_ms = time_ms([&] {
+        check(matmul_bf16_cuda(h, xb.as<__nv_bfloat16>(), lw.gate_up.as<__nv_bfloat16>(), nullptr, yb.as<float>(), tokens,
+                               2 * k_mlp, k_hidden, nullptr),
+              "bf16 GEMM");
+      });
+      row(std::string("gate_up_proj x 2048 tokens, ") + fnames[f] + " (dequantize 2 slabs + cuBLAS)", blocks_gemm_ms,
+          fmt("dequantize %.3f ms; bf16 GEMM %.3f ms: %.2fx its time", deq_ms, bf16_gemm_ms,
+              blocks_gemm_ms / bf16_gemm_ms));
     }
-    const double layer_ms = time_ms([&] {
-      matmul_rowwise_multi_cuda(x.as<float>(), outs, 3, 1, k_hidden, nullptr);
-      matmul_rowwise_residual_q8_cuda(x.as<float>(), o.qs(), o.ds(), nullptr, xs.as<float>(), 1, k_hidden, k_hidden, nullptr);
-      matmul_rowwise_swiglu_q8_cuda(x.as<float>(), gate_up.qs(), gate_up.ds(), gate_up.qs() + int64_t{k_mlp} * k_hidden,
-                                    gate_up.ds() + int64_t{k_mlp} * (k_hidden / 32), gate.as<float>(), 1, k_mlp, k_hidden,
-                                    nullptr);
-      matmul_rowwise_residual_q8_cuda(gate.as<float>(), down.qs(), down.ds(), nullptr, xs.as<float>(), 1, k_hidden, k_mlp,
-                                      nullptr);
-    });
-    const double layer_bytes = 1.0625 * ((qd + 2 * kvd) * k_hidden + k_hidden * k_hidden + 3.0 * k_mlp * k_hidden);
-    row("a layer, fused, q8_0 (4 launches)", layer_ms,
-        fmt("%.2f x the HBM floor; bf16 fused %.3f ms: %.2fx", bw / (layer_bytes / (layer_ms * 1e-3) / 1e9), layer_gemv_ms,
-            layer_gemv_ms / layer_ms));
-    // A prompt chunk's gate_up GEMM: dequantize (2 slabs of 14336 rows) + cuBLAS, vs bf16's GEMM.
-    const int64_t tokens = 2048, slab = k_mlp;
-    Dev xb(2ull * tokens * k_hidden), yb(4ull * tokens * 2 * k_mlp), wb(2ull * slab * k_hidden);
-    const double deq_ms = time_ms([&] {
-      for (int64_t r = 0; r < 2 * k_mlp; r += slab)
-        dequant_q8_0_to_bf16_cuda(gate_up.qs() + r * k_hidden, gate_up.ds() + r * (k_hidden / 32), slab * k_hidden,
-                                  wb.as<__nv_bfloat16>(), nullptr);
-    });
-    const double q8_gemm_ms = time_ms([&] {
-      for (int64_t r = 0; r < 2 * k_mlp; r += slab) {
-        dequant_q8_0_to_bf16_cuda(gate_up.qs() + r * k_hidden, gate_up.ds() + r * (k_hidden / 32), slab * k_hidden,
-                                  wb.as<__nv_bfloat16>(), nullptr);
-        check(matmul_bf16_cuda(h, xb.as<__nv_bfloat16>(), wb.as<__nv_bfloat16>(), nullptr, yb.as<float>() + r, tokens, slab,
-                               k_hidden, nullptr, 2 * k_mlp),
-              "q8_0 slab GEMM");
-      }
-    });
-    const double bf16_gemm_ms = time_ms([&] {
-      check(matmul_bf16_cuda(h, xb.as<__nv_bfloat16>(), lw.gate_up.as<__nv_bfloat16>(), nullptr, yb.as<float>(), tokens,
-                             2 * k_mlp, k_hidden, nullptr),
-            "bf16 GEMM");
-    });
-    row("gate_up_proj x 2048 tokens, q8_0 (dequantize 2 slabs + cuBLAS)", q8_gemm_ms,
-        fmt("dequantize %.3f ms; bf16 GEMM %.3f ms: %.2fx its time", deq_ms, bf16_gemm_ms, q8_gemm_ms / bf16_gemm_ms));
   }
 
   std::printf("paged attention, one layer (32 q / 8 KV heads, head_dim 128):\n");

@@ -43,7 +43,7 @@ bool device_nccl_usable();
 // device is the current one of this thread.
 Status check_device(const DeviceSpec& spec);
 
-// generate() on one device: the model uploaded once (bf16), one request at a time, each on a
+// generate() on one device: the model uploaded once (bf16 or block formats: DeviceWeights), one request at a time, each on a
 // fresh device KV pool sized as the CPU sizes its pool. Every KV policy runs on the device
 // (full, snapkv, pyramidkv, adakv, h2o, streaming), selecting what the CPU selects on the same
 // K/V (near-ties excepted). hooks.on_prefilled is not called (there is no host PagedKvCache);
@@ -71,7 +71,8 @@ class DeviceGenerator {
   virtual comm::CommStats exchange_at_end() const = 0;
 };
 
-// Uploads `model` (loaded with keep_quantized = false) to the device check_device chose.
+// Uploads `model` (loaded with matvec_tiles = false; its Q8_0/Q4_0/Q4_1 matrices stay in their
+// blocks, the rest become bf16) to the device check_device chose.
 // `model` must outlive the generator (its config is read). With tensor parallelism `model`
 // is this rank's shard (LoadOptions tp_rank/tp_size) and:
 //  - control: the group's host communicator (MPI or TCP), for the request headers and the

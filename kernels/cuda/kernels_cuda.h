@@ -44,14 +44,28 @@ void scale_cuda(float* x, float s, int64_t n, cudaStream_t stream);
 // [0, vocab_size) gives a row of NaN (never a silent wrong row; the host validates ids first).
 void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64_t num_tokens, int64_t hidden_size,
                            int64_t vocab_size, float* out, cudaStream_t stream);
-// The Q8_0 form of embedding_gather_cuda: table as int8 quants q [vocab_size, hidden_size] and
-// f16 scales d [vocab_size, hidden_size / 32] (hidden_size % 32 == 0); out = d · q, exact.
-void embedding_gather_q8_0_cuda(const int8_t* q, const uint16_t* d, const int32_t* ids, int64_t num_tokens,
-                                int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t stream);
-// out[i] = bf16(d[i / 32] · q[i]), round to nearest even, for n (a multiple of 32) Q8_0 values:
-// a Q8_0 matrix's rows as cuBLAS input for prompt chunks.
-void dequant_q8_0_to_bf16_cuda(const int8_t* q, const uint16_t* d, int64_t n, __nv_bfloat16* out,
-                               cudaStream_t stream);
+// --- block-format weights (llama.cpp's Q8_0, Q4_0, Q4_1) on the device --------------------
+// A matrix [rows, cols] (cols % 32 == 0) in one of ggml's 32-weight block formats, its blocks
+// split into row-major arrays (16-byte aligned rows for the GEMV's loads):
+//  - q8_0: quants int8 [rows, cols]; w = d·q (exact in f32);
+//  - q4_0: quants [rows, cols / 2] bytes, each block's 16 as in the file (byte j: weight j in the
+//    low nibble, weight j + 16 in the high); w = d·(q − 8) (exact);
+//  - q4_1: the same nibbles and mins [rows, cols / 32]; w = d·q + m (one f32 rounding, as
+//    ggml's dequantizer);
+// scales (and mins) are f16 bits [rows, cols / 32].
+enum class BlockFormat : uint8_t { q8_0, q4_0, q4_1 };
+struct BlockWeights {
+  BlockFormat format = BlockFormat::q8_0;
+  const void* quants = nullptr;
+  const uint16_t* scales = nullptr;
+  const uint16_t* mins = nullptr;  // q4_1 only
+};
+// embedding_gather_cuda over a block-format table [vocab_size, hidden_size]: out = its weights.
+void embedding_gather_blocks_cuda(const BlockWeights& table, const int32_t* ids, int64_t num_tokens,
+                                  int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t stream);
+// out[i] = bf16(w[i]), round to nearest even, for the first n weights (whole rows) of a
+// block-format matrix: its rows as cuBLAS input for prompt chunks.
+void dequant_blocks_to_bf16_cuda(const BlockWeights& w, int64_t n, __nv_bfloat16* out, cudaStream_t stream);
 // y[i] = bf16(x[i]), round to nearest even (the cuBLAS GEMM's activation input).
 void f32_to_bf16_cuda(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t stream);
 // y[i] = f32(x[i]), exact (a bf16 exchange's result back into the f32 activations).
@@ -73,18 +87,18 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
 // bench_cuda_kernels times both).
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
                          int64_t rows, int64_t cols, cudaStream_t stream, int loads = 4);
-// The same over Q8_0 weights: int8 quants q [rows, cols] and f16 scales d [rows, cols / 32]
-// (llama.cpp's Q8_0 blocks split into two arrays; cols % 32 == 0). Each weight d · q is exact in
-// f32, so y is the bf16 GEMV's over the dequantized matrix, up to summation order; batch-invariant
-// by the same rule (16 quants per lane load, columns l·16 + 512·i).
-void matmul_rowwise_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
-                            int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream, int loads = 4);
+// The same over block-format weights: each weight is exact in f32 (Q4_1's d·q + m rounds once,
+// as ggml's dequantizer), so y is the GEMV over the dequantized matrix up to summation order;
+// batch-invariant by the same rule (a lane takes 16 Q8_0 quants or one 32-weight Q4 block per
+// 16-byte load, in an order fixed by cols).
+void matmul_rowwise_blocks_cuda(const float* x, const BlockWeights& w, const float* bias, float* y, int64_t num_tokens,
+                                int64_t rows, int64_t cols, cudaStream_t stream, int loads = 4);
 // Fused decode GEMVs: the same per-row code as matmul_rowwise_cuda, several outputs in one launch
 // (one launch costs a few µs on the GPU, about what a 4096 × 1024 GEMV reads in). Each output's
 // bits equal the separate launches' (the path, vector or scalar, follows cols and the alignment
 // of x and of every weight: give aligned bases to keep matmul_rowwise_cuda's path).
 //  - multi: outs[i].y [num_tokens, outs[i].rows] = x · outs[i].wᵀ (+ bias), e.g. q, k and v;
-//    up to 3 outputs of one weight kind per launch (more, or bf16 and Q8_0 mixed: several).
+//    up to 3 outputs of one weight format per launch (more, or formats mixed: several).
 //  - residual: y [num_tokens, rows] += x · wᵀ (+ bias): matmul_rowwise_cuda then residual_add_cuda.
 //  - swiglu: out [num_tokens, rows] = SwiGLU(x · gateᵀ, x · upᵀ), a row's gate and up in one
 //    warp: two matmul_rowwise_cuda then swiglu_cuda.
@@ -93,8 +107,7 @@ struct RowwiseOut {
   const float* bias = nullptr;
   float* y = nullptr;
   int64_t rows = 0;
-  const int8_t* q8 = nullptr;          // set: the weights are Q8_0 (w unused)
-  const uint16_t* q8_scales = nullptr;
+  BlockWeights blocks;  // blocks.quants set: the weights are in a block format (w unused)
 };
 void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count, int64_t num_tokens, int64_t cols,
                                cudaStream_t stream, int loads = 4);
@@ -102,12 +115,11 @@ void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const 
                                   int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
 void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
                                 int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
-// Q8_0 forms of residual and swiglu (matmul_rowwise_q8_cuda's weights).
-void matmul_rowwise_residual_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
-                                     int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
-void matmul_rowwise_swiglu_q8_cuda(const float* x, const int8_t* gate_q, const uint16_t* gate_d, const int8_t* up_q,
-                                   const uint16_t* up_d, float* out, int64_t num_tokens, int64_t rows, int64_t cols,
-                                   cudaStream_t stream);
+// Block-format forms of residual and swiglu (gate and up of one format).
+void matmul_rowwise_residual_blocks_cuda(const float* x, const BlockWeights& w, const float* bias, float* y,
+                                         int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
+void matmul_rowwise_swiglu_blocks_cuda(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out,
+                                       int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // --- sampling --------------------------------------------------------------------------
 // ids[t] = argmax_v logits[t, v] (greedy; lowest id wins ties, NaN never wins; all -inf/NaN -> 0),

@@ -11,11 +11,13 @@
 //    matmul_rowwise_multi_cuda (q, k and v over the same x), matmul_rowwise_residual_cuda (o_proj
 //    or down_proj added into the residual stream) and matmul_rowwise_swiglu_cuda (gate and up of
 //    a row in one warp, then SwiGLU). Each output's bits are those of the separate launches.
-//  - Q8_0 weights (…_q8_cuda, RowwiseOut::q8): the same kernels reading int8 quants and their
-//    f16 scales; a weight is d · q, exact in f32 (an 11-bit by 8-bit product), so the sums are
-//    those of the same GEMV over the dequantized matrix. A lane takes 16 quants per 16-byte load
-//    (columns l·16 + 512·i), the same fixed order rule. dequant_q8_0_to_bf16_cuda feeds cuBLAS
-//    for prompt chunks.
+//  - block-format weights (…_blocks_cuda, RowwiseOut::blocks: llama.cpp's Q8_0, Q4_0, Q4_1 as
+//    quants + f16 scales (+ Q4_1's mins)): the same kernels; a weight is d·q or d·(q − 8),
+//    exact in f32 (an 11-bit by 8-bit product), or d·q + m (one rounding, as ggml's
+//    dequantizer), so the sums are those of the same GEMV over the dequantized matrix. A lane
+//    takes 16 Q8_0 quants per 16-byte load (columns l·16 + 512·i) or one 32-weight Q4 block
+//    (columns 32·(l + 32·i) ..), the same fixed-order rule. dequant_blocks_to_bf16_cuda feeds
+//    cuBLAS for prompt chunks.
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace snap::kernels {
@@ -68,40 +70,96 @@ __device__ __forceinline__ float f16_bits_to_float(unsigned h) {
   return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
 }
 
-__global__ void dequant_q8_0_bf16_kernel(const int8_t* q, const uint16_t* d, int64_t n, __nv_bfloat16* out) {
+namespace {
+// Weight formats of the row kernels (template arguments).
+constexpr int k_bf16 = 0, k_q8_0 = 1, k_q4_0 = 2, k_q4_1 = 3;
+
+int format_code(BlockFormat f) {
+  return f == BlockFormat::q8_0 ? k_q8_0 : f == BlockFormat::q4_0 ? k_q4_0 : k_q4_1;
+}
+
+// Weight j (0..31) of a block: its quant, f32.
+template <int kFmt>
+__device__ __forceinline__ float block_quant(const uint8_t* qb, int j) {
+  if constexpr (kFmt == k_q8_0) return static_cast<float>(static_cast<const int8_t*>(static_cast<const void*>(qb))[j]);
+  const unsigned byte = qb[j & 15];
+  return static_cast<float>(j < 16 ? byte & 15u : byte >> 4);
+}
+
+// The weight w[i] of a row's block data (quants qr, scales dr, mins mr), i in [0, cols).
+template <int kFmt>
+__device__ __forceinline__ float block_weight(const uint8_t* qr, const uint16_t* dr, const uint16_t* mr, int64_t i) {
+  const int64_t b = i >> 5;
+  const float d = f16_bits_to_float(dr[b]);
+  if constexpr (kFmt == k_q8_0) return d * block_quant<kFmt>(qr + b * 32, static_cast<int>(i & 31));
+  const float q = block_quant<kFmt>(qr + b * 16, static_cast<int>(i & 31));
+  if constexpr (kFmt == k_q4_0) return d * (q - 8.0f);
+  return __fadd_rn(d * q, f16_bits_to_float(mr[b]));
+}
+
+// Bytes of quants per row of `cols` weights.
+__host__ __device__ __forceinline__ int64_t quant_row_bytes(int kFmt, int64_t cols) {
+  return kFmt == k_q8_0 ? cols : cols / 2;
+}
+}  // namespace
+
+template <int kFmt>
+__global__ void dequant_blocks_bf16_kernel(const uint8_t* q, const uint16_t* d, const uint16_t* m, int64_t n,
+                                           __nv_bfloat16* out) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(f16_bits_to_float(d[i >> 5]) * static_cast<float>(q[i]));
+    out[i] = __float2bfloat16_rn(block_weight<kFmt>(q, d, m, i));
 }
 
-void dequant_q8_0_to_bf16_cuda(const int8_t* q, const uint16_t* d, int64_t n, __nv_bfloat16* out,
-                               cudaStream_t stream) {
+void dequant_blocks_to_bf16_cuda(const BlockWeights& w, int64_t n, __nv_bfloat16* out, cudaStream_t stream) {
   if (n <= 0) return;
   const int64_t blocks = (n + 255) / 256;
-  dequant_q8_0_bf16_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0, stream>>>(q, d, n, out);
+  const unsigned grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
+  const auto* q = static_cast<const uint8_t*>(w.quants);
+  switch (format_code(w.format)) {
+    case k_q8_0: dequant_blocks_bf16_kernel<k_q8_0><<<grid, 256, 0, stream>>>(q, w.scales, w.mins, n, out); break;
+    case k_q4_0: dequant_blocks_bf16_kernel<k_q4_0><<<grid, 256, 0, stream>>>(q, w.scales, w.mins, n, out); break;
+    default: dequant_blocks_bf16_kernel<k_q4_1><<<grid, 256, 0, stream>>>(q, w.scales, w.mins, n, out); break;
+  }
 }
 
-// One block row per token, as embedding_gather_cuda: out = d · q, exact.
-__global__ void embedding_gather_q8_0_kernel(const int8_t* q, const uint16_t* d, const int32_t* ids,
-                                             int64_t hidden_size, int64_t vocab_size, float* out) {
+// One block row per token, as embedding_gather_cuda: out = the row's weights.
+template <int kFmt>
+__global__ void embedding_gather_blocks_kernel(const uint8_t* q, const uint16_t* d, const uint16_t* m,
+                                               const int32_t* ids, int64_t hidden_size, int64_t vocab_size, float* out) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   float* o = out + t * hidden_size;
   const bool valid = id >= 0 && id < vocab_size;
   const int64_t row = valid ? static_cast<int64_t>(id) : 0;
-  const int8_t* qr = q + row * hidden_size;
+  const uint8_t* qr = q + row * quant_row_bytes(kFmt, hidden_size);
   const uint16_t* dr = d + row * (hidden_size / 32);
+  const uint16_t* mr = m != nullptr ? m + row * (hidden_size / 32) : nullptr;
   for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < hidden_size;
        i += static_cast<int64_t>(gridDim.y) * blockDim.x)
-    o[i] = valid ? f16_bits_to_float(dr[i >> 5]) * static_cast<float>(qr[i]) : __int_as_float(0x7fc00000);
+    o[i] = valid ? block_weight<kFmt>(qr, dr, mr, i) : __int_as_float(0x7fc00000);
 }
 
-void embedding_gather_q8_0_cuda(const int8_t* q, const uint16_t* d, const int32_t* ids, int64_t num_tokens,
-                                int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t stream) {
+void embedding_gather_blocks_cuda(const BlockWeights& table, const int32_t* ids, int64_t num_tokens,
+                                  int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t stream) {
   if (num_tokens <= 0 || hidden_size <= 0) return;
   const int64_t xb = (hidden_size + 255) / 256;
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(xb < 64 ? xb : 64));
-  embedding_gather_q8_0_kernel<<<grid, 256, 0, stream>>>(q, d, ids, hidden_size, vocab_size, out);
+  const auto* q = static_cast<const uint8_t*>(table.quants);
+  switch (format_code(table.format)) {
+    case k_q8_0:
+      embedding_gather_blocks_kernel<k_q8_0><<<grid, 256, 0, stream>>>(q, table.scales, table.mins, ids, hidden_size,
+                                                                      vocab_size, out);
+      break;
+    case k_q4_0:
+      embedding_gather_blocks_kernel<k_q4_0><<<grid, 256, 0, stream>>>(q, table.scales, table.mins, ids, hidden_size,
+                                                                      vocab_size, out);
+      break;
+    default:
+      embedding_gather_blocks_kernel<k_q4_1><<<grid, 256, 0, stream>>>(q, table.scales, table.mins, ids, hidden_size,
+                                                                      vocab_size, out);
+      break;
+  }
 }
 
 namespace {
@@ -111,8 +169,9 @@ namespace {
 enum class Epilogue { store, add, swiglu };
 struct Segments {
   static constexpr int k_max = 3;
-  const void* w[k_max] = {};          // bf16 [rows, cols], or Q8_0 quants int8 [rows, cols]
-  const uint16_t* d[k_max] = {};      // Q8_0 only: f16 scales [rows, cols / 32]
+  const void* w[k_max] = {};      // bf16 [rows, cols], or a block format's quants
+  const uint16_t* d[k_max] = {};  // block formats: f16 scales [rows, cols / 32]
+  const uint16_t* m[k_max] = {};  // Q4_1: f16 mins [rows, cols / 32]
   const float* bias[k_max] = {};
   float* y[k_max] = {};
   int64_t rows[k_max] = {};
@@ -177,6 +236,28 @@ __device__ void row_dot(const float* x, const __nv_bfloat16* wr, int64_t cols, i
   }
 }
 
+// acc[k] += Σ_j wf[j] · x[t0 + k, c + j], j ascending, for the nt tokens (x 16-byte aligned at c).
+template <int kN, int kTokens>
+__device__ __forceinline__ void fma_tokens(const float (&wf)[kN], const float* x, int64_t cols, int64_t t0, int64_t c,
+                                           int nt, float (&acc)[kTokens]) {
+#pragma unroll
+  for (int k = 0; k < kTokens; ++k) {
+    if (k < nt) {
+      const float4* xv = reinterpret_cast<const float4*>(x + (t0 + k) * cols + c);
+      float s = acc[k];
+#pragma unroll
+      for (int v = 0; v < kN / 4; ++v) {
+        const float4 a = xv[v];
+        s = fmaf(wf[4 * v], a.x, s);
+        s = fmaf(wf[4 * v + 1], a.y, s);
+        s = fmaf(wf[4 * v + 2], a.z, s);
+        s = fmaf(wf[4 * v + 3], a.w, s);
+      }
+      acc[k] = s;
+    }
+  }
+}
+
 // row_dot for a Q8_0 row (quants qr, scales dr). kVector: 16-byte loads of 16 quants at
 // columns l·16 + 512·i (needs cols % 16 == 0, aligned bases; Q8_0 rows have cols % 32 == 0),
 // four float4 of x per token; else lane l takes columns l + 32·i. The weight d · q is exact.
@@ -196,22 +277,7 @@ __device__ void row_dot_q8(const float* x, const int8_t* qr, const uint16_t* dr,
         for (int b = 0; b < 4; ++b)  // byte b of the word, sign-extended
           wf[4 * e + b] = scale * static_cast<float>(static_cast<int>(words[e] << (24 - 8 * b)) >> 24);
       }
-#pragma unroll
-      for (int k = 0; k < kTokens; ++k) {
-        if (k < nt) {
-          const float4* xv = reinterpret_cast<const float4*>(x + (t0 + k) * cols + c);
-          float s = acc[k];
-#pragma unroll
-          for (int v = 0; v < 4; ++v) {
-            const float4 a = xv[v];
-            s = fmaf(wf[4 * v], a.x, s);
-            s = fmaf(wf[4 * v + 1], a.y, s);
-            s = fmaf(wf[4 * v + 2], a.z, s);
-            s = fmaf(wf[4 * v + 3], a.w, s);
-          }
-          acc[k] = s;
-        }
-      }
+      fma_tokens<16, kTokens>(wf, x, cols, t0, c, nt, acc);
     };
     int64_t c = static_cast<int64_t>(lane) * 16;
     for (; c + (kLoads - 1) * 512 < cols; c += kLoads * 512) {
@@ -232,15 +298,69 @@ __device__ void row_dot_q8(const float* x, const int8_t* qr, const uint16_t* dr,
   }
 }
 
-// Segment i's row r: bf16 or Q8_0 (kQ8).
-template <bool kQ8, bool kVector, int kLoads, int kTokens>
-__device__ void seg_row_dot(const float* x, const void* w, const uint16_t* d, int64_t r, int64_t cols, int64_t t0,
-                            int nt, int lane, float (&acc)[kTokens]) {
-  if constexpr (kQ8)
-    row_dot_q8<kVector, kLoads, kTokens>(x, static_cast<const int8_t*>(w) + r * cols, d + r * (cols / 32), cols, t0,
-                                         nt, lane, acc);
-  else
+// row_dot for a Q4_0/Q4_1 row (nibbles qr, scales dr, mins mr). kVector: a lane's 16-byte load
+// is one whole block, blocks l + 32·i (columns 32·(l + 32·i) .. + 31, the weights of each in
+// ascending order), eight float4 of x per token; else lane l takes columns l + 32·i.
+template <int kFmt, bool kVector, int kLoads, int kTokens>
+__device__ void row_dot_q4(const float* x, const uint8_t* qr, const uint16_t* dr, const uint16_t* mr, int64_t cols,
+                           int64_t t0, int nt, int lane, float (&acc)[kTokens]) {
+#pragma unroll
+  for (int k = 0; k < kTokens; ++k) acc[k] = 0.0f;
+  if (kVector) {
+    const int64_t nblocks = cols / 32;
+    const auto consume = [&](const uint4& raw, int64_t b) {
+      const float d = f16_bits_to_float(dr[b]);
+      const float m = kFmt == k_q4_1 ? f16_bits_to_float(mr[b]) : 0.0f;
+      float wf[32];
+      const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+#pragma unroll
+        for (int by = 0; by < 4; ++by) {  // byte 4e + by: weight 4e + by (low nibble), 16 + 4e + by (high)
+          const unsigned byte = (words[e] >> (8 * by)) & 0xffu;
+          const float lo = static_cast<float>(byte & 15u), hi = static_cast<float>(byte >> 4);
+          if (kFmt == k_q4_0) {
+            wf[4 * e + by] = d * (lo - 8.0f);
+            wf[16 + 4 * e + by] = d * (hi - 8.0f);
+          } else {
+            wf[4 * e + by] = __fadd_rn(d * lo, m);
+            wf[16 + 4 * e + by] = __fadd_rn(d * hi, m);
+          }
+        }
+      }
+      fma_tokens<32, kTokens>(wf, x, cols, t0, b * 32, nt, acc);
+    };
+    int64_t b = lane;
+    for (; b + (kLoads - 1) * 32 < nblocks; b += kLoads * 32) {
+      uint4 raw[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) raw[u] = *reinterpret_cast<const uint4*>(qr + (b + u * 32) * 16);
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) consume(raw[u], b + u * 32);
+    }
+    for (; b < nblocks; b += 32) consume(*reinterpret_cast<const uint4*>(qr + b * 16), b);
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float wf = block_weight<kFmt>(qr, dr, mr, c);
+#pragma unroll
+      for (int k = 0; k < kTokens; ++k)
+        if (k < nt) acc[k] = fmaf(wf, x[(t0 + k) * cols + c], acc[k]);
+    }
+  }
+}
+
+// Segment row r's dot products, by format.
+template <int kFmt, bool kVector, int kLoads, int kTokens>
+__device__ void seg_row_dot(const float* x, const void* w, const uint16_t* d, const uint16_t* m, int64_t r,
+                            int64_t cols, int64_t t0, int nt, int lane, float (&acc)[kTokens]) {
+  const int64_t sr = r * (cols / 32);  // the row's first scale
+  if constexpr (kFmt == k_bf16)
     row_dot<kVector, kLoads, kTokens>(x, static_cast<const __nv_bfloat16*>(w) + r * cols, cols, t0, nt, lane, acc);
+  else if constexpr (kFmt == k_q8_0)
+    row_dot_q8<kVector, kLoads, kTokens>(x, static_cast<const int8_t*>(w) + r * cols, d + sr, cols, t0, nt, lane, acc);
+  else
+    row_dot_q4<kFmt, kVector, kLoads, kTokens>(x, static_cast<const uint8_t*>(w) + r * (cols / 2), d + sr,
+                                               m != nullptr ? m + sr : nullptr, cols, t0, nt, lane, acc);
 }
 }  // namespace
 
@@ -252,7 +372,7 @@ __device__ void seg_row_dot(const float* x, const void* w, const uint16_t* d, in
 // segment is warp-uniform.
 // kTokens: tokens sharing one read of a weight row (k_group_tokens, or 1 for a lone decode row:
 // fewer registers, so more warps per SM; a token's FMAs are the same either way, so its bits are).
-template <bool kQ8, bool kVector, int kLoads, int kTokens, Epilogue kEpi>
+template <int kFmt, bool kVector, int kLoads, int kTokens, Epilogue kEpi>
 __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_tokens, int64_t cols) {
   const int lane = threadIdx.x & 31;
   const unsigned groups = static_cast<unsigned>((num_tokens + kTokens - 1) / kTokens);  // 32-bit division below
@@ -262,6 +382,7 @@ __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_
   // would copy it to local memory).
   const void* w = seg.w[0];
   const uint16_t* d = seg.d[0];
+  const uint16_t* m = seg.m[0];
   const float* bias = seg.bias[0];
   float* y = seg.y[0];
   int64_t rows = seg.rows[0];
@@ -272,6 +393,7 @@ __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_
         r -= rows;
         w = seg.w[i];
         d = seg.d[i];
+        m = seg.m[i];
         bias = seg.bias[i];
         y = seg.y[i];
         rows = seg.rows[i];
@@ -281,10 +403,10 @@ __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_
   const int64_t t0 = group * kTokens;
   const int nt = static_cast<int>(num_tokens - t0 < kTokens ? num_tokens - t0 : kTokens);
   float acc[kTokens];
-  seg_row_dot<kQ8, kVector, kLoads, kTokens>(x, w, d, r, cols, t0, nt, lane, acc);
+  seg_row_dot<kFmt, kVector, kLoads, kTokens>(x, w, d, m, r, cols, t0, nt, lane, acc);
   if constexpr (kEpi == Epilogue::swiglu) {
     float up[kTokens];
-    seg_row_dot<kQ8, kVector, kLoads, kTokens>(x, seg.w[1], seg.d[1], r, cols, t0, nt, lane, up);
+    seg_row_dot<kFmt, kVector, kLoads, kTokens>(x, seg.w[1], seg.d[1], seg.m[1], r, cols, t0, nt, lane, up);
 #pragma unroll
     for (int k = 0; k < kTokens; ++k) {
       // As the separate launches: gate and up stored with their bias (or + 0), then swiglu_cuda.
@@ -305,23 +427,32 @@ __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_
 }
 
 namespace {
-template <bool kQ8, int kTokens, Epilogue kEpi>
+template <int kFmt, int kTokens, Epilogue kEpi>
 void launch_rowwise(const float* x, const Segments& seg, int64_t total_rows, bool vector, int64_t num_tokens,
                     int64_t cols, cudaStream_t stream, int loads) {
   const dim3 grid(static_cast<unsigned>((total_rows + k_warps - 1) / k_warps * ((num_tokens + kTokens - 1) / kTokens)));
   if (!vector)
-    matmul_rowwise_kernel<kQ8, false, 1, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
+    matmul_rowwise_kernel<kFmt, false, 1, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
   else if (loads <= 1)
-    matmul_rowwise_kernel<kQ8, true, 1, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
+    matmul_rowwise_kernel<kFmt, true, 1, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
   else
-    matmul_rowwise_kernel<kQ8, true, 4, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
+    matmul_rowwise_kernel<kFmt, true, 4, kTokens, kEpi><<<grid, k_warps * 32, 0, stream>>>(x, seg, num_tokens, cols);
 }
 
-// The path: vector when cols is a multiple of a lane's load (8 bf16, 16 quants) and x and every
-// weight are 16-byte aligned. q8: every segment is Q8_0 (cols % 32 == 0), else every one bf16.
+template <int kFmt, Epilogue kEpi>
+void launch_tokens(const float* x, const Segments& seg, int64_t total_rows, bool vector, int64_t num_tokens,
+                   int64_t cols, cudaStream_t stream, int loads) {
+  if (num_tokens == 1)
+    launch_rowwise<kFmt, 1, kEpi>(x, seg, total_rows, vector, num_tokens, cols, stream, loads);
+  else
+    launch_rowwise<kFmt, k_group_tokens, kEpi>(x, seg, total_rows, vector, num_tokens, cols, stream, loads);
+}
+
+// The path: vector when cols is a multiple of a lane's load (8 bf16, 16 Q8_0 quants, a 32-weight
+// Q4 block) and x and every weight are 16-byte aligned. fmt: every segment's format.
 template <Epilogue kEpi>
 void rowwise(const float* x, const Segments& seg, int64_t num_tokens, int64_t cols, cudaStream_t stream, int loads,
-             bool q8) {
+             int fmt) {
   int64_t total = 0;
   bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   for (int i = 0; i < seg.count; ++i) {
@@ -329,18 +460,16 @@ void rowwise(const float* x, const Segments& seg, int64_t num_tokens, int64_t co
     aligned = aligned && reinterpret_cast<uintptr_t>(seg.w[i]) % 16 == 0;
   }
   if (num_tokens <= 0 || total <= 0) return;
-  const bool vector = cols % (q8 ? 16 : 8) == 0 && aligned;
-  if (q8) {
-    if (num_tokens == 1)
-      launch_rowwise<true, 1, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads);
-    else
-      launch_rowwise<true, k_group_tokens, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads);
-  } else if (num_tokens == 1) {
-    launch_rowwise<false, 1, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads);
-  } else {
-    launch_rowwise<false, k_group_tokens, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads);
+  const bool vector = cols % (fmt == k_bf16 ? 8 : fmt == k_q8_0 ? 16 : 32) == 0 && aligned;
+  switch (fmt) {
+    case k_bf16: launch_tokens<k_bf16, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+    case k_q8_0: launch_tokens<k_q8_0, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+    case k_q4_0: launch_tokens<k_q4_0, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+    default: launch_tokens<k_q4_1, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
   }
 }
+
+int out_format(const RowwiseOut& o) { return o.blocks.quants != nullptr ? format_code(o.blocks.format) : k_bf16; }
 }  // namespace
 
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
@@ -349,56 +478,64 @@ void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bi
   matmul_rowwise_multi_cuda(x, &out, 1, num_tokens, cols, stream, loads);
 }
 
-void matmul_rowwise_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
-                            int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream, int loads) {
+void matmul_rowwise_blocks_cuda(const float* x, const BlockWeights& w, const float* bias, float* y, int64_t num_tokens,
+                                int64_t rows, int64_t cols, cudaStream_t stream, int loads) {
   RowwiseOut out{nullptr, bias, y, rows};
-  out.q8 = q;
-  out.q8_scales = d;
+  out.blocks = w;
   matmul_rowwise_multi_cuda(x, &out, 1, num_tokens, cols, stream, loads);
 }
 
 void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count, int64_t num_tokens, int64_t cols,
                                cudaStream_t stream, int loads) {
-  // Up to k_max outputs of one kind (bf16 or Q8_0) per launch: a run of either kind, in order.
+  // Up to k_max outputs of one format per launch: a run of one format, in order.
   for (int at = 0; at < count;) {
     Segments seg;
-    const bool q8 = outs[at].q8 != nullptr;
-    for (; seg.count < Segments::k_max && at < count && (outs[at].q8 != nullptr) == q8; ++seg.count, ++at) {
+    const int fmt = out_format(outs[at]);
+    for (; seg.count < Segments::k_max && at < count && out_format(outs[at]) == fmt; ++seg.count, ++at) {
       const RowwiseOut& o = outs[at];
-      seg.w[seg.count] = q8 ? static_cast<const void*>(o.q8) : static_cast<const void*>(o.w);
-      seg.d[seg.count] = o.q8_scales;
+      seg.w[seg.count] = fmt == k_bf16 ? static_cast<const void*>(o.w) : o.blocks.quants;
+      seg.d[seg.count] = o.blocks.scales;
+      seg.m[seg.count] = o.blocks.mins;
       seg.bias[seg.count] = o.bias;
       seg.y[seg.count] = o.y;
       seg.rows[seg.count] = o.rows > 0 ? o.rows : 0;
     }
-    rowwise<Epilogue::store>(x, seg, num_tokens, cols, stream, loads, q8);
+    rowwise<Epilogue::store>(x, seg, num_tokens, cols, stream, loads, fmt);
   }
 }
 
 namespace {
-void residual(const float* x, const void* w, const uint16_t* d, const float* bias, float* y, int64_t num_tokens,
-              int64_t rows, int64_t cols, cudaStream_t stream) {
+// w: a bf16 matrix (blocks null) or the block-format one.
+void residual(const float* x, const __nv_bfloat16* w, const BlockWeights* blocks, const float* bias, float* y,
+              int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
   Segments seg;
   seg.count = 1;
-  seg.w[0] = w;
-  seg.d[0] = d;
+  seg.w[0] = blocks != nullptr ? blocks->quants : static_cast<const void*>(w);
+  if (blocks != nullptr) {
+    seg.d[0] = blocks->scales;
+    seg.m[0] = blocks->mins;
+  }
   seg.bias[0] = bias;
   seg.y[0] = y;
   seg.rows[0] = rows;
-  rowwise<Epilogue::add>(x, seg, num_tokens, cols, stream, 4, d != nullptr);
+  rowwise<Epilogue::add>(x, seg, num_tokens, cols, stream, 4, blocks != nullptr ? format_code(blocks->format) : k_bf16);
 }
 
-void swiglu(const float* x, const void* gate, const uint16_t* gate_d, const void* up, const uint16_t* up_d, float* out,
-            int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
+void swiglu(const float* x, const void* gate, const void* up, const BlockWeights* gb, const BlockWeights* ub,
+            float* out, int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
   Segments seg;  // gate's segment carries the output; up's only its weights (and no bias)
   seg.count = 2;
   seg.w[0] = gate;
   seg.w[1] = up;
-  seg.d[0] = gate_d;
-  seg.d[1] = up_d;
+  if (gb != nullptr) {
+    seg.d[0] = gb->scales;
+    seg.m[0] = gb->mins;
+    seg.d[1] = ub->scales;
+    seg.m[1] = ub->mins;
+  }
   seg.y[0] = out;
   seg.rows[0] = seg.rows[1] = rows;
-  rowwise<Epilogue::swiglu>(x, seg, num_tokens, cols, stream, 4, gate_d != nullptr);
+  rowwise<Epilogue::swiglu>(x, seg, num_tokens, cols, stream, 4, gb != nullptr ? format_code(gb->format) : k_bf16);
 }
 }  // namespace
 
@@ -407,20 +544,19 @@ void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const 
   residual(x, w, nullptr, bias, y, num_tokens, rows, cols, stream);
 }
 
-void matmul_rowwise_residual_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
-                                     int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
-  residual(x, q, d, bias, y, num_tokens, rows, cols, stream);
+void matmul_rowwise_residual_blocks_cuda(const float* x, const BlockWeights& w, const float* bias, float* y,
+                                         int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
+  residual(x, nullptr, &w, bias, y, num_tokens, rows, cols, stream);
 }
 
 void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
                                 int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
-  swiglu(x, gate, nullptr, up, nullptr, out, num_tokens, rows, cols, stream);
+  swiglu(x, gate, up, nullptr, nullptr, out, num_tokens, rows, cols, stream);
 }
 
-void matmul_rowwise_swiglu_q8_cuda(const float* x, const int8_t* gate_q, const uint16_t* gate_d, const int8_t* up_q,
-                                   const uint16_t* up_d, float* out, int64_t num_tokens, int64_t rows, int64_t cols,
-                                   cudaStream_t stream) {
-  swiglu(x, gate_q, gate_d, up_q, up_d, out, num_tokens, rows, cols, stream);
+void matmul_rowwise_swiglu_blocks_cuda(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out,
+                                       int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
+  swiglu(x, gate.quants, up.quants, &gate, &up, out, num_tokens, rows, cols, stream);
 }
 
 }  // namespace snap::kernels

@@ -360,179 +360,218 @@ void add_matmul_fused(std::vector<OpCase>& t) {
   }
 }
 
-// --- Q8_0 weights ----------------------------------------------------------------------------
-// A random Q8_0 matrix [rows, cols] as the device holds it (quants, f16 scale bits) and as
-// llama.cpp's blocks (2-byte scale + 32 quants), which the CPU reference (matmul_ref, f64) reads.
-// Scales cover normal and subnormal f16 (row 0's are subnormal, row 1's zero) and both signs.
-struct Q8Host {
-  std::vector<int8_t> q;
-  std::vector<uint16_t> d;
+// --- block-format weights (Q8_0, Q4_0, Q4_1) -------------------------------------------------
+// A random block-format matrix [rows, cols] as the device holds it (quants, f16 scale bits and
+// Q4_1's mins) and as llama.cpp's blocks (common/dtype.h), which the CPU reference (matmul_ref,
+// f64) reads. Scales cover normal and subnormal f16 (row 0's are subnormal, row 1's zero) and
+// both signs.
+struct BlocksHost {
+  BlockFormat format;
+  DType dtype;
+  std::vector<uint8_t> q;
+  std::vector<uint16_t> d, m;
   std::vector<uint8_t> blocks;
-  std::vector<float> values;  // d · q per weight, exact
+  std::vector<float> values;  // each weight, as the kernels compute it
 };
-Q8Host random_q8(int64_t rows, int64_t cols, uint32_t seed) {
+BlocksHost random_blocks(BlockFormat format, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 gen(seed);
-  std::uniform_int_distribution<int> qd(-127, 127), exp(5, 16), man(0, 1023), sign(0, 1);
-  Q8Host m;
-  m.q.resize(static_cast<size_t>(rows * cols));
-  m.d.resize(static_cast<size_t>(rows * cols / 32));
-  for (auto& v : m.q) v = static_cast<int8_t>(qd(gen));
-  for (size_t b = 0; b < m.d.size(); ++b) {
-    const int64_t row = static_cast<int64_t>(b) / (cols / 32);
+  std::uniform_int_distribution<int> byte(0, 255), exp(5, 16), man(0, 1023), sign(0, 1);
+  BlocksHost h;
+  h.format = format;
+  h.dtype = format == BlockFormat::q8_0 ? DType::q8_0 : format == BlockFormat::q4_0 ? DType::q4_0 : DType::q4_1;
+  const int64_t nb = rows * cols / 32, qb = format == BlockFormat::q8_0 ? 32 : 16;
+  h.q.resize(static_cast<size_t>(nb * qb));
+  for (auto& v : h.q) v = static_cast<uint8_t>(byte(gen));
+  if (format == BlockFormat::q8_0)
+    for (auto& v : h.q)
+      if (v == 0x80) v = 0x81;  // ggml's quantizer never writes -128
+  const auto f16 = [&](int64_t row) {
     const int e = row == 0 ? 0 : exp(gen);  // exponent 0: subnormal (or zero)
-    m.d[b] = row == 1 && rows > 2 ? 0 : static_cast<uint16_t>((sign(gen) << 15) | (e << 10) | man(gen));
+    return static_cast<uint16_t>((sign(gen) << 15) | (e << 10) | man(gen));
+  };
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t row = b / (cols / 32);
+    h.d.push_back(row == 1 && rows > 2 ? 0 : f16(row));
+    if (format == BlockFormat::q4_1) h.m.push_back(f16(row));
   }
-  const int64_t bb = dtype_row_bytes(DType::q8_0, 32);
-  m.blocks.resize(m.d.size() * static_cast<size_t>(bb));
-  m.values.resize(m.q.size());
-  for (size_t b = 0; b < m.d.size(); ++b) {
-    std::memcpy(&m.blocks[b * bb], &m.d[b], 2);
-    std::memcpy(&m.blocks[b * bb + 2], &m.q[b * 32], 32);
-    for (int j = 0; j < 32; ++j) m.values[b * 32 + j] = f16_to_f32(m.d[b]) * static_cast<float>(m.q[b * 32 + j]);
+  const int64_t bb = dtype_row_bytes(h.dtype, 32), head = format == BlockFormat::q4_1 ? 4 : 2;
+  h.blocks.resize(static_cast<size_t>(nb * bb));
+  h.values.resize(static_cast<size_t>(rows * cols));
+  for (int64_t b = 0; b < nb; ++b) {
+    std::memcpy(&h.blocks[b * bb], &h.d[b], 2);
+    if (format == BlockFormat::q4_1) std::memcpy(&h.blocks[b * bb + 2], &h.m[b], 2);
+    std::memcpy(&h.blocks[b * bb + head], &h.q[b * qb], static_cast<size_t>(qb));
+    const float d = f16_to_f32(h.d[b]);
+    for (int j = 0; j < 32; ++j) {
+      float w;
+      if (format == BlockFormat::q8_0) {
+        w = d * static_cast<float>(static_cast<int8_t>(h.q[b * 32 + j]));
+      } else {
+        const uint8_t by = h.q[b * 16 + (j & 15)];
+        const float nib = static_cast<float>(j < 16 ? by & 15 : by >> 4);
+        w = format == BlockFormat::q4_0 ? d * (nib - 8.0f) : d * nib + f16_to_f32(h.m[b]);
+      }
+      h.values[b * 32 + j] = w;
+    }
   }
-  return m;
+  return h;
 }
 
-// Q8_0 shapes: cols a multiple of 32; 1312 = 82 16-byte loads per row (lanes get 2 or 3).
-const GemmShape k_q8_shapes[] = {{1, 7, 32, false},     {3, 83, 576, true},     {17, 769, 576, false},
-                                 {128, 576, 1536, true}, {9, 1000, 14336, false}, {33, 513, 64, true},
-                                 {2, 37, 1312, true}};
+// The host arrays on the device, and their BlockWeights.
+struct BlocksDevice {
+  DeviceBuffer<uint8_t> q;
+  DeviceBuffer<uint16_t> d, m;
+  BlockWeights w;
+  explicit BlocksDevice(const BlocksHost& h) : q(h.q), d(h.d), m(h.m) {
+    w.format = h.format;
+    w.quants = q.ptr;
+    w.scales = d.ptr;
+    w.mins = h.format == BlockFormat::q4_1 ? m.ptr : nullptr;
+  }
+};
 
-// The Q8_0 GEMV against the CPU's f64 reference on the same blocks (1e-4, as the bf16 GEMV:
-// each weight d · q is exact in f32), bitwise the same with 1 or 4 loads in flight, batch-
-// invariant, and on an unaligned x (the scalar path) within the same bound; the fused forms
-// bitwise their separate launches (a bf16 output between two Q8_0 ones: three launches);
-// the dequantization for cuBLAS exact against f32_to_bf16 of the values; the embedding gather
-// exact; a cuBLAS GEMM into a slab of y's columns (ldy) leaves the other columns alone.
-void add_matmul_q8(std::vector<OpCase>& t) {
-  for (const GemmShape& s : k_q8_shapes) {
-    t.push_back({gemm_name("matmul_rowwise_q8", s), [=]() -> AssertionResult {
-                   const auto x = test::random_floats(s.tokens * s.cols, 61, -1.0f, 1.0f);
-                   const Q8Host w = random_q8(s.rows, s.cols, 62);
-                   const auto bias = test::random_floats(s.rows, 63, -1.0f, 1.0f);
-                   std::vector<float> want(static_cast<size_t>(s.tokens * s.rows));
-                   matmul_ref(x.data(), WeightView{DType::q8_0, w.blocks.data(), s.rows, s.cols}, s.bias ? bias.data() : nullptr,
-                              want.data(), s.tokens);
-                   DeviceBuffer<float> dx(x), db(bias), dy(want.size()), dy1(static_cast<size_t>(s.rows));
-                   DeviceBuffer<int8_t> dq(w.q);
-                   DeviceBuffer<uint16_t> dd(w.d);
-                   const float* bp = s.bias ? db.ptr : nullptr;
-                   matmul_rowwise_q8_cuda(dx.ptr, dq.ptr, dd.ptr, bp, dy.ptr, s.tokens, s.rows, s.cols, nullptr);
-                   if (auto r = sync_ok(); !r) return r;
-                   const auto got = dy.to_host();
-                   const int64_t n = static_cast<int64_t>(got.size());
-                   if (auto c = test::all_close(got.data(), want.data(), n, 1e-4); !c) return c;
-                   matmul_rowwise_q8_cuda(dx.ptr, dq.ptr, dd.ptr, bp, dy.ptr, s.tokens, s.rows, s.cols, nullptr, 1);
-                   if (auto r = sync_ok(); !r) return r;
-                   if (auto c = bitwise_equal(dy.to_host(), got); !c) return c << " (1 load in flight vs 4)";
-                   for (int64_t tok = 0; tok < s.tokens; ++tok) {
-                     matmul_rowwise_q8_cuda(dx.ptr + tok * s.cols, dq.ptr, dd.ptr, bp, dy1.ptr, 1, s.rows, s.cols, nullptr);
+const char* format_name(BlockFormat f) {
+  return f == BlockFormat::q8_0 ? "q8_0" : f == BlockFormat::q4_0 ? "q4_0" : "q4_1";
+}
+
+// Block-format shapes: cols a multiple of 32; 1312 = 41 blocks (Q8_0: 82 16-byte loads per row,
+// lanes get 2 or 3; Q4: 41 loads, lanes get 1 or 2).
+const GemmShape k_block_shapes[] = {{1, 7, 32, false},     {3, 83, 576, true},     {17, 769, 576, false},
+                                    {128, 576, 1536, true}, {9, 1000, 14336, false}, {33, 513, 64, true},
+                                    {2, 37, 1312, true}};
+
+// The block-format GEMV against the CPU's f64 reference on the same blocks (1e-4, as the bf16
+// GEMV: each weight is exact in f32, Q4_1's rounded once as the CPU's), bitwise the same with 1
+// or 4 loads in flight, batch-invariant, and on an unaligned x (the scalar path) within the same
+// bound; the fused forms bitwise their separate launches (a bf16 output between two block ones:
+// three launches); the dequantization for cuBLAS and the embedding gather exact; a cuBLAS GEMM
+// into a slab of y's columns (ldy) leaves the other columns alone. Q4_0 and Q4_1 over four of
+// the shapes (the emulator's time), Q8_0 over all.
+void add_matmul_blocks(std::vector<OpCase>& t) {
+  for (const BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1})
+    for (const GemmShape& s : k_block_shapes) {
+      if (f != BlockFormat::q8_0 && (s.tokens == 128 || s.tokens == 9 || s.tokens == 33)) continue;
+      const std::string fn = format_name(f);
+      t.push_back({gemm_name(("matmul_rowwise_" + fn).c_str(), s), [=]() -> AssertionResult {
+                     const auto x = test::random_floats(s.tokens * s.cols, 61, -1.0f, 1.0f);
+                     const BlocksHost h = random_blocks(f, s.rows, s.cols, 62);
+                     const auto bias = test::random_floats(s.rows, 63, -1.0f, 1.0f);
+                     std::vector<float> want(static_cast<size_t>(s.tokens * s.rows));
+                     matmul_ref(x.data(), WeightView{h.dtype, h.blocks.data(), s.rows, s.cols}, s.bias ? bias.data() : nullptr,
+                                want.data(), s.tokens);
+                     DeviceBuffer<float> dx(x), db(bias), dy(want.size()), dy1(static_cast<size_t>(s.rows));
+                     const BlocksDevice w(h);
+                     const float* bp = s.bias ? db.ptr : nullptr;
+                     matmul_rowwise_blocks_cuda(dx.ptr, w.w, bp, dy.ptr, s.tokens, s.rows, s.cols, nullptr);
                      if (auto r = sync_ok(); !r) return r;
-                     const std::vector<float> row(got.begin() + tok * s.rows, got.begin() + (tok + 1) * s.rows);
-                     if (auto c = bitwise_equal(dy1.to_host(), row); !c) return c << " (token " << tok << " alone vs in batch)";
-                   }
-                   // x one float off 16-byte alignment: the scalar path, same bound.
-                   std::vector<float> x1(x.size() + 1, 0.0f);
-                   std::copy(x.begin(), x.end(), x1.begin() + 1);
-                   DeviceBuffer<float> dx1(x1);
-                   matmul_rowwise_q8_cuda(dx1.ptr + 1, dq.ptr, dd.ptr, bp, dy.ptr, s.tokens, s.rows, s.cols, nullptr);
+                     const auto got = dy.to_host();
+                     const int64_t n = static_cast<int64_t>(got.size());
+                     if (auto c = test::all_close(got.data(), want.data(), n, 1e-4); !c) return c;
+                     matmul_rowwise_blocks_cuda(dx.ptr, w.w, bp, dy.ptr, s.tokens, s.rows, s.cols, nullptr, 1);
+                     if (auto r = sync_ok(); !r) return r;
+                     if (auto c = bitwise_equal(dy.to_host(), got); !c) return c << " (1 load in flight vs 4)";
+                     for (int64_t tok = 0; tok < s.tokens; ++tok) {
+                       matmul_rowwise_blocks_cuda(dx.ptr + tok * s.cols, w.w, bp, dy1.ptr, 1, s.rows, s.cols, nullptr);
+                       if (auto r = sync_ok(); !r) return r;
+                       const std::vector<float> row(got.begin() + tok * s.rows, got.begin() + (tok + 1) * s.rows);
+                       if (auto c = bitwise_equal(dy1.to_host(), row); !c) return c << " (token " << tok << " alone vs in batch)";
+                     }
+                     // x one float off 16-byte alignment: the scalar path, same bound.
+                     std::vector<float> x1(x.size() + 1, 0.0f);
+                     std::copy(x.begin(), x.end(), x1.begin() + 1);
+                     DeviceBuffer<float> dx1(x1);
+                     matmul_rowwise_blocks_cuda(dx1.ptr + 1, w.w, bp, dy.ptr, s.tokens, s.rows, s.cols, nullptr);
+                     if (auto r = sync_ok(); !r) return r;
+                     const auto scalar = dy.to_host();
+                     if (auto c = test::all_close(scalar.data(), want.data(), n, 1e-4); !c) return c << " (scalar path)";
+                     return AssertionSuccess();
+                   }});
+      t.push_back({gemm_name(("matmul_rowwise_" + fn + "_fused").c_str(), s), [=]() -> AssertionResult {
+                     const auto x = test::random_floats(s.tokens * s.cols, 71, -1.0f, 1.0f);
+                     DeviceBuffer<float> dx(x);
+                     const int64_t heights[4] = {s.rows, s.rows / 4 + 1, 3, s.rows / 2 + 5};
+                     std::vector<std::unique_ptr<BlocksDevice>> dq;
+                     std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> dw;
+                     std::vector<std::unique_ptr<DeviceBuffer<float>>> db, dy, dsep;
+                     RowwiseOut outs[4];
+                     for (int i = 0; i < 4; ++i) {  // output 2 is bf16, the others in blocks
+                       dq.push_back(std::make_unique<BlocksDevice>(random_blocks(f, heights[i], s.cols, 72 + i)));
+                       dw.push_back(std::make_unique<DeviceBuffer<uint16_t>>(
+                           to_bf16(test::random_floats(heights[i] * s.cols, 76 + i, -1.0f, 1.0f))));
+                       db.push_back(std::make_unique<DeviceBuffer<float>>(test::random_floats(heights[i], 80 + i, -1.0f, 1.0f)));
+                       dy.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
+                       dsep.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
+                       const float* bias = (s.bias || i == 2) ? db[i]->ptr : nullptr;
+                       outs[i] = {as_bf16(dw[i]->ptr), bias, dy[i]->ptr, heights[i]};
+                       if (i == 2) {
+                         matmul_rowwise_cuda(dx.ptr, outs[i].w, bias, dsep[i]->ptr, s.tokens, heights[i], s.cols, nullptr);
+                       } else {
+                         outs[i].blocks = dq[i]->w;
+                         matmul_rowwise_blocks_cuda(dx.ptr, dq[i]->w, bias, dsep[i]->ptr, s.tokens, heights[i], s.cols, nullptr);
+                       }
+                     }
+                     matmul_rowwise_multi_cuda(dx.ptr, outs, 4, s.tokens, s.cols, nullptr);
+                     if (auto r = sync_ok(); !r) return r;
+                     for (int i = 0; i < 4; ++i)
+                       if (auto c = bitwise_equal(dy[i]->to_host(), dsep[i]->to_host()); !c)
+                         return c << " (multi output " << i << " vs its own launch)";
+                     const auto y0 = test::random_floats(s.tokens * s.rows, 84, -3.0f, 3.0f);
+                     DeviceBuffer<float> fused(y0), sep(y0);
+                     matmul_rowwise_residual_blocks_cuda(dx.ptr, dq[0]->w, outs[0].bias, fused.ptr, s.tokens, s.rows, s.cols,
+                                                         nullptr);
+                     residual_add_cuda(sep.ptr, dsep[0]->ptr, s.tokens * s.rows, nullptr);
+                     if (auto r = sync_ok(); !r) return r;
+                     if (auto c = bitwise_equal(fused.to_host(), sep.to_host()); !c) return c << " (residual)";
+                     const BlocksDevice upw(random_blocks(f, s.rows, s.cols, 85));
+                     DeviceBuffer<float> up(static_cast<size_t>(s.tokens * s.rows)), gate(up.n), act(up.n), want(up.n);
+                     matmul_rowwise_blocks_cuda(dx.ptr, dq[0]->w, nullptr, gate.ptr, s.tokens, s.rows, s.cols, nullptr);
+                     matmul_rowwise_blocks_cuda(dx.ptr, upw.w, nullptr, up.ptr, s.tokens, s.rows, s.cols, nullptr);
+                     swiglu_cuda(gate.ptr, up.ptr, want.ptr, s.tokens * s.rows, nullptr);
+                     matmul_rowwise_swiglu_blocks_cuda(dx.ptr, dq[0]->w, upw.w, act.ptr, s.tokens, s.rows, s.cols, nullptr);
+                     if (auto r = sync_ok(); !r) return r;
+                     if (auto c = bitwise_equal(act.to_host(), want.to_host()); !c) return c << " (swiglu)";
+                     return AssertionSuccess();
+                   }});
+    }
+  for (const BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1}) {
+    t.push_back({std::string("dequant_") + format_name(f) + "_to_bf16", [=]() -> AssertionResult {
+                   const BlocksHost h = random_blocks(f, 37, 1312, 91);
+                   std::vector<uint16_t> want(h.values.size());
+                   for (size_t i = 0; i < want.size(); ++i) want[i] = f32_to_bf16(h.values[i]);
+                   const BlocksDevice w(h);
+                   DeviceBuffer<uint16_t> out(want.size());
+                   dequant_blocks_to_bf16_cuda(w.w, static_cast<int64_t>(want.size()), as_bf16(out.ptr), nullptr);
                    if (auto r = sync_ok(); !r) return r;
-                   const auto scalar = dy.to_host();
-                   if (auto c = test::all_close(scalar.data(), want.data(), n, 1e-4); !c) return c << " (scalar path)";
+                   const auto got = out.to_host();
+                   for (size_t i = 0; i < got.size(); ++i)
+                     if (got[i] != want[i]) return AssertionFailure() << "element " << i << ": " << got[i] << " vs " << want[i];
                    return AssertionSuccess();
                  }});
-    t.push_back({gemm_name("matmul_rowwise_q8_fused", s), [=]() -> AssertionResult {
-                   const auto x = test::random_floats(s.tokens * s.cols, 71, -1.0f, 1.0f);
-                   DeviceBuffer<float> dx(x);
-                   const int64_t heights[4] = {s.rows, s.rows / 4 + 1, 3, s.rows / 2 + 5};
-                   std::vector<std::unique_ptr<DeviceBuffer<int8_t>>> dq;
-                   std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> dd, dw;
-                   std::vector<std::unique_ptr<DeviceBuffer<float>>> db, dy, dsep;
-                   RowwiseOut outs[4];
-                   for (int i = 0; i < 4; ++i) {  // output 2 is bf16, the others Q8_0
-                     const Q8Host w = random_q8(heights[i], s.cols, 72 + i);
-                     dq.push_back(std::make_unique<DeviceBuffer<int8_t>>(w.q));
-                     dd.push_back(std::make_unique<DeviceBuffer<uint16_t>>(w.d));
-                     dw.push_back(std::make_unique<DeviceBuffer<uint16_t>>(
-                         to_bf16(test::random_floats(heights[i] * s.cols, 76 + i, -1.0f, 1.0f))));
-                     db.push_back(std::make_unique<DeviceBuffer<float>>(test::random_floats(heights[i], 80 + i, -1.0f, 1.0f)));
-                     dy.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
-                     dsep.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
-                     const float* bias = (s.bias || i == 2) ? db[i]->ptr : nullptr;
-                     outs[i] = {as_bf16(dw[i]->ptr), bias, dy[i]->ptr, heights[i]};
-                     if (i == 2) {
-                       matmul_rowwise_cuda(dx.ptr, outs[i].w, bias, dsep[i]->ptr, s.tokens, heights[i], s.cols, nullptr);
-                     } else {
-                       outs[i].q8 = dq[i]->ptr;
-                       outs[i].q8_scales = dd[i]->ptr;
-                       matmul_rowwise_q8_cuda(dx.ptr, dq[i]->ptr, dd[i]->ptr, bias, dsep[i]->ptr, s.tokens, heights[i], s.cols,
-                                              nullptr);
+    t.push_back({std::string("embedding_") + format_name(f), [=]() -> AssertionResult {
+                   const int64_t vocab = 300, hidden = 576, tokens = 19;
+                   const BlocksHost table = random_blocks(f, vocab, hidden, 92);
+                   std::vector<int32_t> ids(static_cast<size_t>(tokens));
+                   for (int64_t i = 0; i < tokens; ++i) ids[i] = static_cast<int32_t>((i * 31 + vocab - 1) % vocab);
+                   ids[3] = 0;                             // the subnormal-scale row
+                   ids[4] = static_cast<int32_t>(vocab);  // out of range: NaN
+                   const BlocksDevice w(table);
+                   DeviceBuffer<int32_t> di(ids);
+                   DeviceBuffer<float> out(static_cast<size_t>(tokens * hidden));
+                   embedding_gather_blocks_cuda(w.w, di.ptr, tokens, hidden, vocab, out.ptr, nullptr);
+                   if (auto r = sync_ok(); !r) return r;
+                   const auto got = out.to_host();
+                   for (int64_t i = 0; i < tokens; ++i)
+                     for (int64_t c = 0; c < hidden; ++c) {
+                       const float g = got[i * hidden + c];
+                       if (i == 4) {
+                         if (!std::isnan(g)) return AssertionFailure() << "an out-of-range id must give NaN, col " << c;
+                       } else if (f32_to_bits(g) != f32_to_bits(table.values[ids[i] * hidden + c])) {
+                         return AssertionFailure() << "token " << i << " col " << c << ": " << g;
+                       }
                      }
-                   }
-                   matmul_rowwise_multi_cuda(dx.ptr, outs, 4, s.tokens, s.cols, nullptr);
-                   if (auto r = sync_ok(); !r) return r;
-                   for (int i = 0; i < 4; ++i)
-                     if (auto c = bitwise_equal(dy[i]->to_host(), dsep[i]->to_host()); !c)
-                       return c << " (multi output " << i << " vs its own launch)";
-                   const auto y0 = test::random_floats(s.tokens * s.rows, 84, -3.0f, 3.0f);
-                   DeviceBuffer<float> fused(y0), sep(y0);
-                   matmul_rowwise_residual_q8_cuda(dx.ptr, dq[0]->ptr, dd[0]->ptr, outs[0].bias, fused.ptr, s.tokens, s.rows,
-                                                   s.cols, nullptr);
-                   residual_add_cuda(sep.ptr, dsep[0]->ptr, s.tokens * s.rows, nullptr);
-                   if (auto r = sync_ok(); !r) return r;
-                   if (auto c = bitwise_equal(fused.to_host(), sep.to_host()); !c) return c << " (residual)";
-                   const Q8Host upw = random_q8(s.rows, s.cols, 85);
-                   DeviceBuffer<int8_t> uq(upw.q);
-                   DeviceBuffer<uint16_t> ud(upw.d);
-                   DeviceBuffer<float> up(static_cast<size_t>(s.tokens * s.rows)), gate(up.n), act(up.n), want(up.n);
-                   matmul_rowwise_q8_cuda(dx.ptr, dq[0]->ptr, dd[0]->ptr, nullptr, gate.ptr, s.tokens, s.rows, s.cols, nullptr);
-                   matmul_rowwise_q8_cuda(dx.ptr, uq.ptr, ud.ptr, nullptr, up.ptr, s.tokens, s.rows, s.cols, nullptr);
-                   swiglu_cuda(gate.ptr, up.ptr, want.ptr, s.tokens * s.rows, nullptr);
-                   matmul_rowwise_swiglu_q8_cuda(dx.ptr, dq[0]->ptr, dd[0]->ptr, uq.ptr, ud.ptr, act.ptr, s.tokens, s.rows, s.cols,
-                                                 nullptr);
-                   if (auto r = sync_ok(); !r) return r;
-                   if (auto c = bitwise_equal(act.to_host(), want.to_host()); !c) return c << " (swiglu)";
                    return AssertionSuccess();
                  }});
   }
-  t.push_back({"dequant_q8_0_to_bf16", []() -> AssertionResult {
-                 const Q8Host w = random_q8(37, 1312, 91);
-                 std::vector<uint16_t> want(w.values.size());
-                 for (size_t i = 0; i < want.size(); ++i) want[i] = f32_to_bf16(w.values[i]);
-                 DeviceBuffer<int8_t> dq(w.q);
-                 DeviceBuffer<uint16_t> dd(w.d), out(want.size());
-                 dequant_q8_0_to_bf16_cuda(dq.ptr, dd.ptr, static_cast<int64_t>(want.size()), as_bf16(out.ptr), nullptr);
-                 if (auto r = sync_ok(); !r) return r;
-                 const auto got = out.to_host();
-                 for (size_t i = 0; i < got.size(); ++i)
-                   if (got[i] != want[i]) return AssertionFailure() << "element " << i << ": " << got[i] << " vs " << want[i];
-                 return AssertionSuccess();
-               }});
-  t.push_back({"embedding_q8_0", []() -> AssertionResult {
-                 const int64_t vocab = 300, hidden = 576, tokens = 19;
-                 const Q8Host table = random_q8(vocab, hidden, 92);
-                 std::vector<int32_t> ids(static_cast<size_t>(tokens));
-                 for (int64_t i = 0; i < tokens; ++i) ids[i] = static_cast<int32_t>((i * 31 + vocab - 1) % vocab);
-                 ids[3] = 0;  // the subnormal-scale row
-                 ids[4] = static_cast<int32_t>(vocab);  // out of range: NaN
-                 DeviceBuffer<int8_t> dq(table.q);
-                 DeviceBuffer<uint16_t> dd(table.d);
-                 DeviceBuffer<int32_t> di(ids);
-                 DeviceBuffer<float> out(static_cast<size_t>(tokens * hidden));
-                 embedding_gather_q8_0_cuda(dq.ptr, dd.ptr, di.ptr, tokens, hidden, vocab, out.ptr, nullptr);
-                 if (auto r = sync_ok(); !r) return r;
-                 const auto got = out.to_host();
-                 for (int64_t i = 0; i < tokens; ++i)
-                   for (int64_t c = 0; c < hidden; ++c) {
-                     const float g = got[i * hidden + c];
-                     if (i == 4) {
-                       if (!std::isnan(g)) return AssertionFailure() << "an out-of-range id must give NaN, col " << c;
-                     } else if (f32_to_bits(g) != f32_to_bits(table.values[ids[i] * hidden + c])) {
-                       return AssertionFailure() << "token " << i << " col " << c << ": " << g;
-                     }
-                   }
-                 return AssertionSuccess();
-               }});
   t.push_back({"matmul_bf16_cublas_ldy_slab", []() -> AssertionResult {
                  const int64_t tokens = 5, rows = 96, cols = 64, r0 = 32, m = 40;
                  const auto x = test::random_floats(tokens * cols, 93, -1.0f, 1.0f);
@@ -1068,7 +1107,7 @@ std::vector<OpCase> all_cases() {
   add_embedding(t);
   add_matmul(t);
   add_matmul_fused(t);
-  add_matmul_q8(t);
+  add_matmul_blocks(t);
   add_argmax(t);
   add_attention(t);
   add_decode_rows(t);

@@ -21,11 +21,14 @@
 //     too), except near-ties at the cut-off: at most 2% of the kept entries (streaming: none);
 //   layer-wise prefill (snapkv, adakv, h2o, streaming): the same against the CPU's layer-wise
 //     prefill, and the device pool's peak below its own chunked prefill of the same request.
-// Q8_0 weights (--weight-dtype q8_0): the same checks with both sides loading Q8_0 (the CPU's
-// matvec with f32 activations, so that each weight is d · q exactly on both): the device's
-// decode GEMVs read the same values, its prefill GEMMs the values rounded to bf16, so the
-// prompt-logit bound doubles its relative part (2 · 2^-9: bf16 weights and activations).
-// llama3_q8_0's down_proj (328 columns, not whole blocks) stays bf16: mixed kinds in one layer.
+// Block-format weights: llama3_q8_0 (--weight-dtype q8_0: Q8_0 quantized at load; its down_proj,
+// 328 columns, not whole blocks, stays bf16: mixed formats in one layer), tiny_gguf_q4_1 and
+// gemma3_q4_0 (a GGUF's own Q4_1 / Q4_0 blocks, kept with --weight-dtype auto; the Gemma table
+// is tied: the embedding gather and the LM head in Q4_0). The same checks with both sides
+// holding the same blocks (the CPU's matvec with f32 activations, so that each weight is the
+// same f32 value on both): the device's decode GEMVs read those values, its prefill GEMMs the
+// values rounded to bf16, so the prompt-logit bound doubles its relative part (2 · 2^-9: bf16
+// weights and activations).
 // Exits 77 without a usable GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -73,6 +76,9 @@ struct Model {
   const char* subpath;  // model path inside --out
   const char* carried = "";  // make_tiny_checkpoint.py: scripts/device_deps.sh's copy, .device-deps/<carried>
   DType weights = DType::bf16;  // LoadOptions::weight_dtype, both sides: bf16 or q8_0
+  bool native = false;          // LoadOptions::keep_quantized: the GGUF's own blocks (--weight-dtype auto)
+  const char* held = "bf16";    // what the device's memory report says the weights are
+  bool blocks() const { return native || weights == DType::q8_0; }
 };
 
 struct Outcome {
@@ -99,10 +105,10 @@ class DeviceGenerateTest : public ::testing::TestWithParam<Model> {
       path = carried;
     }
     LoadOptions opts;
-    opts.keep_quantized = false;
+    opts.keep_quantized = m.native;
     opts.matvec_tiles = false;      // the device reads row-major blocks
     opts.weight_dtype = m.weights;  // the device's weights, on both sides
-    if (m.weights == DType::q8_0) kernels::matvec_act_set(kernels::MatvecAct::f32);  // d · q exactly on the CPU
+    if (m.blocks()) kernels::matvec_act_set(kernels::MatvecAct::f32);  // the blocks' own values on the CPU
     auto model = load_model(path.string(), opts);
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     model_ = std::make_unique<LoadedModel>(std::move(model).value());
@@ -207,7 +213,7 @@ TEST_P(DeviceGenerateTest, FullCacheGreedyAndPromptLogitsMatchCpu) {
   Outcome cpu, dev;
   both(req, true, cpu, dev);
   ASSERT_EQ(cpu.prompt_logits.size(), dev.prompt_logits.size());
-  const double rel = GetParam().weights == DType::q8_0 ? 2 * k_logit_rel : k_logit_rel;
+  const double rel = GetParam().blocks() ? 2 * k_logit_rel : k_logit_rel;
   double worst = 0;
   for (size_t p = 0; p < cpu.prompt_logits.size(); ++p) {
     const std::vector<float>& c = cpu.prompt_logits[p];
@@ -228,7 +234,8 @@ TEST_P(DeviceGenerateTest, FullCacheGreedyAndPromptLogitsMatchCpu) {
   EXPECT_GE(compared, 1);
   EXPECT_EQ(dev.result.stats.kv_resident_bytes, dev.result.stats.kv_full_equivalent_bytes);
   const std::string memory = dev_->describe_memory();  // the weights the device holds
-  EXPECT_NE(memory.find(GetParam().weights == DType::q8_0 ? "MiB q8_0" : "MiB bf16"), std::string::npos) << memory;
+  const std::string held = std::string("MiB ") + GetParam().held;
+  EXPECT_NE(memory.find(held), std::string::npos) << memory;
 }
 
 TEST_P(DeviceGenerateTest, PolicySelectionsAndTokensMatchCpu) {
@@ -346,6 +353,8 @@ TEST_P(DeviceGenerateTest, BadRequestsAreRefusedInOneLine) {
   EXPECT_NE(r.status().message().find("outside the vocabulary"), std::string::npos) << r.status().message();
 }
 
+const std::string k_gemma3_q4_0_args = std::string(test::k_tiny_gemma3_args) + " --gguf-type q4_0";
+
 INSTANTIATE_TEST_SUITE_P(
     Models, DeviceGenerateTest,
     ::testing::Values(Model{"llama3_bf16", "make_random_model.py", "--shape tiny-llama3 --dtype bf16 --seed 3", ""},
@@ -356,9 +365,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Model{"gemma3_tiny", "make_tiny_checkpoint.py", test::k_tiny_gemma3_args, "model.gguf",
                             test::k_tiny_gemma3_carried},
                       Model{"llama3_q8_0", "make_random_model.py", "--shape tiny-llama3 --dtype bf16 --seed 3", "", "",
-                            DType::q8_0},
-                      Model{"gemma3_q8_0", "make_tiny_checkpoint.py", test::k_tiny_gemma3_args, "model.gguf",
-                            test::k_tiny_gemma3_carried, DType::q8_0}),
+                            DType::q8_0, false, "q8_0 + bf16"},
+                      Model{"tiny_gguf_q4_1", "make_tiny_checkpoint.py",
+                            "--arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11 --gguf-type q4_1", "model.gguf",
+                            "tiny-gguf-q4_1", DType::bf16, true, "q4_1 + bf16"},
+                      Model{"gemma3_q4_0", "make_tiny_checkpoint.py",
+                            k_gemma3_q4_0_args.c_str(), "model.gguf",
+                            "tiny-gemma3-q4_0", DType::bf16, true, "q4_0"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -40,6 +40,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/cuda/tp_selection.h"
@@ -262,13 +263,15 @@ TEST_F(DeviceTpCli, SnapKvPerRankSelectsWhatOneProcessSelects) {
 }
 
 // A real checkpoint (SmolLM2-135M-Instruct Q4_1, SNAP_MODEL; skipped without it): 9 query and 3
-// KV heads of 64 dims, tied embeddings, a 49152-token vocabulary, dequantized to bf16 at load.
-// The device at tp 1 and at tp 3 (three processes, one KV head each) against the CPU engine on
-// the same bf16 weights and bf16 KV cache: the same 16 greedy tokens, and every prompt
-// position's CPU top 5 within 0.1 + 1/64 of the row's largest |logit|. Thirty layers compound
-// the device's bf16 GEMM inputs: measured on the host twin, 0.22 at tp 1 and 0.29 at tp 3 on
-// rows whose largest logit is ~29 (0.8% and 1%); for scale, the CPU engine's own switch from
-// Q4_1 to bf16 weights moves the same logits by 0.14.
+// KV heads of 64 dims, tied embeddings, a 49152-token vocabulary. With --weight-dtype bf16
+// (dequantized to bf16 at load), the device at tp 1 and at tp 3 (three processes, one KV head
+// each) against the CPU engine on the same bf16 weights and bf16 KV cache; with auto, the
+// device holding the file's own Q4_1/Q8_0 blocks against the CPU engine on the same blocks
+// (SNAP_MATVEC=f32act: the same weight values, f32 activations). Each: the same 16 greedy
+// tokens, and every prompt position's CPU top 5 within 0.1 + 1/64 of the row's largest |logit|.
+// Thirty layers compound the device's bf16 GEMM inputs: measured on the host twin, 0.22 at tp 1
+// and 0.29 at tp 3 on rows whose largest logit is ~29 (0.8% and 1%); for scale, the CPU engine's
+// own switch from Q4_1 to bf16 weights moves the same logits by 0.14.
 TEST_F(DeviceTpCli, RealModelMatchesTheCpuEngine) {
   const char* env = std::getenv("SNAP_MODEL");
   const std::string model = env && *env ? env : std::string(std::getenv("HOME")) + "/.cache/snapserve/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -280,21 +283,29 @@ TEST_F(DeviceTpCli, RealModelMatchesTheCpuEngine) {
               (dir_ / (tag + ".out")).string() + " 2> " + (dir_ / (tag + ".err")).string());
   };
   ASSERT_EQ(run("cpu", " --weight-dtype bf16 --kv-dtype bf16"), 0) << slurp(dir_ / "cpu.err");
-  ASSERT_EQ(run("dev", " --device cuda:0"), 0) << slurp(dir_ / "dev.err");
+  ASSERT_EQ(run("dev", " --device cuda:0 --weight-dtype bf16"), 0) << slurp(dir_ / "dev.err");
+  ASSERT_EQ(sh("SNAP_MATVEC=f32act timeout 300 " + k_bin + args + (dir_ / "cpu_q4.logits").string() +
+               " --kv-dtype bf16 > " + (dir_ / "cpu_q4.out").string() + " 2> " + (dir_ / "cpu_q4.err").string()),
+            0)
+      << slurp(dir_ / "cpu_q4.err");
+  ASSERT_EQ(run("dev_q4", " --device cuda:0"), 0) << slurp(dir_ / "dev_q4.err");
+  EXPECT_NE(slurp(dir_ / "dev_q4.err").find("q4_1"), std::string::npos) << slurp(dir_ / "dev_q4.err");
   const int port = snap::testing::free_port();
   std::string cmd = "(";
   for (int r = 1; r < 3; ++r)
-    cmd += "timeout 300 " + k_bin + args + (dir_ / "tp3.logits.unused").string() + " --device cuda:0 --tp 3 --tp-comm host --world-size 3 --leader 127.0.0.1:" +
+    cmd += "timeout 300 " + k_bin + args + (dir_ / "tp3.logits.unused").string() + " --device cuda:0 --weight-dtype bf16 --tp 3 --tp-comm host --world-size 3 --leader 127.0.0.1:" +
            std::to_string(port) + " --rank " + std::to_string(r) + " > /dev/null 2>> " + (dir_ / "tp3.workers").string() + " & ";
-  cmd += "timeout 300 " + k_bin + args + (dir_ / "tp3.logits").string() + " --device cuda:0 --tp 3 --tp-comm host --world-size 3 --leader 127.0.0.1:" +
+  cmd += "timeout 300 " + k_bin + args + (dir_ / "tp3.logits").string() + " --device cuda:0 --weight-dtype bf16 --tp 3 --tp-comm host --world-size 3 --leader 127.0.0.1:" +
          std::to_string(port) + " --rank 0 > " + (dir_ / "tp3.out").string() + " 2> " + (dir_ / "tp3.err").string() + "; rc=$?; wait; exit $rc)";
   ASSERT_EQ(sh(cmd), 0) << slurp(dir_ / "tp3.err") << slurp(dir_ / "tp3.workers");
   EXPECT_GT(slurp(dir_ / "cpu.out").size(), 16u);
   EXPECT_EQ(slurp(dir_ / "dev.out"), slurp(dir_ / "cpu.out"));
   EXPECT_EQ(slurp(dir_ / "tp3.out"), slurp(dir_ / "cpu.out"));
-  for (const std::string tag : {"dev", "tp3"}) {
+  EXPECT_GT(slurp(dir_ / "cpu_q4.out").size(), 16u);
+  EXPECT_EQ(slurp(dir_ / "dev_q4.out"), slurp(dir_ / "cpu_q4.out"));
+  for (const auto& [ref, tag] : {std::pair<std::string, std::string>{"cpu", "dev"}, {"cpu", "tp3"}, {"cpu_q4", "dev_q4"}}) {
     int64_t na = 0, nb = 0;
-    const std::vector<float> a = read_logits(dir_ / "cpu.logits", &na, 49152), b = read_logits(dir_ / (tag + ".logits"), &nb, 49152);
+    const std::vector<float> a = read_logits(dir_ / (ref + ".logits"), &na, 49152), b = read_logits(dir_ / (tag + ".logits"), &nb, 49152);
     ASSERT_FALSE(a.empty());
     ASSERT_EQ(na, nb);
     double worst = 0;
@@ -312,8 +323,8 @@ TEST_F(DeviceTpCli, RealModelMatchesTheCpuEngine) {
         EXPECT_LE(d, 0.1 + scale / 64) << tag << " position " << p << " id " << idx[k];
       }
     }
-    std::printf("[ info ] SmolLM2 %s vs cpu (bf16 weights and KV): %lld prompt positions, worst top-5 logit difference %.4f\n",
-                tag.c_str(), static_cast<long long>(na), worst);
+    std::printf("[ info ] SmolLM2 %s vs %s (%s weights, bf16 KV): %lld prompt positions, worst top-5 logit difference %.4f\n",
+                tag.c_str(), ref.c_str(), ref == "cpu" ? "bf16" : "the file's Q4_1/Q8_0", static_cast<long long>(na), worst);
   }
 }
 

@@ -91,8 +91,9 @@ struct DeviceShard {
 
   Status open(const DeviceSpec& spec, const EngineConfig& cfg) {
     SNAP_RETURN_IF_ERROR(check_device(spec));
-    LoadOptions opts;  // dequantized at load to the device's storage: bf16, or Q8_0 when asked
-    opts.keep_quantized = false;
+    LoadOptions opts;  // the device's storage: bf16, Q8_0 when asked, a GGUF's own blocks with auto
+    // auto: a GGUF's Q8_0/Q4_0/Q4_1 matrices stay in their blocks, on the device too; the rest bf16.
+    opts.keep_quantized = cfg.weight_dtype == "auto";
     opts.matvec_tiles = false;  // the device reads row-major blocks
     opts.weight_dtype = cfg.weight_dtype == "q8_0" ? DType::q8_0 : DType::bf16;
     if (grouped(cfg)) {
@@ -285,7 +286,7 @@ class DeviceEngine final : public Engine {
     if (cudaGetDeviceProperties(&prop, spec_.ordinal) == cudaSuccess) device_name_ = prop.name;
     std::fprintf(stderr, "snapserve: --device %s (%s): weights %.1f MiB %s, KV pool %lld blocks of %lld bytes%s\n",
                  spec_.name().c_str(), device_name_.c_str(), weights_->bytes / 1048576.0,
-                 weights_->any_q8() ? "q8_0" : "bf16",
+                 weights_->storage().c_str(),
                  static_cast<long long>(pool_->num_blocks()), static_cast<long long>(pool_->block_bytes()),
                  grouped(cfg_) ? (", tensor parallel " + std::to_string(cfg_.comm->group_size()) + " ranks, exchange " +
                                   (shard_.exchange->staged() ? std::string("host-staged over ") + cfg_.comm->backend_name()

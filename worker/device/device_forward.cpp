@@ -199,12 +199,11 @@ namespace {
 // A decode GEMV's output for the launch that fuses several (bf16 or Q8_0 weights).
 kernels::RowwiseOut rowwise_out(const DeviceMatrixView& w, const float* bias, float* y) {
   kernels::RowwiseOut o{w.data, bias, y, w.rows};
-  o.q8 = w.q8;
-  o.q8_scales = w.q8_scales;
+  o.blocks = w.blocks;
   return o;
 }
 
-// Largest slab of Q8_0 rows dequantized at a time for a prompt GEMM: 64 MiB of bf16 (a
+// Largest slab of block-format rows dequantized at a time for a prompt GEMM: 64 MiB of bf16 (a
 // Llama-3-8B gate_proj in two slabs; each slab's GEMM is still thousands of rows tall).
 constexpr int64_t k_dequant_slab_elements = int64_t{32} << 20;
 }  // namespace
@@ -221,14 +220,14 @@ Status DeviceForward::gemm(const DeviceMatrixView& w, const float* bias, const f
       return internal_error("device forward: cublasGemmEx status " + std::to_string(static_cast<int>(st)));
     return Status::ok_status();
   };
-  if (w.q8 == nullptr) {
+  if (!w.is_blocks()) {
     SNAP_RETURN_IF_ERROR(check(kernels::matmul_bf16_cuda(cublas_, xb_, w.data, bias, y, n, w.rows, w.cols, stream_)));
     return cuda_status("matmul_bf16_cuda", cudaGetLastError());
   }
   if (wb_ == nullptr) {
-    const int64_t layer = w_.largest_q8_layer_elements();  // 0: only the head is Q8_0
+    const int64_t layer = w_.largest_blocks_layer_elements();  // 0: only the head is in blocks
     const int64_t elems = std::max(std::min(layer > 0 ? layer : w.rows * w.cols, k_dequant_slab_elements), w.cols);
-    DEV_TRY("cudaMalloc Q8_0 dequant slab", cudaMalloc(reinterpret_cast<void**>(&wb_), static_cast<size_t>(2 * elems)));
+    DEV_TRY("cudaMalloc dequantization slab", cudaMalloc(reinterpret_cast<void**>(&wb_), static_cast<size_t>(2 * elems)));
     wb_elems_ = elems;
     scratch_bytes_ += 2 * elems;
   }
@@ -236,11 +235,11 @@ Status DeviceForward::gemm(const DeviceMatrixView& w, const float* bias, const f
   for (int64_t r = 0; r < w.rows; r += slab) {  // one stream: a slab's GEMM reads wb_ before the next fills it
     const int64_t m = std::min(slab, w.rows - r);
     const DeviceMatrixView s = w.rows_from(r, m);
-    kernels::dequant_q8_0_to_bf16_cuda(s.q8, s.q8_scales, m * w.cols, wb_, stream_);
+    kernels::dequant_blocks_to_bf16_cuda(s.blocks, m * w.cols, wb_, stream_);
     SNAP_RETURN_IF_ERROR(check(kernels::matmul_bf16_cuda(cublas_, xb_, wb_, bias != nullptr ? bias + r : nullptr, y + r,
                                                          n, m, w.cols, stream_, w.rows)));
   }
-  return cuda_status("Q8_0 GEMM", cudaGetLastError());
+  return cuda_status("block-format GEMM", cudaGetLastError());
 }
 
 // q rows [n] of `seq` against (seq, layer)'s paged cache, into out (the split workspace grows
@@ -329,8 +328,8 @@ Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
   // x_ += post_norm(in · wᵀ), summed over the group first when sharded.
   const auto into_residual = [&](const DeviceMatrix& w, const float* in, const DeviceArray& post_norm) -> Status {
     if (!sum_first && post_norm.ptr == nullptr) {
-      if (w.q8())
-        kernels::matmul_rowwise_residual_q8_cuda(in, w.data.i8(), w.scales.u16(), nullptr, x_, n, w.rows, w.cols, stream_);
+      if (w.is_blocks())
+        kernels::matmul_rowwise_residual_blocks_cuda(in, w.view().blocks, nullptr, x_, n, w.rows, w.cols, stream_);
       else
         kernels::matmul_rowwise_residual_cuda(in, w.data.bf16(), nullptr, x_, n, w.rows, w.cols, stream_);
       return Status::ok_status();
@@ -343,16 +342,17 @@ Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
   };
   SNAP_RETURN_IF_ERROR(into_residual(L.o, attn_out_, L.post_attn_norm));
   kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
-  if (config_.gelu_mlp || L.gate.q8() != L.up.q8()) {  // gate and up in one launch, then the activation
+  const bool same = L.gate.is_blocks() == L.up.is_blocks() && (!L.gate.is_blocks() || L.gate.format == L.up.format);
+  if (config_.gelu_mlp || !same) {  // gate and up in one launch (one per format), then the activation
     const kernels::RowwiseOut outs[2] = {rowwise_out(L.gate.view(), nullptr, gate_), rowwise_out(L.up.view(), nullptr, up_)};
     kernels::matmul_rowwise_multi_cuda(h_, outs, 2, n, L.gate.cols, stream_);
     if (config_.gelu_mlp)
       kernels::geglu_cuda(gate_, up_, gate_, n * ff, stream_);
     else
       kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
-  } else if (L.gate.q8()) {
-    kernels::matmul_rowwise_swiglu_q8_cuda(h_, L.gate.data.i8(), L.gate.scales.u16(), L.up.data.i8(), L.up.scales.u16(),
-                                           gate_, n, ff, L.gate.cols, stream_);
+  } else if (L.gate.is_blocks()) {
+    kernels::matmul_rowwise_swiglu_blocks_cuda(h_, L.gate.view().blocks, L.up.view().blocks, gate_, n, ff, L.gate.cols,
+                                               stream_);
   } else {
     kernels::matmul_rowwise_swiglu_cuda(h_, L.gate.data.bf16(), L.up.data.bf16(), gate_, n, ff, L.gate.cols, stream_);
   }
@@ -363,9 +363,8 @@ Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
 
 Status DeviceForward::embed(const int32_t* tokens, int64_t n, float* out) {
   const int64_t hidden = config_.hidden_size;
-  if (w_.embed.q8())
-    kernels::embedding_gather_q8_0_cuda(w_.embed.data.i8(), w_.embed.scales.u16(), tokens, n, hidden, config_.vocab_size,
-                                        out, stream_);
+  if (w_.embed.is_blocks())
+    kernels::embedding_gather_blocks_cuda(w_.embed.view().blocks, tokens, n, hidden, config_.vocab_size, out, stream_);
   else
     kernels::embedding_gather_cuda(w_.embed.data.bf16(), tokens, n, hidden, config_.vocab_size, out, stream_);
   if (config_.embed_scale != 1.0f) kernels::scale_cuda(out, config_.embed_scale, n * hidden, stream_);

@@ -188,9 +188,9 @@ class DeviceForward {
   Status project(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   Status project_rows(const DeviceMatrix& w, const float* bias, const float* x, float* y, int64_t n);
   // y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias) through cuBLAS on bf16: x converted into xb_; a
-  // Q8_0 matrix dequantized into wb_ a slab of rows at a time, each GEMM filling its columns of y.
+  // block-format matrix dequantized into wb_ a slab of rows at a time, each GEMM filling its columns of y.
   Status gemm(const DeviceMatrixView& w, const float* bias, const float* x, float* y, int64_t n);
-  // The same through the row-invariant GEMV (bf16 or Q8_0 kernel).
+  // The same through the row-invariant GEMV (bf16 or block-format kernel).
   void gemv_rows(const DeviceMatrixView& w, const float* bias, const float* x, float* y, int64_t n);
   Status attend(int32_t seq, int layer, const float* q, const int32_t* positions, int64_t n, float* out);
   // The decode rows of decode_batch (q_ row b: sequence seqs[b]) against their own caches in one
@@ -263,8 +263,8 @@ class DeviceForward {
   float *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *inv_freq_ = nullptr;
   float* inv_freq_local_ = nullptr;  // gemma3 local layers' RoPE frequencies (null: none)
   __nv_bfloat16* xb_ = nullptr;  // bf16 copy of a GEMM input [cap, max(hidden, q dim, ff)]
-  // Q8_0 weights: a slab of a matrix's rows dequantized for cuBLAS (allocated at the first
-  // prompt GEMM: min(largest Q8_0 layer matrix, k_dequant_slab_elements) bf16 values).
+  // Block-format weights: a slab of a matrix's rows dequantized for cuBLAS (allocated at the
+  // first prompt GEMM: min(largest block-format layer matrix, k_dequant_slab_elements) bf16 values).
   __nv_bfloat16* wb_ = nullptr;
   int64_t wb_elems_ = 0;
   int32_t *tokens_ = nullptr, *positions_ = nullptr, *greedy_ = nullptr;

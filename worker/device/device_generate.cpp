@@ -205,7 +205,7 @@ std::string CudaGenerator::describe(const RankMemory& m, const std::string& who)
                 "%sdevice cuda:%d (%s): weights %.1f MiB %s, KV pool %.1f MiB (peak in use %.1f MiB), scratch %.1f MiB, "
                 "device memory in use %.1f MiB of %.1f MiB",
                 who.c_str(), static_cast<int>(m.ordinal), device_name_.c_str(), m.weights,
-                weights_->any_q8() ? "q8_0" : "bf16", m.pool, m.pool_peak, m.scratch, m.in_use, m.total);
+                weights_->storage().c_str(), m.pool, m.pool_peak, m.scratch, m.in_use, m.total);
   std::string out = buf;
   if (exchange_) {
     std::snprintf(buf, sizeof buf, ", %.3f s in the exchange (%s)", m.exchange_s, exchange_->staged() ? "host-staged" : "nccl");

@@ -1,6 +1,6 @@
 // DeviceWeights::upload: host matrices -> bf16 device arrays (f32 and f16 are converted on the
-// host, bf16 copied as is, q4_0/q4_1 blocks dequantized row by row by the loader's dequantizer,
-// then rounded to bf16), Q8_0 ones -> quants and scales, vectors -> f32 device arrays.
+// host, bf16 copied as is), Q8_0/Q4_0/Q4_1 ones -> quants, scales (and mins), vectors -> f32
+// device arrays.
 #include "worker/device/device_weights.h"
 
 #include <cuda_runtime.h>
@@ -9,7 +9,6 @@
 #include <cstring>
 #include <string>
 
-#include "worker/model/dequant.h"
 
 namespace snap {
 
@@ -41,31 +40,42 @@ Result<DeviceArray> to_device(const void* host, int64_t bytes, const std::string
   return a;
 }
 
-// A host Q8_0 matrix (ggml blocks: f16 scale, 32 int8) as the two device arrays.
-Result<DeviceMatrix> q8_matrix(const Matrix& m, const std::string& what) {
+// A host block-format matrix (ggml's blocks, common/dtype.h) as the device's arrays: quants,
+// f16 scales and (Q4_1) mins, each row-major.
+Result<DeviceMatrix> blocks_matrix(const Matrix& m, const std::string& what) {
   DeviceMatrix d;
   d.rows = m.rows();
   d.cols = m.cols();
-  const int64_t n = m.rows() * m.cols(), blocks = n / 32;
-  if (m.cols() % 32 != 0) return invalid_argument("device weights: " + what + " is Q8_0 with cols % 32 != 0");
-  std::vector<int8_t> q(static_cast<size_t>(n));
-  std::vector<uint16_t> scale(static_cast<size_t>(blocks));
-  const int64_t block_bytes = dtype_row_bytes(DType::q8_0, 32);
+  if (m.cols() % 32 != 0) return invalid_argument("device weights: " + what + " is in blocks with cols % 32 != 0");
+  const DType t = m.dtype();
+  d.format = t == DType::q8_0 ? kernels::BlockFormat::q8_0
+             : t == DType::q4_0 ? kernels::BlockFormat::q4_0
+                                : kernels::BlockFormat::q4_1;
+  const int64_t blocks = m.rows() * m.cols() / 32;
+  const int64_t qbytes = t == DType::q8_0 ? 32 : 16;  // quant bytes per block
+  const int64_t head = t == DType::q4_1 ? 4 : 2;     // d (and m) in front of them
+  const int64_t block_bytes = dtype_row_bytes(t, 32);
+  std::vector<uint8_t> q(static_cast<size_t>(blocks * qbytes));
+  std::vector<uint16_t> scale(static_cast<size_t>(blocks)), min(t == DType::q4_1 ? scale.size() : 0);
   const auto* src = static_cast<const uint8_t*>(m.data());
   for (int64_t b = 0; b < blocks; ++b) {  // rows are whole blocks: block b is row b / (cols / 32)'s
     const uint8_t* blk = src + b * block_bytes;
     std::memcpy(&scale[b], blk, 2);
-    std::memcpy(&q[b * 32], blk + 2, 32);
+    if (t == DType::q4_1) std::memcpy(&min[b], blk + 2, 2);
+    std::memcpy(&q[b * qbytes], blk + head, static_cast<size_t>(qbytes));
   }
-  SNAP_ASSIGN_OR_RETURN(d.data, to_device(q.data(), n, what + " quants"));
+  SNAP_ASSIGN_OR_RETURN(d.data, to_device(q.data(), blocks * qbytes, what + " quants"));
   SNAP_ASSIGN_OR_RETURN(d.scales, to_device(scale.data(), blocks * 2, what + " scales"));
+  if (t == DType::q4_1) {
+    SNAP_ASSIGN_OR_RETURN(d.mins, to_device(min.data(), blocks * 2, what + " mins"));
+  }
   return d;
 }
 
 Result<DeviceMatrix> matrix(const Matrix& m, const std::string& what) {
   if (m.layout() != kernels::WeightLayout::rows)  // the CPU matvec's tiles: load with matvec_tiles = false
     return invalid_argument("device weights: " + what + " is in the CPU matvec's tiles (LoadOptions::matvec_tiles)");
-  if (m.dtype() == DType::q8_0 && !m.empty()) return q8_matrix(m, what);
+  if (dtype_is_quantized(m.dtype()) && !m.empty()) return blocks_matrix(m, what);
   DeviceMatrix d;
   d.rows = m.rows();
   d.cols = m.cols();
@@ -88,20 +98,8 @@ Result<DeviceMatrix> matrix(const Matrix& m, const std::string& what) {
       for (int64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(f16_to_f32(s[i]));
       break;
     }
-    case DType::q4_0:
-    case DType::q4_1: {  // a GGUF's blocks (LoadOptions::keep_quantized): dequantized
-      const GgmlType t = m.dtype() == DType::q4_0 ? GgmlType::q4_0 : GgmlType::q4_1;
-      const int64_t row_bytes = dtype_row_bytes(m.dtype(), m.cols());
-      std::vector<float> row(static_cast<size_t>(m.cols()));
-      for (int64_t r = 0; r < m.rows(); ++r) {
-        SNAP_RETURN_IF_ERROR(dequantize(t, static_cast<const uint8_t*>(m.data()) + r * row_bytes, row.data(), m.cols()));
-        for (int64_t c = 0; c < m.cols(); ++c) b[r * m.cols() + c] = f32_to_bf16(row[c]);
-      }
-      break;
-    }
     default:
-      return invalid_argument("device weights: " + what + " is " + dtype_name(m.dtype()) +
-                              "; load with keep_quantized = false (dequantized at load)");
+      return invalid_argument("device weights: " + what + " is " + dtype_name(m.dtype()) + ", which the device cannot hold");
   }
   SNAP_ASSIGN_OR_RETURN(d.data, to_device(b.data(), n * 2, what));
   return d;
@@ -152,13 +150,33 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const LoadedModel& 
   return d;
 }
 
-bool DeviceWeights::any_q8() const { return embed.q8() || lm_head.q8() || largest_q8_layer_elements() > 0; }
+std::string DeviceWeights::storage() const {
+  bool seen[4] = {false, false, false, false};  // bf16, q8_0, q4_0, q4_1
+  const auto see = [&](const DeviceMatrix& m) {
+    if (m.rows * m.cols == 0) return;
+    seen[m.is_blocks() ? 1 + static_cast<int>(m.format) : 0] = true;
+  };
+  see(embed);
+  see(lm_head);
+  for (const DeviceLayer& l : layers) {
+    for (const DeviceMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) see(*m);
+  }
+  std::string out;
+  for (int i : {1, 2, 3, 0}) {  // the block formats first
+    if (seen[i]) out += (out.empty() ? "" : " + ") + std::string(i == 0 ? "bf16" : i == 1 ? "q8_0" : i == 2 ? "q4_0" : "q4_1");
+  }
+  return out.empty() ? "bf16" : out;
+}
 
-int64_t DeviceWeights::largest_q8_layer_elements() const {
+bool DeviceWeights::any_blocks() const {
+  return embed.is_blocks() || lm_head.is_blocks() || largest_blocks_layer_elements() > 0;
+}
+
+int64_t DeviceWeights::largest_blocks_layer_elements() const {
   int64_t most = 0;
   for (const DeviceLayer& l : layers) {
     for (const DeviceMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
-      if (m->q8()) most = std::max(most, m->rows * m->cols);
+      if (m->is_blocks()) most = std::max(most, m->rows * m->cols);
   }
   return most;
 }

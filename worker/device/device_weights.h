@@ -3,20 +3,23 @@
 // post-norms too) and biases f32. Built
 // from a LoadedModel whose matrices are f32/f16/bf16 (load with keep_quantized = false, so a
 // GGUF's Q8_0/Q4_0/Q4_1 tensors arrive dequantized); tied embeddings share one table.
-// With --weight-dtype q8_0 (loaded with LoadOptions::weight_dtype q8_0), the matrices the
-// loader holds in Q8_0 stay Q8_0 on the device: int8 quants [rows, cols] and f16 scales
-// [rows, cols / 32] in two arrays (16-byte aligned rows for the GEMV's loads), 1.0625 bytes
-// per weight instead of 2; the rest (a column slice off the 32-block grid, an untied
-// embedding table) is bf16.
+// The matrices the loader holds in a block format stay in it on the device (kernels_cuda.h
+// BlockWeights: quants, f16 scales and Q4_1's mins as aligned arrays): Q8_0 from --weight-dtype
+// q8_0 (LoadOptions::weight_dtype q8_0: 1.0625 bytes a weight instead of 2), Q8_0/Q4_0/Q4_1 a
+// GGUF holds with --weight-dtype auto (LoadOptions::keep_quantized: 0.5625 / 0.625 bytes for
+// Q4_0 / Q4_1); the rest (other GGUF types, a column slice off the 32-block grid, an untied
+// embedding table under q8_0) is bf16.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/cuda/kernels_cuda.h"
 #include "worker/model/weights.h"
 
 namespace snap {
@@ -37,19 +40,21 @@ struct DeviceArray {
   const uint16_t* u16() const { return static_cast<const uint16_t*>(ptr); }
 };
 
-// A matrix's rows on the device, bf16 or Q8_0: a DeviceMatrix, or some rows of one (the LM
-// head's vocabulary rows of a tied table).
+// A matrix's rows on the device, bf16 or a block format: a DeviceMatrix, or some rows of one
+// (the LM head's vocabulary rows of a tied table).
 struct DeviceMatrixView {
-  const __nv_bfloat16* data = nullptr;  // bf16 [rows, cols]; null when Q8_0
+  const __nv_bfloat16* data = nullptr;  // bf16 [rows, cols]; null in a block format
   int64_t rows = 0, cols = 0;
-  const int8_t* q8 = nullptr;           // Q8_0: quants [rows, cols] and scales [rows, cols / 32]
-  const uint16_t* q8_scales = nullptr;
+  kernels::BlockWeights blocks;         // blocks.quants set: Q8_0, Q4_0 or Q4_1 (kernels_cuda.h)
+  bool is_blocks() const { return blocks.quants != nullptr; }
   // Rows [begin, begin + n).
   DeviceMatrixView rows_from(int64_t begin, int64_t n) const {
     DeviceMatrixView v = *this;
-    if (q8 != nullptr) {
-      v.q8 += begin * cols;
-      v.q8_scales += begin * (cols / 32);
+    if (is_blocks()) {
+      const int64_t qbytes = blocks.format == kernels::BlockFormat::q8_0 ? cols : cols / 2;
+      v.blocks.quants = static_cast<const uint8_t*>(blocks.quants) + begin * qbytes;
+      v.blocks.scales += begin * (cols / 32);
+      if (blocks.mins != nullptr) v.blocks.mins += begin * (cols / 32);
     } else {
       v.data += begin * cols;
     }
@@ -59,18 +64,22 @@ struct DeviceMatrixView {
 };
 
 struct DeviceMatrix {
-  DeviceArray data;    // bf16 [rows, cols], or Q8_0 int8 quants [rows, cols]
-  DeviceArray scales;  // Q8_0 only: f16 bits [rows, cols / 32]; empty for bf16
+  DeviceArray data;    // bf16 [rows, cols], or a block format's quants
+  DeviceArray scales;  // block formats: f16 bits [rows, cols / 32]; empty for bf16
+  DeviceArray mins;    // Q4_1: f16 bits [rows, cols / 32]
+  kernels::BlockFormat format = kernels::BlockFormat::q8_0;  // when scales are set
   int64_t rows = 0, cols = 0;
-  bool q8() const { return scales.ptr != nullptr; }
-  int64_t bytes() const { return data.bytes + scales.bytes; }
+  bool is_blocks() const { return scales.ptr != nullptr; }
+  int64_t bytes() const { return data.bytes + scales.bytes + mins.bytes; }
   DeviceMatrixView view() const {
     DeviceMatrixView v;
     v.rows = rows;
     v.cols = cols;
-    if (q8()) {
-      v.q8 = data.i8();
-      v.q8_scales = scales.u16();
+    if (is_blocks()) {
+      v.blocks.format = format;
+      v.blocks.quants = data.ptr;
+      v.blocks.scales = scales.u16();
+      v.blocks.mins = mins.ptr != nullptr ? mins.u16() : nullptr;
     } else {
       v.data = data.bf16();
     }
@@ -102,16 +111,18 @@ struct DeviceWeights {
   DeviceMatrixView head() const;
   int64_t bytes = 0;  // device bytes held
 
-  bool any_q8() const;  // some matrix is Q8_0
-  // The most weights of any Q8_0 layer matrix (0: none): prompt chunks dequantize Q8_0
+  // What the matrices are held in: "bf16", or the block formats present ("q8_0", "q4_1 + bf16", ...).
+  std::string storage() const;
+  bool any_blocks() const;
+  // The most weights of any block-format layer matrix (0: none): prompt chunks dequantize block
   // matrices to bf16 for cuBLAS in slabs of rows up to this size (capped by the forward), the
   // LM head in several when it is larger (SmolLM2: a 1.7 MB slab, not its 56 MB head).
-  int64_t largest_q8_layer_elements() const;
+  int64_t largest_blocks_layer_elements() const;
 
   // The model, or the shard of it that `model` holds (LoadOptions tp_rank/tp_size; with
-  // replicated KV heads, q_proj holds the whole GQA group's rows). The host's Q8_0 matrices
-  // (LoadOptions::weight_dtype q8_0) stay Q8_0, the rest become bf16. One-line errors:
-  // cudaMalloc failing (with the bytes asked for).
+  // replicated KV heads, q_proj holds the whole GQA group's rows). The host's Q8_0/Q4_0/Q4_1
+  // matrices stay in their format, the rest become bf16. One-line errors: a matrix in the CPU
+  // matvec's tiles (load with matvec_tiles = false), cudaMalloc failing (with the bytes asked for).
   static Result<std::unique_ptr<DeviceWeights>> upload(const LoadedModel& model);
 };
 

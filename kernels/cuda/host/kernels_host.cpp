@@ -228,44 +228,56 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
 }
 
 namespace {
-// A Q8_0 matrix (quants [rows, cols], f16 scales [rows, cols / 32]) as f32: d · q, exact.
-bool q8_to_f32(const int8_t* q, const uint16_t* d, int64_t rows, int64_t cols, const char* what,
-               std::vector<float>* out) {
-  if (!require_device(q, static_cast<size_t>(rows * cols), what) ||
-      !require_device(d, 2 * static_cast<size_t>(rows * (cols / 32)), what))
+// A block-format matrix (kernels_cuda.h BlockWeights) [rows, cols] as f32, weight by weight as
+// the CUDA kernels compute them, once its arrays are checked to be device memory.
+bool blocks_to_f32(const BlockWeights& w, int64_t rows, int64_t cols, const char* what, std::vector<float>* out) {
+  const bool q8 = w.format == BlockFormat::q8_0;
+  const int64_t nblocks = rows * (cols / 32);
+  if (!require_device(w.quants, static_cast<size_t>(q8 ? rows * cols : rows * cols / 2), what) ||
+      !require_device(w.scales, 2 * static_cast<size_t>(nblocks), what) ||
+      (w.format == BlockFormat::q4_1 && !require_device(w.mins, 2 * static_cast<size_t>(nblocks), what)))
     return false;
   out->resize(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows * cols; ++i) (*out)[i] = f16_to_f32(d[i / 32]) * static_cast<float>(q[i]);
+  const auto* q = static_cast<const uint8_t*>(w.quants);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const int64_t b = i / 32, j = i % 32;
+    const float d = f16_to_f32(w.scales[b]);
+    if (q8) {
+      (*out)[i] = d * static_cast<float>(static_cast<int8_t>(q[i]));
+      continue;
+    }
+    const uint8_t byte = q[b * 16 + (j & 15)];
+    const float nib = static_cast<float>(j < 16 ? byte & 15 : byte >> 4);
+    (*out)[i] = w.format == BlockFormat::q4_0 ? d * (nib - 8.0f) : d * nib + f16_to_f32(w.mins[b]);
+  }
   return true;
 }
 }  // namespace
 
-void embedding_gather_q8_0_cuda(const int8_t* q, const uint16_t* d, const int32_t* ids, int64_t num_tokens,
-                                int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t) {
+void embedding_gather_blocks_cuda(const BlockWeights& table, const int32_t* ids, int64_t num_tokens,
+                                  int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t) {
   if (num_tokens <= 0 || hidden_size <= 0) return;
-  if (!require_device(q, static_cast<size_t>(vocab_size * hidden_size), "embedding table quants") ||
-      !require_device(d, 2 * static_cast<size_t>(vocab_size * (hidden_size / 32)), "embedding table scales") ||
+  std::vector<float> t;
+  if (!blocks_to_f32(table, vocab_size, hidden_size, "embedding table", &t) ||
       !require_device(ids, sizeof(int32_t) * num_tokens, "embedding ids") ||
       !require_device(out, f32s(num_tokens * hidden_size), "embedding out"))
     return;
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    float* row = out + t * hidden_size;
-    const int32_t id = ids[t];
+  for (int64_t r = 0; r < num_tokens; ++r) {
+    float* row = out + r * hidden_size;
+    const int32_t id = ids[r];
     if (id < 0 || id >= vocab_size) {
       std::fill(row, row + hidden_size, std::numeric_limits<float>::quiet_NaN());
       continue;
     }
-    const int64_t base = static_cast<int64_t>(id) * hidden_size;
-    for (int64_t c = 0; c < hidden_size; ++c)
-      row[c] = f16_to_f32(d[(base + c) / 32]) * static_cast<float>(q[base + c]);
+    std::copy_n(t.data() + static_cast<int64_t>(id) * hidden_size, hidden_size, row);
   }
 }
 
-void dequant_q8_0_to_bf16_cuda(const int8_t* q, const uint16_t* d, int64_t n, __nv_bfloat16* out, cudaStream_t) {
+void dequant_blocks_to_bf16_cuda(const BlockWeights& w, int64_t n, __nv_bfloat16* out, cudaStream_t) {
   if (n <= 0) return;
   std::vector<float> f;
-  if (!q8_to_f32(q, d, 1, n, "dequant_q8_0 input", &f) ||
-      !require_device(out, 2 * static_cast<size_t>(n), "dequant_q8_0 out"))
+  if (!blocks_to_f32(w, 1, n, "dequant_blocks input", &f) ||
+      !require_device(out, 2 * static_cast<size_t>(n), "dequant_blocks out"))
     return;
   for (int64_t i = 0; i < n; ++i) bits(out)[i] = f32_to_bf16(f[i]);
 }
@@ -287,12 +299,12 @@ void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bi
 }
 
 namespace {
-// x · wᵀ (+ bias) over a Q8_0 matrix into out (host memory of num_tokens · rows floats), once
-// x, the weights and the bias are checked to be device memory; false (the error set) if not.
-bool rowwise_q8(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* out, int64_t num_tokens,
-                int64_t rows, int64_t cols, const char* what) {
+// x · wᵀ (+ bias) over a block-format matrix into out (host memory of num_tokens · rows floats),
+// once x, the weights and the bias are checked to be device memory; false (the error set) if not.
+bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, float* out, int64_t num_tokens,
+                    int64_t rows, int64_t cols, const char* what) {
   std::vector<float> wf;
-  if (!q8_to_f32(q, d, rows, cols, what, &wf) || !require_device(x, f32s(num_tokens * cols), what) ||
+  if (!blocks_to_f32(w, rows, cols, what, &wf) || !require_device(x, f32s(num_tokens * cols), what) ||
       (bias && !require_device(bias, f32s(rows), what)))
     return false;
   matmul_rowwise_cpu(x, WeightView{DType::f32, wf.data(), rows, cols}, bias, out, num_tokens);
@@ -300,41 +312,40 @@ bool rowwise_q8(const float* x, const int8_t* q, const uint16_t* d, const float*
 }
 }  // namespace
 
-void matmul_rowwise_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
-                            int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t, int) {
+void matmul_rowwise_blocks_cuda(const float* x, const BlockWeights& w, const float* bias, float* y, int64_t num_tokens,
+                                int64_t rows, int64_t cols, cudaStream_t, int) {
   if (num_tokens <= 0 || rows <= 0) return;
-  if (!require_device(y, f32s(num_tokens * rows), "matmul_rowwise_q8 y")) return;
-  rowwise_q8(x, q, d, bias, y, num_tokens, rows, cols, "matmul_rowwise_q8 inputs");
+  if (!require_device(y, f32s(num_tokens * rows), "matmul_rowwise_blocks y")) return;
+  rowwise_blocks(x, w, bias, y, num_tokens, rows, cols, "matmul_rowwise_blocks inputs");
 }
 
 void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count, int64_t num_tokens, int64_t cols,
                                cudaStream_t stream, int loads) {
   for (int i = 0; i < count; ++i) {
-    if (outs[i].q8 != nullptr)
-      matmul_rowwise_q8_cuda(x, outs[i].q8, outs[i].q8_scales, outs[i].bias, outs[i].y, num_tokens, outs[i].rows, cols,
-                             stream, loads);
+    if (outs[i].blocks.quants != nullptr)
+      matmul_rowwise_blocks_cuda(x, outs[i].blocks, outs[i].bias, outs[i].y, num_tokens, outs[i].rows, cols, stream,
+                                 loads);
     else
       matmul_rowwise_cuda(x, outs[i].w, outs[i].bias, outs[i].y, num_tokens, outs[i].rows, cols, stream, loads);
   }
 }
 
-void matmul_rowwise_residual_q8_cuda(const float* x, const int8_t* q, const uint16_t* d, const float* bias, float* y,
-                                     int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
+void matmul_rowwise_residual_blocks_cuda(const float* x, const BlockWeights& w, const float* bias, float* y,
+                                         int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
   if (num_tokens <= 0 || rows <= 0) return;
-  if (!require_device(y, f32s(num_tokens * rows), "matmul_rowwise_residual_q8 y")) return;
+  if (!require_device(y, f32s(num_tokens * rows), "matmul_rowwise_residual_blocks y")) return;
   std::vector<float> part(static_cast<size_t>(num_tokens * rows));
-  if (!rowwise_q8(x, q, d, bias, part.data(), num_tokens, rows, cols, "matmul_rowwise_residual_q8 inputs")) return;
+  if (!rowwise_blocks(x, w, bias, part.data(), num_tokens, rows, cols, "matmul_rowwise_residual_blocks inputs")) return;
   for (size_t i = 0; i < part.size(); ++i) y[i] += part[i];
 }
 
-void matmul_rowwise_swiglu_q8_cuda(const float* x, const int8_t* gate_q, const uint16_t* gate_d, const int8_t* up_q,
-                                   const uint16_t* up_d, float* out, int64_t num_tokens, int64_t rows, int64_t cols,
-                                   cudaStream_t) {
+void matmul_rowwise_swiglu_blocks_cuda(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out,
+                                       int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
   if (num_tokens <= 0 || rows <= 0) return;
-  if (!require_device(out, f32s(num_tokens * rows), "matmul_rowwise_swiglu_q8 out")) return;
+  if (!require_device(out, f32s(num_tokens * rows), "matmul_rowwise_swiglu_blocks out")) return;
   std::vector<float> g(static_cast<size_t>(num_tokens * rows)), u(g.size());
-  if (!rowwise_q8(x, gate_q, gate_d, nullptr, g.data(), num_tokens, rows, cols, "matmul_rowwise_swiglu_q8 gate") ||
-      !rowwise_q8(x, up_q, up_d, nullptr, u.data(), num_tokens, rows, cols, "matmul_rowwise_swiglu_q8 up"))
+  if (!rowwise_blocks(x, gate, nullptr, g.data(), num_tokens, rows, cols, "matmul_rowwise_swiglu_blocks gate") ||
+      !rowwise_blocks(x, up, nullptr, u.data(), num_tokens, rows, cols, "matmul_rowwise_swiglu_blocks up"))
     return;
   swiglu_cpu(g.data(), u.data(), out, static_cast<int64_t>(g.size()));
 }
