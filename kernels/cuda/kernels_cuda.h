@@ -115,11 +115,16 @@ void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const 
                                   int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
 void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
                                 int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
-// Block-format forms of residual and swiglu (gate and up of one format).
+//  - geglu: the same with GeGLU (Gemma 3's MLP): two matmul_rowwise_cuda then geglu_cuda.
+void matmul_rowwise_geglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
+                               int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
+// Block-format forms of residual, swiglu and geglu (gate and up of one format).
 void matmul_rowwise_residual_blocks_cuda(const float* x, const BlockWeights& w, const float* bias, float* y,
                                          int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
 void matmul_rowwise_swiglu_blocks_cuda(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out,
                                        int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
+void matmul_rowwise_geglu_blocks_cuda(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out,
+                                      int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // --- sampling --------------------------------------------------------------------------
 // ids[t] = argmax_v logits[t, v] (greedy; lowest id wins ties, NaN never wins; all -inf/NaN -> 0),

@@ -10,7 +10,8 @@
 //  - the fused decode GEMVs run that same per-row code in one launch for several outputs:
 //    matmul_rowwise_multi_cuda (q, k and v over the same x), matmul_rowwise_residual_cuda (o_proj
 //    or down_proj added into the residual stream) and matmul_rowwise_swiglu_cuda (gate and up of
-//    a row in one warp, then SwiGLU). Each output's bits are those of the separate launches.
+//    a row in one warp, then SwiGLU; matmul_rowwise_geglu_cuda: GeGLU, Gemma 3's). Each output's
+//    bits are those of the separate launches.
 //  - block-format weights (…_blocks_cuda, RowwiseOut::blocks: llama.cpp's Q8_0, Q4_0, Q4_1 as
 //    quants + f16 scales (+ Q4_1's mins)): the same kernels; a weight is d·q or d·(q − 8),
 //    exact in f32 (an 11-bit by 8-bit product), or d·q + m (one rounding, as ggml's
@@ -164,9 +165,10 @@ void embedding_gather_blocks_cuda(const BlockWeights& table, const int32_t* ids,
 
 namespace {
 // What one launch computes. store: y_i = x·w_iᵀ (+ bias_i) for each segment i (count ≤ k_max),
-// the launch's warps over the segments' rows in order; add: y_0 += x·w_0ᵀ (+ bias_0); swiglu:
-// y_0 = SwiGLU(x·w_0ᵀ + b_0, x·w_1ᵀ + b_1) (gate w_0, up w_1, rows_0 = rows_1 rows).
-enum class Epilogue { store, add, swiglu };
+// the launch's warps over the segments' rows in order; add: y_0 += x·w_0ᵀ (+ bias_0); swiglu
+// (geglu): y_0 = SwiGLU(x·w_0ᵀ + b_0, x·w_1ᵀ + b_1) (GeGLU) (gate w_0, up w_1, rows_0 = rows_1 rows).
+enum class Epilogue { store, add, swiglu, geglu };
+__host__ __device__ constexpr bool gated(Epilogue e) { return e == Epilogue::swiglu || e == Epilogue::geglu; }
 struct Segments {
   static constexpr int k_max = 3;
   const void* w[k_max] = {};      // bf16 [rows, cols], or a block format's quants
@@ -404,15 +406,27 @@ __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_
   const int nt = static_cast<int>(num_tokens - t0 < kTokens ? num_tokens - t0 : kTokens);
   float acc[kTokens];
   seg_row_dot<kFmt, kVector, kLoads, kTokens>(x, w, d, m, r, cols, t0, nt, lane, acc);
-  if constexpr (kEpi == Epilogue::swiglu) {
+  if constexpr (gated(kEpi)) {
     float up[kTokens];
     seg_row_dot<kFmt, kVector, kLoads, kTokens>(x, seg.w[1], seg.d[1], seg.m[1], r, cols, t0, nt, lane, up);
 #pragma unroll
     for (int k = 0; k < kTokens; ++k) {
-      // As the separate launches: gate and up stored with their bias (or + 0), then swiglu_cuda.
+      // As the separate launches: gate and up stored with their bias (or + 0), then swiglu_cuda
+      // (geglu_cuda), the same expression.
       const float g = warp_sum(acc[k]) + (bias != nullptr ? bias[r] : 0.0f);
       const float u = warp_sum(up[k]) + (seg.bias[1] != nullptr ? seg.bias[1][r] : 0.0f);
-      if (lane == 0 && k < nt) y[(t0 + k) * rows + r] = g / (1.0f + expf(-g)) * u;
+      if (lane == 0 && k < nt) {
+        float a;
+        if constexpr (kEpi == Epilogue::swiglu) {
+          a = g / (1.0f + expf(-g)) * u;
+        } else {
+          constexpr float k_sqrt_2_over_pi = 0.7978845608028654f;
+          constexpr float k_cubic = 0.044715f;
+          const float inner = k_sqrt_2_over_pi * (g + k_cubic * g * g * g);
+          a = 0.5f * g * (1.0f + tanhf(inner)) * u;
+        }
+        y[(t0 + k) * rows + r] = a;
+      }
     }
   } else {
 #pragma unroll
@@ -456,7 +470,7 @@ void rowwise(const float* x, const Segments& seg, int64_t num_tokens, int64_t co
   int64_t total = 0;
   bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   for (int i = 0; i < seg.count; ++i) {
-    total += kEpi == Epilogue::swiglu && i > 0 ? 0 : seg.rows[i];
+    total += gated(kEpi) && i > 0 ? 0 : seg.rows[i];
     aligned = aligned && reinterpret_cast<uintptr_t>(seg.w[i]) % 16 == 0;
   }
   if (num_tokens <= 0 || total <= 0) return;
@@ -521,8 +535,9 @@ void residual(const float* x, const __nv_bfloat16* w, const BlockWeights* blocks
   rowwise<Epilogue::add>(x, seg, num_tokens, cols, stream, 4, blocks != nullptr ? format_code(blocks->format) : k_bf16);
 }
 
-void swiglu(const float* x, const void* gate, const void* up, const BlockWeights* gb, const BlockWeights* ub,
-            float* out, int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
+template <Epilogue kEpi>
+void gated_mlp(const float* x, const void* gate, const void* up, const BlockWeights* gb, const BlockWeights* ub,
+               float* out, int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
   Segments seg;  // gate's segment carries the output; up's only its weights (and no bias)
   seg.count = 2;
   seg.w[0] = gate;
@@ -535,7 +550,7 @@ void swiglu(const float* x, const void* gate, const void* up, const BlockWeights
   }
   seg.y[0] = out;
   seg.rows[0] = seg.rows[1] = rows;
-  rowwise<Epilogue::swiglu>(x, seg, num_tokens, cols, stream, 4, gb != nullptr ? format_code(gb->format) : k_bf16);
+  rowwise<kEpi>(x, seg, num_tokens, cols, stream, 4, gb != nullptr ? format_code(gb->format) : k_bf16);
 }
 }  // namespace
 
@@ -551,12 +566,22 @@ void matmul_rowwise_residual_blocks_cuda(const float* x, const BlockWeights& w, 
 
 void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
                                 int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
-  swiglu(x, gate, up, nullptr, nullptr, out, num_tokens, rows, cols, stream);
+  gated_mlp<Epilogue::swiglu>(x, gate, up, nullptr, nullptr, out, num_tokens, rows, cols, stream);
 }
 
 void matmul_rowwise_swiglu_blocks_cuda(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out,
                                        int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
-  swiglu(x, gate.quants, up.quants, &gate, &up, out, num_tokens, rows, cols, stream);
+  gated_mlp<Epilogue::swiglu>(x, gate.quants, up.quants, &gate, &up, out, num_tokens, rows, cols, stream);
+}
+
+void matmul_rowwise_geglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
+                               int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
+  gated_mlp<Epilogue::geglu>(x, gate, up, nullptr, nullptr, out, num_tokens, rows, cols, stream);
+}
+
+void matmul_rowwise_geglu_blocks_cuda(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out,
+                                      int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t stream) {
+  gated_mlp<Epilogue::geglu>(x, gate.quants, up.quants, &gate, &up, out, num_tokens, rows, cols, stream);
 }
 
 }  // namespace snap::kernels

@@ -315,7 +315,7 @@ void add_matmul(std::vector<OpCase>& t) {
 
 // The fused decode GEMVs give each output the bits of the separate launches: q/k/v-like
 // outputs of different heights in one launch (4 outputs: two launches), o_proj/down_proj added
-// into the residual stream, gate and up with SwiGLU.
+// into the residual stream, gate and up with SwiGLU, and with GeGLU.
 void add_matmul_fused(std::vector<OpCase>& t) {
   for (const GemmShape& s : k_gemm_shapes) {
     t.push_back({gemm_name("matmul_rowwise_fused", s), [=]() -> AssertionResult {
@@ -355,6 +355,10 @@ void add_matmul_fused(std::vector<OpCase>& t) {
                    matmul_rowwise_swiglu_cuda(dx.ptr, outs[0].w, as_bf16(dup.ptr), act.ptr, s.tokens, s.rows, s.cols, nullptr);
                    if (auto r = sync_ok(); !r) return r;
                    if (auto c = bitwise_equal(act.to_host(), want.to_host()); !c) return c << " (swiglu)";
+                   geglu_cuda(gate.ptr, up.ptr, want.ptr, s.tokens * s.rows, nullptr);
+                   matmul_rowwise_geglu_cuda(dx.ptr, outs[0].w, as_bf16(dup.ptr), act.ptr, s.tokens, s.rows, s.cols, nullptr);
+                   if (auto r = sync_ok(); !r) return r;
+                   if (auto c = bitwise_equal(act.to_host(), want.to_host()); !c) return c << " (geglu)";
                    return AssertionSuccess();
                  }});
   }
@@ -530,6 +534,10 @@ void add_matmul_blocks(std::vector<OpCase>& t) {
                      matmul_rowwise_swiglu_blocks_cuda(dx.ptr, dq[0]->w, upw.w, act.ptr, s.tokens, s.rows, s.cols, nullptr);
                      if (auto r = sync_ok(); !r) return r;
                      if (auto c = bitwise_equal(act.to_host(), want.to_host()); !c) return c << " (swiglu)";
+                     geglu_cuda(gate.ptr, up.ptr, want.ptr, s.tokens * s.rows, nullptr);
+                     matmul_rowwise_geglu_blocks_cuda(dx.ptr, dq[0]->w, upw.w, act.ptr, s.tokens, s.rows, s.cols, nullptr);
+                     if (auto r = sync_ok(); !r) return r;
+                     if (auto c = bitwise_equal(act.to_host(), want.to_host()); !c) return c << " (geglu)";
                      return AssertionSuccess();
                    }});
     }

@@ -321,7 +321,7 @@ Status DeviceForward::attention_inputs(const DeviceLayer& L, int l, int64_t n, b
 // up with SwiGLU in one launch, down_proj into x_. At tp 1 the residual adds are fused into
 // the GEMVs (the same bits as GEMV + residual_add_cuda); a shard sums its partials first.
 // gemma3: each output is RMSNormed (post_attn_norm, post_ffn_norm) before its residual add, so
-// nothing fuses there, and gate and up are one launch followed by GeGLU.
+// nothing fuses there, and gate and up fuse with GeGLU instead.
 Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
   const int64_t hidden = config_.hidden_size, ff = config_.intermediate_size;
   const bool sum_first = exchange_ != nullptr && w_.shard.tp_size > 1;
@@ -343,18 +343,19 @@ Status DeviceForward::finish_layer_rows(const DeviceLayer& L, int64_t n) {
   SNAP_RETURN_IF_ERROR(into_residual(L.o, attn_out_, L.post_attn_norm));
   kernels::rms_norm_cuda(x_, L.ffn_norm.f32(), h_, n, hidden, config_.rms_norm_eps, stream_);
   const bool same = L.gate.is_blocks() == L.up.is_blocks() && (!L.gate.is_blocks() || L.gate.format == L.up.format);
-  if (config_.gelu_mlp || !same) {  // gate and up in one launch (one per format), then the activation
+  if (!same) {  // gate and up in one launch per format, then the activation
     const kernels::RowwiseOut outs[2] = {rowwise_out(L.gate.view(), nullptr, gate_), rowwise_out(L.up.view(), nullptr, up_)};
     kernels::matmul_rowwise_multi_cuda(h_, outs, 2, n, L.gate.cols, stream_);
     if (config_.gelu_mlp)
       kernels::geglu_cuda(gate_, up_, gate_, n * ff, stream_);
     else
       kernels::swiglu_cuda(gate_, up_, gate_, n * ff, stream_);
-  } else if (L.gate.is_blocks()) {
-    kernels::matmul_rowwise_swiglu_blocks_cuda(h_, L.gate.view().blocks, L.up.view().blocks, gate_, n, ff, L.gate.cols,
-                                               stream_);
+  } else if (L.gate.is_blocks()) {  // a row's gate and up in one warp, then the activation (gemma3: GeGLU)
+    const auto fused = config_.gelu_mlp ? kernels::matmul_rowwise_geglu_blocks_cuda : kernels::matmul_rowwise_swiglu_blocks_cuda;
+    fused(h_, L.gate.view().blocks, L.up.view().blocks, gate_, n, ff, L.gate.cols, stream_);
   } else {
-    kernels::matmul_rowwise_swiglu_cuda(h_, L.gate.data.bf16(), L.up.data.bf16(), gate_, n, ff, L.gate.cols, stream_);
+    const auto fused = config_.gelu_mlp ? kernels::matmul_rowwise_geglu_cuda : kernels::matmul_rowwise_swiglu_cuda;
+    fused(h_, L.gate.data.bf16(), L.up.data.bf16(), gate_, n, ff, L.gate.cols, stream_);
   }
   SNAP_RETURN_IF_ERROR(into_residual(L.down, gate_, L.post_ffn_norm));
   DEV_TRY("layer rows", cudaGetLastError());

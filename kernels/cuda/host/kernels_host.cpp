@@ -339,15 +339,30 @@ void matmul_rowwise_residual_blocks_cuda(const float* x, const BlockWeights& w, 
   for (size_t i = 0; i < part.size(); ++i) y[i] += part[i];
 }
 
+namespace {
+void gated_blocks(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out, int64_t num_tokens,
+                  int64_t rows, int64_t cols, bool geglu) {
+  if (num_tokens <= 0 || rows <= 0) return;
+  if (!require_device(out, f32s(num_tokens * rows), "matmul_rowwise gated blocks out")) return;
+  std::vector<float> g(static_cast<size_t>(num_tokens * rows)), u(g.size());
+  if (!rowwise_blocks(x, gate, nullptr, g.data(), num_tokens, rows, cols, "matmul_rowwise gated blocks gate") ||
+      !rowwise_blocks(x, up, nullptr, u.data(), num_tokens, rows, cols, "matmul_rowwise gated blocks up"))
+    return;
+  if (geglu)
+    geglu_cpu(g.data(), u.data(), out, static_cast<int64_t>(g.size()));
+  else
+    swiglu_cpu(g.data(), u.data(), out, static_cast<int64_t>(g.size()));
+}
+}  // namespace
+
 void matmul_rowwise_swiglu_blocks_cuda(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out,
                                        int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
-  if (num_tokens <= 0 || rows <= 0) return;
-  if (!require_device(out, f32s(num_tokens * rows), "matmul_rowwise_swiglu_blocks out")) return;
-  std::vector<float> g(static_cast<size_t>(num_tokens * rows)), u(g.size());
-  if (!rowwise_blocks(x, gate, nullptr, g.data(), num_tokens, rows, cols, "matmul_rowwise_swiglu_blocks gate") ||
-      !rowwise_blocks(x, up, nullptr, u.data(), num_tokens, rows, cols, "matmul_rowwise_swiglu_blocks up"))
-    return;
-  swiglu_cpu(g.data(), u.data(), out, static_cast<int64_t>(g.size()));
+  gated_blocks(x, gate, up, out, num_tokens, rows, cols, false);
+}
+
+void matmul_rowwise_geglu_blocks_cuda(const float* x, const BlockWeights& gate, const BlockWeights& up, float* out,
+                                      int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
+  gated_blocks(x, gate, up, out, num_tokens, rows, cols, true);
 }
 
 void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y,
@@ -363,18 +378,34 @@ void matmul_rowwise_residual_cuda(const float* x, const __nv_bfloat16* w, const 
   for (size_t i = 0; i < part.size(); ++i) y[i] += part[i];
 }
 
-void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
-                                int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
+namespace {
+// The twin of the fused gate/up GEMVs with SwiGLU (geglu false) or GeGLU.
+void gated_bf16(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out, int64_t num_tokens,
+                int64_t rows, int64_t cols, bool geglu) {
   if (num_tokens <= 0 || rows <= 0) return;
-  if (!require_device(x, f32s(num_tokens * cols), "matmul_rowwise_swiglu x") ||
-      !require_device(gate, 2 * static_cast<size_t>(rows * cols), "matmul_rowwise_swiglu gate") ||
-      !require_device(up, 2 * static_cast<size_t>(rows * cols), "matmul_rowwise_swiglu up") ||
-      !require_device(out, f32s(num_tokens * rows), "matmul_rowwise_swiglu out"))
+  if (!require_device(x, f32s(num_tokens * cols), "matmul_rowwise gated x") ||
+      !require_device(gate, 2 * static_cast<size_t>(rows * cols), "matmul_rowwise gated gate") ||
+      !require_device(up, 2 * static_cast<size_t>(rows * cols), "matmul_rowwise gated up") ||
+      !require_device(out, f32s(num_tokens * rows), "matmul_rowwise gated out"))
     return;
   std::vector<float> g(static_cast<size_t>(num_tokens * rows)), u(g.size());
   matmul_rowwise_cpu(x, WeightView{DType::bf16, gate, rows, cols}, nullptr, g.data(), num_tokens);
   matmul_rowwise_cpu(x, WeightView{DType::bf16, up, rows, cols}, nullptr, u.data(), num_tokens);
-  swiglu_cpu(g.data(), u.data(), out, static_cast<int64_t>(g.size()));
+  if (geglu)
+    geglu_cpu(g.data(), u.data(), out, static_cast<int64_t>(g.size()));
+  else
+    swiglu_cpu(g.data(), u.data(), out, static_cast<int64_t>(g.size()));
+}
+}  // namespace
+
+void matmul_rowwise_swiglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
+                                int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
+  gated_bf16(x, gate, up, out, num_tokens, rows, cols, false);
+}
+
+void matmul_rowwise_geglu_cuda(const float* x, const __nv_bfloat16* gate, const __nv_bfloat16* up, float* out,
+                               int64_t num_tokens, int64_t rows, int64_t cols, cudaStream_t) {
+  gated_bf16(x, gate, up, out, num_tokens, rows, cols, true);
 }
 
 void argmax_cuda(const float* logits, int64_t num_tokens, int64_t vocab_size, int32_t* ids, cudaStream_t) {
