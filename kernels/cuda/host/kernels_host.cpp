@@ -13,6 +13,7 @@
 
 #include "kernels/attention_paged.h"
 #include "kernels/cpu/geglu.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "worker/kv/selection.h"
@@ -228,37 +229,60 @@ cublasStatus_t matmul_bf16_cuda(cublasHandle_t handle, const __nv_bfloat16* x, c
 }
 
 namespace {
-// A block-format matrix (kernels_cuda.h BlockWeights) [rows, cols] as f32, weight by weight as
-// the CUDA kernels compute them, once its arrays are checked to be device memory.
-bool blocks_to_f32(const BlockWeights& w, int64_t rows, int64_t cols, const char* what, std::vector<float>* out) {
-  const bool q8 = w.format == BlockFormat::q8_0;
+// A block-format matrix (kernels_cuda.h BlockWeights) [rows, cols]: its arrays checked to be
+// device memory of their sizes; false (the error set) if not.
+bool check_blocks(const BlockWeights& w, int64_t rows, int64_t cols, const char* what) {
   const int64_t nblocks = rows * (cols / 32);
-  if (!require_device(w.quants, static_cast<size_t>(q8 ? rows * cols : rows * cols / 2), what) ||
-      !require_device(w.scales, 2 * static_cast<size_t>(nblocks), what) ||
-      (w.format == BlockFormat::q4_1 && !require_device(w.mins, 2 * static_cast<size_t>(nblocks), what)))
-    return false;
-  out->resize(static_cast<size_t>(rows * cols));
+  return require_device(w.quants, static_cast<size_t>(w.format == BlockFormat::q8_0 ? rows * cols : rows * cols / 2),
+                        what) &&
+         require_device(w.scales, 2 * static_cast<size_t>(nblocks), what) &&
+         (w.format != BlockFormat::q4_1 || require_device(w.mins, 2 * static_cast<size_t>(nblocks), what));
+}
+
+// Rows [r0, r0 + n) as f32, weight by weight as the CUDA kernels compute them.
+void block_rows_to_f32(const BlockWeights& w, int64_t cols, int64_t r0, int64_t n, float* out) {
   const auto* q = static_cast<const uint8_t*>(w.quants);
-  for (int64_t i = 0; i < rows * cols; ++i) {
-    const int64_t b = i / 32, j = i % 32;
+  const int64_t b0 = r0 * (cols / 32), nb = n * (cols / 32);
+  for (int64_t b = b0; b < b0 + nb; ++b) {
+    float* o = out + (b - b0) * 32;
     const float d = f16_to_f32(w.scales[b]);
-    if (q8) {
-      (*out)[i] = d * static_cast<float>(static_cast<int8_t>(q[i]));
+    if (w.format == BlockFormat::q8_0) {
+      for (int j = 0; j < 32; ++j) o[j] = d * static_cast<float>(static_cast<int8_t>(q[b * 32 + j]));
       continue;
     }
-    const uint8_t byte = q[b * 16 + (j & 15)];
-    const float nib = static_cast<float>(j < 16 ? byte & 15 : byte >> 4);
-    (*out)[i] = w.format == BlockFormat::q4_0 ? d * (nib - 8.0f) : d * nib + f16_to_f32(w.mins[b]);
+    const float m = w.format == BlockFormat::q4_1 ? f16_to_f32(w.mins[b]) : 0.0f;
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t by = q[b * 16 + j];
+      const float lo = static_cast<float>(by & 15), hi = static_cast<float>(by >> 4);
+      o[j] = w.format == BlockFormat::q4_0 ? d * (lo - 8.0f) : d * lo + m;
+      o[j + 16] = w.format == BlockFormat::q4_0 ? d * (hi - 8.0f) : d * hi + m;
+    }
   }
-  return true;
+}
+
+// The whole matrix back in llama.cpp's blocks (common/dtype.h), for the CPU's block kernels.
+DType block_dtype(BlockFormat f) {
+  return f == BlockFormat::q8_0 ? DType::q8_0 : f == BlockFormat::q4_0 ? DType::q4_0 : DType::q4_1;
+}
+void to_ggml_blocks(const BlockWeights& w, int64_t rows, int64_t cols, std::vector<uint8_t>* out) {
+  const DType t = block_dtype(w.format);
+  const int64_t nb = rows * (cols / 32), bb = dtype_row_bytes(t, 32), qb = t == DType::q8_0 ? 32 : 16;
+  const int64_t head = t == DType::q4_1 ? 4 : 2;
+  out->resize(static_cast<size_t>(nb * bb));
+  const auto* q = static_cast<const uint8_t*>(w.quants);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* o = out->data() + b * bb;
+    std::memcpy(o, &w.scales[b], 2);
+    if (t == DType::q4_1) std::memcpy(o + 2, &w.mins[b], 2);
+    std::memcpy(o + head, q + b * qb, static_cast<size_t>(qb));
+  }
 }
 }  // namespace
 
 void embedding_gather_blocks_cuda(const BlockWeights& table, const int32_t* ids, int64_t num_tokens,
                                   int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t) {
   if (num_tokens <= 0 || hidden_size <= 0) return;
-  std::vector<float> t;
-  if (!blocks_to_f32(table, vocab_size, hidden_size, "embedding table", &t) ||
+  if (!check_blocks(table, vocab_size, hidden_size, "embedding table") ||
       !require_device(ids, sizeof(int32_t) * num_tokens, "embedding ids") ||
       !require_device(out, f32s(num_tokens * hidden_size), "embedding out"))
     return;
@@ -269,16 +293,16 @@ void embedding_gather_blocks_cuda(const BlockWeights& table, const int32_t* ids,
       std::fill(row, row + hidden_size, std::numeric_limits<float>::quiet_NaN());
       continue;
     }
-    std::copy_n(t.data() + static_cast<int64_t>(id) * hidden_size, hidden_size, row);
+    block_rows_to_f32(table, hidden_size, id, 1, row);
   }
 }
 
 void dequant_blocks_to_bf16_cuda(const BlockWeights& w, int64_t n, __nv_bfloat16* out, cudaStream_t) {
   if (n <= 0) return;
-  std::vector<float> f;
-  if (!blocks_to_f32(w, 1, n, "dequant_blocks input", &f) ||
-      !require_device(out, 2 * static_cast<size_t>(n), "dequant_blocks out"))
+  if (!check_blocks(w, 1, n, "dequant_blocks input") || !require_device(out, 2 * static_cast<size_t>(n), "dequant_blocks out"))
     return;
+  std::vector<float> f(static_cast<size_t>(n));
+  block_rows_to_f32(w, n, 0, 1, f.data());
   for (int64_t i = 0; i < n; ++i) bits(out)[i] = f32_to_bf16(f[i]);
 }
 
@@ -300,14 +324,18 @@ void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bi
 
 namespace {
 // x · wᵀ (+ bias) over a block-format matrix into out (host memory of num_tokens · rows floats),
-// once x, the weights and the bias are checked to be device memory; false (the error set) if not.
+// once x, the weights and the bias are checked to be device memory; false (the error set) if
+// not. The matrix is put back in llama.cpp's blocks for the CPU's converting GEMM
+// (matmul_gemm_cpu: the same f32 weight values and f32 activations as the CUDA kernels, in the
+// sgemm's order; the kernels' batch invariance is the emulator's to check, not the twin's).
 bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, float* out, int64_t num_tokens,
                     int64_t rows, int64_t cols, const char* what) {
-  std::vector<float> wf;
-  if (!blocks_to_f32(w, rows, cols, what, &wf) || !require_device(x, f32s(num_tokens * cols), what) ||
+  if (!check_blocks(w, rows, cols, what) || !require_device(x, f32s(num_tokens * cols), what) ||
       (bias && !require_device(bias, f32s(rows), what)))
     return false;
-  matmul_rowwise_cpu(x, WeightView{DType::f32, wf.data(), rows, cols}, bias, out, num_tokens);
+  thread_local std::vector<uint8_t> blocks;
+  to_ggml_blocks(w, rows, cols, &blocks);
+  matmul_gemm_cpu(x, WeightView{block_dtype(w.format), blocks.data(), rows, cols}, bias, out, num_tokens);
   return true;
 }
 }  // namespace
