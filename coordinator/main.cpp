@@ -186,11 +186,7 @@ int run_generate_device(const GenerateArgs& a) {
   comm::Communicator* exchange = nccl ? nccl.get() : control.get();
   auto policy = kv_policy_from_args(a);
   if (!policy.ok()) return fail(policy.status().message());
-  LoadOptions opts;  // the device's storage: bf16, Q8_0 when asked, a GGUF's own blocks with auto
-  // auto: a GGUF's Q8_0/Q4_0/Q4_1 matrices stay in their blocks, on the device too; the rest bf16.
-  opts.keep_quantized = a.weight_dtype == "auto";
-  opts.matvec_tiles = false;  // the device reads row-major blocks
-  opts.weight_dtype = a.weight_dtype == "q8_0" ? DType::q8_0 : DType::bf16;
+  LoadOptions opts = device_load_options(a.weight_dtype);
   opts.tp_rank = world.tp_rank();
   opts.tp_size = size;
   const double t_load = now_seconds();

@@ -43,6 +43,18 @@ bool device_nccl_usable();
 // device is the current one of this thread.
 Status check_device(const DeviceSpec& spec);
 
+// How a device run loads its model, by --weight-dtype (auto, bf16 or q8_0; the CLI refuses the
+// rest): row-major blocks (no CPU matvec tiles); auto keeps a GGUF's Q8_0/Q4_0/Q4_1 matrices in
+// their blocks, q8_0 quantizes every projection and the LM head at load; everything else is
+// bf16, on the host as on the device.
+inline LoadOptions device_load_options(const std::string& weight_dtype) {
+  LoadOptions opts;
+  opts.keep_quantized = weight_dtype == "auto";
+  opts.matvec_tiles = false;
+  opts.weight_dtype = weight_dtype == "q8_0" ? DType::q8_0 : DType::bf16;
+  return opts;
+}
+
 // generate() on one device: the model uploaded once (bf16 or block formats: DeviceWeights), one request at a time, each on a
 // fresh device KV pool sized as the CPU sizes its pool. Every KV policy runs on the device
 // (full, snapkv, pyramidkv, adakv, h2o, streaming), selecting what the CPU selects on the same

@@ -91,11 +91,7 @@ struct DeviceShard {
 
   Status open(const DeviceSpec& spec, const EngineConfig& cfg) {
     SNAP_RETURN_IF_ERROR(check_device(spec));
-    LoadOptions opts;  // the device's storage: bf16, Q8_0 when asked, a GGUF's own blocks with auto
-    // auto: a GGUF's Q8_0/Q4_0/Q4_1 matrices stay in their blocks, on the device too; the rest bf16.
-    opts.keep_quantized = cfg.weight_dtype == "auto";
-    opts.matvec_tiles = false;  // the device reads row-major blocks
-    opts.weight_dtype = cfg.weight_dtype == "q8_0" ? DType::q8_0 : DType::bf16;
+    LoadOptions opts = device_load_options(cfg.weight_dtype);
     if (grouped(cfg)) {
       opts.tp_rank = cfg.comm->group_rank();
       opts.tp_size = cfg.comm->group_size();

@@ -1,8 +1,7 @@
-// A model's weights on one GPU: every projection and the LM head as bf16 [rows, cols]
-// (f32 accumulation in the kernels), the embedding table bf16, norms (Gemma 3's q/k and
-// post-norms too) and biases f32. Built
-// from a LoadedModel whose matrices are f32/f16/bf16 (load with keep_quantized = false, so a
-// GGUF's Q8_0/Q4_0/Q4_1 tensors arrive dequantized); tied embeddings share one table.
+// A model's weights on one GPU: every projection and the LM head as bf16 [rows, cols] or in a
+// block format (f32 accumulation in the kernels), the embedding table likewise, norms (Gemma 3's
+// q/k and post-norms too) and biases f32. Built from a LoadedModel loaded with matvec_tiles =
+// false (row-major blocks); tied embeddings share one table.
 // The matrices the loader holds in a block format stay in it on the device (kernels_cuda.h
 // BlockWeights: quants, f16 scales and Q4_1's mins as aligned arrays): Q8_0 from --weight-dtype
 // q8_0 (LoadOptions::weight_dtype q8_0: 1.0625 bytes a weight instead of 2), Q8_0/Q4_0/Q4_1 a
@@ -36,7 +35,6 @@ struct DeviceArray {
   ~DeviceArray();
   const __nv_bfloat16* bf16() const { return static_cast<const __nv_bfloat16*>(ptr); }
   const float* f32() const { return static_cast<const float*>(ptr); }
-  const int8_t* i8() const { return static_cast<const int8_t*>(ptr); }
   const uint16_t* u16() const { return static_cast<const uint16_t*>(ptr); }
 };
 
