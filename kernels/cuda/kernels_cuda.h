@@ -44,22 +44,73 @@ void scale_cuda(float* x, float s, int64_t n, cudaStream_t stream);
 // [0, vocab_size) gives a row of NaN (never a silent wrong row; the host validates ids first).
 void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64_t num_tokens, int64_t hidden_size,
                            int64_t vocab_size, float* out, cudaStream_t stream);
-// --- block-format weights (llama.cpp's Q8_0, Q4_0, Q4_1) on the device --------------------
-// A matrix [rows, cols] (cols % 32 == 0) in one of ggml's 32-weight block formats, its blocks
-// split into row-major arrays (16-byte aligned rows for the GEMV's loads):
+// --- block-format weights (llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) on the device --
+// A matrix [rows, cols] in one of ggml's block formats, its blocks split into row-major arrays
+// (16-byte aligned quant rows for the GEMV's loads). 32-weight blocks (cols % 32 == 0):
 //  - q8_0: quants int8 [rows, cols]; w = d·q (exact in f32);
 //  - q4_0: quants [rows, cols / 2] bytes, each block's 16 as in the file (byte j: weight j in the
 //    low nibble, weight j + 16 in the high); w = d·(q − 8) (exact);
 //  - q4_1: the same nibbles and mins [rows, cols / 32]; w = d·q + m (one f32 rounding, as
 //    ggml's dequantizer);
-// scales (and mins) are f16 bits [rows, cols / 32].
-enum class BlockFormat : uint8_t { q8_0, q4_0, q4_1 };
+//  - q5_0: the same nibbles and extra = each block's 4 bytes of fifth bits (bit j: weight j);
+//    w = d·(q − 16) (exact);
+//  scales (and q4_1's mins) f16 bits [rows, cols / 32].
+// 256-weight super-blocks (cols % 256 == 0), scales = each super-block's f16 d [rows, cols / 256]:
+//  - q4_k: quants [rows, cols / 2] (the file's 128 bytes a super-block: byte 32·g + l holds
+//    weight 64·g + l in the low nibble and 64·g + 32 + l in the high), mins = the f16 dmin,
+//    extra = the file's 12 bytes of 6-bit sub-block scales and mins; w = (d·sc)·q − dmin·m
+//    (one rounding, as ggml's dequantizer);
+//  - q6_k: quants [rows, cols · 3 / 4] (the file's ql[128] then qh[64]), extra = the 16 int8
+//    sub-block scales; w = d·sc·(q − 32) (exact).
+enum class BlockFormat : uint8_t { q8_0, q4_0, q4_1, q5_0, q4_k, q6_k };
 struct BlockWeights {
   BlockFormat format = BlockFormat::q8_0;
   const void* quants = nullptr;
   const uint16_t* scales = nullptr;
-  const uint16_t* mins = nullptr;  // q4_1 only
+  const uint16_t* mins = nullptr;    // q4_1, q4_k
+  const uint8_t* extra = nullptr;    // q5_0, q4_k, q6_k
 };
+#if defined(__CUDACC__)
+#define SNAP_HOST_DEVICE __host__ __device__
+#else
+#define SNAP_HOST_DEVICE
+#endif
+// Weights per block (the unit of scales): 32, or 256 for the K formats.
+SNAP_HOST_DEVICE constexpr int64_t block_format_elems(BlockFormat f) {
+  return f == BlockFormat::q4_k || f == BlockFormat::q6_k ? 256 : 32;
+}
+// Bytes of quants, and of extra, in a row of `cols` weights.
+SNAP_HOST_DEVICE constexpr int64_t block_quant_row_bytes(BlockFormat f, int64_t cols) {
+  return f == BlockFormat::q8_0 ? cols : f == BlockFormat::q6_k ? cols / 4 * 3 : cols / 2;
+}
+SNAP_HOST_DEVICE constexpr int64_t block_extra_row_bytes(BlockFormat f, int64_t cols) {
+  return f == BlockFormat::q5_0 ? cols / 32 * 4 : f == BlockFormat::q4_k ? cols / 256 * 12
+                                                 : f == BlockFormat::q6_k ? cols / 256 * 16 : 0;
+}
+SNAP_HOST_DEVICE constexpr bool block_format_has_mins(BlockFormat f) {
+  return f == BlockFormat::q4_1 || f == BlockFormat::q4_k;
+}
+inline const char* block_format_name(BlockFormat f) {
+  switch (f) {
+    case BlockFormat::q8_0: return "q8_0";
+    case BlockFormat::q4_0: return "q4_0";
+    case BlockFormat::q4_1: return "q4_1";
+    case BlockFormat::q5_0: return "q5_0";
+    case BlockFormat::q4_k: return "q4_k";
+    case BlockFormat::q6_k: return "q6_k";
+  }
+  return "?";
+}
+// The same weights, rows [begin, begin + n) of a matrix of `cols` columns.
+inline BlockWeights block_rows_from(const BlockWeights& w, int64_t cols, int64_t begin) {
+  BlockWeights v = w;
+  const int64_t per_row = cols / block_format_elems(w.format);
+  v.quants = static_cast<const uint8_t*>(w.quants) + begin * block_quant_row_bytes(w.format, cols);
+  v.scales += begin * per_row;
+  if (w.mins != nullptr) v.mins += begin * per_row;
+  if (w.extra != nullptr) v.extra += begin * block_extra_row_bytes(w.format, cols);
+  return v;
+}
 // embedding_gather_cuda over a block-format table [vocab_size, hidden_size]: out = its weights.
 void embedding_gather_blocks_cuda(const BlockWeights& table, const int32_t* ids, int64_t num_tokens,
                                   int64_t hidden_size, int64_t vocab_size, float* out, cudaStream_t stream);

@@ -12,13 +12,15 @@
 //    or down_proj added into the residual stream) and matmul_rowwise_swiglu_cuda (gate and up of
 //    a row in one warp, then SwiGLU; matmul_rowwise_geglu_cuda: GeGLU, Gemma 3's). Each output's
 //    bits are those of the separate launches.
-//  - block-format weights (…_blocks_cuda, RowwiseOut::blocks: llama.cpp's Q8_0, Q4_0, Q4_1 as
-//    quants + f16 scales (+ Q4_1's mins)): the same kernels; a weight is d·q or d·(q − 8),
-//    exact in f32 (an 11-bit by 8-bit product), or d·q + m (one rounding, as ggml's
-//    dequantizer), so the sums are those of the same GEMV over the dequantized matrix. A lane
-//    takes 16 Q8_0 quants per 16-byte load (columns l·16 + 512·i) or one 32-weight Q4 block
-//    (columns 32·(l + 32·i) ..), the same fixed-order rule. dequant_blocks_to_bf16_cuda feeds
-//    cuBLAS for prompt chunks.
+//  - block-format weights (…_blocks_cuda, RowwiseOut::blocks: llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0,
+//    Q4_K, Q6_K split into arrays, kernels_cuda.h): the same kernels; each weight is computed as
+//    ggml's dequantizer does (exact in f32, or Q4_1's d·q + m and Q4_K's (d·sc)·q − dmin·m rounded
+//    once), so the sums are those of the same GEMV over the dequantized matrix. A lane takes 16
+//    Q8_0 quants per 16-byte load (columns l·16 + 512·i), or a 32-weight unit of the others
+//    (row_dot_units), the same fixed-order rule. dequant_blocks_to_bf16_cuda feeds cuBLAS for
+//    prompt chunks.
+#include <type_traits>
+
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace snap::kernels {
@@ -72,73 +74,134 @@ __device__ __forceinline__ float f16_bits_to_float(unsigned h) {
 }
 
 namespace {
-// Weight formats of the row kernels (template arguments).
-constexpr int k_bf16 = 0, k_q8_0 = 1, k_q4_0 = 2, k_q4_1 = 3;
+// Weight formats of the row kernels (template arguments): bf16, or 1 + a BlockFormat.
+constexpr int k_bf16 = 0;
+constexpr int code(BlockFormat f) { return 1 + static_cast<int>(f); }
+constexpr int k_q8_0 = code(BlockFormat::q8_0), k_q4_0 = code(BlockFormat::q4_0), k_q4_1 = code(BlockFormat::q4_1),
+              k_q5_0 = code(BlockFormat::q5_0), k_q4_k = code(BlockFormat::q4_k), k_q6_k = code(BlockFormat::q6_k);
+SNAP_HOST_DEVICE constexpr BlockFormat block_format(int kFmt) { return static_cast<BlockFormat>(kFmt - 1); }
 
-int format_code(BlockFormat f) {
-  return f == BlockFormat::q8_0 ? k_q8_0 : f == BlockFormat::q4_0 ? k_q4_0 : k_q4_1;
+int format_code(BlockFormat f) { return code(f); }
+
+// Q4_K's 6-bit scale and min of sub-block j (0..7) from its 12 packed bytes, as ggml's
+// get_scale_min_k4.
+__device__ __forceinline__ void k4_scale_min(const uint8_t* p, int j, float* sc, float* mn) {
+  if (j < 4) {
+    *sc = static_cast<float>(p[j] & 63);
+    *mn = static_cast<float>(p[j + 4] & 63);
+  } else {
+    *sc = static_cast<float>((p[j + 4] & 15) | ((p[j - 4] >> 6) << 4));
+    *mn = static_cast<float>((p[j + 4] >> 4) | ((p[j] >> 6) << 4));
+  }
 }
 
-// Weight j (0..31) of a block: its quant, f32.
+// The weights of the formats, from their parts, as ggml's dequantizers compute them.
+__device__ __forceinline__ float q4_1_weight(float d, float q, float m) { return __fadd_rn(d * q, m); }
+// (d·sc)·q − dmin·m: both products exact, one rounding.
+__device__ __forceinline__ float q4_k_weight(float d_sc, float q, float m) { return __fsub_rn(d_sc * q, m); }
+
+// The weight w[i] of a row's block data (quants qr, scales dr, mins mr, extra er), i in [0, cols)
+// (or a flat index over whole rows: a row is whole blocks).
 template <int kFmt>
-__device__ __forceinline__ float block_quant(const uint8_t* qb, int j) {
-  if constexpr (kFmt == k_q8_0) return static_cast<float>(static_cast<const int8_t*>(static_cast<const void*>(qb))[j]);
-  const unsigned byte = qb[j & 15];
-  return static_cast<float>(j < 16 ? byte & 15u : byte >> 4);
+__device__ __forceinline__ float block_weight(const uint8_t* qr, const uint16_t* dr, const uint16_t* mr,
+                                              const uint8_t* er, int64_t i) {
+  if constexpr (kFmt == k_q4_k) {
+    const int64_t s = i >> 8;  // super-block; weight 64·g + 32·h + l of it is nibble h of byte 32·g + l
+    const int w = static_cast<int>(i & 255), g = w >> 6, h = (w >> 5) & 1, l = w & 31;
+    const unsigned byte = qr[s * 128 + g * 32 + l];
+    float sc, mn;
+    k4_scale_min(er + s * 12, 2 * g + h, &sc, &mn);
+    return q4_k_weight(f16_bits_to_float(dr[s]) * sc, static_cast<float>(h != 0 ? byte >> 4 : byte & 15u),
+                       f16_bits_to_float(mr[s]) * mn);
+  } else if constexpr (kFmt == k_q6_k) {
+    // Weight 128·n + 32·k + l (k, l < 32) of a super-block: nibble k / 2 of ql[64·n + 32·(k % 2)
+    // + l], high bits 2k.. of qh[32·n + l]; scale 8·n + 2·k + l / 16.
+    const int64_t s = i >> 8;
+    const int w = static_cast<int>(i & 255), n = w >> 7, k = (w >> 5) & 3, l = w & 31;
+    const uint8_t* sb = qr + s * 192;
+    const unsigned lo = sb[n * 64 + (k & 1) * 32 + l], hb = sb[128 + n * 32 + l];
+    const int q = static_cast<int>(((k >> 1) != 0 ? lo >> 4 : lo & 15u) | (((hb >> (2 * k)) & 3u) << 4)) - 32;
+    const auto sc = static_cast<int8_t>(er[s * 16 + n * 8 + 2 * k + l / 16]);
+    return f16_bits_to_float(dr[s]) * static_cast<float>(sc) * static_cast<float>(q);
+  } else {
+    const int64_t b = i >> 5;
+    const int j = static_cast<int>(i & 31);
+    const float d = f16_bits_to_float(dr[b]);
+    if constexpr (kFmt == k_q8_0) return d * static_cast<float>(static_cast<const int8_t*>(static_cast<const void*>(qr))[i]);
+    const unsigned byte = qr[b * 16 + (j & 15)];
+    const unsigned nib = j < 16 ? byte & 15u : byte >> 4;
+    if constexpr (kFmt == k_q4_0) return d * (static_cast<float>(nib) - 8.0f);
+    if constexpr (kFmt == k_q5_0) {
+      const unsigned high = (er[b * 4 + (j >> 3)] >> (j & 7)) & 1u;
+      return d * (static_cast<float>(nib | (high << 4)) - 16.0f);
+    }
+    return q4_1_weight(d, static_cast<float>(nib), f16_bits_to_float(mr[b]));
+  }
 }
 
-// The weight w[i] of a row's block data (quants qr, scales dr, mins mr), i in [0, cols).
+// A row's arrays of a block-format matrix.
+struct BlockRow {
+  const uint8_t* q;
+  const uint16_t* d;
+  const uint16_t* m;
+  const uint8_t* e;
+};
 template <int kFmt>
-__device__ __forceinline__ float block_weight(const uint8_t* qr, const uint16_t* dr, const uint16_t* mr, int64_t i) {
-  const int64_t b = i >> 5;
-  const float d = f16_bits_to_float(dr[b]);
-  if constexpr (kFmt == k_q8_0) return d * block_quant<kFmt>(qr + b * 32, static_cast<int>(i & 31));
-  const float q = block_quant<kFmt>(qr + b * 16, static_cast<int>(i & 31));
-  if constexpr (kFmt == k_q4_0) return d * (q - 8.0f);
-  return __fadd_rn(d * q, f16_bits_to_float(mr[b]));
-}
-
-// Bytes of quants per row of `cols` weights.
-__host__ __device__ __forceinline__ int64_t quant_row_bytes(int kFmt, int64_t cols) {
-  return kFmt == k_q8_0 ? cols : cols / 2;
+__device__ __forceinline__ BlockRow block_row(const void* q, const uint16_t* d, const uint16_t* m, const uint8_t* e,
+                                              int64_t r, int64_t cols) {
+  constexpr BlockFormat f = block_format(kFmt);
+  const int64_t per_row = cols / block_format_elems(f);
+  return {static_cast<const uint8_t*>(q) + r * block_quant_row_bytes(f, cols), d + r * per_row,
+          m != nullptr ? m + r * per_row : nullptr, e != nullptr ? e + r * block_extra_row_bytes(f, cols) : nullptr};
 }
 }  // namespace
 
 template <int kFmt>
-__global__ void dequant_blocks_bf16_kernel(const uint8_t* q, const uint16_t* d, const uint16_t* m, int64_t n,
-                                           __nv_bfloat16* out) {
+__global__ void dequant_blocks_bf16_kernel(const uint8_t* q, const uint16_t* d, const uint16_t* m, const uint8_t* e,
+                                           int64_t n, __nv_bfloat16* out) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(block_weight<kFmt>(q, d, m, i));
+    out[i] = __float2bfloat16_rn(block_weight<kFmt>(q, d, m, e, i));
 }
+
+namespace {
+// f<kFmt>() for the block format of w: calls fn(std::integral_constant<int, kFmt>{}).
+template <typename Fn>
+void with_format(BlockFormat f, Fn&& fn) {
+  switch (f) {
+    case BlockFormat::q8_0: fn(std::integral_constant<int, k_q8_0>{}); break;
+    case BlockFormat::q4_0: fn(std::integral_constant<int, k_q4_0>{}); break;
+    case BlockFormat::q4_1: fn(std::integral_constant<int, k_q4_1>{}); break;
+    case BlockFormat::q5_0: fn(std::integral_constant<int, k_q5_0>{}); break;
+    case BlockFormat::q4_k: fn(std::integral_constant<int, k_q4_k>{}); break;
+    case BlockFormat::q6_k: fn(std::integral_constant<int, k_q6_k>{}); break;
+  }
+}
+}  // namespace
 
 void dequant_blocks_to_bf16_cuda(const BlockWeights& w, int64_t n, __nv_bfloat16* out, cudaStream_t stream) {
   if (n <= 0) return;
   const int64_t blocks = (n + 255) / 256;
   const unsigned grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
   const auto* q = static_cast<const uint8_t*>(w.quants);
-  switch (format_code(w.format)) {
-    case k_q8_0: dequant_blocks_bf16_kernel<k_q8_0><<<grid, 256, 0, stream>>>(q, w.scales, w.mins, n, out); break;
-    case k_q4_0: dequant_blocks_bf16_kernel<k_q4_0><<<grid, 256, 0, stream>>>(q, w.scales, w.mins, n, out); break;
-    default: dequant_blocks_bf16_kernel<k_q4_1><<<grid, 256, 0, stream>>>(q, w.scales, w.mins, n, out); break;
-  }
+  with_format(w.format, [&](auto fmt) {
+    constexpr int F = decltype(fmt)::value;
+    dequant_blocks_bf16_kernel<F><<<grid, 256, 0, stream>>>(q, w.scales, w.mins, w.extra, n, out);
+  });
 }
 
 // One block row per token, as embedding_gather_cuda: out = the row's weights.
 template <int kFmt>
-__global__ void embedding_gather_blocks_kernel(const uint8_t* q, const uint16_t* d, const uint16_t* m,
+__global__ void embedding_gather_blocks_kernel(const uint8_t* q, const uint16_t* d, const uint16_t* m, const uint8_t* e,
                                                const int32_t* ids, int64_t hidden_size, int64_t vocab_size, float* out) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   float* o = out + t * hidden_size;
   const bool valid = id >= 0 && id < vocab_size;
-  const int64_t row = valid ? static_cast<int64_t>(id) : 0;
-  const uint8_t* qr = q + row * quant_row_bytes(kFmt, hidden_size);
-  const uint16_t* dr = d + row * (hidden_size / 32);
-  const uint16_t* mr = m != nullptr ? m + row * (hidden_size / 32) : nullptr;
+  const BlockRow row = block_row<kFmt>(q, d, m, e, valid ? static_cast<int64_t>(id) : 0, hidden_size);
   for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < hidden_size;
        i += static_cast<int64_t>(gridDim.y) * blockDim.x)
-    o[i] = valid ? block_weight<kFmt>(qr, dr, mr, i) : __int_as_float(0x7fc00000);
+    o[i] = valid ? block_weight<kFmt>(row.q, row.d, row.m, row.e, i) : __int_as_float(0x7fc00000);
 }
 
 void embedding_gather_blocks_cuda(const BlockWeights& table, const int32_t* ids, int64_t num_tokens,
@@ -147,20 +210,11 @@ void embedding_gather_blocks_cuda(const BlockWeights& table, const int32_t* ids,
   const int64_t xb = (hidden_size + 255) / 256;
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(xb < 64 ? xb : 64));
   const auto* q = static_cast<const uint8_t*>(table.quants);
-  switch (format_code(table.format)) {
-    case k_q8_0:
-      embedding_gather_blocks_kernel<k_q8_0><<<grid, 256, 0, stream>>>(q, table.scales, table.mins, ids, hidden_size,
-                                                                      vocab_size, out);
-      break;
-    case k_q4_0:
-      embedding_gather_blocks_kernel<k_q4_0><<<grid, 256, 0, stream>>>(q, table.scales, table.mins, ids, hidden_size,
-                                                                      vocab_size, out);
-      break;
-    default:
-      embedding_gather_blocks_kernel<k_q4_1><<<grid, 256, 0, stream>>>(q, table.scales, table.mins, ids, hidden_size,
-                                                                      vocab_size, out);
-      break;
-  }
+  with_format(table.format, [&](auto fmt) {
+    constexpr int F = decltype(fmt)::value;
+    embedding_gather_blocks_kernel<F><<<grid, 256, 0, stream>>>(
+        q, table.scales, table.mins, table.extra, ids, hidden_size, vocab_size, out);
+  });
 }
 
 namespace {
@@ -173,7 +227,8 @@ struct Segments {
   static constexpr int k_max = 3;
   const void* w[k_max] = {};      // bf16 [rows, cols], or a block format's quants
   const uint16_t* d[k_max] = {};  // block formats: f16 scales [rows, cols / 32]
-  const uint16_t* m[k_max] = {};  // Q4_1: f16 mins [rows, cols / 32]
+  const uint16_t* m[k_max] = {};  // Q4_1, Q4_K: f16 mins
+  const uint8_t* e[k_max] = {};   // Q5_0, Q4_K, Q6_K: their extra bytes (kernels_cuda.h)
   const float* bias[k_max] = {};
   float* y[k_max] = {};
   int64_t rows[k_max] = {};
@@ -300,50 +355,118 @@ __device__ void row_dot_q8(const float* x, const int8_t* qr, const uint16_t* dr,
   }
 }
 
-// row_dot for a Q4_0/Q4_1 row (nibbles qr, scales dr, mins mr). kVector: a lane's 16-byte load
-// is one whole block, blocks l + 32·i (columns 32·(l + 32·i) .. + 31, the weights of each in
-// ascending order), eight float4 of x per token; else lane l takes columns l + 32·i.
+// row_dot for the formats read 32 weights per lane load (Q4_0, Q4_1, Q5_0, Q4_K, Q6_K; row
+// arrays br). kVector: lane l takes the row's 32-weight units l + 32·i, each one 16-byte load of
+// quants (Q6_K: and one of its high bits), in ascending i; else lane l takes columns l + 32·i.
+//  - Q4_0/Q4_1/Q5_0: unit u is block u, its 32 weights in ascending order (eight float4 of x);
+//  - Q4_K: unit u is the quant bytes 16·u .. + 15 of the row: super-block s = u / 8, g = u % 8 / 2,
+//    h = u % 2; their low nibbles are weights 256·s + 64·g + 16·h + (0..15) (sub-block 2g), the
+//    high ones those + 32 (sub-block 2g + 1): the low 16, then the high 16;
+//  - Q6_K: unit u of super-block s = u / 8, n = u % 8 / 4, k = u % 4: ql bytes 64·n + 16·k ..
+//    + 15 and qh bytes 32·n + 16·(k % 2) .. + 15; low nibbles (qh bits 2·(k / 2)..) are weights
+//    256·s + 128·n + 16·k + (0..15) (scale 8·n + k), high nibbles (qh bits 2·(k / 2) + 4..)
+//    those + 64 (scale 8·n + k + 4): the low 16, then the high 16.
 template <int kFmt, bool kVector, int kLoads, int kTokens>
-__device__ void row_dot_q4(const float* x, const uint8_t* qr, const uint16_t* dr, const uint16_t* mr, int64_t cols,
-                           int64_t t0, int nt, int lane, float (&acc)[kTokens]) {
+__device__ void row_dot_units(const float* x, const BlockRow& br, int64_t cols, int64_t t0, int nt, int lane,
+                              float (&acc)[kTokens]) {
 #pragma unroll
   for (int k = 0; k < kTokens; ++k) acc[k] = 0.0f;
   if (kVector) {
-    const int64_t nblocks = cols / 32;
-    const auto consume = [&](const uint4& raw, int64_t b) {
-      const float d = f16_bits_to_float(dr[b]);
-      const float m = kFmt == k_q4_1 ? f16_bits_to_float(mr[b]) : 0.0f;
-      float wf[32];
+    const int64_t units = cols / 32;
+    // Unit u's quant load (and Q6_K's high-bits load).
+    const auto load = [&](int64_t u, uint4* lo, uint4* hi) {
+      if constexpr (kFmt == k_q6_k) {
+        const uint8_t* sb = br.q + (u >> 3) * 192;
+        const int n = static_cast<int>(u >> 2) & 1, k = static_cast<int>(u & 3);
+        *lo = *reinterpret_cast<const uint4*>(sb + n * 64 + k * 16);
+        *hi = *reinterpret_cast<const uint4*>(sb + 128 + n * 32 + (k & 1) * 16);
+      } else {
+        *lo = *reinterpret_cast<const uint4*>(br.q + u * 16);
+      }
+    };
+    const auto consume = [&](const uint4& raw, const uint4& raw_hi, int64_t u) {
       const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+      if constexpr (kFmt == k_q4_k || kFmt == k_q6_k) {
+        float lo[16], hi[16];
+        int64_t c;
+        if constexpr (kFmt == k_q4_k) {
+          const int64_t s = u >> 3;
+          const int g = static_cast<int>(u >> 1) & 3;
+          c = s * 256 + g * 64 + (u & 1) * 16;
+          const float d = f16_bits_to_float(br.d[s]), dmin = f16_bits_to_float(br.m[s]);
+          float sc_lo, mn_lo, sc_hi, mn_hi;
+          k4_scale_min(br.e + s * 12, 2 * g, &sc_lo, &mn_lo);
+          k4_scale_min(br.e + s * 12, 2 * g + 1, &sc_hi, &mn_hi);
+          const float dl = d * sc_lo, ml = dmin * mn_lo, dh = d * sc_hi, mh = dmin * mn_hi;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+          for (int e = 0; e < 16; ++e) {
+            const unsigned byte = (words[e >> 2] >> (8 * (e & 3))) & 0xffu;
+            lo[e] = q4_k_weight(dl, static_cast<float>(byte & 15u), ml);
+            hi[e] = q4_k_weight(dh, static_cast<float>(byte >> 4), mh);
+          }
+        } else {
+          const int64_t s = u >> 3;
+          const int n = static_cast<int>(u >> 2) & 1, k = static_cast<int>(u & 3), shift = (k >> 1) * 2;
+          c = s * 256 + n * 128 + k * 16;
+          const float d = f16_bits_to_float(br.d[s]);
+          const float dl = d * static_cast<float>(static_cast<int8_t>(br.e[s * 16 + n * 8 + k]));
+          const float dh = d * static_cast<float>(static_cast<int8_t>(br.e[s * 16 + n * 8 + k + 4]));
+          const unsigned hwords[4] = {raw_hi.x, raw_hi.y, raw_hi.z, raw_hi.w};
 #pragma unroll
-        for (int by = 0; by < 4; ++by) {  // byte 4e + by: weight 4e + by (low nibble), 16 + 4e + by (high)
-          const unsigned byte = (words[e] >> (8 * by)) & 0xffu;
-          const float lo = static_cast<float>(byte & 15u), hi = static_cast<float>(byte >> 4);
-          if (kFmt == k_q4_0) {
-            wf[4 * e + by] = d * (lo - 8.0f);
-            wf[16 + 4 * e + by] = d * (hi - 8.0f);
-          } else {
-            wf[4 * e + by] = __fadd_rn(d * lo, m);
-            wf[16 + 4 * e + by] = __fadd_rn(d * hi, m);
+          for (int e = 0; e < 16; ++e) {
+            const unsigned byte = (words[e >> 2] >> (8 * (e & 3))) & 0xffu;
+            const unsigned hb = (hwords[e >> 2] >> (8 * (e & 3))) & 0xffu;
+            lo[e] = dl * static_cast<float>(static_cast<int>((byte & 15u) | (((hb >> shift) & 3u) << 4)) - 32);
+            hi[e] = dh * static_cast<float>(static_cast<int>((byte >> 4) | (((hb >> (shift + 4)) & 3u) << 4)) - 32);
           }
         }
+        fma_tokens<16, kTokens>(lo, x, cols, t0, c, nt, acc);
+        fma_tokens<16, kTokens>(hi, x, cols, t0, c + (kFmt == k_q4_k ? 32 : 64), nt, acc);
+      } else {
+        const float d = f16_bits_to_float(br.d[u]);
+        const float m = kFmt == k_q4_1 ? f16_bits_to_float(br.m[u]) : 0.0f;
+        const unsigned high = kFmt == k_q5_0 ? *reinterpret_cast<const unsigned*>(br.e + u * 4) : 0u;
+        float wf[32];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+#pragma unroll
+          for (int by = 0; by < 4; ++by) {  // byte 4e + by: weight 4e + by (low nibble), 16 + 4e + by (high)
+            const int j = 4 * e + by;
+            const unsigned byte = (words[e] >> (8 * by)) & 0xffu;
+            unsigned lo = byte & 15u, hi = byte >> 4;
+            if (kFmt == k_q4_0) {
+              wf[j] = d * (static_cast<float>(lo) - 8.0f);
+              wf[16 + j] = d * (static_cast<float>(hi) - 8.0f);
+            } else if (kFmt == k_q5_0) {
+              lo |= ((high >> j) & 1u) << 4;
+              hi |= ((high >> (j + 16)) & 1u) << 4;
+              wf[j] = d * (static_cast<float>(lo) - 16.0f);
+              wf[16 + j] = d * (static_cast<float>(hi) - 16.0f);
+            } else {
+              wf[j] = q4_1_weight(d, static_cast<float>(lo), m);
+              wf[16 + j] = q4_1_weight(d, static_cast<float>(hi), m);
+            }
+          }
+        }
+        fma_tokens<32, kTokens>(wf, x, cols, t0, u * 32, nt, acc);
       }
-      fma_tokens<32, kTokens>(wf, x, cols, t0, b * 32, nt, acc);
     };
-    int64_t b = lane;
-    for (; b + (kLoads - 1) * 32 < nblocks; b += kLoads * 32) {
-      uint4 raw[kLoads];
+    int64_t u = lane;
+    for (; u + (kLoads - 1) * 32 < units; u += kLoads * 32) {
+      uint4 raw[kLoads], raw_hi[kLoads];
 #pragma unroll
-      for (int u = 0; u < kLoads; ++u) raw[u] = *reinterpret_cast<const uint4*>(qr + (b + u * 32) * 16);
+      for (int i = 0; i < kLoads; ++i) load(u + i * 32, &raw[i], &raw_hi[i]);
 #pragma unroll
-      for (int u = 0; u < kLoads; ++u) consume(raw[u], b + u * 32);
+      for (int i = 0; i < kLoads; ++i) consume(raw[i], raw_hi[i], u + i * 32);
     }
-    for (; b < nblocks; b += 32) consume(*reinterpret_cast<const uint4*>(qr + b * 16), b);
+    for (; u < units; u += 32) {
+      uint4 raw, raw_hi;
+      load(u, &raw, &raw_hi);
+      consume(raw, raw_hi, u);
+    }
   } else {
     for (int64_t c = lane; c < cols; c += 32) {
-      const float wf = block_weight<kFmt>(qr, dr, mr, c);
+      const float wf = block_weight<kFmt>(br.q, br.d, br.m, br.e, c);
 #pragma unroll
       for (int k = 0; k < kTokens; ++k)
         if (k < nt) acc[k] = fmaf(wf, x[(t0 + k) * cols + c], acc[k]);
@@ -353,16 +476,17 @@ __device__ void row_dot_q4(const float* x, const uint8_t* qr, const uint16_t* dr
 
 // Segment row r's dot products, by format.
 template <int kFmt, bool kVector, int kLoads, int kTokens>
-__device__ void seg_row_dot(const float* x, const void* w, const uint16_t* d, const uint16_t* m, int64_t r,
-                            int64_t cols, int64_t t0, int nt, int lane, float (&acc)[kTokens]) {
-  const int64_t sr = r * (cols / 32);  // the row's first scale
-  if constexpr (kFmt == k_bf16)
+__device__ void seg_row_dot(const float* x, const void* w, const uint16_t* d, const uint16_t* m, const uint8_t* e,
+                            int64_t r, int64_t cols, int64_t t0, int nt, int lane, float (&acc)[kTokens]) {
+  if constexpr (kFmt == k_bf16) {
     row_dot<kVector, kLoads, kTokens>(x, static_cast<const __nv_bfloat16*>(w) + r * cols, cols, t0, nt, lane, acc);
-  else if constexpr (kFmt == k_q8_0)
-    row_dot_q8<kVector, kLoads, kTokens>(x, static_cast<const int8_t*>(w) + r * cols, d + sr, cols, t0, nt, lane, acc);
-  else
-    row_dot_q4<kFmt, kVector, kLoads, kTokens>(x, static_cast<const uint8_t*>(w) + r * (cols / 2), d + sr,
-                                               m != nullptr ? m + sr : nullptr, cols, t0, nt, lane, acc);
+  } else {
+    const BlockRow br = block_row<kFmt>(w, d, m, e, r, cols);
+    if constexpr (kFmt == k_q8_0)
+      row_dot_q8<kVector, kLoads, kTokens>(x, reinterpret_cast<const int8_t*>(br.q), br.d, cols, t0, nt, lane, acc);
+    else
+      row_dot_units<kFmt, kVector, kLoads, kTokens>(x, br, cols, t0, nt, lane, acc);
+  }
 }
 }  // namespace
 
@@ -385,6 +509,7 @@ __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_
   const void* w = seg.w[0];
   const uint16_t* d = seg.d[0];
   const uint16_t* m = seg.m[0];
+  const uint8_t* e = seg.e[0];
   const float* bias = seg.bias[0];
   float* y = seg.y[0];
   int64_t rows = seg.rows[0];
@@ -396,6 +521,7 @@ __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_
         w = seg.w[i];
         d = seg.d[i];
         m = seg.m[i];
+        e = seg.e[i];
         bias = seg.bias[i];
         y = seg.y[i];
         rows = seg.rows[i];
@@ -405,10 +531,10 @@ __global__ void matmul_rowwise_kernel(const float* x, Segments seg, int64_t num_
   const int64_t t0 = group * kTokens;
   const int nt = static_cast<int>(num_tokens - t0 < kTokens ? num_tokens - t0 : kTokens);
   float acc[kTokens];
-  seg_row_dot<kFmt, kVector, kLoads, kTokens>(x, w, d, m, r, cols, t0, nt, lane, acc);
+  seg_row_dot<kFmt, kVector, kLoads, kTokens>(x, w, d, m, e, r, cols, t0, nt, lane, acc);
   if constexpr (gated(kEpi)) {
     float up[kTokens];
-    seg_row_dot<kFmt, kVector, kLoads, kTokens>(x, seg.w[1], seg.d[1], seg.m[1], r, cols, t0, nt, lane, up);
+    seg_row_dot<kFmt, kVector, kLoads, kTokens>(x, seg.w[1], seg.d[1], seg.m[1], seg.e[1], r, cols, t0, nt, lane, up);
 #pragma unroll
     for (int k = 0; k < kTokens; ++k) {
       // As the separate launches: gate and up stored with their bias (or + 0), then swiglu_cuda
@@ -479,7 +605,10 @@ void rowwise(const float* x, const Segments& seg, int64_t num_tokens, int64_t co
     case k_bf16: launch_tokens<k_bf16, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
     case k_q8_0: launch_tokens<k_q8_0, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
     case k_q4_0: launch_tokens<k_q4_0, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
-    default: launch_tokens<k_q4_1, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+    case k_q4_1: launch_tokens<k_q4_1, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+    case k_q5_0: launch_tokens<k_q5_0, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+    case k_q4_k: launch_tokens<k_q4_k, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+    default: launch_tokens<k_q6_k, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
   }
 }
 
@@ -510,6 +639,7 @@ void matmul_rowwise_multi_cuda(const float* x, const RowwiseOut* outs, int count
       seg.w[seg.count] = fmt == k_bf16 ? static_cast<const void*>(o.w) : o.blocks.quants;
       seg.d[seg.count] = o.blocks.scales;
       seg.m[seg.count] = o.blocks.mins;
+      seg.e[seg.count] = o.blocks.extra;
       seg.bias[seg.count] = o.bias;
       seg.y[seg.count] = o.y;
       seg.rows[seg.count] = o.rows > 0 ? o.rows : 0;
@@ -528,6 +658,7 @@ void residual(const float* x, const __nv_bfloat16* w, const BlockWeights* blocks
   if (blocks != nullptr) {
     seg.d[0] = blocks->scales;
     seg.m[0] = blocks->mins;
+    seg.e[0] = blocks->extra;
   }
   seg.bias[0] = bias;
   seg.y[0] = y;
@@ -545,8 +676,10 @@ void gated_mlp(const float* x, const void* gate, const void* up, const BlockWeig
   if (gb != nullptr) {
     seg.d[0] = gb->scales;
     seg.m[0] = gb->mins;
+    seg.e[0] = gb->extra;
     seg.d[1] = ub->scales;
     seg.m[1] = ub->mins;
+    seg.e[1] = ub->extra;
   }
   seg.y[0] = out;
   seg.rows[0] = seg.rows[1] = rows;

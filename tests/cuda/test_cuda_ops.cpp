@@ -30,11 +30,13 @@
 #include "common/dtype.h"
 #include "kernels/attention_paged.h"
 #include "kernels/cpu/geglu.h"
+#include "kernels/cuda/block_split.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 #include "worker/kv/selection.h"
+#include "worker/model/dequant.h"
 
 namespace snap::kernels {
 namespace {
@@ -364,24 +366,78 @@ void add_matmul_fused(std::vector<OpCase>& t) {
   }
 }
 
-// --- block-format weights (Q8_0, Q4_0, Q4_1) -------------------------------------------------
-// A random block-format matrix [rows, cols] as the device holds it (quants, f16 scale bits and
-// Q4_1's mins) and as llama.cpp's blocks (common/dtype.h), which the CPU reference (matmul_ref,
-// f64) reads. Scales cover normal and subnormal f16 (row 0's are subnormal, row 1's zero) and
-// both signs.
+// --- block-format weights (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) -------------------------------
+// A random block-format matrix [rows, cols] as the device holds it (quants, f16 scale bits,
+// mins, extra bytes) and as llama.cpp's blocks (common/dtype.h, ggml), which the CPU reference
+// (matmul_ref, f64) reads: Q8_0/Q4_0/Q4_1 directly; Q5_0/Q4_K/Q6_K through the CPU's
+// dequantizer (worker/model/dequant.h, bit-exact with the `gguf` package's), as f32. Scales
+// cover normal and subnormal f16 (row 0's are subnormal, row 1's zero) and both signs.
+bool cpu_block_dtype(BlockFormat f) {
+  return f == BlockFormat::q8_0 || f == BlockFormat::q4_0 || f == BlockFormat::q4_1;
+}
 struct BlocksHost {
   BlockFormat format;
   DType dtype;
-  std::vector<uint8_t> q;
+  std::vector<uint8_t> q, e;
   std::vector<uint16_t> d, m;
   std::vector<uint8_t> blocks;
   std::vector<float> values;  // each weight, as the kernels compute it
+  int64_t rows = 0, cols = 0;
+  // What matmul_ref reads.
+  WeightView ref() const {
+    return cpu_block_dtype(format) ? WeightView{dtype, blocks.data(), rows, cols}
+                                   : WeightView{DType::f32, values.data(), rows, cols};
+  }
 };
+// Q5_0/Q4_K/Q6_K: random ggml blocks (random quant, high-bit and sub-scale bytes; d and dmin as
+// below), split by split_ggml_blocks, values from the CPU's dequantizer.
+BlocksHost random_ggml_blocks(BlockFormat format, int64_t rows, int64_t cols,
+                              const std::function<uint16_t(int64_t)>& f16, std::mt19937& gen) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  BlocksHost h;
+  h.format = format;
+  h.dtype = DType::f32;
+  const int64_t per = block_format_elems(format), nb = rows * cols / per, bb = block_format_ggml_bytes(format);
+  const BlockParts parts = block_parts(format);
+  h.blocks.resize(static_cast<size_t>(nb * bb));
+  for (auto& v : h.blocks) v = static_cast<uint8_t>(byte(gen));
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t row = b / (cols / per);
+    const uint16_t d = row == 1 && rows > 2 ? 0 : f16(row);
+    std::memcpy(&h.blocks[b * bb + parts.d.at], &d, 2);
+    if (parts.m.at >= 0) {
+      const uint16_t m = f16(row);
+      std::memcpy(&h.blocks[b * bb + parts.m.at], &m, 2);
+    }
+  }
+  SplitBlocks split = split_ggml_blocks(format, h.blocks.data(), nb);
+  h.q = std::move(split.quants);
+  h.d = std::move(split.scales);
+  h.m = std::move(split.mins);
+  h.e = std::move(split.extra);
+  const GgmlType t = format == BlockFormat::q5_0 ? GgmlType::q5_0 : format == BlockFormat::q4_k ? GgmlType::q4_k : GgmlType::q6_k;
+  h.values.resize(static_cast<size_t>(rows * cols));
+  const Status st = dequantize(t, h.blocks.data(), h.values.data(), rows * cols);
+  if (!st.ok()) std::abort();
+  return h;
+}
 BlocksHost random_blocks(BlockFormat format, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 gen(seed);
   std::uniform_int_distribution<int> byte(0, 255), exp(5, 16), man(0, 1023), sign(0, 1);
+  const auto f16 = [&](int64_t row) {
+    const int e = row == 0 ? 0 : exp(gen);  // exponent 0: subnormal (or zero)
+    return static_cast<uint16_t>((sign(gen) << 15) | (e << 10) | man(gen));
+  };
+  if (!cpu_block_dtype(format)) {
+    BlocksHost h = random_ggml_blocks(format, rows, cols, f16, gen);
+    h.rows = rows;
+    h.cols = cols;
+    return h;
+  }
   BlocksHost h;
   h.format = format;
+  h.rows = rows;
+  h.cols = cols;
   h.dtype = format == BlockFormat::q8_0 ? DType::q8_0 : format == BlockFormat::q4_0 ? DType::q4_0 : DType::q4_1;
   const int64_t nb = rows * cols / 32, qb = format == BlockFormat::q8_0 ? 32 : 16;
   h.q.resize(static_cast<size_t>(nb * qb));
@@ -389,10 +445,6 @@ BlocksHost random_blocks(BlockFormat format, int64_t rows, int64_t cols, uint32_
   if (format == BlockFormat::q8_0)
     for (auto& v : h.q)
       if (v == 0x80) v = 0x81;  // ggml's quantizer never writes -128
-  const auto f16 = [&](int64_t row) {
-    const int e = row == 0 ? 0 : exp(gen);  // exponent 0: subnormal (or zero)
-    return static_cast<uint16_t>((sign(gen) << 15) | (e << 10) | man(gen));
-  };
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t row = b / (cols / 32);
     h.d.push_back(row == 1 && rows > 2 ? 0 : f16(row));
@@ -423,26 +475,32 @@ BlocksHost random_blocks(BlockFormat format, int64_t rows, int64_t cols, uint32_
 
 // The host arrays on the device, and their BlockWeights.
 struct BlocksDevice {
-  DeviceBuffer<uint8_t> q;
+  DeviceBuffer<uint8_t> q, e;
   DeviceBuffer<uint16_t> d, m;
   BlockWeights w;
-  explicit BlocksDevice(const BlocksHost& h) : q(h.q), d(h.d), m(h.m) {
+  explicit BlocksDevice(const BlocksHost& h) : q(h.q), e(h.e), d(h.d), m(h.m) {
     w.format = h.format;
     w.quants = q.ptr;
     w.scales = d.ptr;
-    w.mins = h.format == BlockFormat::q4_1 ? m.ptr : nullptr;
+    w.mins = block_format_has_mins(h.format) ? m.ptr : nullptr;
+    w.extra = h.e.empty() ? nullptr : e.ptr;
   }
 };
 
-const char* format_name(BlockFormat f) {
-  return f == BlockFormat::q8_0 ? "q8_0" : f == BlockFormat::q4_0 ? "q4_0" : "q4_1";
-}
+const char* format_name(BlockFormat f) { return block_format_name(f); }
 
 // Block-format shapes: cols a multiple of 32; 1312 = 41 blocks (Q8_0: 82 16-byte loads per row,
 // lanes get 2 or 3; Q4: 41 loads, lanes get 1 or 2); 4128 = 129 blocks: every Q4 lane runs the
 // four-loads-in-flight loop once (it needs 128 blocks) and lane 0 one block more.
 const GemmShape k_block_shapes[] = {{1, 7, 32, false},   {3, 83, 576, true},     {17, 769, 576, false},
                                     {2, 37, 1312, true}, {3, 37, 4128, true},    {9, 1000, 14336, false}};
+// The K formats' (cols a multiple of 256): 1280 = 40 units (lanes get 1 or 2); 4352 = 136 units:
+// every lane runs the four-loads loop once; 512 with 17 tokens: three groups.
+const GemmShape k_kblock_shapes[] = {{1, 7, 256, false}, {3, 83, 768, true}, {17, 129, 512, false},
+                                     {2, 37, 1280, true}, {3, 37, 4352, true}};
+const BlockFormat k_block_formats[] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1,
+                                       BlockFormat::q5_0, BlockFormat::q4_k, BlockFormat::q6_k};
+bool k_format(BlockFormat f) { return block_format_elems(f) == 256; }
 
 // The block-format GEMV against the CPU's f64 reference on the same blocks (1e-4, as the bf16
 // GEMV: each weight is exact in f32, Q4_1's rounded once as the CPU's), bitwise the same with 1
@@ -452,8 +510,9 @@ const GemmShape k_block_shapes[] = {{1, 7, 32, false},   {3, 83, 576, true},    
 // into a slab of y's columns (ldy) leaves the other columns alone. Q4_0 and Q4_1 over five of
 // the shapes (the emulator's time), Q8_0 over all six.
 void add_matmul_blocks(std::vector<OpCase>& t) {
-  for (const BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1})
-    for (const GemmShape& s : k_block_shapes) {
+  for (const BlockFormat f : k_block_formats)
+    for (const GemmShape& s : k_format(f) ? std::vector<GemmShape>(std::begin(k_kblock_shapes), std::end(k_kblock_shapes))
+                                          : std::vector<GemmShape>(std::begin(k_block_shapes), std::end(k_block_shapes))) {
       if (f != BlockFormat::q8_0 && s.cols == 14336) continue;  // the emulator's time; 4128 runs Q4's loop
       const std::string fn = format_name(f);
       t.push_back({gemm_name(("matmul_rowwise_" + fn).c_str(), s), [=]() -> AssertionResult {
@@ -461,8 +520,7 @@ void add_matmul_blocks(std::vector<OpCase>& t) {
                      const BlocksHost h = random_blocks(f, s.rows, s.cols, 62);
                      const auto bias = test::random_floats(s.rows, 63, -1.0f, 1.0f);
                      std::vector<float> want(static_cast<size_t>(s.tokens * s.rows));
-                     matmul_ref(x.data(), WeightView{h.dtype, h.blocks.data(), s.rows, s.cols}, s.bias ? bias.data() : nullptr,
-                                want.data(), s.tokens);
+                     matmul_ref(x.data(), h.ref(), s.bias ? bias.data() : nullptr, want.data(), s.tokens);
                      DeviceBuffer<float> dx(x), db(bias), dy(want.size()), dy1(static_cast<size_t>(s.rows));
                      const BlocksDevice w(h);
                      const float* bp = s.bias ? db.ptr : nullptr;
@@ -541,9 +599,9 @@ void add_matmul_blocks(std::vector<OpCase>& t) {
                      return AssertionSuccess();
                    }});
     }
-  for (const BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1}) {
+  for (const BlockFormat f : k_block_formats) {
     t.push_back({std::string("dequant_") + format_name(f) + "_to_bf16", [=]() -> AssertionResult {
-                   const BlocksHost h = random_blocks(f, 37, 1312, 91);
+                   const BlocksHost h = random_blocks(f, 37, k_format(f) ? 1280 : 1312, 91);
                    std::vector<uint16_t> want(h.values.size());
                    for (size_t i = 0; i < want.size(); ++i) want[i] = f32_to_bf16(h.values[i]);
                    const BlocksDevice w(h);
@@ -556,7 +614,7 @@ void add_matmul_blocks(std::vector<OpCase>& t) {
                    return AssertionSuccess();
                  }});
     t.push_back({std::string("embedding_") + format_name(f), [=]() -> AssertionResult {
-                   const int64_t vocab = 300, hidden = 576, tokens = 19;
+                   const int64_t vocab = 300, hidden = k_format(f) ? 512 : 576, tokens = 19;
                    const BlocksHost table = random_blocks(f, vocab, hidden, 92);
                    std::vector<int32_t> ids(static_cast<size_t>(tokens));
                    for (int64_t i = 0; i < tokens; ++i) ids[i] = static_cast<int32_t>((i * 31 + vocab - 1) % vocab);

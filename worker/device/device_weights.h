@@ -48,14 +48,10 @@ struct DeviceMatrixView {
   // Rows [begin, begin + n).
   DeviceMatrixView rows_from(int64_t begin, int64_t n) const {
     DeviceMatrixView v = *this;
-    if (is_blocks()) {
-      const int64_t qbytes = blocks.format == kernels::BlockFormat::q8_0 ? cols : cols / 2;
-      v.blocks.quants = static_cast<const uint8_t*>(blocks.quants) + begin * qbytes;
-      v.blocks.scales += begin * (cols / 32);
-      if (blocks.mins != nullptr) v.blocks.mins += begin * (cols / 32);
-    } else {
+    if (is_blocks())
+      v.blocks = kernels::block_rows_from(blocks, cols, begin);
+    else
       v.data += begin * cols;
-    }
     v.rows = n;
     return v;
   }

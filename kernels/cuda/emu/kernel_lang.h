@@ -12,7 +12,7 @@
 //    declaration its own heap allocation of exactly its size (AddressSanitizer sees overflows);
 //    the dynamic part is exactly the launch's byte count;
 //  - the intrinsics the kernels use, with the GPU's rounding where it is specified (__fadd_rn,
-//    __fmul_rn: one rounding each, never fused; compile with -ffp-contract=off).
+//    __fsub_rn, __fmul_rn: one rounding each, never fused; compile with -ffp-contract=off).
 // The runtime API (cudaMalloc, copies, streams) is the host twin's (kernels/cuda/host).
 #pragma once
 
@@ -238,6 +238,7 @@ inline float rsqrtf(float x) { return off_by_ulp(1.0f / std::sqrt(x), x); }
 inline float tanhf(float x) { return off_by_ulp(std::tanh(x), x); }
 }  // namespace snap_emu::gpu_math
 inline float __fadd_rn(float a, float b) { return snap_emu::gpu_math::opaque(a + b); }
+inline float __fsub_rn(float a, float b) { return snap_emu::gpu_math::opaque(a - b); }
 inline float __fmul_rn(float a, float b) { return snap_emu::gpu_math::opaque(a * b); }
 inline float __fdiv_rn(float a, float b) { return snap_emu::gpu_math::opaque(a / b); }
 inline float __expf(float x) { return snap_emu::gpu_math::fast_expf(x); }
@@ -246,6 +247,7 @@ inline float rsqrtf(float x) { return snap_emu::gpu_math::rsqrtf(x); }
 #define tanhf(x) ::snap_emu::gpu_math::tanhf(x)
 #else
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __expf(float x) { return std::exp(x); }

@@ -1,0 +1,89 @@
+// llama.cpp's blocks (as a GGUF file and common/dtype.h hold them) split into the device's
+// arrays (kernels_cuda.h BlockWeights): quants, f16 scales, mins and extra bytes, each
+// contiguous over the blocks, so that a row's quants can be read with 16-byte loads (ggml's
+// 18-, 22-, 144- and 210-byte blocks cannot). Host code: DeviceWeights::upload and the kernel
+// tests use it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace snap::kernels {
+
+// Bytes of one ggml block of the format (block_format_elems weights).
+constexpr int64_t block_format_ggml_bytes(BlockFormat f) {
+  switch (f) {
+    case BlockFormat::q8_0: return 34;
+    case BlockFormat::q4_0: return 18;
+    case BlockFormat::q4_1: return 20;
+    case BlockFormat::q5_0: return 22;
+    case BlockFormat::q4_k: return 144;
+    case BlockFormat::q6_k: return 210;
+  }
+  return 0;
+}
+
+struct SplitBlocks {
+  std::vector<uint8_t> quants;   // per block: q8_0 32, q4_0/q4_1/q5_0 16, q4_k 128, q6_k 192 (ql, qh)
+  std::vector<uint16_t> scales;  // per block: d
+  std::vector<uint16_t> mins;    // q4_1: m; q4_k: dmin
+  std::vector<uint8_t> extra;    // per block: q5_0 qh (4), q4_k scales (12), q6_k scales (16)
+};
+
+// Where a block's parts lie in ggml's block (byte offset, bytes; offset −1: none): q8_0 d 0,
+// qs 2; q4_0 d 0, qs 2; q4_1 d 0, m 2, qs 4; q5_0 d 0, qh 2, qs 6; q4_k d 0, dmin 2, scales 4,
+// qs 16; q6_k ql 0, qh 128, scales 192, d 208.
+struct BlockParts {
+  struct Part { int64_t at, bytes; };
+  Part q{0, 0}, d{0, 2}, m{-1, 0}, e{-1, 0};
+};
+constexpr BlockParts block_parts(BlockFormat f) {
+  BlockParts p;
+  switch (f) {
+    case BlockFormat::q8_0: p.q = {2, 32}; break;
+    case BlockFormat::q4_0: p.q = {2, 16}; break;
+    case BlockFormat::q4_1: p.q = {4, 16}; p.m = {2, 2}; break;
+    case BlockFormat::q5_0: p.q = {6, 16}; p.e = {2, 4}; break;
+    case BlockFormat::q4_k: p.q = {16, 128}; p.m = {2, 2}; p.e = {4, 12}; break;
+    case BlockFormat::q6_k: p.q = {0, 192}; p.d = {208, 2}; p.e = {192, 16}; break;
+  }
+  return p;
+}
+
+inline SplitBlocks split_ggml_blocks(BlockFormat f, const uint8_t* src, int64_t nblocks) {
+  const BlockParts p = block_parts(f);
+  const int64_t bb = block_format_ggml_bytes(f);
+  SplitBlocks out;
+  out.quants.resize(static_cast<size_t>(nblocks * p.q.bytes));
+  out.scales.resize(static_cast<size_t>(nblocks));
+  if (p.m.at >= 0) out.mins.resize(static_cast<size_t>(nblocks));
+  if (p.e.at >= 0) out.extra.resize(static_cast<size_t>(nblocks * p.e.bytes));
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const uint8_t* blk = src + b * bb;
+    std::memcpy(&out.quants[b * p.q.bytes], blk + p.q.at, static_cast<size_t>(p.q.bytes));
+    std::memcpy(&out.scales[b], blk + p.d.at, 2);
+    if (p.m.at >= 0) std::memcpy(&out.mins[b], blk + p.m.at, 2);
+    if (p.e.at >= 0) std::memcpy(&out.extra[b * p.e.bytes], blk + p.e.at, static_cast<size_t>(p.e.bytes));
+  }
+  return out;
+}
+
+// The inverse: the first nblocks blocks of w (host-readable arrays) as ggml's blocks into dst
+// (nblocks · block_format_ggml_bytes bytes).
+inline void join_ggml_blocks(const BlockWeights& w, int64_t nblocks, uint8_t* dst) {
+  const BlockParts p = block_parts(w.format);
+  const int64_t bb = block_format_ggml_bytes(w.format);
+  const auto* q = static_cast<const uint8_t*>(w.quants);
+  for (int64_t b = 0; b < nblocks; ++b) {
+    uint8_t* blk = dst + b * bb;
+    std::memcpy(blk + p.q.at, q + b * p.q.bytes, static_cast<size_t>(p.q.bytes));
+    std::memcpy(blk + p.d.at, &w.scales[b], 2);
+    if (p.m.at >= 0) std::memcpy(blk + p.m.at, &w.mins[b], 2);
+    if (p.e.at >= 0) std::memcpy(blk + p.e.at, w.extra + b * p.e.bytes, static_cast<size_t>(p.e.bytes));
+  }
+}
+
+}  // namespace snap::kernels
