@@ -20,7 +20,11 @@ norms (within [0.5, 2], Sterbenz), so both forms hold the same numbers. --vision
 writes the HF form as Gemma3ForConditionalGeneration instead (the 4B-27B checkpoints' form).
 
 --gguf-type q8_0 (q4_0, q4_1) quantizes the GGUF's matrices with the gguf package (ggml's
-reference quantizers).
+reference quantizers). --gguf-type q4_k_m mixes types as llama.cpp's Q4_K_M does: Q6_K for
+attn_v, ffn_down and output, Q4_K for the other matrices whose rows are whole 256-weight
+super-blocks, Q5_0 (the gguf package's) for those that are not. The gguf package cannot
+quantize the K formats: quantize_q4_k / quantize_q6_k here write valid blocks by a plain
+min/max rule (not ggml's search), checked against the package's dequantizer.
 """
 import argparse
 import json
@@ -164,10 +168,10 @@ def main():
     ap.add_argument("--scale", type=float, default=0.08, help="std of the random weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gguf", action="store_true")
-    ap.add_argument("--gguf-type", choices=["f32", "q8_0", "q4_0", "q4_1"], default="f32",
+    ap.add_argument("--gguf-type", choices=["f32", "q8_0", "q4_0", "q4_1", "q4_k_m"], default="f32",
                     help="the GGUF's matrices (token_embd only when tied) quantized by the gguf package "
                          "(ggml's reference quantizers): q8_0 for checking --weight-dtype q8_0, q4_0/q4_1 for "
-                         "a GGUF's own blocks on the device")
+                         "a GGUF's own blocks on the device; q4_k_m: Q4_K, Q6_K and Q5_0 as llama.cpp's Q4_K_M")
     ap.add_argument("--vision-language", action="store_true",
                     help="gemma3: the HF form as Gemma3ForConditionalGeneration (text_config, a tiny SigLIP "
                          "vision_config, language_model.model. names, two vision tensors)")
@@ -419,9 +423,7 @@ def write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope
         quantize = (a.gguf_type != "f32" and t.ndim == 2 and t.shape[1] % 32 == 0 and name != "rope_freqs.weight"
                     and (name != "token_embd.weight" or a.tie))
         if quantize:
-            qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-                     "q4_1": gguf.GGMLQuantizationType.Q4_1}[a.gguf_type]
-            q = gguf.quants.quantize(t, qtype)
+            qtype, q = quantize_tensor(name, t, a.gguf_type)
             wr.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
         else:
             wr.add_tensor(name, t)
@@ -429,6 +431,72 @@ def write_gguf(a, w, head_dim, tokens, token_types, merges, bos_id, eos_id, rope
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()
     wr.close()
+
+
+def f16_bytes(v):
+    return np.asarray(v, dtype=np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def quantize_q4_k(t):
+    """[rows, cols] (cols % 256 == 0) -> Q4_K blocks [rows, cols / 256 * 144] (uint8): per
+    32-weight sub-block a 6-bit scale and min, w ≈ d·sc·q − dmin·m."""
+    x = t.reshape(-1, 8, 32).astype(np.float32)
+    lo = np.minimum(x.min(axis=2), 0.0)
+    scale = (x.max(axis=2) - lo) / 15.0
+    mn = -lo
+    d = scale.max(axis=1) / 63.0
+    dmin = mn.max(axis=1) / 63.0
+    d16, dmin16 = d.astype(np.float16), dmin.astype(np.float16)
+    dd, dm = d16.astype(np.float32), dmin16.astype(np.float32)
+    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), 0, 63)
+    m = np.clip(np.round(np.divide(mn, dm[:, None], out=np.zeros_like(mn), where=dm[:, None] > 0)), 0, 63)
+    step = (dd[:, None] * sc)[:, :, None]
+    q = np.clip(np.round(np.divide(x + (dm[:, None] * m)[:, :, None], step, out=np.zeros_like(x), where=step > 0)), 0, 15)
+    sc, m, q = sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8)
+    scales = np.zeros((x.shape[0], 12), np.uint8)
+    for j in range(4):  # ggml's get_scale_min_k4 packing
+        scales[:, j] = sc[:, j] | ((sc[:, j + 4] >> 4) << 6)
+        scales[:, j + 4] = m[:, j] | ((m[:, j + 4] >> 4) << 6)
+        scales[:, j + 8] = (sc[:, j + 4] & 15) | ((m[:, j + 4] & 15) << 4)
+    qs = (q[:, 0::2, :] | (q[:, 1::2, :] << 4)).reshape(-1, 128)  # byte 32g + l: sub-blocks 2g (low), 2g + 1
+    blocks = np.concatenate([f16_bytes(d16), f16_bytes(dmin16), scales, qs], axis=1)
+    return blocks.reshape(t.shape[0], -1)
+
+
+def quantize_q6_k(t):
+    """[rows, cols] (cols % 256 == 0) -> Q6_K blocks [rows, cols / 256 * 210] (uint8): per
+    16-weight sub-block an int8 scale, w ≈ d·sc·(q − 32)."""
+    x = t.reshape(-1, 16, 16).astype(np.float32)
+    scale = np.abs(x).max(axis=2) / 31.0
+    d16 = (scale.max(axis=1) / 127.0).astype(np.float16)
+    dd = d16.astype(np.float32)
+    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), -128, 127)
+    step = (dd[:, None] * sc)[:, :, None]
+    q = np.clip(np.round(np.divide(x, step, out=np.zeros_like(x), where=step > 0)) + 32, 0, 63).astype(np.uint8)
+    q = q.reshape(-1, 2, 4, 32)  # [block][half n][quarter k][l]: weight 128n + 32k + l
+    ql = np.concatenate([(q[:, :, 0] & 15) | ((q[:, :, 2] & 15) << 4), (q[:, :, 1] & 15) | ((q[:, :, 3] & 15) << 4)],
+                        axis=2).reshape(-1, 128)
+    qh = ((q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) | ((q[:, :, 3] >> 4) << 6)).reshape(-1, 64)
+    blocks = np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), f16_bytes(d16)], axis=1)
+    return blocks.reshape(t.shape[0], -1)
+
+
+def quantize_tensor(name, t, gguf_type):
+    """(ggml type, blocks) of a 2-D tensor for --gguf-type."""
+    import gguf
+    Q = gguf.GGMLQuantizationType
+    if gguf_type != "q4_k_m":
+        qtype = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[gguf_type]
+        return qtype, gguf.quants.quantize(t, qtype)
+    if t.shape[1] % 256 != 0:
+        return Q.Q5_0, gguf.quants.quantize(t, Q.Q5_0)
+    six = name == "output.weight" or any(k in name for k in ("attn_v.", "ffn_down."))
+    qtype, q = (Q.Q6_K, quantize_q6_k(t)) if six else (Q.Q4_K, quantize_q4_k(t))
+    back = gguf.quants.dequantize(q, qtype)
+    err = float(np.abs(back - t).max())
+    if not err <= 0.25 * float(np.abs(t).max()) + 1e-6:  # a packing error gives wild values
+        sys.exit(f"{name}: {qtype.name} round trip error {err} (max |w| {float(np.abs(t).max())})")
+    return qtype, q
 
 
 if __name__ == "__main__":

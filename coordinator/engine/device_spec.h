@@ -44,12 +44,13 @@ bool device_nccl_usable();
 Status check_device(const DeviceSpec& spec);
 
 // How a device run loads its model, by --weight-dtype (auto, bf16 or q8_0; the CLI refuses the
-// rest): row-major blocks (no CPU matvec tiles); auto keeps a GGUF's Q8_0/Q4_0/Q4_1 matrices in
-// their blocks, q8_0 quantizes every projection and the LM head at load; everything else is
-// bf16, on the host as on the device.
+// rest): row-major blocks (no CPU matvec tiles); auto keeps a GGUF's Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K
+// matrices in their blocks, q8_0 quantizes every projection and the LM head at load; everything
+// else is bf16, on the host as on the device.
 inline LoadOptions device_load_options(const std::string& weight_dtype) {
   LoadOptions opts;
   opts.keep_quantized = weight_dtype == "auto";
+  opts.device_blocks = true;
   opts.matvec_tiles = false;
   opts.weight_dtype = weight_dtype == "q8_0" ? DType::q8_0 : DType::bf16;
   return opts;
@@ -83,7 +84,7 @@ class DeviceGenerator {
   virtual comm::CommStats exchange_at_end() const = 0;
 };
 
-// Uploads `model` (loaded with matvec_tiles = false; its Q8_0/Q4_0/Q4_1 matrices stay in their
+// Uploads `model` (loaded with matvec_tiles = false; its block-format matrices stay in their
 // blocks, the rest become bf16) to the device check_device chose.
 // `model` must outlive the generator (its config is read). With tensor parallelism `model`
 // is this rank's shard (LoadOptions tp_rank/tp_size) and:

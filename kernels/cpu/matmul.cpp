@@ -431,7 +431,11 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
     case DType::q8_0: return make_part<DType::q8_0>(w, bias, y, level, rest, act);
     case DType::q4_0: return make_part<DType::q4_0>(w, bias, y, level, rest, act);
     case DType::q4_1: return make_part<DType::q4_1>(w, bias, y, level, rest, act);
+    case DType::q5_0:
+    case DType::q4_k:
+    case DType::q6_k: break;  // the device's only
   }
+  CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
   return {};
 }
 
@@ -520,7 +524,7 @@ void run_parts(const float* x, const MatvecPart* parts, int count, int64_t num_t
 
 // The integer paths only for block formats on a SIMD level (the scalar level stays the f32 reference).
 MatvecAct act_for(DType d, SimdLevel level) {
-  return dtype_is_quantized(d) && level != SimdLevel::scalar ? matvec_act() : MatvecAct::f32;
+  return dtype_cpu_blocks(d) && level != SimdLevel::scalar ? matvec_act() : MatvecAct::f32;
 }
 
 void matvec(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
@@ -667,6 +671,9 @@ void ref_row(const WeightView& w, int64_t r, float* out) {
       case DType::q8_0: dequant_block_scalar<DType::q8_0>(row + c / k_qk * 34, out + c); break;
       case DType::q4_0: dequant_block_scalar<DType::q4_0>(row + c / k_qk * 18, out + c); break;
       case DType::q4_1: dequant_block_scalar<DType::q4_1>(row + c / k_qk * 20, out + c); break;
+      case DType::q5_0:
+      case DType::q4_k:
+      case DType::q6_k: CHECK(false) << "matmul_ref: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
     }
   }
 }
@@ -706,6 +713,9 @@ void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, flo
     case DType::q8_0: gemm_converted<DType::q8_0>(x, w, y, num_tokens); break;
     case DType::q4_0: gemm_converted<DType::q4_0>(x, w, y, num_tokens); break;
     case DType::q4_1: gemm_converted<DType::q4_1>(x, w, y, num_tokens); break;
+    case DType::q5_0:
+    case DType::q4_k:
+    case DType::q6_k: CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
   }
   if (bias) {
     for (int64_t t = 0; t < num_tokens; ++t)

@@ -37,6 +37,7 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -95,6 +96,33 @@ std::vector<float> read_logits(const fs::path& p, int64_t* positions, int64_t wa
   if (!in) return {};
   *positions = n;
   return rows;
+}
+
+// Every prompt position's top-5 logits of dump a (by a's order) within 0.1 + (the row's largest
+// |logit|) / 64 of dump b's: bf16 weights and activations in the device's prompt GEMMs against
+// the CPU's f32. Returns the largest difference.
+double expect_top5_close(const fs::path& a_path, const fs::path& b_path, int64_t vocab, const std::string& tag) {
+  int64_t na = 0, nb = 0;
+  const std::vector<float> a = read_logits(a_path, &na, vocab), b = read_logits(b_path, &nb, vocab);
+  EXPECT_FALSE(a.empty()) << a_path;
+  EXPECT_EQ(na, nb) << tag;
+  if (a.empty() || na != nb) return 1e9;
+  double worst = 0;
+  std::vector<int> idx(static_cast<size_t>(vocab));
+  for (int64_t p = 0; p < na; ++p) {
+    const float* x = a.data() + p * vocab;
+    const float* y = b.data() + p * vocab;
+    double scale = 0;
+    for (int64_t v = 0; v < vocab; ++v) scale = std::max(scale, std::abs(static_cast<double>(x[v])));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int i, int j) { return x[i] > x[j]; });
+    for (int k = 0; k < 5; ++k) {
+      const double d = std::abs(static_cast<double>(x[idx[k]]) - y[idx[k]]);
+      worst = std::max(worst, std::isnan(d) ? 1e9 : d);
+      EXPECT_LE(d, 0.1 + scale / 64) << tag << " position " << p << " id " << idx[k];
+    }
+  }
+  return worst;
 }
 
 struct Outcome {
@@ -304,27 +332,50 @@ TEST_F(DeviceTpCli, RealModelMatchesTheCpuEngine) {
   EXPECT_GT(slurp(dir_ / "cpu_q4.out").size(), 16u);
   EXPECT_EQ(slurp(dir_ / "dev_q4.out"), slurp(dir_ / "cpu_q4.out"));
   for (const auto& [ref, tag] : {std::pair<std::string, std::string>{"cpu", "dev"}, {"cpu", "tp3"}, {"cpu_q4", "dev_q4"}}) {
-    int64_t na = 0, nb = 0;
-    const std::vector<float> a = read_logits(dir_ / (ref + ".logits"), &na, 49152), b = read_logits(dir_ / (tag + ".logits"), &nb, 49152);
-    ASSERT_FALSE(a.empty());
-    ASSERT_EQ(na, nb);
-    double worst = 0;
-    for (int64_t p = 0; p < na; ++p) {
-      const float* x = a.data() + p * 49152;
-      const float* y = b.data() + p * 49152;
-      double scale = 0;
-      for (int64_t v = 0; v < 49152; ++v) scale = std::max(scale, std::abs(static_cast<double>(x[v])));
-      std::vector<int> idx(49152);
-      for (int v = 0; v < 49152; ++v) idx[v] = v;
-      std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int i, int j) { return x[i] > x[j]; });
-      for (int k = 0; k < 5; ++k) {
-        const double d = std::abs(static_cast<double>(x[idx[k]]) - y[idx[k]]);
-        worst = std::max(worst, std::isnan(d) ? 1e9 : d);
-        EXPECT_LE(d, 0.1 + scale / 64) << tag << " position " << p << " id " << idx[k];
-      }
-    }
-    std::printf("[ info ] SmolLM2 %s vs %s (%s weights, bf16 KV): %lld prompt positions, worst top-5 logit difference %.4f\n",
-                tag.c_str(), ref.c_str(), ref == "cpu" ? "bf16" : "the file's Q4_1/Q8_0", static_cast<long long>(na), worst);
+    const double worst = expect_top5_close(dir_ / (ref + ".logits"), dir_ / (tag + ".logits"), 49152, tag);
+    std::printf("[ info ] SmolLM2 %s vs %s (%s weights, bf16 KV): worst top-5 logit difference %.4f\n", tag.c_str(),
+                ref.c_str(), ref == "cpu" ? "bf16" : "the file's Q4_1/Q8_0", worst);
+  }
+}
+
+// Gemma 3 270M as published in llama.cpp's Q4_K_M (Q4_K, Q6_K, Q5_0 and a Q8_0 table; setup.sh
+// fetches it) on the device with --weight-dtype auto: held in those blocks, it gives the CPU
+// engine's text (the CPU holds the K formats dequantized to f32: the same values, with
+// SNAP_MATVEC=f32act) and prompt logits within the bound above; so does tp 2 (two processes,
+// host-staged; its o_proj and down_proj slices are whole Q4_K/Q6_K super-blocks, its KV head
+// replicated).
+TEST_F(DeviceTpCli, RealGemmaQ4KMMatchesTheCpuEngine) {
+  const char* env = std::getenv("SNAP_GEMMA_MODEL");
+  const std::string model =
+      env && *env ? env : std::string(std::getenv("HOME")) + "/.cache/snapserve/gemma-3-270m-q4_k_m.gguf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no " << model;
+  const std::string args = " generate --model " + model +
+                           " --chat --prompt 'What is the capital of France? Answer in one sentence.' --max-tokens 16"
+                           " --ignore-eos --threads 2 --dump-logits ";
+  const auto run = [&](const std::string& tag, const std::string& how) {
+    return sh("timeout 300 " + k_bin + args + (dir_ / (tag + ".logits")).string() + how + " > " +
+              (dir_ / (tag + ".out")).string() + " 2> " + (dir_ / (tag + ".err")).string());
+  };
+  ASSERT_EQ(sh("SNAP_MATVEC=f32act timeout 300 " + k_bin + args + (dir_ / "cpu.logits").string() + " --kv-dtype bf16 > " +
+               (dir_ / "cpu.out").string() + " 2> " + (dir_ / "cpu.err").string()),
+            0)
+      << slurp(dir_ / "cpu.err");
+  ASSERT_EQ(run("dev", " --device cuda:0"), 0) << slurp(dir_ / "dev.err");
+  EXPECT_NE(slurp(dir_ / "dev.err").find("q8_0 + q5_0 + q4_k + q6_k"), std::string::npos) << slurp(dir_ / "dev.err");
+  const int port = snap::testing::free_port();
+  const std::string tp = " --device cuda:0 --tp 2 --tp-comm host --world-size 2 --leader 127.0.0.1:" + std::to_string(port);
+  const std::string cmd = "(timeout 300 " + k_bin + args + (dir_ / "tp2.unused").string() + tp + " --rank 1 > /dev/null 2> " +
+                          (dir_ / "tp2.worker").string() + " & timeout 300 " + k_bin + args +
+                          (dir_ / "tp2.logits").string() + tp + " --rank 0 > " + (dir_ / "tp2.out").string() + " 2> " +
+                          (dir_ / "tp2.err").string() + "; rc=$?; wait; exit $rc)";
+  ASSERT_EQ(sh(cmd), 0) << slurp(dir_ / "tp2.err") << slurp(dir_ / "tp2.worker");
+  EXPECT_NE(slurp(dir_ / "tp2.err").find("q4_k"), std::string::npos) << slurp(dir_ / "tp2.err");
+  EXPECT_GT(slurp(dir_ / "cpu.out").size(), 8u);
+  EXPECT_EQ(slurp(dir_ / "dev.out"), slurp(dir_ / "cpu.out"));
+  EXPECT_EQ(slurp(dir_ / "tp2.out"), slurp(dir_ / "cpu.out"));
+  for (const std::string tag : {"dev", "tp2"}) {
+    const double worst = expect_top5_close(dir_ / "cpu.logits", dir_ / (tag + ".logits"), 262144, tag);
+    std::printf("[ info ] Gemma 3 270M Q4_K_M %s vs cpu: worst top-5 logit difference %.4f\n", tag.c_str(), worst);
   }
 }
 

@@ -1,6 +1,6 @@
 // DeviceWeights::upload: host matrices -> bf16 device arrays (f32 and f16 are converted on the
-// host, bf16 copied as is), Q8_0/Q4_0/Q4_1 ones -> quants, scales (and mins), vectors -> f32
-// device arrays.
+// host, bf16 copied as is), block-format ones -> quants, scales, mins and extra bytes, vectors
+// -> f32 device arrays.
 #include "worker/device/device_weights.h"
 
 #include <cuda_runtime.h>
@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/cuda/block_split.h"
 
 namespace snap {
 
@@ -40,35 +41,33 @@ Result<DeviceArray> to_device(const void* host, int64_t bytes, const std::string
   return a;
 }
 
-// A host block-format matrix (ggml's blocks, common/dtype.h) as the device's arrays: quants,
-// f16 scales and (Q4_1) mins, each row-major.
+// A host block-format matrix (ggml's blocks, common/dtype.h) as the device's arrays
+// (kernels/cuda/block_split.h): quants, f16 scales, mins and extra bytes, each row-major.
 Result<DeviceMatrix> blocks_matrix(const Matrix& m, const std::string& what) {
   DeviceMatrix d;
   d.rows = m.rows();
   d.cols = m.cols();
-  if (m.cols() % 32 != 0) return invalid_argument("device weights: " + what + " is in blocks with cols % 32 != 0");
-  const DType t = m.dtype();
-  d.format = t == DType::q8_0 ? kernels::BlockFormat::q8_0
-             : t == DType::q4_0 ? kernels::BlockFormat::q4_0
-                                : kernels::BlockFormat::q4_1;
-  const int64_t blocks = m.rows() * m.cols() / 32;
-  const int64_t qbytes = t == DType::q8_0 ? 32 : 16;  // quant bytes per block
-  const int64_t head = t == DType::q4_1 ? 4 : 2;     // d (and m) in front of them
-  const int64_t block_bytes = dtype_row_bytes(t, 32);
-  std::vector<uint8_t> q(static_cast<size_t>(blocks * qbytes));
-  std::vector<uint16_t> scale(static_cast<size_t>(blocks)), min(t == DType::q4_1 ? scale.size() : 0);
-  const auto* src = static_cast<const uint8_t*>(m.data());
-  for (int64_t b = 0; b < blocks; ++b) {  // rows are whole blocks: block b is row b / (cols / 32)'s
-    const uint8_t* blk = src + b * block_bytes;
-    std::memcpy(&scale[b], blk, 2);
-    if (t == DType::q4_1) std::memcpy(&min[b], blk + 2, 2);
-    std::memcpy(&q[b * qbytes], blk + head, static_cast<size_t>(qbytes));
+  switch (m.dtype()) {
+    case DType::q8_0: d.format = kernels::BlockFormat::q8_0; break;
+    case DType::q4_0: d.format = kernels::BlockFormat::q4_0; break;
+    case DType::q4_1: d.format = kernels::BlockFormat::q4_1; break;
+    case DType::q5_0: d.format = kernels::BlockFormat::q5_0; break;
+    case DType::q4_k: d.format = kernels::BlockFormat::q4_k; break;
+    case DType::q6_k: d.format = kernels::BlockFormat::q6_k; break;
+    default: return invalid_argument("device weights: " + what + " is " + dtype_name(m.dtype()) + ", not a block format");
   }
-  SNAP_ASSIGN_OR_RETURN(d.data, to_device(q.data(), blocks * qbytes, what + " quants"));
-  SNAP_ASSIGN_OR_RETURN(d.scales, to_device(scale.data(), blocks * 2, what + " scales"));
-  if (t == DType::q4_1) {
-    SNAP_ASSIGN_OR_RETURN(d.mins, to_device(min.data(), blocks * 2, what + " mins"));
-  }
+  const int64_t per = kernels::block_format_elems(d.format);
+  if (m.cols() % per != 0)
+    return invalid_argument("device weights: " + what + " is in " + dtype_name(m.dtype()) + " blocks with cols % " +
+                            std::to_string(per) + " != 0");
+  const int64_t blocks = m.rows() * m.cols() / per;
+  const kernels::SplitBlocks split =
+      kernels::split_ggml_blocks(d.format, static_cast<const uint8_t*>(m.data()), blocks);
+  const auto bytes = [](const auto& v) { return static_cast<int64_t>(v.size() * sizeof(v[0])); };
+  SNAP_ASSIGN_OR_RETURN(d.data, to_device(split.quants.data(), bytes(split.quants), what + " quants"));
+  SNAP_ASSIGN_OR_RETURN(d.scales, to_device(split.scales.data(), bytes(split.scales), what + " scales"));
+  SNAP_ASSIGN_OR_RETURN(d.mins, to_device(split.mins.data(), bytes(split.mins), what + " mins"));
+  SNAP_ASSIGN_OR_RETURN(d.extra, to_device(split.extra.data(), bytes(split.extra), what + " extra"));
   return d;
 }
 
@@ -151,7 +150,8 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const LoadedModel& 
 }
 
 std::string DeviceWeights::storage() const {
-  bool seen[4] = {false, false, false, false};  // bf16, q8_0, q4_0, q4_1
+  constexpr int k_formats = 6;  // kernels::BlockFormat's
+  bool seen[1 + k_formats] = {};  // bf16, then each block format
   const auto see = [&](const DeviceMatrix& m) {
     if (m.rows * m.cols == 0) return;
     seen[m.is_blocks() ? 1 + static_cast<int>(m.format) : 0] = true;
@@ -162,14 +162,12 @@ std::string DeviceWeights::storage() const {
     for (const DeviceMatrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) see(*m);
   }
   std::string out;
-  for (int i : {1, 2, 3, 0}) {  // the block formats first
-    if (seen[i]) out += (out.empty() ? "" : " + ") + std::string(i == 0 ? "bf16" : i == 1 ? "q8_0" : i == 2 ? "q4_0" : "q4_1");
+  for (int i = 1; i <= k_formats; ++i) {  // the block formats first
+    if (seen[i])
+      out += (out.empty() ? "" : " + ") + std::string(kernels::block_format_name(static_cast<kernels::BlockFormat>(i - 1)));
   }
+  if (seen[0]) out += out.empty() ? "bf16" : " + bf16";
   return out.empty() ? "bf16" : out;
-}
-
-bool DeviceWeights::any_blocks() const {
-  return embed.is_blocks() || lm_head.is_blocks() || largest_blocks_layer_elements() > 0;
 }
 
 int64_t DeviceWeights::largest_blocks_layer_elements() const {

@@ -3,10 +3,11 @@
 // q/k and post-norms too) and biases f32. Built from a LoadedModel loaded with matvec_tiles =
 // false (row-major blocks); tied embeddings share one table.
 // The matrices the loader holds in a block format stay in it on the device (kernels_cuda.h
-// BlockWeights: quants, f16 scales and Q4_1's mins as aligned arrays): Q8_0 from --weight-dtype
-// q8_0 (LoadOptions::weight_dtype q8_0: 1.0625 bytes a weight instead of 2), Q8_0/Q4_0/Q4_1 a
-// GGUF holds with --weight-dtype auto (LoadOptions::keep_quantized: 0.5625 / 0.625 bytes for
-// Q4_0 / Q4_1); the rest (other GGUF types, a column slice off the 32-block grid, an untied
+// BlockWeights: quants, f16 scales, mins and extra bytes as aligned arrays): Q8_0 from
+// --weight-dtype q8_0 (LoadOptions::weight_dtype q8_0: 1.0625 bytes a weight instead of 2), and
+// with --weight-dtype auto (LoadOptions::keep_quantized + device_blocks) a GGUF's own Q8_0, Q4_0,
+// Q4_1, Q5_0, Q4_K and Q6_K (0.5625 / 0.625 / 0.6875 / 0.5625 / 0.8203 bytes a weight for the
+// last five); the rest (other GGUF types, a column slice off the block grid, an untied
 // embedding table under q8_0) is bf16.
 #pragma once
 
@@ -43,7 +44,7 @@ struct DeviceArray {
 struct DeviceMatrixView {
   const __nv_bfloat16* data = nullptr;  // bf16 [rows, cols]; null in a block format
   int64_t rows = 0, cols = 0;
-  kernels::BlockWeights blocks;         // blocks.quants set: Q8_0, Q4_0 or Q4_1 (kernels_cuda.h)
+  kernels::BlockWeights blocks;         // blocks.quants set: a block format (kernels_cuda.h)
   bool is_blocks() const { return blocks.quants != nullptr; }
   // Rows [begin, begin + n).
   DeviceMatrixView rows_from(int64_t begin, int64_t n) const {
@@ -59,12 +60,13 @@ struct DeviceMatrixView {
 
 struct DeviceMatrix {
   DeviceArray data;    // bf16 [rows, cols], or a block format's quants
-  DeviceArray scales;  // block formats: f16 bits [rows, cols / 32]; empty for bf16
-  DeviceArray mins;    // Q4_1: f16 bits [rows, cols / 32]
+  DeviceArray scales;  // block formats: f16 bits, one a block (32 or 256 weights); empty for bf16
+  DeviceArray mins;    // Q4_1, Q4_K: f16 bits, one a block
+  DeviceArray extra;   // Q5_0, Q4_K, Q6_K: their extra bytes (kernels_cuda.h BlockWeights)
   kernels::BlockFormat format = kernels::BlockFormat::q8_0;  // when scales are set
   int64_t rows = 0, cols = 0;
   bool is_blocks() const { return scales.ptr != nullptr; }
-  int64_t bytes() const { return data.bytes + scales.bytes + mins.bytes; }
+  int64_t bytes() const { return data.bytes + scales.bytes + mins.bytes + extra.bytes; }
   DeviceMatrixView view() const {
     DeviceMatrixView v;
     v.rows = rows;
@@ -74,6 +76,7 @@ struct DeviceMatrix {
       v.blocks.quants = data.ptr;
       v.blocks.scales = scales.u16();
       v.blocks.mins = mins.ptr != nullptr ? mins.u16() : nullptr;
+      v.blocks.extra = static_cast<const uint8_t*>(extra.ptr);
     } else {
       v.data = data.bf16();
     }
@@ -107,14 +110,13 @@ struct DeviceWeights {
 
   // What the matrices are held in: "bf16", or the block formats present ("q8_0", "q4_1 + bf16", ...).
   std::string storage() const;
-  bool any_blocks() const;
   // The most weights of any block-format layer matrix (0: none): prompt chunks dequantize block
   // matrices to bf16 for cuBLAS in slabs of rows up to this size (capped by the forward), the
   // LM head in several when it is larger (SmolLM2: a 1.7 MB slab, not its 56 MB head).
   int64_t largest_blocks_layer_elements() const;
 
   // The model, or the shard of it that `model` holds (LoadOptions tp_rank/tp_size; with
-  // replicated KV heads, q_proj holds the whole GQA group's rows). The host's Q8_0/Q4_0/Q4_1
+  // replicated KV heads, q_proj holds the whole GQA group's rows). The host's block-format
   // matrices stay in their format, the rest become bf16. One-line errors: a matrix in the CPU
   // matvec's tiles (load with matvec_tiles = false), cudaMalloc failing (with the bytes asked for).
   static Result<std::unique_ptr<DeviceWeights>> upload(const LoadedModel& model);

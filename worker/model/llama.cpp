@@ -104,6 +104,9 @@ GgmlType ggml_type_of(DType t) {
     case DType::q8_0: return GgmlType::q8_0;
     case DType::q4_0: return GgmlType::q4_0;
     case DType::q4_1: return GgmlType::q4_1;
+    case DType::q5_0: return GgmlType::q5_0;
+    case DType::q4_k: return GgmlType::q4_k;
+    case DType::q6_k: return GgmlType::q6_k;
   }
   return GgmlType::f32;
 }

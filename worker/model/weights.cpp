@@ -254,8 +254,8 @@ Status store_f32(const float* src, const Job& job, int64_t first_row, const std:
   switch (job.store) {
     case DType::q8_0: {
       CHECK(job.requantize && job.cols % 32 == 0) << job.name;
-      auto* d = static_cast<uint8_t*>(job.dst->data()) + first_row * dtype_row_bytes(DType::q8_0, job.cols);
       const int64_t row_bytes = dtype_row_bytes(DType::q8_0, job.cols);
+      auto* d = static_cast<uint8_t*>(job.dst->data()) + first_row * row_bytes;
       for (int64_t r = 0; r < job.rows; ++r) {
         if (!quantize_q8_0(src + r * job.cols, d + r * row_bytes, job.cols))
           return data_loss(source + ": tensor '" + job.name + "' holds a NaN or infinite value (row " +
@@ -265,6 +265,9 @@ Status store_f32(const float* src, const Job& job, int64_t first_row, const std:
     }
     case DType::q4_0:
     case DType::q4_1:
+    case DType::q5_0:
+    case DType::q4_k:
+    case DType::q6_k:
       CHECK(false) << "store_f32 into block format " << dtype_name(job.store) << " (" << job.name << ")";
       break;
     case DType::f32:
@@ -370,12 +373,16 @@ void pack_for_matvec(ModelWeights* w) {
   pack(w->lm_head.empty() ? w->embed : w->lm_head);
 }
 
-// The block format a GGUF tensor type is kept in, if it is one the matmul reads natively.
-bool native_dtype(GgmlType type, DType* out) {
+// The block format a GGUF tensor type is kept in, if it is one the matmul reads natively:
+// the CPU's (q8_0, q4_0, q4_1), and with device_blocks the device's too (q5_0, q4_k, q6_k).
+bool native_dtype(GgmlType type, bool device_blocks, DType* out) {
   switch (type) {
     case GgmlType::q8_0: *out = DType::q8_0; return true;
     case GgmlType::q4_0: *out = DType::q4_0; return true;
     case GgmlType::q4_1: *out = DType::q4_1; return true;
+    case GgmlType::q5_0: if (!device_blocks) return false; *out = DType::q5_0; return true;
+    case GgmlType::q4_k: if (!device_blocks) return false; *out = DType::q4_k; return true;
+    case GgmlType::q6_k: if (!device_blocks) return false; *out = DType::q6_k; return true;
     default: return false;
   }
 }
@@ -477,14 +484,15 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
   } else if (opts.keep_quantized) {
     for (Job& j : jobs) {
       // A column slice stays in blocks only when it starts and ends on a block boundary.
-      if (j.may_keep_blocks && j.col_begin % 32 == 0 && j.cols % 32 == 0) {
-        native_dtype(g.find_tensor(j.name)->type, &j.store);
-      }
+      DType kept = DType::f32;
+      if (j.may_keep_blocks && native_dtype(g.find_tensor(j.name)->type, opts.device_blocks, &kept) &&
+          j.col_begin % dtype_block_elems(kept) == 0 && j.cols % dtype_block_elems(kept) == 0)
+        j.store = kept;
     }
     // An embedding table in a block format stays in it: SmolLM2-135M holds 30 MB of q8_0
     // instead of a 113 MB f32 table.
     DType table = DType::f32;
-    if (native_dtype(g.find_tensor(names.embed)->type, &table)) embed_in_blocks(jobs, m, table, false);
+    if (native_dtype(g.find_tensor(names.embed)->type, opts.device_blocks, &table)) embed_in_blocks(jobs, m, table, false);
   }
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, path, opts.scratch_floats,
                                 [&g](const Job& j, float* out) { return fill_gguf(g, j, out); }));
@@ -529,6 +537,9 @@ Status fill_safetensors(const SafetensorsModel& st, const Job& job, float* out) 
     case DType::q8_0:
     case DType::q4_0:
     case DType::q4_1:
+    case DType::q5_0:
+    case DType::q4_k:
+    case DType::q6_k:
       return unimplemented(t.file + ": tensor '" + job.name + "' is " + dtype_name(t.dtype) +
                            " (safetensors holds element types only)");
   }

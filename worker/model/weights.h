@@ -104,6 +104,9 @@ struct LoadOptions {
   // Projection matrices and the LM head whose GGUF type is q8_0, q4_0 or q4_1 stay in that
   // format (the matmul dequantizes on the fly); false dequantizes them to weight_dtype.
   bool keep_quantized = true;
+  // With keep_quantized: q5_0, q4_k and q6_k tensors stay in their blocks too. Only the device
+  // reads them (worker/device; the CPU's kernels refuse them): set for device loads only.
+  bool device_blocks = false;
   // Tensor-parallel rank and size: only that rank's shard is read from the file (the
   // rest of the file is never touched, beyond its header). A row-parallel shard whose
   // columns do not start and end on a block boundary is dequantized instead of kept.

@@ -14,9 +14,11 @@
 #include "kernels/attention_paged.h"
 #include "kernels/cpu/geglu.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cuda/block_split.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "worker/kv/selection.h"
+#include "worker/model/dequant.h"
 
 namespace snap::kernels {
 namespace {
@@ -232,50 +234,49 @@ namespace {
 // A block-format matrix (kernels_cuda.h BlockWeights) [rows, cols]: its arrays checked to be
 // device memory of their sizes; false (the error set) if not.
 bool check_blocks(const BlockWeights& w, int64_t rows, int64_t cols, const char* what) {
-  const int64_t nblocks = rows * (cols / 32);
-  return require_device(w.quants, static_cast<size_t>(w.format == BlockFormat::q8_0 ? rows * cols : rows * cols / 2),
-                        what) &&
+  const int64_t nblocks = rows * (cols / block_format_elems(w.format));
+  return require_device(w.quants, static_cast<size_t>(rows * block_quant_row_bytes(w.format, cols)), what) &&
          require_device(w.scales, 2 * static_cast<size_t>(nblocks), what) &&
-         (w.format != BlockFormat::q4_1 || require_device(w.mins, 2 * static_cast<size_t>(nblocks), what));
+         (!block_format_has_mins(w.format) || require_device(w.mins, 2 * static_cast<size_t>(nblocks), what)) &&
+         (block_extra_row_bytes(w.format, cols) == 0 ||
+          require_device(w.extra, static_cast<size_t>(rows * block_extra_row_bytes(w.format, cols)), what));
 }
 
-// Rows [r0, r0 + n) as f32, weight by weight as the CUDA kernels compute them.
+// The CPU's DType of a format its kernels read (q8_0, q4_0, q4_1), and ggml's type of each.
+bool cpu_dtype(BlockFormat f, DType* out) {
+  switch (f) {
+    case BlockFormat::q8_0: *out = DType::q8_0; return true;
+    case BlockFormat::q4_0: *out = DType::q4_0; return true;
+    case BlockFormat::q4_1: *out = DType::q4_1; return true;
+    default: return false;
+  }
+}
+GgmlType ggml_type(BlockFormat f) {
+  switch (f) {
+    case BlockFormat::q8_0: return GgmlType::q8_0;
+    case BlockFormat::q4_0: return GgmlType::q4_0;
+    case BlockFormat::q4_1: return GgmlType::q4_1;
+    case BlockFormat::q5_0: return GgmlType::q5_0;
+    case BlockFormat::q4_k: return GgmlType::q4_k;
+    case BlockFormat::q6_k: return GgmlType::q6_k;
+  }
+  return GgmlType::f32;
+}
+
+// Rows [r0, r0 + n) back in llama.cpp's blocks (common/dtype.h, ggml).
+void to_ggml_blocks(const BlockWeights& w, int64_t cols, int64_t r0, int64_t n, std::vector<uint8_t>* out) {
+  const int64_t nb = n * (cols / block_format_elems(w.format));
+  out->resize(static_cast<size_t>(nb * block_format_ggml_bytes(w.format)));
+  join_ggml_blocks(block_rows_from(w, cols, r0), nb, out->data());
+}
+
+// Rows [r0, r0 + n) as f32: the CPU's dequantizer (worker/model/dequant.h, bit-exact with the
+// gguf package's) on their ggml blocks, the values the CUDA kernels compute.
 void block_rows_to_f32(const BlockWeights& w, int64_t cols, int64_t r0, int64_t n, float* out) {
-  const auto* q = static_cast<const uint8_t*>(w.quants);
-  const int64_t b0 = r0 * (cols / 32), nb = n * (cols / 32);
-  for (int64_t b = b0; b < b0 + nb; ++b) {
-    float* o = out + (b - b0) * 32;
-    const float d = f16_to_f32(w.scales[b]);
-    if (w.format == BlockFormat::q8_0) {
-      for (int j = 0; j < 32; ++j) o[j] = d * static_cast<float>(static_cast<int8_t>(q[b * 32 + j]));
-      continue;
-    }
-    const float m = w.format == BlockFormat::q4_1 ? f16_to_f32(w.mins[b]) : 0.0f;
-    for (int j = 0; j < 16; ++j) {
-      const uint8_t by = q[b * 16 + j];
-      const float lo = static_cast<float>(by & 15), hi = static_cast<float>(by >> 4);
-      o[j] = w.format == BlockFormat::q4_0 ? d * (lo - 8.0f) : d * lo + m;
-      o[j + 16] = w.format == BlockFormat::q4_0 ? d * (hi - 8.0f) : d * hi + m;
-    }
-  }
-}
-
-// The whole matrix back in llama.cpp's blocks (common/dtype.h), for the CPU's block kernels.
-DType block_dtype(BlockFormat f) {
-  return f == BlockFormat::q8_0 ? DType::q8_0 : f == BlockFormat::q4_0 ? DType::q4_0 : DType::q4_1;
-}
-void to_ggml_blocks(const BlockWeights& w, int64_t rows, int64_t cols, std::vector<uint8_t>* out) {
-  const DType t = block_dtype(w.format);
-  const int64_t nb = rows * (cols / 32), bb = dtype_row_bytes(t, 32), qb = t == DType::q8_0 ? 32 : 16;
-  const int64_t head = t == DType::q4_1 ? 4 : 2;
-  out->resize(static_cast<size_t>(nb * bb));
-  const auto* q = static_cast<const uint8_t*>(w.quants);
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* o = out->data() + b * bb;
-    std::memcpy(o, &w.scales[b], 2);
-    if (t == DType::q4_1) std::memcpy(o + 2, &w.mins[b], 2);
-    std::memcpy(o + head, q + b * qb, static_cast<size_t>(qb));
-  }
+  thread_local std::vector<uint8_t> blocks;
+  to_ggml_blocks(w, cols, r0, n, &blocks);
+  const Status st = dequantize(ggml_type(w.format), blocks.data(), out, n * cols);
+  CHECK(st.ok()) << "host twin: " << st.message();
 }
 }  // namespace
 
@@ -327,15 +328,24 @@ namespace {
 // once x, the weights and the bias are checked to be device memory; false (the error set) if
 // not. The matrix is put back in llama.cpp's blocks for the CPU's converting GEMM
 // (matmul_gemm_cpu: the same f32 weight values and f32 activations as the CUDA kernels, in the
-// sgemm's order; the kernels' batch invariance is the emulator's to check, not the twin's).
+// sgemm's order; the kernels' batch invariance is the emulator's to check, not the twin's); a
+// format the CPU's kernels do not read (Q5_0, Q4_K, Q6_K) is dequantized to f32 first.
 bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, float* out, int64_t num_tokens,
                     int64_t rows, int64_t cols, const char* what) {
   if (!check_blocks(w, rows, cols, what) || !require_device(x, f32s(num_tokens * cols), what) ||
       (bias && !require_device(bias, f32s(rows), what)))
     return false;
-  thread_local std::vector<uint8_t> blocks;
-  to_ggml_blocks(w, rows, cols, &blocks);
-  matmul_gemm_cpu(x, WeightView{block_dtype(w.format), blocks.data(), rows, cols}, bias, out, num_tokens);
+  DType t = DType::f32;
+  if (cpu_dtype(w.format, &t)) {
+    thread_local std::vector<uint8_t> blocks;
+    to_ggml_blocks(w, cols, 0, rows, &blocks);
+    matmul_gemm_cpu(x, WeightView{t, blocks.data(), rows, cols}, bias, out, num_tokens);
+  } else {
+    thread_local std::vector<float> f;
+    f.resize(static_cast<size_t>(rows * cols));
+    block_rows_to_f32(w, cols, 0, rows, f.data());
+    matmul_gemm_cpu(x, WeightView{DType::f32, f.data(), rows, cols}, bias, out, num_tokens);
+  }
   return true;
 }
 }  // namespace
