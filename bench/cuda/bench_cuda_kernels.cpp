@@ -312,42 +312,42 @@ int main(int argc, char** argv) {
     layer_gemv_ms = fused_sum;  // the composed estimate below takes what the model runs
   }
 
-  // Block-format weights on the device (--weight-dtype q8_0; a GGUF's Q8_0/Q4_0/Q4_1 with auto):
-  // quants + one f16 scale per 32 (+ Q4_1's min): 1.0625, 0.5625 and 0.625 bytes a weight against
+  // Block-format weights on the device (--weight-dtype q8_0; a GGUF's Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/
+  // Q6_K with auto): 1.0625, 0.5625, 0.625, 0.6875, 0.5625 and 0.8203 bytes a weight against
   // bf16's 2. Each GEMV paired with the bf16 one in the same loop; then a layer's fused GEMVs,
   // and a prompt GEMM's cost of dequantizing its weights for cuBLAS (DeviceForward does it in
   // slabs of <= 32 Mi weights into one bf16 buffer).
-  std::printf("block-format weights (q8_0 / q4_0 / q4_1: 1.0625 / 0.5625 / 0.625 bytes a weight), 1 row, vs bf16:\n");
+  std::printf("block-format weights (q8_0 / q4_0 / q4_1 / q5_0 / q4_k / q6_k: 1.0625 / 0.5625 / 0.625 / 0.6875 / "
+              "0.5625 / 0.8203 bytes a weight), 1 row, vs bf16:\n");
   {
     struct Blocks {
-      Dev q, d, m;
+      Dev q, d, m, e;
       BlockWeights w;
       Blocks(BlockFormat f, int64_t rows, int64_t cols)
-          : q(static_cast<size_t>(f == BlockFormat::q8_0 ? rows * cols : rows * cols / 2)),
-            d(static_cast<size_t>(rows * cols / 16)), m(static_cast<size_t>(rows * cols / 16)) {
+          : q(static_cast<size_t>(rows * block_quant_row_bytes(f, cols))),
+            d(static_cast<size_t>(2 * rows * cols / block_format_elems(f))),
+            m(static_cast<size_t>(2 * rows * cols / block_format_elems(f))),
+            e(static_cast<size_t>(std::max<int64_t>(1, rows * block_extra_row_bytes(f, cols)))) {
         w.format = f;
         w.quants = q.p;
         w.scales = d.as<uint16_t>();
-        w.mins = f == BlockFormat::q4_1 ? m.as<uint16_t>() : nullptr;
+        w.mins = block_format_has_mins(f) ? m.as<uint16_t>() : nullptr;
+        w.extra = block_extra_row_bytes(f, cols) > 0 ? e.as<uint8_t>() : nullptr;
       }
       // Rows from `begin` of a matrix `cols` wide.
-      BlockWeights rows_from(int64_t begin, int64_t cols) const {
-        BlockWeights v = w;
-        v.quants = q.as<uint8_t>() + begin * (w.format == BlockFormat::q8_0 ? cols : cols / 2);
-        v.scales += begin * (cols / 32);
-        if (v.mins != nullptr) v.mins += begin * (cols / 32);
-        return v;
-      }
+      BlockWeights rows_from(int64_t begin, int64_t cols) const { return block_rows_from(w, cols, begin); }
     };
-    const BlockFormat formats[3] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1};
-    const char* fnames[3] = {"q8_0", "q4_0", "q4_1"};
-    const double bpw[3] = {1.0625, 0.5625, 0.625};
+    constexpr int k_nformats = 6;
+    const BlockFormat formats[k_nformats] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1,
+                                             BlockFormat::q5_0, BlockFormat::q4_k, BlockFormat::q6_k};
+    const char* fnames[k_nformats] = {"q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k"};
+    const double bpw[k_nformats] = {1.0625, 0.5625, 0.625, 0.6875, 0.5625, 0.8203125};
     Dev x(4ull * k_mlp), y(4ull * k_vocab);
     for (const Gemm& g : gemms) {
       const double bf16_ms = time_ms([&] {
         matmul_rowwise_cuda(x.as<float>(), g.w->as<__nv_bfloat16>(), nullptr, y.as<float>(), 1, g.rows, g.cols, nullptr);
       });
-      for (int f = 0; f < 3; ++f) {
+      for (int f = 0; f < k_nformats; ++f) {
         Blocks w(formats[f], g.rows, g.cols);
         const double ms = time_ms([&] {
           matmul_rowwise_blocks_cuda(x.as<float>(), w.w, nullptr, y.as<float>(), 1, g.rows, g.cols, nullptr);
@@ -359,7 +359,7 @@ int main(int argc, char** argv) {
     }
     const int64_t qd = int64_t{k_heads} * k_head_dim, kvd = int64_t{k_kv_heads} * k_head_dim;
     Dev xs(4ull * k_hidden), q(4ull * qd), k(4ull * kvd), v(4ull * kvd), gate(4ull * k_mlp);
-    for (int f = 0; f < 3; ++f) {
+    for (int f = 0; f < k_nformats; ++f) {
       Blocks qkv(formats[f], qd + 2 * kvd, k_hidden), o(formats[f], k_hidden, k_hidden),
           gate_up(formats[f], 2 * k_mlp, k_hidden), down(formats[f], k_hidden, k_mlp);
       RowwiseOut outs[3] = {{nullptr, nullptr, q.as<float>(), qd}, {nullptr, nullptr, k.as<float>(), kvd},
