@@ -1,5 +1,5 @@
 // Element types (f32, f16 = IEEE binary16, bf16) and the ggml block formats a weight
-// matrix may keep in memory (q8_0, q4_0, q4_1, q5_0: 32 elements per block; q4_k, q6_k: 256;
+// matrix may keep in memory (q8_0, q4_0, q4_1, q5_0: 32 elements per block; q4_k, q5_k, q6_k: 256;
 // rows are whole blocks), with their sizes, and scalar conversions between f32, f16 and bf16.
 // Conversions are exact where the target can represent the value; f32->f16/bf16
 // rounds to nearest even. Vectorized conversions live in the kernels.
@@ -20,9 +20,10 @@ namespace snap {
 //   q5_0: f16 d, u8 qh[4], u8 qs[16]    w[j] = d·((nib | bit j of qh << 4) − 16)   22 bytes
 //   q4_k: 256 weights (worker/model/dequant.cpp)                       144 bytes
 //   q6_k: 256 weights (worker/model/dequant.cpp)                       210 bytes
-// The CPU's matmul kernels read q8_0, q4_0 and q4_1 (dtype_cpu_blocks); q5_0, q4_k and q6_k are
+//   q5_k: 256 weights (worker/model/dequant.cpp)                       176 bytes
+// The CPU's matmul kernels read q8_0, q4_0 and q4_1 (dtype_cpu_blocks); q5_0, q4_k, q6_k, q5_k are
 // kept only for the device (LoadOptions::device_blocks; kernels/cuda/kernels_cuda.h).
-enum class DType : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k };
+enum class DType : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q5_k };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -35,6 +36,7 @@ inline const char* dtype_name(DType t) {
     case DType::q5_0: return "q5_0";
     case DType::q4_k: return "q4_k";
     case DType::q6_k: return "q6_k";
+    case DType::q5_k: return "q5_k";
   }
   return "?";
 }
@@ -46,7 +48,7 @@ constexpr bool dtype_cpu_blocks(DType t) { return t == DType::q8_0 || t == DType
 
 // Elements per block: 32 or 256 for the block formats, 1 for element types.
 constexpr int64_t dtype_block_elems(DType t) {
-  return t == DType::q4_k || t == DType::q6_k ? 256 : dtype_is_quantized(t) ? 32 : 1;
+  return t == DType::q4_k || t == DType::q6_k || t == DType::q5_k ? 256 : dtype_is_quantized(t) ? 32 : 1;
 }
 
 // Bytes per block (per element for element types).
@@ -61,6 +63,7 @@ constexpr int64_t dtype_block_bytes(DType t) {
     case DType::q5_0: return 22;
     case DType::q4_k: return 144;
     case DType::q6_k: return 210;
+    case DType::q5_k: return 176;
   }
   return 0;
 }

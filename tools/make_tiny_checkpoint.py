@@ -22,9 +22,10 @@ writes the HF form as Gemma3ForConditionalGeneration instead (the 4B-27B checkpo
 --gguf-type q8_0 (q4_0, q4_1) quantizes the GGUF's matrices with the gguf package (ggml's
 reference quantizers). --gguf-type q4_k_m mixes types as llama.cpp's Q4_K_M does: Q6_K for
 attn_v, ffn_down and output, Q4_K for the other matrices whose rows are whole 256-weight
-super-blocks, Q5_0 (the gguf package's) for those that are not. The gguf package cannot
-quantize the K formats: quantize_q4_k / quantize_q6_k here write valid blocks by a plain
-min/max rule (not ggml's search), checked against the package's dequantizer.
+super-blocks, Q5_0 (the gguf package's) for those that are not; q5_k_m the same with Q5_K for
+Q4_K. The gguf package cannot quantize the K formats: quantize_k4 / quantize_q6_k here write
+valid blocks by a plain min/max rule (not ggml's search), checked against the package's
+dequantizer.
 """
 import argparse
 import json
@@ -168,10 +169,11 @@ def main():
     ap.add_argument("--scale", type=float, default=0.08, help="std of the random weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gguf", action="store_true")
-    ap.add_argument("--gguf-type", choices=["f32", "q8_0", "q4_0", "q4_1", "q4_k_m"], default="f32",
+    ap.add_argument("--gguf-type", choices=["f32", "q8_0", "q4_0", "q4_1", "q4_k_m", "q5_k_m"], default="f32",
                     help="the GGUF's matrices (token_embd only when tied) quantized by the gguf package "
                          "(ggml's reference quantizers): q8_0 for checking --weight-dtype q8_0, q4_0/q4_1 for "
-                         "a GGUF's own blocks on the device; q4_k_m: Q4_K, Q6_K and Q5_0 as llama.cpp's Q4_K_M")
+                         "a GGUF's own blocks on the device; q4_k_m: Q4_K, Q6_K and Q5_0 as llama.cpp's Q4_K_M; "
+                         "q5_k_m: the same with Q5_K")
     ap.add_argument("--vision-language", action="store_true",
                     help="gemma3: the HF form as Gemma3ForConditionalGeneration (text_config, a tiny SigLIP "
                          "vision_config, language_model.model. names, two vision tensors)")
@@ -437,12 +439,14 @@ def f16_bytes(v):
     return np.asarray(v, dtype=np.float16).reshape(-1, 1).view(np.uint8)
 
 
-def quantize_q4_k(t):
-    """[rows, cols] (cols % 256 == 0) -> Q4_K blocks [rows, cols / 256 * 144] (uint8): per
-    32-weight sub-block a 6-bit scale and min, w ≈ d·sc·q − dmin·m."""
+def quantize_k4(t, bits):
+    """[rows, cols] (cols % 256 == 0) -> Q4_K (bits 4: [rows, cols / 256 * 144] uint8) or Q5_K
+    (bits 5: 176 bytes a super-block) blocks: per 32-weight sub-block a 6-bit scale and min,
+    w ≈ d·sc·q − dmin·m."""
+    top = (1 << bits) - 1
     x = t.reshape(-1, 8, 32).astype(np.float32)
     lo = np.minimum(x.min(axis=2), 0.0)
-    scale = (x.max(axis=2) - lo) / 15.0
+    scale = (x.max(axis=2) - lo) / top
     mn = -lo
     d = scale.max(axis=1) / 63.0
     dmin = mn.max(axis=1) / 63.0
@@ -451,15 +455,21 @@ def quantize_q4_k(t):
     sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), 0, 63)
     m = np.clip(np.round(np.divide(mn, dm[:, None], out=np.zeros_like(mn), where=dm[:, None] > 0)), 0, 63)
     step = (dd[:, None] * sc)[:, :, None]
-    q = np.clip(np.round(np.divide(x + (dm[:, None] * m)[:, :, None], step, out=np.zeros_like(x), where=step > 0)), 0, 15)
+    q = np.clip(np.round(np.divide(x + (dm[:, None] * m)[:, :, None], step, out=np.zeros_like(x), where=step > 0)), 0, top)
     sc, m, q = sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8)
     scales = np.zeros((x.shape[0], 12), np.uint8)
     for j in range(4):  # ggml's get_scale_min_k4 packing
         scales[:, j] = sc[:, j] | ((sc[:, j + 4] >> 4) << 6)
         scales[:, j + 4] = m[:, j] | ((m[:, j + 4] >> 4) << 6)
         scales[:, j + 8] = (sc[:, j + 4] & 15) | ((m[:, j + 4] & 15) << 4)
-    qs = (q[:, 0::2, :] | (q[:, 1::2, :] << 4)).reshape(-1, 128)  # byte 32g + l: sub-blocks 2g (low), 2g + 1
-    blocks = np.concatenate([f16_bytes(d16), f16_bytes(dmin16), scales, qs], axis=1)
+    qs = ((q[:, 0::2, :] & 15) | ((q[:, 1::2, :] & 15) << 4)).reshape(-1, 128)  # byte 32g + l: sub-blocks 2g, 2g + 1
+    parts = [f16_bytes(d16), f16_bytes(dmin16), scales]
+    if bits == 5:  # qh[l]: bit j the fifth bit of sub-block j's weight l
+        qh = np.zeros((x.shape[0], 32), np.uint8)
+        for j in range(8):
+            qh |= ((q[:, j, :] >> 4) & 1) << j
+        parts.append(qh)
+    blocks = np.concatenate(parts + [qs], axis=1)
     return blocks.reshape(t.shape[0], -1)
 
 
@@ -485,13 +495,18 @@ def quantize_tensor(name, t, gguf_type):
     """(ggml type, blocks) of a 2-D tensor for --gguf-type."""
     import gguf
     Q = gguf.GGMLQuantizationType
-    if gguf_type != "q4_k_m":
+    if gguf_type not in ("q4_k_m", "q5_k_m"):
         qtype = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[gguf_type]
         return qtype, gguf.quants.quantize(t, qtype)
     if t.shape[1] % 256 != 0:
         return Q.Q5_0, gguf.quants.quantize(t, Q.Q5_0)
     six = name == "output.weight" or any(k in name for k in ("attn_v.", "ffn_down."))
-    qtype, q = (Q.Q6_K, quantize_q6_k(t)) if six else (Q.Q4_K, quantize_q4_k(t))
+    if six:
+        qtype, q = Q.Q6_K, quantize_q6_k(t)
+    elif gguf_type == "q4_k_m":
+        qtype, q = Q.Q4_K, quantize_k4(t, 4)
+    else:
+        qtype, q = Q.Q5_K, quantize_k4(t, 5)
     back = gguf.quants.dequantize(q, qtype)
     err = float(np.abs(back - t).max())
     if not err <= 0.25 * float(np.abs(t).max()) + 1e-6:  # a packing error gives wild values

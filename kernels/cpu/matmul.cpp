@@ -433,7 +433,8 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
     case DType::q4_1: return make_part<DType::q4_1>(w, bias, y, level, rest, act);
     case DType::q5_0:
     case DType::q4_k:
-    case DType::q6_k: break;  // the device's only
+    case DType::q6_k:
+    case DType::q5_k: break;  // the device's only
   }
   CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
   return {};
@@ -673,7 +674,8 @@ void ref_row(const WeightView& w, int64_t r, float* out) {
       case DType::q4_1: dequant_block_scalar<DType::q4_1>(row + c / k_qk * 20, out + c); break;
       case DType::q5_0:
       case DType::q4_k:
-      case DType::q6_k: CHECK(false) << "matmul_ref: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
+      case DType::q6_k:
+      case DType::q5_k: CHECK(false) << "matmul_ref: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
     }
   }
 }
@@ -715,7 +717,8 @@ void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, flo
     case DType::q4_1: gemm_converted<DType::q4_1>(x, w, y, num_tokens); break;
     case DType::q5_0:
     case DType::q4_k:
-    case DType::q6_k: CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
+    case DType::q6_k:
+    case DType::q5_k: CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
   }
   if (bias) {
     for (int64_t t = 0; t < num_tokens; ++t)

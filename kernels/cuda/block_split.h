@@ -22,20 +22,21 @@ constexpr int64_t block_format_ggml_bytes(BlockFormat f) {
     case BlockFormat::q5_0: return 22;
     case BlockFormat::q4_k: return 144;
     case BlockFormat::q6_k: return 210;
+    case BlockFormat::q5_k: return 176;
   }
   return 0;
 }
 
 struct SplitBlocks {
-  std::vector<uint8_t> quants;   // per block: q8_0 32, q4_0/q4_1/q5_0 16, q4_k 128, q6_k 192 (ql, qh)
+  std::vector<uint8_t> quants;   // per block: q8_0 32, q4_0/q4_1/q5_0 16, q4_k 128, q6_k 192 (ql, qh), q5_k 160 (qh, qs)
   std::vector<uint16_t> scales;  // per block: d
-  std::vector<uint16_t> mins;    // q4_1: m; q4_k: dmin
-  std::vector<uint8_t> extra;    // per block: q5_0 qh (4), q4_k scales (12), q6_k scales (16)
+  std::vector<uint16_t> mins;    // q4_1: m; q4_k, q5_k: dmin
+  std::vector<uint8_t> extra;    // per block: q5_0 qh (4), q4_k/q5_k scales (12), q6_k scales (16)
 };
 
 // Where a block's parts lie in ggml's block (byte offset, bytes; offset −1: none): q8_0 d 0,
 // qs 2; q4_0 d 0, qs 2; q4_1 d 0, m 2, qs 4; q5_0 d 0, qh 2, qs 6; q4_k d 0, dmin 2, scales 4,
-// qs 16; q6_k ql 0, qh 128, scales 192, d 208.
+// qs 16; q6_k ql 0, qh 128, scales 192, d 208; q5_k d 0, dmin 2, scales 4, qh 16, qs 48.
 struct BlockParts {
   struct Part { int64_t at, bytes; };
   Part q{0, 0}, d{0, 2}, m{-1, 0}, e{-1, 0};
@@ -49,6 +50,7 @@ constexpr BlockParts block_parts(BlockFormat f) {
     case BlockFormat::q5_0: p.q = {6, 16}; p.e = {2, 4}; break;
     case BlockFormat::q4_k: p.q = {16, 128}; p.m = {2, 2}; p.e = {4, 12}; break;
     case BlockFormat::q6_k: p.q = {0, 192}; p.d = {208, 2}; p.e = {192, 16}; break;
+    case BlockFormat::q5_k: p.q = {16, 160}; p.m = {2, 2}; p.e = {4, 12}; break;  // quants: qh then qs
   }
   return p;
 }

@@ -13,9 +13,9 @@
 //    a row in one warp, then SwiGLU; matmul_rowwise_geglu_cuda: GeGLU, Gemma 3's). Each output's
 //    bits are those of the separate launches.
 //  - block-format weights (…_blocks_cuda, RowwiseOut::blocks: llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0,
-//    Q4_K, Q6_K split into arrays, kernels_cuda.h): the same kernels; each weight is computed as
-//    ggml's dequantizer does (exact in f32, or Q4_1's d·q + m and Q4_K's (d·sc)·q − dmin·m rounded
-//    once), so the sums are those of the same GEMV over the dequantized matrix. A lane takes 16
+//    Q4_K, Q5_K, Q6_K split into arrays, kernels_cuda.h): the same kernels; each weight is computed
+//    as ggml's dequantizer does (exact in f32, or Q4_1's d·q + m and Q4_K/Q5_K's (d·sc)·q − dmin·m
+//    rounded once), so the sums are those of the same GEMV over the dequantized matrix. A lane takes 16
 //    Q8_0 quants per 16-byte load (columns l·16 + 512·i), or a 32-weight unit of the others
 //    (row_dot_units), the same fixed-order rule. dequant_blocks_to_bf16_cuda feeds cuBLAS for
 //    prompt chunks.
@@ -78,7 +78,8 @@ namespace {
 constexpr int k_bf16 = 0;
 constexpr int code(BlockFormat f) { return 1 + static_cast<int>(f); }
 constexpr int k_q8_0 = code(BlockFormat::q8_0), k_q4_0 = code(BlockFormat::q4_0), k_q4_1 = code(BlockFormat::q4_1),
-              k_q5_0 = code(BlockFormat::q5_0), k_q4_k = code(BlockFormat::q4_k), k_q6_k = code(BlockFormat::q6_k);
+              k_q5_0 = code(BlockFormat::q5_0), k_q4_k = code(BlockFormat::q4_k), k_q6_k = code(BlockFormat::q6_k),
+              k_q5_k = code(BlockFormat::q5_k);
 SNAP_HOST_DEVICE constexpr BlockFormat block_format(int kFmt) { return static_cast<BlockFormat>(kFmt - 1); }
 
 int format_code(BlockFormat f) { return code(f); }
@@ -105,14 +106,18 @@ __device__ __forceinline__ float q4_k_weight(float d_sc, float q, float m) { ret
 template <int kFmt>
 __device__ __forceinline__ float block_weight(const uint8_t* qr, const uint16_t* dr, const uint16_t* mr,
                                               const uint8_t* er, int64_t i) {
-  if constexpr (kFmt == k_q4_k) {
-    const int64_t s = i >> 8;  // super-block; weight 64·g + 32·h + l of it is nibble h of byte 32·g + l
+  if constexpr (kFmt == k_q4_k || kFmt == k_q5_k) {
+    // Super-block s; its weight 64·g + 32·h + l is nibble h of qs byte 32·g + l (Q5_K: and bit
+    // 2·g + h of qh[l] its fifth).
+    const int64_t s = i >> 8;
     const int w = static_cast<int>(i & 255), g = w >> 6, h = (w >> 5) & 1, l = w & 31;
-    const unsigned byte = qr[s * 128 + g * 32 + l];
+    const uint8_t* sb = qr + s * (kFmt == k_q4_k ? 128 : 160);
+    const unsigned byte = sb[(kFmt == k_q4_k ? 0 : 32) + g * 32 + l];
+    unsigned q = h != 0 ? byte >> 4 : byte & 15u;
+    if constexpr (kFmt == k_q5_k) q |= ((sb[l] >> (2 * g + h)) & 1u) << 4;
     float sc, mn;
     k4_scale_min(er + s * 12, 2 * g + h, &sc, &mn);
-    return q4_k_weight(f16_bits_to_float(dr[s]) * sc, static_cast<float>(h != 0 ? byte >> 4 : byte & 15u),
-                       f16_bits_to_float(mr[s]) * mn);
+    return q4_k_weight(f16_bits_to_float(dr[s]) * sc, static_cast<float>(q), f16_bits_to_float(mr[s]) * mn);
   } else if constexpr (kFmt == k_q6_k) {
     // Weight 128·n + 32·k + l (k, l < 32) of a super-block: nibble k / 2 of ql[64·n + 32·(k % 2)
     // + l], high bits 2k.. of qh[32·n + l]; scale 8·n + 2·k + l / 16.
@@ -165,7 +170,7 @@ __global__ void dequant_blocks_bf16_kernel(const uint8_t* q, const uint16_t* d, 
 }
 
 namespace {
-// f<kFmt>() for the block format of w: calls fn(std::integral_constant<int, kFmt>{}).
+// Calls fn(std::integral_constant<int, kFmt>{}) with the row kernels' code of format f.
 template <typename Fn>
 void with_format(BlockFormat f, Fn&& fn) {
   switch (f) {
@@ -175,6 +180,7 @@ void with_format(BlockFormat f, Fn&& fn) {
     case BlockFormat::q5_0: fn(std::integral_constant<int, k_q5_0>{}); break;
     case BlockFormat::q4_k: fn(std::integral_constant<int, k_q4_k>{}); break;
     case BlockFormat::q6_k: fn(std::integral_constant<int, k_q6_k>{}); break;
+    case BlockFormat::q5_k: fn(std::integral_constant<int, k_q5_k>{}); break;
   }
 }
 }  // namespace
@@ -226,9 +232,9 @@ __host__ __device__ constexpr bool gated(Epilogue e) { return e == Epilogue::swi
 struct Segments {
   static constexpr int k_max = 3;
   const void* w[k_max] = {};      // bf16 [rows, cols], or a block format's quants
-  const uint16_t* d[k_max] = {};  // block formats: f16 scales [rows, cols / 32]
-  const uint16_t* m[k_max] = {};  // Q4_1, Q4_K: f16 mins
-  const uint8_t* e[k_max] = {};   // Q5_0, Q4_K, Q6_K: their extra bytes (kernels_cuda.h)
+  const uint16_t* d[k_max] = {};  // block formats: f16 scales, one a block (32 or 256 weights)
+  const uint16_t* m[k_max] = {};  // Q4_1, Q4_K, Q5_K: f16 mins (dmin)
+  const uint8_t* e[k_max] = {};   // Q5_0, Q4_K, Q5_K, Q6_K: their extra bytes (kernels_cuda.h)
   const float* bias[k_max] = {};
   float* y[k_max] = {};
   int64_t rows[k_max] = {};
@@ -355,13 +361,15 @@ __device__ void row_dot_q8(const float* x, const int8_t* qr, const uint16_t* dr,
   }
 }
 
-// row_dot for the formats read 32 weights per lane load (Q4_0, Q4_1, Q5_0, Q4_K, Q6_K; row
+// row_dot for the formats read 32 weights per lane load (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K; row
 // arrays br). kVector: lane l takes the row's 32-weight units l + 32·i, each one 16-byte load of
-// quants (Q6_K: and one of its high bits), in ascending i; else lane l takes columns l + 32·i.
+// quants (Q5_K, Q6_K: and one of their high bits), in ascending i; else lane l takes columns l + 32·i.
 //  - Q4_0/Q4_1/Q5_0: unit u is block u, its 32 weights in ascending order (eight float4 of x);
 //  - Q4_K: unit u is the quant bytes 16·u .. + 15 of the row: super-block s = u / 8, g = u % 8 / 2,
 //    h = u % 2; their low nibbles are weights 256·s + 64·g + 16·h + (0..15) (sub-block 2g), the
 //    high ones those + 32 (sub-block 2g + 1): the low 16, then the high 16;
+//  - Q5_K: as Q4_K (qs bytes 16·(u % 8) .. of super-block u / 8), with qh bytes 16·h .. + 15:
+//    bit 2g of each the low weights' fifth, bit 2g + 1 the high ones';
 //  - Q6_K: unit u of super-block s = u / 8, n = u % 8 / 4, k = u % 4: ql bytes 64·n + 16·k ..
 //    + 15 and qh bytes 32·n + 16·(k % 2) .. + 15; low nibbles (qh bits 2·(k / 2)..) are weights
 //    256·s + 128·n + 16·k + (0..15) (scale 8·n + k), high nibbles (qh bits 2·(k / 2) + 4..)
@@ -373,23 +381,28 @@ __device__ void row_dot_units(const float* x, const BlockRow& br, int64_t cols, 
   for (int k = 0; k < kTokens; ++k) acc[k] = 0.0f;
   if (kVector) {
     const int64_t units = cols / 32;
-    // Unit u's quant load (and Q6_K's high-bits load).
+    // Unit u's quant load (Q5_K, Q6_K: and its high-bits load; the others leave hi zero).
     const auto load = [&](int64_t u, uint4* lo, uint4* hi) {
-      if constexpr (kFmt == k_q6_k) {
+      if constexpr (kFmt == k_q5_k) {
+        const uint8_t* sb = br.q + (u >> 3) * 160;
+        *lo = *reinterpret_cast<const uint4*>(sb + 32 + (u & 7) * 16);
+        *hi = *reinterpret_cast<const uint4*>(sb + (u & 1) * 16);
+      } else if constexpr (kFmt == k_q6_k) {
         const uint8_t* sb = br.q + (u >> 3) * 192;
         const int n = static_cast<int>(u >> 2) & 1, k = static_cast<int>(u & 3);
         *lo = *reinterpret_cast<const uint4*>(sb + n * 64 + k * 16);
         *hi = *reinterpret_cast<const uint4*>(sb + 128 + n * 32 + (k & 1) * 16);
       } else {
         *lo = *reinterpret_cast<const uint4*>(br.q + u * 16);
+        *hi = uint4{};
       }
     };
     const auto consume = [&](const uint4& raw, const uint4& raw_hi, int64_t u) {
       const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
-      if constexpr (kFmt == k_q4_k || kFmt == k_q6_k) {
+      if constexpr (kFmt == k_q4_k || kFmt == k_q5_k || kFmt == k_q6_k) {
         float lo[16], hi[16];
         int64_t c;
-        if constexpr (kFmt == k_q4_k) {
+        if constexpr (kFmt == k_q4_k || kFmt == k_q5_k) {
           const int64_t s = u >> 3;
           const int g = static_cast<int>(u >> 1) & 3;
           c = s * 256 + g * 64 + (u & 1) * 16;
@@ -398,11 +411,18 @@ __device__ void row_dot_units(const float* x, const BlockRow& br, int64_t cols, 
           k4_scale_min(br.e + s * 12, 2 * g, &sc_lo, &mn_lo);
           k4_scale_min(br.e + s * 12, 2 * g + 1, &sc_hi, &mn_hi);
           const float dl = d * sc_lo, ml = dmin * mn_lo, dh = d * sc_hi, mh = dmin * mn_hi;
+          const unsigned hwords[4] = {raw_hi.x, raw_hi.y, raw_hi.z, raw_hi.w};
 #pragma unroll
           for (int e = 0; e < 16; ++e) {
             const unsigned byte = (words[e >> 2] >> (8 * (e & 3))) & 0xffu;
-            lo[e] = q4_k_weight(dl, static_cast<float>(byte & 15u), ml);
-            hi[e] = q4_k_weight(dh, static_cast<float>(byte >> 4), mh);
+            unsigned ql = byte & 15u, qh = byte >> 4;
+            if (kFmt == k_q5_k) {
+              const unsigned hb = (hwords[e >> 2] >> (8 * (e & 3))) & 0xffu;
+              ql |= ((hb >> (2 * g)) & 1u) << 4;
+              qh |= ((hb >> (2 * g + 1)) & 1u) << 4;
+            }
+            lo[e] = q4_k_weight(dl, static_cast<float>(ql), ml);
+            hi[e] = q4_k_weight(dh, static_cast<float>(qh), mh);
           }
         } else {
           const int64_t s = u >> 3;
@@ -421,7 +441,7 @@ __device__ void row_dot_units(const float* x, const BlockRow& br, int64_t cols, 
           }
         }
         fma_tokens<16, kTokens>(lo, x, cols, t0, c, nt, acc);
-        fma_tokens<16, kTokens>(hi, x, cols, t0, c + (kFmt == k_q4_k ? 32 : 64), nt, acc);
+        fma_tokens<16, kTokens>(hi, x, cols, t0, c + (kFmt == k_q6_k ? 64 : 32), nt, acc);
       } else {
         const float d = f16_bits_to_float(br.d[u]);
         const float m = kFmt == k_q4_1 ? f16_bits_to_float(br.m[u]) : 0.0f;
@@ -608,7 +628,8 @@ void rowwise(const float* x, const Segments& seg, int64_t num_tokens, int64_t co
     case k_q4_1: launch_tokens<k_q4_1, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
     case k_q5_0: launch_tokens<k_q5_0, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
     case k_q4_k: launch_tokens<k_q4_k, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
-    default: launch_tokens<k_q6_k, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+    case k_q6_k: launch_tokens<k_q6_k, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+    default: launch_tokens<k_q5_k, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
   }
 }
 

@@ -366,10 +366,10 @@ void add_matmul_fused(std::vector<OpCase>& t) {
   }
 }
 
-// --- block-format weights (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) -------------------------------
+// --- block-format weights (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) -------------------------
 // A random block-format matrix [rows, cols] as the device holds it (quants, f16 scale bits,
 // mins, extra bytes) and as llama.cpp's blocks (common/dtype.h, ggml), which the CPU reference
-// (matmul_ref, f64) reads: Q8_0/Q4_0/Q4_1 directly; Q5_0/Q4_K/Q6_K through the CPU's
+// (matmul_ref, f64) reads: Q8_0/Q4_0/Q4_1 directly; Q5_0/Q4_K/Q5_K/Q6_K through the CPU's
 // dequantizer (worker/model/dequant.h, bit-exact with the `gguf` package's), as f32. Scales
 // cover normal and subnormal f16 (row 0's are subnormal, row 1's zero) and both signs.
 bool cpu_block_dtype(BlockFormat f) {
@@ -389,7 +389,7 @@ struct BlocksHost {
                                    : WeightView{DType::f32, values.data(), rows, cols};
   }
 };
-// Q5_0/Q4_K/Q6_K: random ggml blocks (random quant, high-bit and sub-scale bytes; d and dmin as
+// Q5_0/Q4_K/Q5_K/Q6_K: random ggml blocks (random quant, high-bit and sub-scale bytes; d and dmin as
 // below), split by split_ggml_blocks, values from the CPU's dequantizer.
 BlocksHost random_ggml_blocks(BlockFormat format, int64_t rows, int64_t cols,
                               const std::function<uint16_t(int64_t)>& f16, std::mt19937& gen) {
@@ -415,7 +415,10 @@ BlocksHost random_ggml_blocks(BlockFormat format, int64_t rows, int64_t cols,
   h.d = std::move(split.scales);
   h.m = std::move(split.mins);
   h.e = std::move(split.extra);
-  const GgmlType t = format == BlockFormat::q5_0 ? GgmlType::q5_0 : format == BlockFormat::q4_k ? GgmlType::q4_k : GgmlType::q6_k;
+  const GgmlType t = format == BlockFormat::q5_0   ? GgmlType::q5_0
+                     : format == BlockFormat::q4_k ? GgmlType::q4_k
+                     : format == BlockFormat::q5_k ? GgmlType::q5_k
+                                                   : GgmlType::q6_k;
   h.values.resize(static_cast<size_t>(rows * cols));
   const Status st = dequantize(t, h.blocks.data(), h.values.data(), rows * cols);
   if (!st.ok()) std::abort();
@@ -499,7 +502,7 @@ const GemmShape k_block_shapes[] = {{1, 7, 32, false},   {3, 83, 576, true},    
 const GemmShape k_kblock_shapes[] = {{1, 7, 256, false}, {3, 83, 768, true}, {17, 129, 512, false},
                                      {2, 37, 1280, true}, {3, 37, 4352, true}};
 const BlockFormat k_block_formats[] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1,
-                                       BlockFormat::q5_0, BlockFormat::q4_k, BlockFormat::q6_k};
+                                       BlockFormat::q5_0, BlockFormat::q4_k, BlockFormat::q5_k, BlockFormat::q6_k};
 bool k_format(BlockFormat f) { return block_format_elems(f) == 256; }
 
 // The block-format GEMV against the CPU's f64 reference on the same blocks (1e-4, as the bf16

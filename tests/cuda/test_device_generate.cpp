@@ -112,7 +112,7 @@ class DeviceGenerateTest : public ::testing::TestWithParam<Model> {
     opts.matvec_tiles = false;      // the device reads row-major blocks
     opts.weight_dtype = m.weights;  // the device's weights, on both sides
     if (m.blocks()) kernels::matvec_act_set(kernels::MatvecAct::f32);  // the blocks' own values on the CPU
-    if (m.device_blocks) {  // the device's own load: Q5_0/Q4_K/Q6_K kept
+    if (m.device_blocks) {  // the device's own load: Q5_0/Q4_K/Q5_K/Q6_K kept
       LoadOptions dopts = opts;
       dopts.device_blocks = true;
       auto dm = load_model(path.string(), dopts);

@@ -310,68 +310,73 @@ TEST(QuantizeAtLoad, Q8_0RoundsAsGgmlAndRefusesNonFinite) {
 }
 
 // A GGUF mixing Q4_K, Q6_K and Q5_0 as llama.cpp's Q4_K_M (make_tiny_checkpoint.py --gguf-type
-// q4_k_m; tied Q4_K table): with device_blocks those matrices keep the file's blocks (the Q/K
+// q4_k_m; tied Q4_K table), and its Q5_K_M twin (Q5_K for Q4_K): with device_blocks those matrices keep the file's blocks (the Q/K
 // rows un-permuted as whole rows), without it they are dequantized to f32 as before; each kept
 // matrix dequantized equals the f32 load's, bit for bit, at tp 1 and on both ranks of tp 2 (where
 // o_proj's 128-column slices and down_proj's 304 are off the block grid: f32 on both loads).
 // The CPU's matmul refuses the device-only formats in one line.
 TEST(DeviceBlocks, KQuantsKeptForTheDeviceDequantizedForTheCpu) {
-  TempDir dir("q4km");
-  ASSERT_TRUE(snap::testing::make_tiny_checkpoint(
-      dir.path(), "--arch llama --hidden 256 --heads 8 --kv-heads 2 --head-dim 32 --intermediate 608 --tie --seed 13 "
-                  "--gguf-type q4_k_m"));
   const auto ggml = [](DType t) {
-    return t == DType::q5_0 ? GgmlType::q5_0 : t == DType::q4_k ? GgmlType::q4_k : GgmlType::q6_k;
+    return t == DType::q5_0   ? GgmlType::q5_0
+           : t == DType::q4_k ? GgmlType::q4_k
+           : t == DType::q5_k ? GgmlType::q5_k
+                              : GgmlType::q6_k;
   };
-  for (int tp : {1, 2}) {
-    for (int rank = 0; rank < tp; ++rank) {
-      const std::string what = "tp " + std::to_string(tp) + " rank " + std::to_string(rank);
-      LoadOptions cpu;
-      cpu.matvec_tiles = false;
-      cpu.tp_rank = rank;
-      cpu.tp_size = tp;
-      LoadOptions dev = cpu;
-      dev.device_blocks = true;
-      Result<LoadedModel> c = load_model(dir / "model.gguf", cpu);
-      Result<LoadedModel> d = load_model(dir / "model.gguf", dev);
-      ASSERT_TRUE(c.ok() && d.ok()) << what;
-      const LayerWeights& dl = d->weights.layers[0];
-      EXPECT_EQ(dl.q_proj.dtype(), DType::q4_k) << what;
-      EXPECT_EQ(dl.v_proj.dtype(), DType::q6_k) << what;
-      EXPECT_EQ(dl.o_proj.dtype(), tp == 1 ? DType::q4_k : DType::f32) << what;
-      EXPECT_EQ(dl.down_proj.dtype(), tp == 1 ? DType::q5_0 : DType::f32) << what;
-      EXPECT_EQ(d->weights.output().dtype(), DType::q4_k) << what;
-      EXPECT_EQ(c->weights.layers[0].q_proj.dtype(), DType::f32) << what;
-      // The tied table is whole on every rank; a rank's kept LM head is a copy of its vocabulary
-      // rows (the f32 load reads them from the table: offset vocab_begin).
-      std::vector<std::pair<const Matrix*, const Matrix*>> pairs = {{&d->weights.embed, &c->weights.embed},
-                                                                   {&d->weights.output(), &c->weights.output()}};
-      for (size_t l = 0; l < d->weights.layers.size(); ++l) {
-        const LayerWeights& a = d->weights.layers[l];
-        const LayerWeights& b = c->weights.layers[l];
-        for (auto [x, y] : {std::pair{&a.q_proj, &b.q_proj}, {&a.k_proj, &b.k_proj}, {&a.v_proj, &b.v_proj},
-                            {&a.o_proj, &b.o_proj}, {&a.gate_proj, &b.gate_proj}, {&a.up_proj, &b.up_proj},
-                            {&a.down_proj, &b.down_proj}})
-          pairs.emplace_back(x, y);
-      }
-      int kept = 0;
-      for (auto [x, y] : pairs) {
-        ASSERT_EQ(y->dtype(), DType::f32) << what;
-        const bool head_rows = x->rows() != y->rows();  // a rank's LM head: its rows of the table
-        if (head_rows) ASSERT_EQ(x->rows(), d->shard.vocab_size) << what;
-        const int64_t from = head_rows ? d->shard.vocab_begin : 0;
-        ASSERT_EQ(x->cols(), y->cols()) << what;
-        std::vector<float> v(static_cast<size_t>(x->rows() * x->cols()));
-        if (x->dtype() == DType::f32) {
-          std::memcpy(v.data(), x->f32(), v.size() * 4);
-        } else {
-          ++kept;
-          ASSERT_TRUE(dequantize(ggml(x->dtype()), x->data(), v.data(), x->rows() * x->cols()).ok()) << what;
+  for (const DType k : {DType::q4_k, DType::q5_k}) {
+    TempDir dir("kquant");
+    ASSERT_TRUE(snap::testing::make_tiny_checkpoint(
+        dir.path(), std::string("--arch llama --hidden 256 --heads 8 --kv-heads 2 --head-dim 32 --intermediate 608 --tie "
+                                "--seed 13 --gguf-type ") + (k == DType::q4_k ? "q4_k_m" : "q5_k_m")));
+    for (int tp : {1, 2}) {
+      for (int rank = 0; rank < tp; ++rank) {
+        const std::string what = std::string(dtype_name(k)) + " tp " + std::to_string(tp) + " rank " + std::to_string(rank);
+        LoadOptions cpu;
+        cpu.matvec_tiles = false;
+        cpu.tp_rank = rank;
+        cpu.tp_size = tp;
+        LoadOptions dev = cpu;
+        dev.device_blocks = true;
+        Result<LoadedModel> c = load_model(dir / "model.gguf", cpu);
+        Result<LoadedModel> d = load_model(dir / "model.gguf", dev);
+        ASSERT_TRUE(c.ok() && d.ok()) << what;
+        const LayerWeights& dl = d->weights.layers[0];
+        EXPECT_EQ(dl.q_proj.dtype(), k) << what;
+        EXPECT_EQ(dl.v_proj.dtype(), DType::q6_k) << what;
+        EXPECT_EQ(dl.o_proj.dtype(), tp == 1 ? k : DType::f32) << what;
+        EXPECT_EQ(dl.down_proj.dtype(), tp == 1 ? DType::q5_0 : DType::f32) << what;
+        EXPECT_EQ(d->weights.output().dtype(), k) << what;
+        EXPECT_EQ(c->weights.layers[0].q_proj.dtype(), DType::f32) << what;
+        // The tied table is whole on every rank; a rank's kept LM head is a copy of its vocabulary
+        // rows (the f32 load reads them from the table: offset vocab_begin).
+        std::vector<std::pair<const Matrix*, const Matrix*>> pairs = {{&d->weights.embed, &c->weights.embed},
+                                                                     {&d->weights.output(), &c->weights.output()}};
+        for (size_t l = 0; l < d->weights.layers.size(); ++l) {
+          const LayerWeights& a = d->weights.layers[l];
+          const LayerWeights& b = c->weights.layers[l];
+          for (auto [x, y] : {std::pair{&a.q_proj, &b.q_proj}, {&a.k_proj, &b.k_proj}, {&a.v_proj, &b.v_proj},
+                              {&a.o_proj, &b.o_proj}, {&a.gate_proj, &b.gate_proj}, {&a.up_proj, &b.up_proj},
+                              {&a.down_proj, &b.down_proj}})
+            pairs.emplace_back(x, y);
         }
-        ASSERT_EQ(std::memcmp(v.data(), y->f32() + from * y->cols(), v.size() * 4), 0)
-            << what << ": a " << dtype_name(x->dtype()) << " matrix";
+        int kept = 0;
+        for (auto [x, y] : pairs) {
+          ASSERT_EQ(y->dtype(), DType::f32) << what;
+          const bool head_rows = x->rows() != y->rows();  // a rank's LM head: its rows of the table
+          if (head_rows) ASSERT_EQ(x->rows(), d->shard.vocab_size) << what;
+          const int64_t from = head_rows ? d->shard.vocab_begin : 0;
+          ASSERT_EQ(x->cols(), y->cols()) << what;
+          std::vector<float> v(static_cast<size_t>(x->rows() * x->cols()));
+          if (x->dtype() == DType::f32) {
+            std::memcpy(v.data(), x->f32(), v.size() * 4);
+          } else {
+            ++kept;
+            ASSERT_TRUE(dequantize(ggml(x->dtype()), x->data(), v.data(), x->rows() * x->cols()).ok()) << what;
+          }
+          ASSERT_EQ(std::memcmp(v.data(), y->f32() + from * y->cols(), v.size() * 4), 0)
+              << what << ": a " << dtype_name(x->dtype()) << " matrix";
+        }
+        EXPECT_GE(kept, tp == 1 ? 16 : 12) << what;
       }
-      EXPECT_GE(kept, tp == 1 ? 16 : 12) << what;
     }
   }
   // The CPU's kernels read q8_0/q4_0/q4_1 only: a device-only format stops the matmul by name.

@@ -54,6 +54,7 @@ Result<DeviceMatrix> blocks_matrix(const Matrix& m, const std::string& what) {
     case DType::q5_0: d.format = kernels::BlockFormat::q5_0; break;
     case DType::q4_k: d.format = kernels::BlockFormat::q4_k; break;
     case DType::q6_k: d.format = kernels::BlockFormat::q6_k; break;
+    case DType::q5_k: d.format = kernels::BlockFormat::q5_k; break;
     default: return invalid_argument("device weights: " + what + " is " + dtype_name(m.dtype()) + ", not a block format");
   }
   const int64_t per = kernels::block_format_elems(d.format);
@@ -150,7 +151,7 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const LoadedModel& 
 }
 
 std::string DeviceWeights::storage() const {
-  constexpr int k_formats = 6;  // kernels::BlockFormat's
+  constexpr int k_formats = 7;  // kernels::BlockFormat's
   bool seen[1 + k_formats] = {};  // bf16, then each block format
   const auto see = [&](const DeviceMatrix& m) {
     if (m.rows * m.cols == 0) return;

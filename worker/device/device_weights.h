@@ -6,8 +6,8 @@
 // BlockWeights: quants, f16 scales, mins and extra bytes as aligned arrays): Q8_0 from
 // --weight-dtype q8_0 (LoadOptions::weight_dtype q8_0: 1.0625 bytes a weight instead of 2), and
 // with --weight-dtype auto (LoadOptions::keep_quantized + device_blocks) a GGUF's own Q8_0, Q4_0,
-// Q4_1, Q5_0, Q4_K and Q6_K (0.5625 / 0.625 / 0.6875 / 0.5625 / 0.8203 bytes a weight for the
-// last five); the rest (other GGUF types, a column slice off the block grid, an untied
+// Q4_1, Q5_0, Q4_K, Q5_K and Q6_K (0.5625 / 0.625 / 0.6875 / 0.5625 / 0.6875 / 0.8203 bytes a
+// weight for the last six); the rest (other GGUF types, a column slice off the block grid, an untied
 // embedding table under q8_0) is bf16.
 #pragma once
 
@@ -61,8 +61,8 @@ struct DeviceMatrixView {
 struct DeviceMatrix {
   DeviceArray data;    // bf16 [rows, cols], or a block format's quants
   DeviceArray scales;  // block formats: f16 bits, one a block (32 or 256 weights); empty for bf16
-  DeviceArray mins;    // Q4_1, Q4_K: f16 bits, one a block
-  DeviceArray extra;   // Q5_0, Q4_K, Q6_K: their extra bytes (kernels_cuda.h BlockWeights)
+  DeviceArray mins;    // Q4_1, Q4_K, Q5_K: f16 bits, one a block
+  DeviceArray extra;   // Q5_0, Q4_K, Q5_K, Q6_K: their extra bytes (kernels_cuda.h BlockWeights)
   kernels::BlockFormat format = kernels::BlockFormat::q8_0;  // when scales are set
   int64_t rows = 0, cols = 0;
   bool is_blocks() const { return scales.ptr != nullptr; }

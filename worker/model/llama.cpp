@@ -107,6 +107,7 @@ GgmlType ggml_type_of(DType t) {
     case DType::q5_0: return GgmlType::q5_0;
     case DType::q4_k: return GgmlType::q4_k;
     case DType::q6_k: return GgmlType::q6_k;
+    case DType::q5_k: return GgmlType::q5_k;
   }
   return GgmlType::f32;
 }

@@ -268,6 +268,7 @@ Status store_f32(const float* src, const Job& job, int64_t first_row, const std:
     case DType::q5_0:
     case DType::q4_k:
     case DType::q6_k:
+    case DType::q5_k:
       CHECK(false) << "store_f32 into block format " << dtype_name(job.store) << " (" << job.name << ")";
       break;
     case DType::f32:
@@ -374,7 +375,7 @@ void pack_for_matvec(ModelWeights* w) {
 }
 
 // The block format a GGUF tensor type is kept in, if it is one the matmul reads natively:
-// the CPU's (q8_0, q4_0, q4_1), and with device_blocks the device's too (q5_0, q4_k, q6_k).
+// the CPU's (q8_0, q4_0, q4_1), and with device_blocks the device's too (q5_0, q4_k, q5_k, q6_k).
 bool native_dtype(GgmlType type, bool device_blocks, DType* out) {
   switch (type) {
     case GgmlType::q8_0: *out = DType::q8_0; return true;
@@ -383,6 +384,7 @@ bool native_dtype(GgmlType type, bool device_blocks, DType* out) {
     case GgmlType::q5_0: if (!device_blocks) return false; *out = DType::q5_0; return true;
     case GgmlType::q4_k: if (!device_blocks) return false; *out = DType::q4_k; return true;
     case GgmlType::q6_k: if (!device_blocks) return false; *out = DType::q6_k; return true;
+    case GgmlType::q5_k: if (!device_blocks) return false; *out = DType::q5_k; return true;
     default: return false;
   }
 }
@@ -540,6 +542,7 @@ Status fill_safetensors(const SafetensorsModel& st, const Job& job, float* out) 
     case DType::q5_0:
     case DType::q4_k:
     case DType::q6_k:
+    case DType::q5_k:
       return unimplemented(t.file + ": tensor '" + job.name + "' is " + dtype_name(t.dtype) +
                            " (safetensors holds element types only)");
   }

@@ -259,6 +259,7 @@ GgmlType ggml_type(BlockFormat f) {
     case BlockFormat::q5_0: return GgmlType::q5_0;
     case BlockFormat::q4_k: return GgmlType::q4_k;
     case BlockFormat::q6_k: return GgmlType::q6_k;
+    case BlockFormat::q5_k: return GgmlType::q5_k;
   }
   return GgmlType::f32;
 }
@@ -329,7 +330,7 @@ namespace {
 // not. The matrix is put back in llama.cpp's blocks for the CPU's converting GEMM
 // (matmul_gemm_cpu: the same f32 weight values and f32 activations as the CUDA kernels, in the
 // sgemm's order; the kernels' batch invariance is the emulator's to check, not the twin's); a
-// format the CPU's kernels do not read (Q5_0, Q4_K, Q6_K) is dequantized to f32 first.
+// format the CPU's kernels do not read (Q5_0, Q4_K, Q5_K, Q6_K) is dequantized to f32 first.
 bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, float* out, int64_t num_tokens,
                     int64_t rows, int64_t cols, const char* what) {
   if (!check_blocks(w, rows, cols, what) || !require_device(x, f32s(num_tokens * cols), what) ||
