@@ -313,12 +313,12 @@ int main(int argc, char** argv) {
   }
 
   // Block-format weights on the device (--weight-dtype q8_0; a GGUF's Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/
-  // Q6_K with auto): 1.0625, 0.5625, 0.625, 0.6875, 0.5625 and 0.8203 bytes a weight against
-  // bf16's 2. Each GEMV paired with the bf16 one in the same loop; then a layer's fused GEMVs,
+  // Q5_K/Q6_K with auto): 1.0625, 0.5625, 0.625, 0.6875, 0.5625, 0.6875 and 0.8203 bytes a weight
+  // against bf16's 2. Each GEMV paired with the bf16 one in the same loop; then a layer's fused GEMVs,
   // and a prompt GEMM's cost of dequantizing its weights for cuBLAS (DeviceForward does it in
   // slabs of <= 32 Mi weights into one bf16 buffer).
-  std::printf("block-format weights (q8_0 / q4_0 / q4_1 / q5_0 / q4_k / q6_k: 1.0625 / 0.5625 / 0.625 / 0.6875 / "
-              "0.5625 / 0.8203 bytes a weight), 1 row, vs bf16:\n");
+  std::printf("block-format weights (q8_0 / q4_0 / q4_1 / q5_0 / q4_k / q5_k / q6_k: 1.0625 / 0.5625 / 0.625 / "
+              "0.6875 / 0.5625 / 0.6875 / 0.8203 bytes a weight), 1 row, vs bf16:\n");
   {
     struct Blocks {
       Dev q, d, m, e;
@@ -337,11 +337,11 @@ int main(int argc, char** argv) {
       // Rows from `begin` of a matrix `cols` wide.
       BlockWeights rows_from(int64_t begin, int64_t cols) const { return block_rows_from(w, cols, begin); }
     };
-    constexpr int k_nformats = 6;
-    const BlockFormat formats[k_nformats] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1,
-                                             BlockFormat::q5_0, BlockFormat::q4_k, BlockFormat::q6_k};
-    const char* fnames[k_nformats] = {"q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k"};
-    const double bpw[k_nformats] = {1.0625, 0.5625, 0.625, 0.6875, 0.5625, 0.8203125};
+    constexpr int k_nformats = 7;
+    const BlockFormat formats[k_nformats] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q5_0,
+                                             BlockFormat::q4_k, BlockFormat::q5_k, BlockFormat::q6_k};
+    const char* fnames[k_nformats] = {"q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k"};
+    const double bpw[k_nformats] = {1.0625, 0.5625, 0.625, 0.6875, 0.5625, 0.6875, 0.8203125};
     Dev x(4ull * k_mlp), y(4ull * k_vocab);
     for (const Gemm& g : gemms) {
       const double bf16_ms = time_ms([&] {
