@@ -76,15 +76,26 @@ TEST(CommFault, AbortJobEndsTheJobWithItsMessage) {
 
 // A rank that hangs without dying: the others' all-reduce gives up after the armed collective
 // timeout (3 s in the helper), naming it, and the job ends (MPI_Abort at their exit; mpirun
-// kills the stopped rank).
+// kills the stopped rank). Ranks 0 and 2 wait with the same deadline, so the first to give up
+// may end the job before the other's message is out (as in the broadcast case below; a
+// fresh-clone CI run at c53d7fb had rank 2's line alone): at least one reports, and whichever
+// does names rank 1 and the timeout.
 TEST(CommFault, StoppedRankTimesOutNamingIt) {
   JobResult r = run_job("--fail 1 stop");
   expect_failed_in_time(r);
+  int reported = 0;
   for (int rank : {0, 2}) {
-    EXPECT_NE(r.output.find("comm/mpi: rank " + std::to_string(rank) + ": all_reduce_sum waited "), std::string::npos)
+    const std::string who = "comm/mpi: rank " + std::to_string(rank) + ": all_reduce_sum waited ";
+    const size_t at = r.output.find(who);
+    if (at == std::string::npos) continue;
+    ++reported;
+    const size_t eol = r.output.find('\n', at);
+    EXPECT_NE(r.output.substr(at, eol == std::string::npos ? std::string::npos : eol - at)
+                  .find(" for rank 1 (--collective-timeout 3 s): it died or hangs"),
+              std::string::npos)
         << r.output;
   }
-  EXPECT_NE(r.output.find(" for rank 1 (--collective-timeout 3 s): it died or hangs"), std::string::npos) << r.output;
+  EXPECT_GE(reported, 1) << r.output;
   EXPECT_EQ(r.output.find("200 rounds done"), std::string::npos) << r.output;
   std::printf("measured: the job ended %.1f s after it started (the stop comes at round 50 of 200)\n", r.seconds);
 }
