@@ -53,12 +53,15 @@ if [ ! -f tiny-gemma3-q4_0/model.gguf ]; then
     --out tiny-gemma3-q4_0 >/dev/null
   echo "device_deps: wrote tiny-gemma3-q4_0/model.gguf"
 fi
-# A GGUF mixing Q4_K, Q6_K and Q5_0 as llama.cpp's Q4_K_M does (test_device_generate's tiny_q4_k_m).
-if [ ! -f tiny-q4_k_m/model.gguf ]; then
-  python3 ../tools/make_tiny_checkpoint.py --arch llama --hidden 256 --heads 8 --kv-heads 2 --head-dim 32 \
-    --intermediate 608 --tie --scale 0.04 --seed 13 --gguf-type q4_k_m --out tiny-q4_k_m >/dev/null
-  echo "device_deps: wrote tiny-q4_k_m/model.gguf"
-fi
+# GGUFs mixing Q4_K (Q5_K), Q6_K and Q5_0 as llama.cpp's Q4_K_M (Q5_K_M) does (test_device_generate's
+# tiny_q4_k_m and tiny_q5_k_m).
+for k in q4_k_m q5_k_m; do
+  if [ ! -f tiny-$k/model.gguf ]; then
+    python3 ../tools/make_tiny_checkpoint.py --arch llama --hidden 256 --heads 8 --kv-heads 2 --head-dim 32 \
+      --intermediate 608 --tie --scale 0.04 --seed 13 --gguf-type $k --out tiny-$k >/dev/null
+    echo "device_deps: wrote tiny-$k/model.gguf"
+  fi
+done
 # snapserve and the e2e device tests, built here for the H200 with their libraries
 # (scripts/device_bundle.sh; skip with SNAP_NO_BUNDLE=1).
 cd ..
