@@ -359,6 +359,9 @@ int run_serve(const ServeArgs& a) {
   hc.context_length = a.max_model_len;
   hc.allowed_origins = a.allowed_origins;
   hc.perspective = perspective.get();
+  if (const char* f = std::getenv("SNAP_FAULT_PEER_CHECK_BEFORE_WRITE"); f != nullptr && std::string(f) == "1") {
+    hc.fault_peer_check_before_write = true;
+  }
   auto server = HttpServer::start(hc, engine->get(), metrics.get());
   if (!server.ok()) {
     (*engine)->shutdown(0);

@@ -436,13 +436,16 @@ class Session : public std::enable_shared_from_this<Session> {
     peer_timer_.expires_after(k_peer_check_interval);
     peer_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (ec || !self->in_flight_ || self->closed_) return;
-      char c;
-      const ssize_t r = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        return self->client_gone();
-      }
+      if (self->peer_gone()) return self->client_gone();
       self->arm_peer_check();
     });
+  }
+
+  // EOF or an error on the socket (without consuming what the client may have sent).
+  bool peer_gone() {
+    char c;
+    const ssize_t r = ::recv(stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
   }
 
   void client_gone() {
@@ -496,6 +499,11 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     writing_ = true;
+    if (state_->cfg.fault_peer_check_before_write && in_flight_) {
+      net::post(stream_.get_executor(), [self = shared_from_this()] {
+        if (self->in_flight_ && !self->closed_ && self->peer_gone()) self->client_gone();
+      });
+    }
     stream_.expires_after(seconds(state_->cfg.write_timeout_seconds));
     net::async_write(stream_, net::buffer(outbox_.front()),
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
@@ -503,6 +511,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_write(beast::error_code ec) {
     writing_ = false;
+    // close() ran while this write was in flight (the peer check found the client gone): it
+    // kept the event being written and dropped the rest; the write may still have succeeded.
+    if (closed_) return outbox_.clear();
     if (ec) return client_gone();
     outbox_.pop_front();
     do_write();
@@ -540,7 +551,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void close() {
     if (closed_) return;
     closed_ = true;
-    outbox_.clear();
+    // A write in flight still reads outbox_.front(); on_write drops it.
+    outbox_.erase(writing_ && !outbox_.empty() ? outbox_.begin() + 1 : outbox_.begin(), outbox_.end());
     peer_timer_.cancel();
     beast::error_code ec;
     stream_.socket().close(ec);

@@ -34,6 +34,11 @@ struct HttpServerConfig {
   std::vector<std::string> allowed_origins;
   // POST /v1alpha1/comments:analyze (Perspective-compatible) when set; must outlive the server.
   const PerspectiveHandler* perspective = nullptr;
+  // Fault injection for tests (serve sets it when $SNAP_FAULT_PEER_CHECK_BEFORE_WRITE is 1):
+  // while a request runs, every write is preceded by a check whether the client left, queued
+  // on the session's strand ahead of the write's completion: the worst moment for the
+  // periodic check to find a client gone.
+  bool fault_peer_check_before_write = false;
 };
 
 class HttpServer {

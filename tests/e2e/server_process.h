@@ -82,21 +82,22 @@ class ServerProcess {
     ::kill(pid_, SIGTERM);
     return wait(wait_seconds);
   }
-  // Waits up to `wait_seconds` for the process to end by itself: its exit code (128 +
-  // signal when killed), or -1 when still running.
+  // Waits up to `wait_seconds` (0: looks once) for the process to end by itself: its exit
+  // code (128 + signal when killed), or -1 when still running. Once reaped, the code is kept.
   int wait(double wait_seconds) {
     using Clock = std::chrono::steady_clock;
-    if (pid_ <= 0) return -1;
+    if (pid_ <= 0) return exit_code_;
     const auto until = Clock::now() + std::chrono::duration<double>(wait_seconds);
-    while (Clock::now() < until) {
+    while (true) {
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return exit_code_;
       }
+      if (Clock::now() >= until) return -1;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    return -1;
   }
 
   pid_t pid() const { return pid_; }
@@ -107,6 +108,7 @@ class ServerProcess {
  private:
   static inline int counter_ = 0;
   pid_t pid_ = -1;
+  int exit_code_ = -1;  // once wait() reaped the process
   int port_ = 0;
   std::string model_name_;
   std::string err_path_;

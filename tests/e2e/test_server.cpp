@@ -57,19 +57,38 @@ std::string model_path() {
 // --- the server process ------------------------------------------------------------
 
 // `snapserve serve` on a free port with the suite's limits, plus `extra` flags.
+// env: NAME=VALUE settings for the server process alone (through env(1)).
 class ServerProcess : public snap::testing::ServerProcess {
  public:
-  explicit ServerProcess(const std::vector<std::string>& extra) : snap::testing::ServerProcess(command(extra)) {}
+  explicit ServerProcess(const std::vector<std::string>& extra, const std::vector<std::string>& env = {})
+      : snap::testing::ServerProcess(command(extra, env)) {}
 
  private:
-  static std::vector<std::string> command(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {snapserve_binary(), "serve", "--model", model_path(),
+  static std::vector<std::string> command(const std::vector<std::string>& extra, const std::vector<std::string>& env) {
+    std::vector<std::string> args;
+    if (!env.empty()) {
+      args.push_back("env");
+      args.insert(args.end(), env.begin(), env.end());
+    }
+    args.insert(args.end(), {snapserve_binary(), "serve", "--model", model_path(),
                                      "--port", "0", "--threads", "2", "--read-timeout", "2",
-                                     "--max-model-len", "1024", "--shutdown-timeout", "2"};
+                                     "--max-model-len", "1024", "--shutdown-timeout", "2"});
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
 };
+
+// What a failing test prints of a server's log: a sanitizer's report from its first line
+// (what was freed twice, and where, comes first), else the log's last 4000 bytes.
+std::string log_excerpt(const std::string& log) {
+  for (const char* mark : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"}) {
+    const size_t at = log.find(mark);
+    if (at == std::string::npos) continue;
+    const size_t from = log.rfind('\n', at) == std::string::npos ? 0 : log.rfind('\n', at) + 1;
+    return "its sanitizer report:\n" + log.substr(from, 12000);
+  }
+  return "the last of its log:\n" + log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
+}
 
 // --- a small HTTP client (tests/e2e/http_client.h) ----------------------------------
 
@@ -223,11 +242,11 @@ class Server : public ::testing::Test {
   // a server that died or stopped answering fails every later case of the suite too.
   void TearDown() override {
     if (!HasFailure() || server_ == nullptr) return;
-    const int exited = server_->wait(0);
-    const std::string log = server_->log();
-    std::printf("shared server %s; the last of its log:\n%s\n",
-                exited < 0 ? "still running" : ("exited with " + std::to_string(exited)).c_str(),
-                log.substr(log.size() > 4000 ? log.size() - 4000 : 0).c_str());
+    // A sanitizer that found something may still be writing its report: give it time.
+    const bool report = log_excerpt(server_->log()).rfind("its sanitizer report", 0) == 0;
+    const int exited = server_->wait(report ? 60 : 0);
+    std::printf("shared server %s; %s\n", exited < 0 ? "still running" : ("exited with " + std::to_string(exited)).c_str(),
+                log_excerpt(server_->log()).c_str());
   }
   static ServerProcess* server_;
   static Tokenizer* tokenizer_;
@@ -989,6 +1008,57 @@ TEST(ServerLimits, BurstAdmissionCountsExactly) {
       EXPECT_EQ(refused, n - want_ok) << n << " at once";
     }
   }
+}
+
+// Clients that leave mid-stream while their events are being written. The fresh-clone CI
+// once saw the server free a queued event twice: the peer check found the client gone and
+// closed the session (dropping the write queue) after a write had completed but before its
+// handler ran, and the handler then popped the emptied queue. SNAP_FAULT_PEER_CHECK_BEFORE_WRITE
+// queues a peer check ahead of every write's completion, so that the first event written
+// after a client left meets that interleaving: the old code failed here in round 0, under
+// AddressSanitizer and in the Release build alike. Every request is aborted, every block
+// freed, and the server keeps serving.
+TEST(ServerLimits, ClientsLeavingMidStreamLeaveItServing) {
+  ASSERT_TRUE(fs::exists(model_path())) << "default model missing at " << model_path();
+  ServerProcess server({}, {"SNAP_FAULT_PEER_CHECK_BEFORE_WRITE=1"});
+  const int port = server.port();
+  ASSERT_GT(port, 0);
+  const double aborted_before = metric(port, "snapserve_request_success_total{finished_reason=\"abort\"}");
+  // max_tokens far beyond what a round lasts: each request ends because its client left.
+  const json body = {{"prompt", "Write a long story about a dragon."}, {"max_tokens", 1000}, {"temperature", 0},
+                     {"ignore_eos", true}, {"stream", true}};
+  constexpr int k_rounds = 10, k_clients = 2;
+  std::atomic<int> streamed{0};
+  for (int round = 0; round < k_rounds; ++round) {
+    std::vector<std::thread> clients;
+    for (int c = 0; c < k_clients; ++c) {
+      clients.emplace_back([&, round, c] {
+        RawConn conn(port);
+        if (!conn.ok() || !conn.send_all(raw_post("/v1/completions", body.dump()))) return;
+        // Leaves after 1-10 events, then 0-270 ms later: at varied points of a write.
+        const size_t want = 1 + static_cast<size_t>((round * 7 + c * 3) % 10);
+        std::string got;
+        const auto until = Clock::now() + std::chrono::seconds(60);
+        while (Clock::now() < until && sse_payloads(got).size() < want) {
+          if (!conn.read_some(&got, 200)) break;
+        }
+        if (sse_payloads(got).size() >= want) ++streamed;
+        std::this_thread::sleep_for(std::chrono::milliseconds(30 * ((round + c) % 10)));
+      });
+    }
+    for (auto& t : clients) t.join();
+    if (call(port, http::verb::get, "/health").status != 200) {
+      const int code = server.wait(60);  // a sanitizer may still be writing its report
+      FAIL() << "the server stopped answering in round " << round << " (exit code " << code << "); "
+             << log_excerpt(server.log());
+    }
+  }
+  EXPECT_EQ(streamed.load(), k_rounds * k_clients);
+  EXPECT_TRUE(wait_until_idle(port, 30)) << "blocks not freed after the clients left";
+  EXPECT_EQ(metric(port, "snapserve_request_success_total{finished_reason=\"abort\"}"),
+            aborted_before + k_rounds * k_clients);
+  EXPECT_EQ(call(port, http::verb::get, "/health").status, 200);
+  EXPECT_LT(server.wait(0), 0) << log_excerpt(server.log());
 }
 
 TEST(ServerLimits, SigtermStopsWithinTheDeadline) {
