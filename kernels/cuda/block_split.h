@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/dtype.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace snap::kernels {
@@ -25,6 +26,31 @@ constexpr int64_t block_format_ggml_bytes(BlockFormat f) {
     case BlockFormat::q5_k: return 176;
   }
   return 0;
+}
+
+// The DType a host Matrix holds the format's ggml blocks in (common/dtype.h), and the format
+// of a block DType (false for an element type): the one table of the correspondence.
+constexpr DType block_format_dtype(BlockFormat f) {
+  switch (f) {
+    case BlockFormat::q8_0: return DType::q8_0;
+    case BlockFormat::q4_0: return DType::q4_0;
+    case BlockFormat::q4_1: return DType::q4_1;
+    case BlockFormat::q5_0: return DType::q5_0;
+    case BlockFormat::q4_k: return DType::q4_k;
+    case BlockFormat::q6_k: return DType::q6_k;
+    case BlockFormat::q5_k: return DType::q5_k;
+  }
+  return DType::f32;
+}
+inline bool block_format_of(DType t, BlockFormat* out) {
+  for (const BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q5_0,
+                              BlockFormat::q4_k, BlockFormat::q6_k, BlockFormat::q5_k}) {
+    if (block_format_dtype(f) == t) {
+      *out = f;
+      return true;
+    }
+  }
+  return false;
 }
 
 struct SplitBlocks {

@@ -333,7 +333,7 @@ void add_matmul_fused(std::vector<OpCase>& t) {
                      db.push_back(std::make_unique<DeviceBuffer<float>>(test::random_floats(heights[i], 46 + i, -1.0f, 1.0f)));
                      dy.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
                      dsep.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
-                     outs[i] = {as_bf16(dw[i]->ptr), (s.bias || i == 2) ? db[i]->ptr : nullptr, dy[i]->ptr, heights[i]};
+                     outs[i] = {as_bf16(dw[i]->ptr), (s.bias || i == 2) ? db[i]->ptr : nullptr, dy[i]->ptr, heights[i], {}};
                      matmul_rowwise_cuda(dx.ptr, outs[i].w, outs[i].bias, dsep[i]->ptr, s.tokens, heights[i], s.cols, nullptr);
                    }
                    matmul_rowwise_multi_cuda(dx.ptr, outs, 4, s.tokens, s.cols, nullptr);
@@ -372,9 +372,7 @@ void add_matmul_fused(std::vector<OpCase>& t) {
 // (matmul_ref, f64) reads: Q8_0/Q4_0/Q4_1 directly; Q5_0/Q4_K/Q5_K/Q6_K through the CPU's
 // dequantizer (worker/model/dequant.h, bit-exact with the `gguf` package's), as f32. Scales
 // cover normal and subnormal f16 (row 0's are subnormal, row 1's zero) and both signs.
-bool cpu_block_dtype(BlockFormat f) {
-  return f == BlockFormat::q8_0 || f == BlockFormat::q4_0 || f == BlockFormat::q4_1;
-}
+bool cpu_block_dtype(BlockFormat f) { return dtype_cpu_blocks(block_format_dtype(f)); }
 struct BlocksHost {
   BlockFormat format;
   DType dtype;
@@ -415,12 +413,8 @@ BlocksHost random_ggml_blocks(BlockFormat format, int64_t rows, int64_t cols,
   h.d = std::move(split.scales);
   h.m = std::move(split.mins);
   h.e = std::move(split.extra);
-  const GgmlType t = format == BlockFormat::q5_0   ? GgmlType::q5_0
-                     : format == BlockFormat::q4_k ? GgmlType::q4_k
-                     : format == BlockFormat::q5_k ? GgmlType::q5_k
-                                                   : GgmlType::q6_k;
   h.values.resize(static_cast<size_t>(rows * cols));
-  const Status st = dequantize(t, h.blocks.data(), h.values.data(), rows * cols);
+  const Status st = dequantize(ggml_type_of(block_format_dtype(format)), h.blocks.data(), h.values.data(), rows * cols);
   if (!st.ok()) std::abort();
   return h;
 }
@@ -441,7 +435,7 @@ BlocksHost random_blocks(BlockFormat format, int64_t rows, int64_t cols, uint32_
   h.format = format;
   h.rows = rows;
   h.cols = cols;
-  h.dtype = format == BlockFormat::q8_0 ? DType::q8_0 : format == BlockFormat::q4_0 ? DType::q4_0 : DType::q4_1;
+  h.dtype = block_format_dtype(format);
   const int64_t nb = rows * cols / 32, qb = format == BlockFormat::q8_0 ? 32 : 16;
   h.q.resize(static_cast<size_t>(nb * qb));
   for (auto& v : h.q) v = static_cast<uint8_t>(byte(gen));
@@ -567,7 +561,7 @@ void add_matmul_blocks(std::vector<OpCase>& t) {
                        dy.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
                        dsep.push_back(std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(s.tokens * heights[i])));
                        const float* bias = (s.bias || i == 2) ? db[i]->ptr : nullptr;
-                       outs[i] = {as_bf16(dw[i]->ptr), bias, dy[i]->ptr, heights[i]};
+                       outs[i] = {as_bf16(dw[i]->ptr), bias, dy[i]->ptr, heights[i], {}};
                        if (i == 2) {
                          matmul_rowwise_cuda(dx.ptr, outs[i].w, bias, dsep[i]->ptr, s.tokens, heights[i], s.cols, nullptr);
                        } else {
@@ -1190,6 +1184,26 @@ void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 class CudaOp : public ::testing::TestWithParam<OpCase> {};
 
 TEST_P(CudaOp, MatchesCpu) { EXPECT_TRUE(GetParam().run()); }
+
+// The one BlockFormat <-> DType table (block_split.h): each format's DType has its block
+// size and ggml bytes, and back; element types have no format.
+TEST(BlockFormats, EachHasTheDTypeOfItsBytes) {
+  for (const BlockFormat f : k_block_formats) {
+    const DType t = block_format_dtype(f);
+    EXPECT_TRUE(dtype_is_quantized(t)) << block_format_name(f);
+    EXPECT_EQ(dtype_block_elems(t), block_format_elems(f)) << block_format_name(f);
+    EXPECT_EQ(dtype_block_bytes(t), block_format_ggml_bytes(f)) << block_format_name(f);
+    EXPECT_STREQ(dtype_name(t), block_format_name(f));
+    BlockFormat back = BlockFormat::q8_0;
+    EXPECT_TRUE(block_format_of(t, &back)) << block_format_name(f);
+    EXPECT_EQ(back, f) << block_format_name(f);
+  }
+  EXPECT_EQ(std::size(k_block_formats), 7u);
+  for (const DType t : {DType::f32, DType::f16, DType::bf16}) {
+    BlockFormat f = BlockFormat::q8_0;
+    EXPECT_FALSE(block_format_of(t, &f)) << dtype_name(t);
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(Table, CudaOp, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& info) { return info.param.name; });

@@ -125,6 +125,27 @@ TEST(Dequant, LargeBuffersMatchReferenceBlockForBlock) {
   }
 }
 
+// The one DType <-> GgmlType table (dequant.h): every DType has the ggml type of the same
+// block size and bytes, and back; the ggml types without a DType have none.
+TEST(Dequant, EveryDTypeHasTheGgmlTypeOfItsBytes) {
+  for (const DType t : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0,
+                        DType::q4_k, DType::q6_k, DType::q5_k}) {
+    const GgmlType g = ggml_type_of(t);
+    const GgmlTypeInfo info = ggml_type_info(g);
+    EXPECT_EQ(info.block_size, dtype_block_elems(t)) << dtype_name(t);
+    EXPECT_EQ(info.type_size, dtype_block_bytes(t)) << dtype_name(t);
+    EXPECT_EQ(std::string(info.name), dtype_name(t)) << dtype_name(t);
+    DType back = DType::f32;
+    EXPECT_TRUE(dtype_of(g, &back)) << dtype_name(t);
+    EXPECT_EQ(back, t) << dtype_name(t);
+  }
+  for (const GgmlType g : {GgmlType::q5_1, GgmlType::q8_1, GgmlType::q2_k, GgmlType::q3_k, GgmlType::q8_k,
+                           static_cast<GgmlType>(200)}) {
+    DType t = DType::f32;
+    EXPECT_FALSE(dtype_of(g, &t)) << ggml_type_info(g).name;
+  }
+}
+
 TEST(Dequant, UnknownTypeIsUnimplementedAndNamed) {
   float out[256];
   uint8_t in[512] = {};

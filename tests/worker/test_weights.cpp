@@ -316,12 +316,6 @@ TEST(QuantizeAtLoad, Q8_0RoundsAsGgmlAndRefusesNonFinite) {
 // o_proj's 128-column slices and down_proj's 304 are off the block grid: f32 on both loads).
 // The CPU's matmul refuses the device-only formats in one line.
 TEST(DeviceBlocks, KQuantsKeptForTheDeviceDequantizedForTheCpu) {
-  const auto ggml = [](DType t) {
-    return t == DType::q5_0   ? GgmlType::q5_0
-           : t == DType::q4_k ? GgmlType::q4_k
-           : t == DType::q5_k ? GgmlType::q5_k
-                              : GgmlType::q6_k;
-  };
   for (const DType k : {DType::q4_k, DType::q5_k}) {
     TempDir dir("kquant");
     ASSERT_TRUE(snap::testing::make_tiny_checkpoint(
@@ -362,7 +356,9 @@ TEST(DeviceBlocks, KQuantsKeptForTheDeviceDequantizedForTheCpu) {
         for (auto [x, y] : pairs) {
           ASSERT_EQ(y->dtype(), DType::f32) << what;
           const bool head_rows = x->rows() != y->rows();  // a rank's LM head: its rows of the table
-          if (head_rows) ASSERT_EQ(x->rows(), d->shard.vocab_size) << what;
+          if (head_rows) {
+            ASSERT_EQ(x->rows(), d->shard.vocab_size) << what;
+          }
           const int64_t from = head_rows ? d->shard.vocab_begin : 0;
           ASSERT_EQ(x->cols(), y->cols()) << what;
           std::vector<float> v(static_cast<size_t>(x->rows() * x->cols()));
@@ -370,7 +366,7 @@ TEST(DeviceBlocks, KQuantsKeptForTheDeviceDequantizedForTheCpu) {
             std::memcpy(v.data(), x->f32(), v.size() * 4);
           } else {
             ++kept;
-            ASSERT_TRUE(dequantize(ggml(x->dtype()), x->data(), v.data(), x->rows() * x->cols()).ok()) << what;
+            ASSERT_TRUE(dequantize(ggml_type_of(x->dtype()), x->data(), v.data(), x->rows() * x->cols()).ok()) << what;
           }
           ASSERT_EQ(std::memcmp(v.data(), y->f32() + from * y->cols(), v.size() * 4), 0)
               << what << ": a " << dtype_name(x->dtype()) << " matrix";

@@ -47,16 +47,8 @@ Result<DeviceMatrix> blocks_matrix(const Matrix& m, const std::string& what) {
   DeviceMatrix d;
   d.rows = m.rows();
   d.cols = m.cols();
-  switch (m.dtype()) {
-    case DType::q8_0: d.format = kernels::BlockFormat::q8_0; break;
-    case DType::q4_0: d.format = kernels::BlockFormat::q4_0; break;
-    case DType::q4_1: d.format = kernels::BlockFormat::q4_1; break;
-    case DType::q5_0: d.format = kernels::BlockFormat::q5_0; break;
-    case DType::q4_k: d.format = kernels::BlockFormat::q4_k; break;
-    case DType::q6_k: d.format = kernels::BlockFormat::q6_k; break;
-    case DType::q5_k: d.format = kernels::BlockFormat::q5_k; break;
-    default: return invalid_argument("device weights: " + what + " is " + dtype_name(m.dtype()) + ", not a block format");
-  }
+  if (!kernels::block_format_of(m.dtype(), &d.format))
+    return invalid_argument("device weights: " + what + " is " + dtype_name(m.dtype()) + ", not a block format");
   const int64_t per = kernels::block_format_elems(d.format);
   if (m.cols() % per != 0)
     return invalid_argument("device weights: " + what + " is in " + dtype_name(m.dtype()) + " blocks with cols % " +

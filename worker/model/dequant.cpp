@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "common/dtype.h"
 
@@ -284,6 +285,32 @@ GgmlTypeInfo ggml_type_info(GgmlType type) {
     case 39: return {"mxfp4", k_qk, 17, false};
     default: return {"unknown", 1, 0, false};
   }
+}
+
+namespace {
+constexpr std::pair<DType, GgmlType> k_dtype_ggml[] = {
+    {DType::f32, GgmlType::f32},   {DType::f16, GgmlType::f16},   {DType::bf16, GgmlType::bf16},
+    {DType::q8_0, GgmlType::q8_0}, {DType::q4_0, GgmlType::q4_0}, {DType::q4_1, GgmlType::q4_1},
+    {DType::q5_0, GgmlType::q5_0}, {DType::q4_k, GgmlType::q4_k}, {DType::q6_k, GgmlType::q6_k},
+    {DType::q5_k, GgmlType::q5_k},
+};
+}  // namespace
+
+GgmlType ggml_type_of(DType t) {
+  for (const auto& [d, g] : k_dtype_ggml)
+    if (d == t) return g;
+  CHECK(false) << "no ggml type for " << dtype_name(t);
+  return GgmlType::f32;
+}
+
+bool dtype_of(GgmlType type, DType* out) {
+  for (const auto& [d, g] : k_dtype_ggml) {
+    if (g == type) {
+      *out = d;
+      return true;
+    }
+  }
+  return false;
 }
 
 Result<uint64_t> ggml_nbytes(GgmlType type, int64_t n) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "common/status.h"
 #include "worker/model/gguf.h"
 
@@ -19,6 +20,13 @@ struct GgmlTypeInfo {
 
 // Facts for a type; for an unknown type number, name "unknown" and dequantizable=false.
 GgmlTypeInfo ggml_type_info(GgmlType type);
+
+// The ggml type of a DType (the same bytes: common/dtype.h), and the DType that holds a ggml
+// type's bytes as they are (false for the types without one: q5_1, q8_1, q2_k, q3_k, q8_k).
+// The one table of the correspondence; whether a holder keeps a block format (the CPU, the
+// device) is dtype_cpu_blocks and LoadOptions::device_blocks.
+GgmlType ggml_type_of(DType t);
+bool dtype_of(GgmlType type, DType* out);
 
 // Bytes taken by n elements (n must be a multiple of the block size; else error).
 Result<uint64_t> ggml_nbytes(GgmlType type, int64_t n);

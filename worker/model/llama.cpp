@@ -94,25 +94,6 @@ void LlamaForward::ensure_scratch(int64_t n) {
   scratch_tokens_ = n;
 }
 
-namespace {
-// The GGUF type whose layout a matrix dtype shares (common/dtype.h: ggml's blocks).
-GgmlType ggml_type_of(DType t) {
-  switch (t) {
-    case DType::f32: return GgmlType::f32;
-    case DType::f16: return GgmlType::f16;
-    case DType::bf16: return GgmlType::bf16;
-    case DType::q8_0: return GgmlType::q8_0;
-    case DType::q4_0: return GgmlType::q4_0;
-    case DType::q4_1: return GgmlType::q4_1;
-    case DType::q5_0: return GgmlType::q5_0;
-    case DType::q4_k: return GgmlType::q4_k;
-    case DType::q6_k: return GgmlType::q6_k;
-    case DType::q5_k: return GgmlType::q5_k;
-  }
-  return GgmlType::f32;
-}
-}  // namespace
-
 void LlamaForward::embed(const int32_t* tokens, int64_t n, float* x) const {
   const ModelConfig& c = model_.config;
   const Matrix& table = model_.weights.embed;

@@ -377,16 +377,10 @@ void pack_for_matvec(ModelWeights* w) {
 // The block format a GGUF tensor type is kept in, if it is one the matmul reads natively:
 // the CPU's (q8_0, q4_0, q4_1), and with device_blocks the device's too (q5_0, q4_k, q5_k, q6_k).
 bool native_dtype(GgmlType type, bool device_blocks, DType* out) {
-  switch (type) {
-    case GgmlType::q8_0: *out = DType::q8_0; return true;
-    case GgmlType::q4_0: *out = DType::q4_0; return true;
-    case GgmlType::q4_1: *out = DType::q4_1; return true;
-    case GgmlType::q5_0: if (!device_blocks) return false; *out = DType::q5_0; return true;
-    case GgmlType::q4_k: if (!device_blocks) return false; *out = DType::q4_k; return true;
-    case GgmlType::q6_k: if (!device_blocks) return false; *out = DType::q6_k; return true;
-    case GgmlType::q5_k: if (!device_blocks) return false; *out = DType::q5_k; return true;
-    default: return false;
-  }
+  DType t;
+  if (!dtype_of(type, &t) || !dtype_is_quantized(t) || !(device_blocks || dtype_cpu_blocks(t))) return false;
+  *out = t;
+  return true;
 }
 
 // Copies a block-format tensor's slice as it is. ggml and common/dtype.h share the block

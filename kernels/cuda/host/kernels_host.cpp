@@ -244,25 +244,10 @@ bool check_blocks(const BlockWeights& w, int64_t rows, int64_t cols, const char*
 
 // The CPU's DType of a format its kernels read (q8_0, q4_0, q4_1), and ggml's type of each.
 bool cpu_dtype(BlockFormat f, DType* out) {
-  switch (f) {
-    case BlockFormat::q8_0: *out = DType::q8_0; return true;
-    case BlockFormat::q4_0: *out = DType::q4_0; return true;
-    case BlockFormat::q4_1: *out = DType::q4_1; return true;
-    default: return false;
-  }
+  *out = block_format_dtype(f);
+  return dtype_cpu_blocks(*out);
 }
-GgmlType ggml_type(BlockFormat f) {
-  switch (f) {
-    case BlockFormat::q8_0: return GgmlType::q8_0;
-    case BlockFormat::q4_0: return GgmlType::q4_0;
-    case BlockFormat::q4_1: return GgmlType::q4_1;
-    case BlockFormat::q5_0: return GgmlType::q5_0;
-    case BlockFormat::q4_k: return GgmlType::q4_k;
-    case BlockFormat::q6_k: return GgmlType::q6_k;
-    case BlockFormat::q5_k: return GgmlType::q5_k;
-  }
-  return GgmlType::f32;
-}
+GgmlType ggml_type(BlockFormat f) { return ggml_type_of(block_format_dtype(f)); }
 
 // Rows [r0, r0 + n) back in llama.cpp's blocks (common/dtype.h, ggml).
 void to_ggml_blocks(const BlockWeights& w, int64_t cols, int64_t r0, int64_t n, std::vector<uint8_t>* out) {
