@@ -28,6 +28,11 @@ constexpr int64_t block_format_ggml_bytes(BlockFormat f) {
   return 0;
 }
 
+// Every format, in BlockFormat's order.
+inline constexpr BlockFormat k_all_block_formats[] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1,
+                                                      BlockFormat::q5_0, BlockFormat::q4_k, BlockFormat::q6_k,
+                                                      BlockFormat::q5_k};
+
 // The DType a host Matrix holds the format's ggml blocks in (common/dtype.h), and the format
 // of a block DType (false for an element type): the one table of the correspondence.
 constexpr DType block_format_dtype(BlockFormat f) {
@@ -43,8 +48,7 @@ constexpr DType block_format_dtype(BlockFormat f) {
   return DType::f32;
 }
 inline bool block_format_of(DType t, BlockFormat* out) {
-  for (const BlockFormat f : {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q5_0,
-                              BlockFormat::q4_k, BlockFormat::q6_k, BlockFormat::q5_k}) {
+  for (const BlockFormat f : k_all_block_formats) {
     if (block_format_dtype(f) == t) {
       *out = f;
       return true;

@@ -495,8 +495,6 @@ const GemmShape k_block_shapes[] = {{1, 7, 32, false},   {3, 83, 576, true},    
 // every lane runs the four-loads loop once; 512 with 17 tokens: three groups.
 const GemmShape k_kblock_shapes[] = {{1, 7, 256, false}, {3, 83, 768, true}, {17, 129, 512, false},
                                      {2, 37, 1280, true}, {3, 37, 4352, true}};
-const BlockFormat k_block_formats[] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1,
-                                       BlockFormat::q5_0, BlockFormat::q4_k, BlockFormat::q5_k, BlockFormat::q6_k};
 bool k_format(BlockFormat f) { return block_format_elems(f) == 256; }
 
 // The block-format GEMV against the CPU's f64 reference on the same blocks (1e-4, as the bf16
@@ -507,7 +505,7 @@ bool k_format(BlockFormat f) { return block_format_elems(f) == 256; }
 // into a slab of y's columns (ldy) leaves the other columns alone. Q4_0 and Q4_1 over five of
 // the shapes (the emulator's time), Q8_0 over all six.
 void add_matmul_blocks(std::vector<OpCase>& t) {
-  for (const BlockFormat f : k_block_formats)
+  for (const BlockFormat f : k_all_block_formats)
     for (const GemmShape& s : k_format(f) ? std::vector<GemmShape>(std::begin(k_kblock_shapes), std::end(k_kblock_shapes))
                                           : std::vector<GemmShape>(std::begin(k_block_shapes), std::end(k_block_shapes))) {
       if (f != BlockFormat::q8_0 && s.cols == 14336) continue;  // the emulator's time; 4128 runs Q4's loop
@@ -596,7 +594,7 @@ void add_matmul_blocks(std::vector<OpCase>& t) {
                      return AssertionSuccess();
                    }});
     }
-  for (const BlockFormat f : k_block_formats) {
+  for (const BlockFormat f : k_all_block_formats) {
     t.push_back({std::string("dequant_") + format_name(f) + "_to_bf16", [=]() -> AssertionResult {
                    const BlocksHost h = random_blocks(f, 37, k_format(f) ? 1280 : 1312, 91);
                    std::vector<uint16_t> want(h.values.size());
@@ -1188,7 +1186,7 @@ TEST_P(CudaOp, MatchesCpu) { EXPECT_TRUE(GetParam().run()); }
 // The one BlockFormat <-> DType table (block_split.h): each format's DType has its block
 // size and ggml bytes, and back; element types have no format.
 TEST(BlockFormats, EachHasTheDTypeOfItsBytes) {
-  for (const BlockFormat f : k_block_formats) {
+  for (const BlockFormat f : k_all_block_formats) {
     const DType t = block_format_dtype(f);
     EXPECT_TRUE(dtype_is_quantized(t)) << block_format_name(f);
     EXPECT_EQ(dtype_block_elems(t), block_format_elems(f)) << block_format_name(f);
@@ -1198,7 +1196,7 @@ TEST(BlockFormats, EachHasTheDTypeOfItsBytes) {
     EXPECT_TRUE(block_format_of(t, &back)) << block_format_name(f);
     EXPECT_EQ(back, f) << block_format_name(f);
   }
-  EXPECT_EQ(std::size(k_block_formats), 7u);
+  EXPECT_EQ(std::size(k_all_block_formats), 7u);
   for (const DType t : {DType::f32, DType::f16, DType::bf16}) {
     BlockFormat f = BlockFormat::q8_0;
     EXPECT_FALSE(block_format_of(t, &f)) << dtype_name(t);

@@ -78,13 +78,21 @@ class ServerProcess : public snap::testing::ServerProcess {
   }
 };
 
-// What a failing test prints of a server's log: a sanitizer's report from its first line
-// (what was freed twice, and where, comes first), else the log's last 4000 bytes.
-std::string log_excerpt(const std::string& log) {
+// Where a sanitizer's report starts in a server's log (the start of its first line), or npos.
+size_t sanitizer_report_at(const std::string& log) {
   for (const char* mark : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"}) {
     const size_t at = log.find(mark);
     if (at == std::string::npos) continue;
-    const size_t from = log.rfind('\n', at) == std::string::npos ? 0 : log.rfind('\n', at) + 1;
+    const size_t line = log.rfind('\n', at);
+    return line == std::string::npos ? 0 : line + 1;
+  }
+  return std::string::npos;
+}
+
+// What a failing test prints of a server's log: a sanitizer's report from its first line
+// (what was freed twice, and where, comes first), else the log's last 4000 bytes.
+std::string log_excerpt(const std::string& log) {
+  if (const size_t from = sanitizer_report_at(log); from != std::string::npos) {
     return "its sanitizer report:\n" + log.substr(from, 12000);
   }
   return "the last of its log:\n" + log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
@@ -243,7 +251,7 @@ class Server : public ::testing::Test {
   void TearDown() override {
     if (!HasFailure() || server_ == nullptr) return;
     // A sanitizer that found something may still be writing its report: give it time.
-    const bool report = log_excerpt(server_->log()).rfind("its sanitizer report", 0) == 0;
+    const bool report = sanitizer_report_at(server_->log()) != std::string::npos;
     const int exited = server_->wait(report ? 60 : 0);
     std::printf("shared server %s; %s\n", exited < 0 ? "still running" : ("exited with " + std::to_string(exited)).c_str(),
                 log_excerpt(server_->log()).c_str());

@@ -242,13 +242,6 @@ bool check_blocks(const BlockWeights& w, int64_t rows, int64_t cols, const char*
           require_device(w.extra, static_cast<size_t>(rows * block_extra_row_bytes(w.format, cols)), what));
 }
 
-// The CPU's DType of a format its kernels read (q8_0, q4_0, q4_1), and ggml's type of each.
-bool cpu_dtype(BlockFormat f, DType* out) {
-  *out = block_format_dtype(f);
-  return dtype_cpu_blocks(*out);
-}
-GgmlType ggml_type(BlockFormat f) { return ggml_type_of(block_format_dtype(f)); }
-
 // Rows [r0, r0 + n) back in llama.cpp's blocks (common/dtype.h, ggml).
 void to_ggml_blocks(const BlockWeights& w, int64_t cols, int64_t r0, int64_t n, std::vector<uint8_t>* out) {
   const int64_t nb = n * (cols / block_format_elems(w.format));
@@ -261,7 +254,7 @@ void to_ggml_blocks(const BlockWeights& w, int64_t cols, int64_t r0, int64_t n, 
 void block_rows_to_f32(const BlockWeights& w, int64_t cols, int64_t r0, int64_t n, float* out) {
   thread_local std::vector<uint8_t> blocks;
   to_ggml_blocks(w, cols, r0, n, &blocks);
-  const Status st = dequantize(ggml_type(w.format), blocks.data(), out, n * cols);
+  const Status st = dequantize(ggml_type_of(block_format_dtype(w.format)), blocks.data(), out, n * cols);
   CHECK(st.ok()) << "host twin: " << st.message();
 }
 }  // namespace
@@ -321,8 +314,7 @@ bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, fl
   if (!check_blocks(w, rows, cols, what) || !require_device(x, f32s(num_tokens * cols), what) ||
       (bias && !require_device(bias, f32s(rows), what)))
     return false;
-  DType t = DType::f32;
-  if (cpu_dtype(w.format, &t)) {
+  if (const DType t = block_format_dtype(w.format); dtype_cpu_blocks(t)) {
     thread_local std::vector<uint8_t> blocks;
     to_ggml_blocks(w, cols, 0, rows, &blocks);
     matmul_gemm_cpu(x, WeightView{t, blocks.data(), rows, cols}, bias, out, num_tokens);
