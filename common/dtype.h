@@ -1,5 +1,6 @@
 // Element types (f32, f16 = IEEE binary16, bf16) and the ggml block formats a weight
-// matrix may keep in memory (q8_0, q4_0, q4_1, q5_0: 32 elements per block; q4_k, q5_k, q6_k: 256;
+// matrix may keep in memory (q8_0, q4_0, q4_1, q5_0: 32 elements per block; q4_k, q5_k, q6_k, q3_k,
+// q2_k: 256;
 // rows are whole blocks), with their sizes, and scalar conversions between f32, f16 and bf16.
 // Conversions are exact where the target can represent the value; f32->f16/bf16
 // rounds to nearest even. Vectorized conversions live in the kernels.
@@ -21,9 +22,11 @@ namespace snap {
 //   q4_k: 256 weights (worker/model/dequant.cpp)                       144 bytes
 //   q6_k: 256 weights (worker/model/dequant.cpp)                       210 bytes
 //   q5_k: 256 weights (worker/model/dequant.cpp)                       176 bytes
-// The CPU's matmul kernels read q8_0, q4_0 and q4_1 (dtype_cpu_blocks); q5_0, q4_k, q6_k, q5_k are
-// kept only for the device (LoadOptions::device_blocks; kernels/cuda/kernels_cuda.h).
-enum class DType : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q5_k };
+//   q3_k: 256 weights (worker/model/dequant.cpp)                       110 bytes
+//   q2_k: 256 weights (worker/model/dequant.cpp)                        84 bytes
+// The CPU's matmul kernels read q8_0, q4_0 and q4_1 (dtype_cpu_blocks); q5_0 and the K formats
+// are kept only for the device (LoadOptions::device_blocks; kernels/cuda/kernels_cuda.h).
+enum class DType : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q5_k, q3_k, q2_k };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -37,6 +40,8 @@ inline const char* dtype_name(DType t) {
     case DType::q4_k: return "q4_k";
     case DType::q6_k: return "q6_k";
     case DType::q5_k: return "q5_k";
+    case DType::q3_k: return "q3_k";
+    case DType::q2_k: return "q2_k";
   }
   return "?";
 }
@@ -48,7 +53,7 @@ constexpr bool dtype_cpu_blocks(DType t) { return t == DType::q8_0 || t == DType
 
 // Elements per block: 32 or 256 for the block formats, 1 for element types.
 constexpr int64_t dtype_block_elems(DType t) {
-  return t == DType::q4_k || t == DType::q6_k || t == DType::q5_k ? 256 : dtype_is_quantized(t) ? 32 : 1;
+  return t >= DType::q4_k ? 256 : dtype_is_quantized(t) ? 32 : 1;
 }
 
 // Bytes per block (per element for element types).
@@ -64,6 +69,8 @@ constexpr int64_t dtype_block_bytes(DType t) {
     case DType::q4_k: return 144;
     case DType::q6_k: return 210;
     case DType::q5_k: return 176;
+    case DType::q3_k: return 110;
+    case DType::q2_k: return 84;
   }
   return 0;
 }

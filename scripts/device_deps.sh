@@ -53,9 +53,9 @@ if [ ! -f tiny-gemma3-q4_0/model.gguf ]; then
     --out tiny-gemma3-q4_0 >/dev/null
   echo "device_deps: wrote tiny-gemma3-q4_0/model.gguf"
 fi
-# GGUFs mixing Q4_K (Q5_K), Q6_K and Q5_0 as llama.cpp's Q4_K_M (Q5_K_M) does (test_device_generate's
-# tiny_q4_k_m and tiny_q5_k_m).
-for k in q4_k_m q5_k_m; do
+# GGUFs mixing Q4_K (Q5_K), Q6_K and Q5_0 as llama.cpp's Q4_K_M (Q5_K_M) does, and Q2_K with Q3_K
+# (test_device_generate's tiny_q4_k_m, tiny_q5_k_m and tiny_q2_k).
+for k in q4_k_m q5_k_m q2_k; do
   if [ ! -f tiny-$k/model.gguf ]; then
     python3 ../tools/make_tiny_checkpoint.py --arch llama --hidden 256 --heads 8 --kv-heads 2 --head-dim 32 \
       --intermediate 608 --tie --scale 0.04 --seed 13 --gguf-type $k --out tiny-$k >/dev/null

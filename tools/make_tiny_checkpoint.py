@@ -23,9 +23,11 @@ writes the HF form as Gemma3ForConditionalGeneration instead (the 4B-27B checkpo
 reference quantizers). --gguf-type q4_k_m mixes types as llama.cpp's Q4_K_M does: Q6_K for
 attn_v, ffn_down and output, Q4_K for the other matrices whose rows are whole 256-weight
 super-blocks, Q5_0 (the gguf package's) for those that are not; q5_k_m the same with Q5_K for
-Q4_K. The gguf package cannot quantize the K formats: quantize_k4 / quantize_q6_k here write
-valid blocks by a plain min/max rule (not ggml's search), checked against the package's
-dequantizer.
+Q4_K; q3_k_m Q3_K for most matrices, Q4_K for attn_v, attn_output and ffn_down, Q6_K for
+output; q2_k Q2_K for most, Q3_K for attn_v and ffn_down, Q6_K for output (the mixes of
+llama.cpp's Q3_K_M and Q2_K, simplified). The gguf package cannot quantize the K formats:
+quantize_k4 / quantize_q6_k / quantize_q3_k / quantize_q2_k here write valid blocks by a plain
+min/max rule (not ggml's search), checked against the package's dequantizer.
 """
 import argparse
 import json
@@ -169,11 +171,13 @@ def main():
     ap.add_argument("--scale", type=float, default=0.08, help="std of the random weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gguf", action="store_true")
-    ap.add_argument("--gguf-type", choices=["f32", "q8_0", "q4_0", "q4_1", "q4_k_m", "q5_k_m"], default="f32",
+    ap.add_argument("--gguf-type", choices=["f32", "q8_0", "q4_0", "q4_1", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k"],
+                    default="f32",
                     help="the GGUF's matrices (token_embd only when tied) quantized by the gguf package "
                          "(ggml's reference quantizers): q8_0 for checking --weight-dtype q8_0, q4_0/q4_1 for "
                          "a GGUF's own blocks on the device; q4_k_m: Q4_K, Q6_K and Q5_0 as llama.cpp's Q4_K_M; "
-                         "q5_k_m: the same with Q5_K")
+                         "q5_k_m: the same with Q5_K; q3_k_m: Q3_K, with Q4_K for attn_v, attn_output and "
+                         "ffn_down, Q6_K for output; q2_k: Q2_K, with Q3_K for attn_v and ffn_down")
     ap.add_argument("--vision-language", action="store_true",
                     help="gemma3: the HF form as Gemma3ForConditionalGeneration (text_config, a tiny SigLIP "
                          "vision_config, language_model.model. names, two vision tensors)")
@@ -491,25 +495,80 @@ def quantize_q6_k(t):
     return blocks.reshape(t.shape[0], -1)
 
 
+def pack_2bit(q):
+    """[blocks, 256] values 0..3 -> qs [blocks, 64]: bits 2j.. of byte 32g + l hold weight
+    128g + 32j + l (Q2_K's and Q3_K's layout)."""
+    q = q.reshape(-1, 2, 4, 32).astype(np.uint8)  # [block][g][j][l]
+    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def quantize_q3_k(t):
+    """[rows, cols] (cols % 256 == 0) -> Q3_K blocks [rows, cols / 256 * 110] (uint8): per
+    16-weight sub-block a signed 6-bit scale, w ≈ d·sc·q with q in -4..3."""
+    x = t.reshape(-1, 16, 16).astype(np.float32)
+    scale = np.abs(x).max(axis=2) / 4.0
+    d16 = (scale.max(axis=1) / 31.0).astype(np.float16)
+    dd = d16.astype(np.float32)
+    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), -32, 31)
+    step = (dd[:, None] * sc)[:, :, None]
+    q = np.clip(np.round(np.divide(x, step, out=np.zeros_like(x), where=step != 0)), -4, 3).astype(np.int32) + 4
+    q = q.reshape(-1, 256)
+    hmask = np.zeros((q.shape[0], 32), np.uint8)
+    for j in range(8):  # bit j of hmask[l]: weight 32j + l's third bit
+        hmask |= ((q[:, 32 * j:32 * j + 32] >> 2) & 1).astype(np.uint8) << j
+    u = (sc.astype(np.int32) + 32).astype(np.uint8)  # [block][16], 0..63
+    scales = np.zeros((q.shape[0], 12), np.uint8)
+    for i in range(16):  # ggml's packing: low nibbles in bytes 0-7 (lo/hi half), top bits in 8-11
+        scales[:, i % 8] |= (u[:, i] & 15) << (4 * (i // 8))
+        scales[:, 8 + i % 4] |= ((u[:, i] >> 4) & 3) << (2 * (i // 4))
+    blocks = np.concatenate([hmask, pack_2bit(q & 3), scales, f16_bytes(d16)], axis=1)
+    return blocks.reshape(t.shape[0], -1)
+
+
+def quantize_q2_k(t):
+    """[rows, cols] (cols % 256 == 0) -> Q2_K blocks [rows, cols / 256 * 84] (uint8): per
+    16-weight sub-block a 4-bit scale and min, w ≈ d·sc·q − dmin·m with q in 0..3."""
+    x = t.reshape(-1, 16, 16).astype(np.float32)
+    lo = np.minimum(x.min(axis=2), 0.0)
+    scale = (x.max(axis=2) - lo) / 3.0
+    mn = -lo
+    d16 = (scale.max(axis=1) / 15.0).astype(np.float16)
+    dmin16 = (mn.max(axis=1) / 15.0).astype(np.float16)
+    dd, dm = d16.astype(np.float32), dmin16.astype(np.float32)
+    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), 0, 15)
+    m = np.clip(np.round(np.divide(mn, dm[:, None], out=np.zeros_like(mn), where=dm[:, None] > 0)), 0, 15)
+    step = (dd[:, None] * sc)[:, :, None]
+    q = np.clip(np.round(np.divide(x + (dm[:, None] * m)[:, :, None], step, out=np.zeros_like(x), where=step > 0)), 0, 3)
+    scales = (sc.astype(np.uint8) | (m.astype(np.uint8) << 4))
+    blocks = np.concatenate([scales, pack_2bit(q.astype(np.uint8).reshape(-1, 256)), f16_bytes(d16), f16_bytes(dmin16)],
+                            axis=1)
+    return blocks.reshape(t.shape[0], -1)
+
+
 def quantize_tensor(name, t, gguf_type):
     """(ggml type, blocks) of a 2-D tensor for --gguf-type."""
     import gguf
     Q = gguf.GGMLQuantizationType
-    if gguf_type not in ("q4_k_m", "q5_k_m"):
+    if gguf_type not in ("q4_k_m", "q5_k_m", "q3_k_m", "q2_k"):
         qtype = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[gguf_type]
         return qtype, gguf.quants.quantize(t, qtype)
     if t.shape[1] % 256 != 0:
         return Q.Q5_0, gguf.quants.quantize(t, Q.Q5_0)
     six = name == "output.weight" or any(k in name for k in ("attn_v.", "ffn_down."))
-    if six:
+    if name == "output.weight" or (six and gguf_type in ("q4_k_m", "q5_k_m")):
         qtype, q = Q.Q6_K, quantize_q6_k(t)
+    elif gguf_type == "q3_k_m":
+        qtype, q = (Q.Q4_K, quantize_k4(t, 4)) if six or "attn_output." in name else (Q.Q3_K, quantize_q3_k(t))
+    elif gguf_type == "q2_k":
+        qtype, q = (Q.Q3_K, quantize_q3_k(t)) if six else (Q.Q2_K, quantize_q2_k(t))
     elif gguf_type == "q4_k_m":
         qtype, q = Q.Q4_K, quantize_k4(t, 4)
     else:
         qtype, q = Q.Q5_K, quantize_k4(t, 5)
     back = gguf.quants.dequantize(q, qtype)
     err = float(np.abs(back - t).max())
-    if not err <= 0.25 * float(np.abs(t).max()) + 1e-6:  # a packing error gives wild values
+    bound = 0.5 if qtype in (Q.Q2_K, Q.Q3_K) else 0.25  # 2- and 3-bit steps are a third and a quarter of the range
+    if not err <= bound * float(np.abs(t).max()) + 1e-6:  # a packing error gives wild values
         sys.exit(f"{name}: {qtype.name} round trip error {err} (max |w| {float(np.abs(t).max())})")
     return qtype, q
 

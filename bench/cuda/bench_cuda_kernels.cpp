@@ -14,11 +14,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/block_split.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace {
@@ -313,12 +315,12 @@ int main(int argc, char** argv) {
   }
 
   // Block-format weights on the device (--weight-dtype q8_0; a GGUF's Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/
-  // Q5_K/Q6_K with auto): 1.0625, 0.5625, 0.625, 0.6875, 0.5625, 0.6875 and 0.8203 bytes a weight
-  // against bf16's 2. Each GEMV paired with the bf16 one in the same loop; then a layer's fused GEMVs,
+  // Q6_K/Q5_K/Q3_K/Q2_K with auto): 1.0625, 0.5625, 0.625, 0.6875, 0.5625, 0.8203, 0.6875, 0.4297
+  // and 0.3281 bytes a weight against bf16's 2. Each GEMV paired with the bf16 one in the same loop; then a layer's fused GEMVs,
   // and a prompt GEMM's cost of dequantizing its weights for cuBLAS (DeviceForward does it in
   // slabs of <= 32 Mi weights into one bf16 buffer).
-  std::printf("block-format weights (q8_0 / q4_0 / q4_1 / q5_0 / q4_k / q5_k / q6_k: 1.0625 / 0.5625 / 0.625 / "
-              "0.6875 / 0.5625 / 0.6875 / 0.8203 bytes a weight), 1 row, vs bf16:\n");
+  std::printf("block-format weights (q8_0 / q4_0 / q4_1 / q5_0 / q4_k / q6_k / q5_k / q3_k / q2_k: 1.0625 / 0.5625 / "
+              "0.625 / 0.6875 / 0.5625 / 0.8203 / 0.6875 / 0.4297 / 0.3281 bytes a weight), 1 row, vs bf16:\n");
   {
     struct Blocks {
       Dev q, d, m, e;
@@ -337,11 +339,14 @@ int main(int argc, char** argv) {
       // Rows from `begin` of a matrix `cols` wide.
       BlockWeights rows_from(int64_t begin, int64_t cols) const { return block_rows_from(w, cols, begin); }
     };
-    constexpr int k_nformats = 7;
-    const BlockFormat formats[k_nformats] = {BlockFormat::q8_0, BlockFormat::q4_0, BlockFormat::q4_1, BlockFormat::q5_0,
-                                             BlockFormat::q4_k, BlockFormat::q5_k, BlockFormat::q6_k};
-    const char* fnames[k_nformats] = {"q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k"};
-    const double bpw[k_nformats] = {1.0625, 0.5625, 0.625, 0.6875, 0.5625, 0.6875, 0.8203125};
+    constexpr int k_nformats = static_cast<int>(std::size(k_all_block_formats));
+    const BlockFormat* formats = k_all_block_formats;
+    const char* fnames[k_nformats];
+    double bpw[k_nformats];  // bytes a weight
+    for (int f = 0; f < k_nformats; ++f) {
+      fnames[f] = block_format_name(formats[f]);
+      bpw[f] = static_cast<double>(block_format_ggml_bytes(formats[f])) / static_cast<double>(block_format_elems(formats[f]));
+    }
     Dev x(4ull * k_mlp), y(4ull * k_vocab);
     for (const Gemm& g : gemms) {
       const double bf16_ms = time_ms([&] {

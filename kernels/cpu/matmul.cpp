@@ -434,7 +434,9 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
     case DType::q5_0:
     case DType::q4_k:
     case DType::q6_k:
-    case DType::q5_k: break;  // the device's only
+    case DType::q5_k:
+    case DType::q3_k:
+    case DType::q2_k: break;  // the device's only
   }
   CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
   return {};
@@ -675,7 +677,9 @@ void ref_row(const WeightView& w, int64_t r, float* out) {
       case DType::q5_0:
       case DType::q4_k:
       case DType::q6_k:
-      case DType::q5_k: CHECK(false) << "matmul_ref: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
+      case DType::q5_k:
+      case DType::q3_k:
+      case DType::q2_k: CHECK(false) << "matmul_ref: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
     }
   }
 }
@@ -718,7 +722,9 @@ void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, flo
     case DType::q5_0:
     case DType::q4_k:
     case DType::q6_k:
-    case DType::q5_k: CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
+    case DType::q5_k:
+    case DType::q3_k:
+    case DType::q2_k: CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
   }
   if (bias) {
     for (int64_t t = 0; t < num_tokens; ++t)

@@ -44,7 +44,7 @@ void scale_cuda(float* x, float s, int64_t n, cudaStream_t stream);
 // [0, vocab_size) gives a row of NaN (never a silent wrong row; the host validates ids first).
 void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64_t num_tokens, int64_t hidden_size,
                            int64_t vocab_size, float* out, cudaStream_t stream);
-// --- block-format weights (llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) on the device
+// --- block-format weights (llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) on the device
 // A matrix [rows, cols] in one of ggml's block formats, its blocks split into row-major arrays
 // (16-byte aligned quant rows for the GEMV's loads). 32-weight blocks (cols % 32 == 0):
 //  - q8_0: quants int8 [rows, cols]; w = d·q (exact in f32);
@@ -64,14 +64,21 @@ void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64
 //    sub-block scales; w = d·sc·(q − 32) (exact);
 //  - q5_k: quants [rows, cols · 5 / 8] (the file's qh[32] then qs[128]: q4_k's nibbles, and bit
 //    2·g (2·g + 1) of qh[l] the fifth bit of weight 64·g + l (+ 32)), mins and extra as q4_k;
+//    w = (d·sc)·q − dmin·m (one rounding);
+//  - q3_k: quants [rows, cols · 3 / 8] (the file's hmask[32] then qs[64]: bits 2·s.. of qs byte
+//    32·g + l are the low two bits of weight 128·g + 32·s + l, bit 4·g + s of hmask[l] its third),
+//    extra = the file's 12 bytes of sixteen 6-bit scales (offset 32); w = (d·(sc − 32))·(q − 4)
+//    (exact);
+//  - q2_k: quants [rows, cols / 4] (the file's qs[64], laid out as q3_k's), mins = the f16 dmin,
+//    extra = the file's 16 bytes of 4-bit scale (low) and min (high) per 16 weights;
 //    w = (d·sc)·q − dmin·m (one rounding).
-enum class BlockFormat : uint8_t { q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q5_k };
+enum class BlockFormat : uint8_t { q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q5_k, q3_k, q2_k };
 struct BlockWeights {
   BlockFormat format = BlockFormat::q8_0;
   const void* quants = nullptr;
   const uint16_t* scales = nullptr;
-  const uint16_t* mins = nullptr;    // q4_1, q4_k, q5_k
-  const uint8_t* extra = nullptr;    // q5_0, q4_k, q6_k, q5_k
+  const uint16_t* mins = nullptr;    // q4_1, q4_k, q5_k, q2_k
+  const uint8_t* extra = nullptr;    // q5_0 and the K formats
 };
 #if defined(__CUDACC__)
 #define SNAP_HOST_DEVICE __host__ __device__
@@ -80,18 +87,32 @@ struct BlockWeights {
 #endif
 // Weights per block (the unit of scales): 32, or 256 for the K formats.
 SNAP_HOST_DEVICE constexpr int64_t block_format_elems(BlockFormat f) {
-  return f == BlockFormat::q4_k || f == BlockFormat::q6_k || f == BlockFormat::q5_k ? 256 : 32;
+  return f >= BlockFormat::q4_k ? 256 : 32;
 }
 // Bytes of quants, and of extra, in a row of `cols` weights.
 SNAP_HOST_DEVICE constexpr int64_t block_quant_row_bytes(BlockFormat f, int64_t cols) {
-  return f == BlockFormat::q8_0 ? cols : f == BlockFormat::q6_k ? cols / 4 * 3 : f == BlockFormat::q5_k ? cols / 8 * 5 : cols / 2;
+  switch (f) {
+    case BlockFormat::q8_0: return cols;
+    case BlockFormat::q6_k: return cols / 4 * 3;
+    case BlockFormat::q5_k: return cols / 8 * 5;
+    case BlockFormat::q3_k: return cols / 8 * 3;
+    case BlockFormat::q2_k: return cols / 4;
+    default: return cols / 2;
+  }
 }
 SNAP_HOST_DEVICE constexpr int64_t block_extra_row_bytes(BlockFormat f, int64_t cols) {
-  return f == BlockFormat::q5_0 ? cols / 32 * 4 : f == BlockFormat::q4_k || f == BlockFormat::q5_k ? cols / 256 * 12
-                                                 : f == BlockFormat::q6_k ? cols / 256 * 16 : 0;
+  switch (f) {
+    case BlockFormat::q5_0: return cols / 32 * 4;
+    case BlockFormat::q4_k:
+    case BlockFormat::q5_k:
+    case BlockFormat::q3_k: return cols / 256 * 12;
+    case BlockFormat::q6_k:
+    case BlockFormat::q2_k: return cols / 256 * 16;
+    default: return 0;
+  }
 }
 SNAP_HOST_DEVICE constexpr bool block_format_has_mins(BlockFormat f) {
-  return f == BlockFormat::q4_1 || f == BlockFormat::q4_k || f == BlockFormat::q5_k;
+  return f == BlockFormat::q4_1 || f == BlockFormat::q4_k || f == BlockFormat::q5_k || f == BlockFormat::q2_k;
 }
 inline const char* block_format_name(BlockFormat f) {
   switch (f) {
@@ -102,6 +123,8 @@ inline const char* block_format_name(BlockFormat f) {
     case BlockFormat::q4_k: return "q4_k";
     case BlockFormat::q6_k: return "q6_k";
     case BlockFormat::q5_k: return "q5_k";
+    case BlockFormat::q3_k: return "q3_k";
+    case BlockFormat::q2_k: return "q2_k";
   }
   return "?";
 }

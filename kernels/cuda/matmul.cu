@@ -13,11 +13,11 @@
 //    a row in one warp, then SwiGLU; matmul_rowwise_geglu_cuda: GeGLU, Gemma 3's). Each output's
 //    bits are those of the separate launches.
 //  - block-format weights (…_blocks_cuda, RowwiseOut::blocks: llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0,
-//    Q4_K, Q5_K, Q6_K split into arrays, kernels_cuda.h): the same kernels; each weight is computed
-//    as ggml's dequantizer does (exact in f32, or Q4_1's d·q + m and Q4_K/Q5_K's (d·sc)·q − dmin·m
-//    rounded once), so the sums are those of the same GEMV over the dequantized matrix. A lane takes 16
-//    Q8_0 quants per 16-byte load (columns l·16 + 512·i), or a 32-weight unit of the others
-//    (row_dot_units), the same fixed-order rule. dequant_blocks_to_bf16_cuda feeds cuBLAS for
+//    Q2_K, Q3_K, Q4_K, Q5_K, Q6_K split into arrays, kernels_cuda.h): the same kernels; each weight
+//    is computed as ggml's dequantizer does (exact in f32, or Q4_1's d·q + m and Q2_K/Q4_K/Q5_K's
+//    (d·sc)·q − dmin·m rounded once), so the sums are those of the same GEMV over the dequantized
+//    matrix. A lane takes 16 Q8_0 quants per 16-byte load (columns l·16 + 512·i), or a 32-weight
+//    (Q3_K, Q2_K: 64-weight) unit of the others (row_dot_units), the same fixed-order rule. dequant_blocks_to_bf16_cuda feeds cuBLAS for
 //    prompt chunks.
 #include <type_traits>
 
@@ -79,7 +79,10 @@ constexpr int k_bf16 = 0;
 constexpr int code(BlockFormat f) { return 1 + static_cast<int>(f); }
 constexpr int k_q8_0 = code(BlockFormat::q8_0), k_q4_0 = code(BlockFormat::q4_0), k_q4_1 = code(BlockFormat::q4_1),
               k_q5_0 = code(BlockFormat::q5_0), k_q4_k = code(BlockFormat::q4_k), k_q6_k = code(BlockFormat::q6_k),
-              k_q5_k = code(BlockFormat::q5_k);
+              k_q5_k = code(BlockFormat::q5_k), k_q3_k = code(BlockFormat::q3_k), k_q2_k = code(BlockFormat::q2_k);
+// Weights per lane load of the vector paths' units: 64 for the 2-bit-quant formats (16 bytes of
+// qs), else 32.
+SNAP_HOST_DEVICE constexpr int unit_elems(int kFmt) { return kFmt == k_q3_k || kFmt == k_q2_k ? 64 : 32; }
 SNAP_HOST_DEVICE constexpr BlockFormat block_format(int kFmt) { return static_cast<BlockFormat>(kFmt - 1); }
 
 int format_code(BlockFormat f) { return code(f); }
@@ -94,6 +97,13 @@ __device__ __forceinline__ void k4_scale_min(const uint8_t* p, int j, float* sc,
     *sc = static_cast<float>((p[j + 4] & 15) | ((p[j - 4] >> 6) << 4));
     *mn = static_cast<float>((p[j + 4] >> 4) | ((p[j] >> 6) << 4));
   }
+}
+
+// Q3_K's signed scale i (0..15) from its 12 packed bytes: the low four bits in the low (i < 8) or
+// high nibble of byte i % 8, the top two in bits 2·(i / 4) of byte 8 + i % 4; offset 32.
+__device__ __forceinline__ float k3_scale(const uint8_t* p, int i) {
+  const unsigned lo = (p[i & 7] >> (4 * (i >> 3))) & 15u, hi = (p[8 + (i & 3)] >> (2 * (i >> 2))) & 3u;
+  return static_cast<float>(static_cast<int>(lo | (hi << 4)) - 32);
 }
 
 // The weights of the formats, from their parts, as ggml's dequantizers compute them.
@@ -118,6 +128,21 @@ __device__ __forceinline__ float block_weight(const uint8_t* qr, const uint16_t*
     float sc, mn;
     k4_scale_min(er + s * 12, 2 * g + h, &sc, &mn);
     return q4_k_weight(f16_bits_to_float(dr[s]) * sc, static_cast<float>(q), f16_bits_to_float(mr[s]) * mn);
+  } else if constexpr (kFmt == k_q3_k || kFmt == k_q2_k) {
+    // Weight 128·g + 32·j + l (j, l < 32) of a super-block: bits 2·j.. of qs byte 32·g + l (Q3_K:
+    // bit 4·g + j of hmask[l] its third, q − 4 when clear); scale (weight / 16).
+    const int64_t s = i >> 8;
+    const int w = static_cast<int>(i & 255), g = w >> 7, j = (w >> 5) & 3, l = w & 31;
+    if constexpr (kFmt == k_q3_k) {
+      const uint8_t* sb = qr + s * 96;
+      const int q = static_cast<int>((sb[32 + g * 32 + l] >> (2 * j)) & 3u) -
+                    (((sb[l] >> (4 * g + j)) & 1u) != 0 ? 0 : 4);
+      return f16_bits_to_float(dr[s]) * k3_scale(er + s * 12, w >> 4) * static_cast<float>(q);
+    } else {
+      const unsigned q = (qr[s * 64 + g * 32 + l] >> (2 * j)) & 3u, sc = er[s * 16 + (w >> 4)];
+      return q4_k_weight(f16_bits_to_float(dr[s]) * static_cast<float>(sc & 15u), static_cast<float>(q),
+                         f16_bits_to_float(mr[s]) * static_cast<float>(sc >> 4));
+    }
   } else if constexpr (kFmt == k_q6_k) {
     // Weight 128·n + 32·k + l (k, l < 32) of a super-block: nibble k / 2 of ql[64·n + 32·(k % 2)
     // + l], high bits 2k.. of qh[32·n + l]; scale 8·n + 2·k + l / 16.
@@ -181,6 +206,8 @@ void with_format(BlockFormat f, Fn&& fn) {
     case BlockFormat::q4_k: fn(std::integral_constant<int, k_q4_k>{}); break;
     case BlockFormat::q6_k: fn(std::integral_constant<int, k_q6_k>{}); break;
     case BlockFormat::q5_k: fn(std::integral_constant<int, k_q5_k>{}); break;
+    case BlockFormat::q3_k: fn(std::integral_constant<int, k_q3_k>{}); break;
+    case BlockFormat::q2_k: fn(std::integral_constant<int, k_q2_k>{}); break;
   }
 }
 }  // namespace
@@ -361,9 +388,10 @@ __device__ void row_dot_q8(const float* x, const int8_t* qr, const uint16_t* dr,
   }
 }
 
-// row_dot for the formats read 32 weights per lane load (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K; row
-// arrays br). kVector: lane l takes the row's 32-weight units l + 32·i, each one 16-byte load of
-// quants (Q5_K, Q6_K: and one of their high bits), in ascending i; else lane l takes columns l + 32·i.
+// row_dot for the formats read 32 (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) or 64 (Q3_K, Q2_K) weights
+// per lane load (row arrays br). kVector: lane l takes the row's units l + 32·i, each one 16-byte
+// load of quants (Q5_K, Q6_K, Q3_K: and one of their high bits), in ascending i; else lane l takes
+// columns l + 32·i.
 //  - Q4_0/Q4_1/Q5_0: unit u is block u, its 32 weights in ascending order (eight float4 of x);
 //  - Q4_K: unit u is the quant bytes 16·u .. + 15 of the row: super-block s = u / 8, g = u % 8 / 2,
 //    h = u % 2; their low nibbles are weights 256·s + 64·g + 16·h + (0..15) (sub-block 2g), the
@@ -373,17 +401,28 @@ __device__ void row_dot_q8(const float* x, const int8_t* qr, const uint16_t* dr,
 //  - Q6_K: unit u of super-block s = u / 8, n = u % 8 / 4, k = u % 4: ql bytes 64·n + 16·k ..
 //    + 15 and qh bytes 32·n + 16·(k % 2) .. + 15; low nibbles (qh bits 2·(k / 2)..) are weights
 //    256·s + 128·n + 16·k + (0..15) (scale 8·n + k), high nibbles (qh bits 2·(k / 2) + 4..)
-//    those + 64 (scale 8·n + k + 4): the low 16, then the high 16.
+//    those + 64 (scale 8·n + k + 4): the low 16, then the high 16;
+//  - Q3_K, Q2_K: 64-weight units, the qs bytes 32·g + 16·h .. + 15 of super-block s = u / 4
+//    (g = u % 4 / 2, h = u % 2; Q3_K: and hmask bytes 16·h .. + 15): bits 2·j.. of each are
+//    weights 256·s + 128·g + 32·j + 16·h + (0..15) (scale 8·g + 2·j + h; Q3_K's third bits: bit
+//    4·g + j of the hmask bytes), in ascending j.
 template <int kFmt, bool kVector, int kLoads, int kTokens>
 __device__ void row_dot_units(const float* x, const BlockRow& br, int64_t cols, int64_t t0, int nt, int lane,
                               float (&acc)[kTokens]) {
 #pragma unroll
   for (int k = 0; k < kTokens; ++k) acc[k] = 0.0f;
   if (kVector) {
-    const int64_t units = cols / 32;
-    // Unit u's quant load (Q5_K, Q6_K: and its high-bits load; the others leave hi zero).
+    const int64_t units = cols / unit_elems(kFmt);
+    // Unit u's quant load (Q5_K, Q6_K, Q3_K: and its high-bits load; the others leave hi zero).
     const auto load = [&](int64_t u, uint4* lo, uint4* hi) {
-      if constexpr (kFmt == k_q5_k) {
+      if constexpr (kFmt == k_q3_k) {
+        const uint8_t* sb = br.q + (u >> 2) * 96;
+        *lo = *reinterpret_cast<const uint4*>(sb + 32 + (u & 3) * 16);
+        *hi = *reinterpret_cast<const uint4*>(sb + (u & 1) * 16);
+      } else if constexpr (kFmt == k_q2_k) {
+        *lo = *reinterpret_cast<const uint4*>(br.q + u * 16);
+        *hi = uint4{};
+      } else if constexpr (kFmt == k_q5_k) {
         const uint8_t* sb = br.q + (u >> 3) * 160;
         *lo = *reinterpret_cast<const uint4*>(sb + 32 + (u & 7) * 16);
         *hi = *reinterpret_cast<const uint4*>(sb + (u & 1) * 16);
@@ -399,7 +438,37 @@ __device__ void row_dot_units(const float* x, const BlockRow& br, int64_t cols, 
     };
     const auto consume = [&](const uint4& raw, const uint4& raw_hi, int64_t u) {
       const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
-      if constexpr (kFmt == k_q4_k || kFmt == k_q5_k || kFmt == k_q6_k) {
+      if constexpr (kFmt == k_q3_k || kFmt == k_q2_k) {
+        const int64_t s = u >> 2;
+        const int g = static_cast<int>(u >> 1) & 1, h = static_cast<int>(u & 1);
+        const float d = f16_bits_to_float(br.d[s]);
+        const float dmin = kFmt == k_q2_k ? f16_bits_to_float(br.m[s]) : 0.0f;
+        const unsigned hwords[4] = {raw_hi.x, raw_hi.y, raw_hi.z, raw_hi.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int sub = 8 * g + 2 * j + h;  // the 16 weights' scale
+          float wf[16];
+          if constexpr (kFmt == k_q3_k) {
+            const float dl = d * k3_scale(br.e + s * 12, sub);
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+              const unsigned byte = (words[e >> 2] >> (8 * (e & 3))) & 0xffu;
+              const unsigned hb = (hwords[e >> 2] >> (8 * (e & 3))) & 0xffu;
+              const int q = static_cast<int>((byte >> (2 * j)) & 3u) - (((hb >> (4 * g + j)) & 1u) != 0 ? 0 : 4);
+              wf[e] = dl * static_cast<float>(q);
+            }
+          } else {
+            const unsigned sc = br.e[s * 16 + sub];
+            const float dl = d * static_cast<float>(sc & 15u), ml = dmin * static_cast<float>(sc >> 4);
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+              const unsigned byte = (words[e >> 2] >> (8 * (e & 3))) & 0xffu;
+              wf[e] = q4_k_weight(dl, static_cast<float>((byte >> (2 * j)) & 3u), ml);
+            }
+          }
+          fma_tokens<16, kTokens>(wf, x, cols, t0, s * 256 + g * 128 + j * 32 + h * 16, nt, acc);
+        }
+      } else if constexpr (kFmt == k_q4_k || kFmt == k_q5_k || kFmt == k_q6_k) {
         float lo[16], hi[16];
         int64_t c;
         if constexpr (kFmt == k_q4_k || kFmt == k_q5_k) {
@@ -621,16 +690,13 @@ void rowwise(const float* x, const Segments& seg, int64_t num_tokens, int64_t co
   }
   if (num_tokens <= 0 || total <= 0) return;
   const bool vector = cols % (fmt == k_bf16 ? 8 : fmt == k_q8_0 ? 16 : 32) == 0 && aligned;
-  switch (fmt) {
-    case k_bf16: launch_tokens<k_bf16, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
-    case k_q8_0: launch_tokens<k_q8_0, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
-    case k_q4_0: launch_tokens<k_q4_0, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
-    case k_q4_1: launch_tokens<k_q4_1, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
-    case k_q5_0: launch_tokens<k_q5_0, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
-    case k_q4_k: launch_tokens<k_q4_k, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
-    case k_q6_k: launch_tokens<k_q6_k, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
-    default: launch_tokens<k_q5_k, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads); break;
+  if (fmt == k_bf16) {
+    launch_tokens<k_bf16, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads);
+    return;
   }
+  with_format(block_format(fmt), [&](auto c) {
+    launch_tokens<decltype(c)::value, kEpi>(x, seg, total, vector, num_tokens, cols, stream, loads);
+  });
 }
 
 int out_format(const RowwiseOut& o) { return o.blocks.quants != nullptr ? format_code(o.blocks.format) : k_bf16; }
@@ -638,14 +704,13 @@ int out_format(const RowwiseOut& o) { return o.blocks.quants != nullptr ? format
 
 void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t num_tokens,
                          int64_t rows, int64_t cols, cudaStream_t stream, int loads) {
-  const RowwiseOut out{w, bias, y, rows};
+  const RowwiseOut out{w, bias, y, rows, {}};
   matmul_rowwise_multi_cuda(x, &out, 1, num_tokens, cols, stream, loads);
 }
 
 void matmul_rowwise_blocks_cuda(const float* x, const BlockWeights& w, const float* bias, float* y, int64_t num_tokens,
                                 int64_t rows, int64_t cols, cudaStream_t stream, int loads) {
-  RowwiseOut out{nullptr, bias, y, rows};
-  out.blocks = w;
+  const RowwiseOut out{nullptr, bias, y, rows, w};
   matmul_rowwise_multi_cuda(x, &out, 1, num_tokens, cols, stream, loads);
 }
 

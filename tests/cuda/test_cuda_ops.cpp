@@ -387,7 +387,7 @@ struct BlocksHost {
                                    : WeightView{DType::f32, values.data(), rows, cols};
   }
 };
-// Q5_0/Q4_K/Q5_K/Q6_K: random ggml blocks (random quant, high-bit and sub-scale bytes; d and dmin as
+// Q5_0 and the K formats: random ggml blocks (random quant, high-bit and sub-scale bytes; d and dmin as
 // below), split by split_ggml_blocks, values from the CPU's dequantizer.
 BlocksHost random_ggml_blocks(BlockFormat format, int64_t rows, int64_t cols,
                               const std::function<uint16_t(int64_t)>& f16, std::mt19937& gen) {
@@ -492,10 +492,17 @@ const char* format_name(BlockFormat f) { return block_format_name(f); }
 const GemmShape k_block_shapes[] = {{1, 7, 32, false},   {3, 83, 576, true},     {17, 769, 576, false},
                                     {2, 37, 1312, true}, {3, 37, 4128, true},    {9, 1000, 14336, false}};
 // The K formats' (cols a multiple of 256): 1280 = 40 units (lanes get 1 or 2); 4352 = 136 units:
-// every lane runs the four-loads loop once; 512 with 17 tokens: three groups.
+// every lane runs the four-loads loop once; 512 with 17 tokens: three groups. Q3_K and Q2_K take
+// 64 weights a unit (4352: 68 units, lanes get 2 or 3), and 8448 = 132 units runs their loop.
 const GemmShape k_kblock_shapes[] = {{1, 7, 256, false}, {3, 83, 768, true}, {17, 129, 512, false},
                                      {2, 37, 1280, true}, {3, 37, 4352, true}};
 bool k_format(BlockFormat f) { return block_format_elems(f) == 256; }
+std::vector<GemmShape> block_shapes(BlockFormat f) {
+  if (!k_format(f)) return {std::begin(k_block_shapes), std::end(k_block_shapes)};
+  std::vector<GemmShape> v(std::begin(k_kblock_shapes), std::end(k_kblock_shapes));
+  if (f == BlockFormat::q3_k || f == BlockFormat::q2_k) v.push_back({3, 19, 8448, true});
+  return v;
+}
 
 // The block-format GEMV against the CPU's f64 reference on the same blocks (1e-4, as the bf16
 // GEMV: each weight is exact in f32, Q4_1's rounded once as the CPU's), bitwise the same with 1
@@ -506,8 +513,7 @@ bool k_format(BlockFormat f) { return block_format_elems(f) == 256; }
 // the shapes (the emulator's time), Q8_0 over all six.
 void add_matmul_blocks(std::vector<OpCase>& t) {
   for (const BlockFormat f : k_all_block_formats)
-    for (const GemmShape& s : k_format(f) ? std::vector<GemmShape>(std::begin(k_kblock_shapes), std::end(k_kblock_shapes))
-                                          : std::vector<GemmShape>(std::begin(k_block_shapes), std::end(k_block_shapes))) {
+    for (const GemmShape& s : block_shapes(f)) {
       if (f != BlockFormat::q8_0 && s.cols == 14336) continue;  // the emulator's time; 4128 runs Q4's loop
       const std::string fn = format_name(f);
       t.push_back({gemm_name(("matmul_rowwise_" + fn).c_str(), s), [=]() -> AssertionResult {
@@ -1192,11 +1198,22 @@ TEST(BlockFormats, EachHasTheDTypeOfItsBytes) {
     EXPECT_EQ(dtype_block_elems(t), block_format_elems(f)) << block_format_name(f);
     EXPECT_EQ(dtype_block_bytes(t), block_format_ggml_bytes(f)) << block_format_name(f);
     EXPECT_STREQ(dtype_name(t), block_format_name(f));
+    // The parts split_ggml_blocks copies tile the block: every byte in exactly one part.
+    const BlockParts p = block_parts(f);
+    std::vector<int> owners(static_cast<size_t>(block_format_ggml_bytes(f)), 0);
+    for (const BlockParts::Part& part : {p.q, p.d, p.m, p.e})
+      for (int64_t b = part.at; part.at >= 0 && b < part.at + part.bytes; ++b)
+        if (b < static_cast<int64_t>(owners.size())) ++owners[static_cast<size_t>(b)];
+    EXPECT_EQ(std::count(owners.begin(), owners.end(), 1), static_cast<std::ptrdiff_t>(owners.size()))
+        << block_format_name(f) << ": a byte in no part or in two";
+    EXPECT_EQ(p.q.bytes, block_quant_row_bytes(f, block_format_elems(f))) << block_format_name(f);
+    EXPECT_EQ(p.e.at >= 0 ? p.e.bytes : 0, block_extra_row_bytes(f, block_format_elems(f))) << block_format_name(f);
+    EXPECT_EQ(p.m.at >= 0, block_format_has_mins(f)) << block_format_name(f);
     BlockFormat back = BlockFormat::q8_0;
     EXPECT_TRUE(block_format_of(t, &back)) << block_format_name(f);
     EXPECT_EQ(back, f) << block_format_name(f);
   }
-  EXPECT_EQ(std::size(k_all_block_formats), 7u);
+  EXPECT_EQ(std::size(k_all_block_formats), 9u);
   for (const DType t : {DType::f32, DType::f16, DType::bf16}) {
     BlockFormat f = BlockFormat::q8_0;
     EXPECT_FALSE(block_format_of(t, &f)) << dtype_name(t);

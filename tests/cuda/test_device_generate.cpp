@@ -25,8 +25,8 @@
 // 328 columns, not whole blocks, stays bf16: mixed formats in one layer), tiny_gguf_q4_1 and
 // gemma3_q4_0 (a GGUF's own Q4_1 / Q4_0 blocks, kept with --weight-dtype auto; the Gemma table
 // is tied: the embedding gather and the LM head in Q4_0), tiny_q4_k_m (a GGUF mixing Q4_K, Q6_K
-// and Q5_0 as llama.cpp's Q4_K_M does, with a tied Q4_K table) and tiny_q5_k_m (the same with
-// Q5_K for Q4_K): the CPU's kernels read none of those formats, so its side holds them
+// and Q5_0 as llama.cpp's Q4_K_M does, with a tied Q4_K table), tiny_q5_k_m (the same with
+// Q5_K for Q4_K) and tiny_q2_k (Q2_K with Q3_K for attn_v and Q5_0, a tied Q2_K table): the CPU's kernels read none of those formats, so its side holds them
 // dequantized to f32 by the loader, the same values. The
 // same checks with both sides holding the same weights (the CPU's matvec with f32 activations,
 // so that each weight is the same f32 value on both): the device's decode GEMVs read those values, its prefill GEMMs the
@@ -369,12 +369,13 @@ TEST_P(DeviceGenerateTest, BadRequestsAreRefusedInOneLine) {
 }
 
 const std::string k_gemma3_q4_0_args = std::string(test::k_tiny_gemma3_args) + " --gguf-type q4_0";
-// The K-format GGUFs (make_tiny_checkpoint.py --gguf-type q4_k_m / q5_k_m; scripts/device_deps.sh
-// carries both), the device holding their blocks (device_blocks).
+// The K-format GGUFs (make_tiny_checkpoint.py --gguf-type q4_k_m / q5_k_m / q2_k; scripts/device_deps.sh
+// carries them), the device holding their blocks (device_blocks).
 const std::string k_tiny_k_args =
     "--arch llama --hidden 256 --heads 8 --kv-heads 2 --head-dim 32 --intermediate 608 --tie --scale 0.04 --seed 13 ";
 const std::string k_q4_k_m_args = k_tiny_k_args + "--gguf-type q4_k_m";
 const std::string k_q5_k_m_args = k_tiny_k_args + "--gguf-type q5_k_m";
+const std::string k_q2_k_args = k_tiny_k_args + "--gguf-type q2_k";
 Model tiny_k_m(const char* name, const char* args, const char* carried, const char* held) {
   Model m{name, "make_tiny_checkpoint.py", args, "model.gguf", carried, DType::bf16, true, held};
   m.device_blocks = true;
@@ -399,7 +400,8 @@ INSTANTIATE_TEST_SUITE_P(
                             k_gemma3_q4_0_args.c_str(), "model.gguf",
                             "tiny-gemma3-q4_0", DType::bf16, true, "q4_0"},
                       tiny_k_m("tiny_q4_k_m", k_q4_k_m_args.c_str(), "tiny-q4_k_m", "q5_0 + q4_k + q6_k"),
-                      tiny_k_m("tiny_q5_k_m", k_q5_k_m_args.c_str(), "tiny-q5_k_m", "q5_0 + q6_k + q5_k")),
+                      tiny_k_m("tiny_q5_k_m", k_q5_k_m_args.c_str(), "tiny-q5_k_m", "q5_0 + q6_k + q5_k"),
+                      tiny_k_m("tiny_q2_k", k_q2_k_args.c_str(), "tiny-q2_k", "q5_0 + q3_k + q2_k")),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

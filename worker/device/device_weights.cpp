@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cstring>
 #include <string>
 
@@ -143,7 +144,7 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::upload(const LoadedModel& 
 }
 
 std::string DeviceWeights::storage() const {
-  constexpr int k_formats = 7;  // kernels::BlockFormat's
+  constexpr int k_formats = static_cast<int>(std::size(kernels::k_all_block_formats));
   bool seen[1 + k_formats] = {};  // bf16, then each block format
   const auto see = [&](const DeviceMatrix& m) {
     if (m.rows * m.cols == 0) return;
