@@ -1,5 +1,5 @@
 // Element types (f32, f16 = IEEE binary16, bf16) and the ggml block formats a weight
-// matrix may keep in memory (q8_0, q4_0, q4_1, q5_0: 32 elements per block; q4_k, q5_k, q6_k, q3_k,
+// matrix may keep in memory (q8_0, q4_0, q4_1, q5_0, q5_1: 32 elements per block; q4_k, q5_k, q6_k, q3_k,
 // q2_k: 256;
 // rows are whole blocks), with their sizes, and scalar conversions between f32, f16 and bf16.
 // Conversions are exact where the target can represent the value; f32->f16/bf16
@@ -19,14 +19,15 @@ namespace snap {
 //   q4_1: f16 d, f16 m, u8 qs[16]       w[j] = d·nib + m                   20 bytes
 // where for j < 16 nib = qs[j] & 15 and for j ≥ 16 nib = qs[j − 16] >> 4.
 //   q5_0: f16 d, u8 qh[4], u8 qs[16]    w[j] = d·((nib | bit j of qh << 4) − 16)   22 bytes
+//   q5_1: f16 d, f16 m, u8 qh[4], u8 qs[16]   w[j] = d·(nib | bit j of qh << 4) + m  24 bytes
 //   q4_k: 256 weights (worker/model/dequant.cpp)                       144 bytes
 //   q6_k: 256 weights (worker/model/dequant.cpp)                       210 bytes
 //   q5_k: 256 weights (worker/model/dequant.cpp)                       176 bytes
 //   q3_k: 256 weights (worker/model/dequant.cpp)                       110 bytes
 //   q2_k: 256 weights (worker/model/dequant.cpp)                        84 bytes
-// The CPU's matmul kernels read q8_0, q4_0 and q4_1 (dtype_cpu_blocks); q5_0 and the K formats
+// The CPU's matmul kernels read q8_0, q4_0 and q4_1 (dtype_cpu_blocks); q5_0, q5_1 and the K formats
 // are kept only for the device (LoadOptions::device_blocks; kernels/cuda/kernels_cuda.h).
-enum class DType : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q5_k, q3_k, q2_k };
+enum class DType : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, q5_k, q3_k, q2_k };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -37,6 +38,7 @@ inline const char* dtype_name(DType t) {
     case DType::q4_0: return "q4_0";
     case DType::q4_1: return "q4_1";
     case DType::q5_0: return "q5_0";
+    case DType::q5_1: return "q5_1";
     case DType::q4_k: return "q4_k";
     case DType::q6_k: return "q6_k";
     case DType::q5_k: return "q5_k";
@@ -66,6 +68,7 @@ constexpr int64_t dtype_block_bytes(DType t) {
     case DType::q4_0: return 18;
     case DType::q4_1: return 20;
     case DType::q5_0: return 22;
+    case DType::q5_1: return 24;
     case DType::q4_k: return 144;
     case DType::q6_k: return 210;
     case DType::q5_k: return 176;

@@ -19,7 +19,7 @@ output's norm, pre_feedforward_layernorm the MLP input's). w = (1 + w) - 1 is ex
 norms (within [0.5, 2], Sterbenz), so both forms hold the same numbers. --vision-language
 writes the HF form as Gemma3ForConditionalGeneration instead (the 4B-27B checkpoints' form).
 
---gguf-type q8_0 (q4_0, q4_1) quantizes the GGUF's matrices with the gguf package (ggml's
+--gguf-type q8_0 (q4_0, q4_1, q5_1) quantizes the GGUF's matrices with the gguf package (ggml's
 reference quantizers). --gguf-type q4_k_m mixes types as llama.cpp's Q4_K_M does: Q6_K for
 attn_v, ffn_down and output, Q4_K for the other matrices whose rows are whole 256-weight
 super-blocks, Q5_0 (the gguf package's) for those that are not; q5_k_m the same with Q5_K for
@@ -171,10 +171,10 @@ def main():
     ap.add_argument("--scale", type=float, default=0.08, help="std of the random weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gguf", action="store_true")
-    ap.add_argument("--gguf-type", choices=["f32", "q8_0", "q4_0", "q4_1", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k"],
+    ap.add_argument("--gguf-type", choices=["f32", "q8_0", "q4_0", "q4_1", "q5_1", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k"],
                     default="f32",
                     help="the GGUF's matrices (token_embd only when tied) quantized by the gguf package "
-                         "(ggml's reference quantizers): q8_0 for checking --weight-dtype q8_0, q4_0/q4_1 for "
+                         "(ggml's reference quantizers): q8_0 for checking --weight-dtype q8_0, q4_0/q4_1/q5_1 for "
                          "a GGUF's own blocks on the device; q4_k_m: Q4_K, Q6_K and Q5_0 as llama.cpp's Q4_K_M; "
                          "q5_k_m: the same with Q5_K; q3_k_m: Q3_K, with Q4_K for attn_v, attn_output and "
                          "ffn_down, Q6_K for output; q2_k: Q2_K, with Q3_K for attn_v and ffn_down")
@@ -550,7 +550,7 @@ def quantize_tensor(name, t, gguf_type):
     import gguf
     Q = gguf.GGMLQuantizationType
     if gguf_type not in ("q4_k_m", "q5_k_m", "q3_k_m", "q2_k"):
-        qtype = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[gguf_type]
+        qtype = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_1": Q.Q5_1}[gguf_type]
         return qtype, gguf.quants.quantize(t, qtype)
     if t.shape[1] % 256 != 0:
         return Q.Q5_0, gguf.quants.quantize(t, Q.Q5_0)

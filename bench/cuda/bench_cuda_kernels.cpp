@@ -314,13 +314,14 @@ int main(int argc, char** argv) {
     layer_gemv_ms = fused_sum;  // the composed estimate below takes what the model runs
   }
 
-  // Block-format weights on the device (--weight-dtype q8_0; a GGUF's Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/
-  // Q6_K/Q5_K/Q3_K/Q2_K with auto): 1.0625, 0.5625, 0.625, 0.6875, 0.5625, 0.8203, 0.6875, 0.4297
-  // and 0.3281 bytes a weight against bf16's 2. Each GEMV paired with the bf16 one in the same loop; then a layer's fused GEMVs,
+  // Block-format weights on the device (--weight-dtype q8_0; a GGUF's Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/
+  // Q4_K/Q6_K/Q5_K/Q3_K/Q2_K with auto): 1.0625, 0.5625, 0.625, 0.6875, 0.75, 0.5625, 0.8203,
+  // 0.6875, 0.4297 and 0.3281 bytes a weight against bf16's 2. Each GEMV paired with the bf16 one in the same loop; then a layer's fused GEMVs,
   // and a prompt GEMM's cost of dequantizing its weights for cuBLAS (DeviceForward does it in
   // slabs of <= 32 Mi weights into one bf16 buffer).
-  std::printf("block-format weights (q8_0 / q4_0 / q4_1 / q5_0 / q4_k / q6_k / q5_k / q3_k / q2_k: 1.0625 / 0.5625 / "
-              "0.625 / 0.6875 / 0.5625 / 0.8203 / 0.6875 / 0.4297 / 0.3281 bytes a weight), 1 row, vs bf16:\n");
+  std::printf("block-format weights (q8_0 / q4_0 / q4_1 / q5_0 / q5_1 / q4_k / q6_k / q5_k / q3_k / q2_k: 1.0625 / "
+              "0.5625 / 0.625 / 0.6875 / 0.75 / 0.5625 / 0.8203 / 0.6875 / 0.4297 / 0.3281 bytes a weight), 1 row, vs "
+              "bf16:\n");
   {
     struct Blocks {
       Dev q, d, m, e;

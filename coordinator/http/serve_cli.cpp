@@ -155,7 +155,7 @@ void add_weight_dtype_option(CLI::App* cmd, std::string& dtype) {
                   "kept as they are, the rest f32), f32, f16, bf16, or q8_0 (every projection and the LM head "
                   "quantized at load as llama.cpp's Q8_0, one f16 scale per 32 weights: 0.27x the bytes of f32, "
                   "for Hugging Face f32/bf16 checkpoints and any GGUF; see README \"Quantize at load\"). "
-                  "--device cuda: auto keeps a GGUF's q8_0/q4_0/q4_1/q5_0 and q2_k-q6_k blocks on the GPU (a Q4_K_M or "
+                  "--device cuda: auto keeps a GGUF's q8_0/q4_0/q4_1/q5_0/q5_1 and q2_k-q6_k blocks on the GPU (a Q4_K_M or "
                   "Q5_K_M file in its own 4.5-6.5 bits a weight, Q3_K_M or Q2_K in 2.6-4; the rest bf16), bf16 "
                   "dequantizes everything to bf16, q8_0 as above (0.53x bf16's bytes a decode step reads)")
       ->check(CLI::IsMember({"auto", "f32", "f16", "bf16", "q8_0"}));

@@ -432,6 +432,7 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
     case DType::q4_0: return make_part<DType::q4_0>(w, bias, y, level, rest, act);
     case DType::q4_1: return make_part<DType::q4_1>(w, bias, y, level, rest, act);
     case DType::q5_0:
+    case DType::q5_1:
     case DType::q4_k:
     case DType::q6_k:
     case DType::q5_k:
@@ -675,6 +676,7 @@ void ref_row(const WeightView& w, int64_t r, float* out) {
       case DType::q4_0: dequant_block_scalar<DType::q4_0>(row + c / k_qk * 18, out + c); break;
       case DType::q4_1: dequant_block_scalar<DType::q4_1>(row + c / k_qk * 20, out + c); break;
       case DType::q5_0:
+      case DType::q5_1:
       case DType::q4_k:
       case DType::q6_k:
       case DType::q5_k:
@@ -720,6 +722,7 @@ void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, flo
     case DType::q4_0: gemm_converted<DType::q4_0>(x, w, y, num_tokens); break;
     case DType::q4_1: gemm_converted<DType::q4_1>(x, w, y, num_tokens); break;
     case DType::q5_0:
+    case DType::q5_1:
     case DType::q4_k:
     case DType::q6_k:
     case DType::q5_k:

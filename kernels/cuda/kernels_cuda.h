@@ -44,7 +44,7 @@ void scale_cuda(float* x, float s, int64_t n, cudaStream_t stream);
 // [0, vocab_size) gives a row of NaN (never a silent wrong row; the host validates ids first).
 void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64_t num_tokens, int64_t hidden_size,
                            int64_t vocab_size, float* out, cudaStream_t stream);
-// --- block-format weights (llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) on the device
+// --- block-format weights (llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K) on the device
 // A matrix [rows, cols] in one of ggml's block formats, its blocks split into row-major arrays
 // (16-byte aligned quant rows for the GEMV's loads). 32-weight blocks (cols % 32 == 0):
 //  - q8_0: quants int8 [rows, cols]; w = d·q (exact in f32);
@@ -54,6 +54,7 @@ void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64
 //    ggml's dequantizer);
 //  - q5_0: the same nibbles and extra = each block's 4 bytes of fifth bits (bit j: weight j);
 //    w = d·(q − 16) (exact);
+//  - q5_1: q5_0's nibbles and fifth bits, and mins; w = d·q + m (one rounding, as q4_1);
 //  scales (and q4_1's mins) f16 bits [rows, cols / 32].
 // 256-weight super-blocks (cols % 256 == 0), scales = each super-block's f16 d [rows, cols / 256]:
 //  - q4_k: quants [rows, cols / 2] (the file's 128 bytes a super-block: byte 32·g + l holds
@@ -72,13 +73,13 @@ void embedding_gather_cuda(const __nv_bfloat16* table, const int32_t* ids, int64
 //  - q2_k: quants [rows, cols / 4] (the file's qs[64], laid out as q3_k's), mins = the f16 dmin,
 //    extra = the file's 16 bytes of 4-bit scale (low) and min (high) per 16 weights;
 //    w = (d·sc)·q − dmin·m (one rounding).
-enum class BlockFormat : uint8_t { q8_0, q4_0, q4_1, q5_0, q4_k, q6_k, q5_k, q3_k, q2_k };
+enum class BlockFormat : uint8_t { q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, q5_k, q3_k, q2_k };
 struct BlockWeights {
   BlockFormat format = BlockFormat::q8_0;
   const void* quants = nullptr;
   const uint16_t* scales = nullptr;
-  const uint16_t* mins = nullptr;    // q4_1, q4_k, q5_k, q2_k
-  const uint8_t* extra = nullptr;    // q5_0 and the K formats
+  const uint16_t* mins = nullptr;    // q4_1, q5_1, q4_k, q5_k, q2_k
+  const uint8_t* extra = nullptr;    // q5_0, q5_1 and the K formats
 };
 #if defined(__CUDACC__)
 #define SNAP_HOST_DEVICE __host__ __device__
@@ -102,7 +103,8 @@ SNAP_HOST_DEVICE constexpr int64_t block_quant_row_bytes(BlockFormat f, int64_t 
 }
 SNAP_HOST_DEVICE constexpr int64_t block_extra_row_bytes(BlockFormat f, int64_t cols) {
   switch (f) {
-    case BlockFormat::q5_0: return cols / 32 * 4;
+    case BlockFormat::q5_0:
+    case BlockFormat::q5_1: return cols / 32 * 4;
     case BlockFormat::q4_k:
     case BlockFormat::q5_k:
     case BlockFormat::q3_k: return cols / 256 * 12;
@@ -112,7 +114,8 @@ SNAP_HOST_DEVICE constexpr int64_t block_extra_row_bytes(BlockFormat f, int64_t 
   }
 }
 SNAP_HOST_DEVICE constexpr bool block_format_has_mins(BlockFormat f) {
-  return f == BlockFormat::q4_1 || f == BlockFormat::q4_k || f == BlockFormat::q5_k || f == BlockFormat::q2_k;
+  return f == BlockFormat::q4_1 || f == BlockFormat::q5_1 || f == BlockFormat::q4_k || f == BlockFormat::q5_k ||
+         f == BlockFormat::q2_k;
 }
 inline const char* block_format_name(BlockFormat f) {
   switch (f) {
@@ -120,6 +123,7 @@ inline const char* block_format_name(BlockFormat f) {
     case BlockFormat::q4_0: return "q4_0";
     case BlockFormat::q4_1: return "q4_1";
     case BlockFormat::q5_0: return "q5_0";
+    case BlockFormat::q5_1: return "q5_1";
     case BlockFormat::q4_k: return "q4_k";
     case BlockFormat::q6_k: return "q6_k";
     case BlockFormat::q5_k: return "q5_k";

@@ -13,12 +13,12 @@
 //    a row in one warp, then SwiGLU; matmul_rowwise_geglu_cuda: GeGLU, Gemma 3's). Each output's
 //    bits are those of the separate launches.
 //  - block-format weights (…_blocks_cuda, RowwiseOut::blocks: llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0,
-//    Q2_K, Q3_K, Q4_K, Q5_K, Q6_K split into arrays, kernels_cuda.h): the same kernels; each weight
-//    is computed as ggml's dequantizer does (exact in f32, or Q4_1's d·q + m and Q2_K/Q4_K/Q5_K's
+//    Q5_1, Q2_K-Q6_K split into arrays, kernels_cuda.h): the same kernels; each weight is computed
+//    as ggml's dequantizer does (exact in f32, or Q4_1/Q5_1's d·q + m and Q2_K/Q4_K/Q5_K's
 //    (d·sc)·q − dmin·m rounded once), so the sums are those of the same GEMV over the dequantized
 //    matrix. A lane takes 16 Q8_0 quants per 16-byte load (columns l·16 + 512·i), or a 32-weight
-//    (Q3_K, Q2_K: 64-weight) unit of the others (row_dot_units), the same fixed-order rule. dequant_blocks_to_bf16_cuda feeds cuBLAS for
-//    prompt chunks.
+//    (Q3_K, Q2_K: 64-weight) unit of the others (row_dot_units), the same fixed-order rule.
+//    dequant_blocks_to_bf16_cuda feeds cuBLAS for prompt chunks.
 #include <type_traits>
 
 #include "kernels/cuda/kernels_cuda.h"
@@ -78,7 +78,7 @@ namespace {
 constexpr int k_bf16 = 0;
 constexpr int code(BlockFormat f) { return 1 + static_cast<int>(f); }
 constexpr int k_q8_0 = code(BlockFormat::q8_0), k_q4_0 = code(BlockFormat::q4_0), k_q4_1 = code(BlockFormat::q4_1),
-              k_q5_0 = code(BlockFormat::q5_0), k_q4_k = code(BlockFormat::q4_k), k_q6_k = code(BlockFormat::q6_k),
+              k_q5_0 = code(BlockFormat::q5_0), k_q5_1 = code(BlockFormat::q5_1), k_q4_k = code(BlockFormat::q4_k), k_q6_k = code(BlockFormat::q6_k),
               k_q5_k = code(BlockFormat::q5_k), k_q3_k = code(BlockFormat::q3_k), k_q2_k = code(BlockFormat::q2_k);
 // Weights per lane load of the vector paths' units: 64 for the 2-bit-quant formats (16 bytes of
 // qs), else 32.
@@ -161,9 +161,10 @@ __device__ __forceinline__ float block_weight(const uint8_t* qr, const uint16_t*
     const unsigned byte = qr[b * 16 + (j & 15)];
     const unsigned nib = j < 16 ? byte & 15u : byte >> 4;
     if constexpr (kFmt == k_q4_0) return d * (static_cast<float>(nib) - 8.0f);
-    if constexpr (kFmt == k_q5_0) {
-      const unsigned high = (er[b * 4 + (j >> 3)] >> (j & 7)) & 1u;
-      return d * (static_cast<float>(nib | (high << 4)) - 16.0f);
+    if constexpr (kFmt == k_q5_0 || kFmt == k_q5_1) {
+      const unsigned q = nib | (((er[b * 4 + (j >> 3)] >> (j & 7)) & 1u) << 4);
+      if constexpr (kFmt == k_q5_1) return q4_1_weight(d, static_cast<float>(q), f16_bits_to_float(mr[b]));
+      return d * (static_cast<float>(q) - 16.0f);
     }
     return q4_1_weight(d, static_cast<float>(nib), f16_bits_to_float(mr[b]));
   }
@@ -203,6 +204,7 @@ void with_format(BlockFormat f, Fn&& fn) {
     case BlockFormat::q4_0: fn(std::integral_constant<int, k_q4_0>{}); break;
     case BlockFormat::q4_1: fn(std::integral_constant<int, k_q4_1>{}); break;
     case BlockFormat::q5_0: fn(std::integral_constant<int, k_q5_0>{}); break;
+    case BlockFormat::q5_1: fn(std::integral_constant<int, k_q5_1>{}); break;
     case BlockFormat::q4_k: fn(std::integral_constant<int, k_q4_k>{}); break;
     case BlockFormat::q6_k: fn(std::integral_constant<int, k_q6_k>{}); break;
     case BlockFormat::q5_k: fn(std::integral_constant<int, k_q5_k>{}); break;
@@ -261,7 +263,7 @@ struct Segments {
   const void* w[k_max] = {};      // bf16 [rows, cols], or a block format's quants
   const uint16_t* d[k_max] = {};  // block formats: f16 scales, one a block (32 or 256 weights)
   const uint16_t* m[k_max] = {};  // Q4_1, Q4_K, Q5_K: f16 mins (dmin)
-  const uint8_t* e[k_max] = {};   // Q5_0, Q4_K, Q5_K, Q6_K: their extra bytes (kernels_cuda.h)
+  const uint8_t* e[k_max] = {};   // Q5_0, Q5_1 and the K formats: their extra bytes (kernels_cuda.h)
   const float* bias[k_max] = {};
   float* y[k_max] = {};
   int64_t rows[k_max] = {};
@@ -388,11 +390,11 @@ __device__ void row_dot_q8(const float* x, const int8_t* qr, const uint16_t* dr,
   }
 }
 
-// row_dot for the formats read 32 (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) or 64 (Q3_K, Q2_K) weights
+// row_dot for the formats read 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) or 64 (Q3_K, Q2_K) weights
 // per lane load (row arrays br). kVector: lane l takes the row's units l + 32·i, each one 16-byte
 // load of quants (Q5_K, Q6_K, Q3_K: and one of their high bits), in ascending i; else lane l takes
 // columns l + 32·i.
-//  - Q4_0/Q4_1/Q5_0: unit u is block u, its 32 weights in ascending order (eight float4 of x);
+//  - Q4_0/Q4_1/Q5_0/Q5_1: unit u is block u, its 32 weights in ascending order (eight float4 of x);
 //  - Q4_K: unit u is the quant bytes 16·u .. + 15 of the row: super-block s = u / 8, g = u % 8 / 2,
 //    h = u % 2; their low nibbles are weights 256·s + 64·g + 16·h + (0..15) (sub-block 2g), the
 //    high ones those + 32 (sub-block 2g + 1): the low 16, then the high 16;
@@ -513,8 +515,8 @@ __device__ void row_dot_units(const float* x, const BlockRow& br, int64_t cols, 
         fma_tokens<16, kTokens>(hi, x, cols, t0, c + (kFmt == k_q6_k ? 64 : 32), nt, acc);
       } else {
         const float d = f16_bits_to_float(br.d[u]);
-        const float m = kFmt == k_q4_1 ? f16_bits_to_float(br.m[u]) : 0.0f;
-        const unsigned high = kFmt == k_q5_0 ? *reinterpret_cast<const unsigned*>(br.e + u * 4) : 0u;
+        const float m = kFmt == k_q4_1 || kFmt == k_q5_1 ? f16_bits_to_float(br.m[u]) : 0.0f;
+        const unsigned high = kFmt == k_q5_0 || kFmt == k_q5_1 ? *reinterpret_cast<const unsigned*>(br.e + u * 4) : 0u;
         float wf[32];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -523,15 +525,17 @@ __device__ void row_dot_units(const float* x, const BlockRow& br, int64_t cols, 
             const int j = 4 * e + by;
             const unsigned byte = (words[e] >> (8 * by)) & 0xffu;
             unsigned lo = byte & 15u, hi = byte >> 4;
+            if (kFmt == k_q5_0 || kFmt == k_q5_1) {  // the fifth bits
+              lo |= ((high >> j) & 1u) << 4;
+              hi |= ((high >> (j + 16)) & 1u) << 4;
+            }
             if (kFmt == k_q4_0) {
               wf[j] = d * (static_cast<float>(lo) - 8.0f);
               wf[16 + j] = d * (static_cast<float>(hi) - 8.0f);
             } else if (kFmt == k_q5_0) {
-              lo |= ((high >> j) & 1u) << 4;
-              hi |= ((high >> (j + 16)) & 1u) << 4;
               wf[j] = d * (static_cast<float>(lo) - 16.0f);
               wf[16 + j] = d * (static_cast<float>(hi) - 16.0f);
-            } else {
+            } else {  // Q4_1, Q5_1
               wf[j] = q4_1_weight(d, static_cast<float>(lo), m);
               wf[16 + j] = q4_1_weight(d, static_cast<float>(hi), m);
             }

@@ -387,7 +387,7 @@ struct BlocksHost {
                                    : WeightView{DType::f32, values.data(), rows, cols};
   }
 };
-// Q5_0 and the K formats: random ggml blocks (random quant, high-bit and sub-scale bytes; d and dmin as
+// Q5_0, Q5_1 and the K formats: random ggml blocks (random quant, high-bit and sub-scale bytes; d and dmin as
 // below), split by split_ggml_blocks, values from the CPU's dequantizer.
 BlocksHost random_ggml_blocks(BlockFormat format, int64_t rows, int64_t cols,
                               const std::function<uint16_t(int64_t)>& f16, std::mt19937& gen) {
@@ -1213,7 +1213,7 @@ TEST(BlockFormats, EachHasTheDTypeOfItsBytes) {
     EXPECT_TRUE(block_format_of(t, &back)) << block_format_name(f);
     EXPECT_EQ(back, f) << block_format_name(f);
   }
-  EXPECT_EQ(std::size(k_all_block_formats), 9u);
+  EXPECT_EQ(std::size(k_all_block_formats), 10u);
   for (const DType t : {DType::f32, DType::f16, DType::bf16}) {
     BlockFormat f = BlockFormat::q8_0;
     EXPECT_FALSE(block_format_of(t, &f)) << dtype_name(t);

@@ -129,7 +129,7 @@ TEST(Dequant, LargeBuffersMatchReferenceBlockForBlock) {
 // block size and bytes, and back; the ggml types without a DType have none.
 TEST(Dequant, EveryDTypeHasTheGgmlTypeOfItsBytes) {
   for (const DType t : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0,
-                        DType::q4_k, DType::q6_k, DType::q5_k, DType::q3_k, DType::q2_k}) {
+                        DType::q5_1, DType::q4_k, DType::q6_k, DType::q5_k, DType::q3_k, DType::q2_k}) {
     const GgmlType g = ggml_type_of(t);
     const GgmlTypeInfo info = ggml_type_info(g);
     EXPECT_EQ(info.block_size, dtype_block_elems(t)) << dtype_name(t);
@@ -139,7 +139,7 @@ TEST(Dequant, EveryDTypeHasTheGgmlTypeOfItsBytes) {
     EXPECT_TRUE(dtype_of(g, &back)) << dtype_name(t);
     EXPECT_EQ(back, t) << dtype_name(t);
   }
-  for (const GgmlType g : {GgmlType::q5_1, GgmlType::q8_1, GgmlType::q8_k,
+  for (const GgmlType g : {GgmlType::q8_1, GgmlType::q8_k,
                            static_cast<GgmlType>(200)}) {
     DType t = DType::f32;
     EXPECT_FALSE(dtype_of(g, &t)) << ggml_type_info(g).name;

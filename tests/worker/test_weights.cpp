@@ -310,19 +310,24 @@ TEST(QuantizeAtLoad, Q8_0RoundsAsGgmlAndRefusesNonFinite) {
 }
 
 // A GGUF mixing Q4_K, Q6_K and Q5_0 as llama.cpp's Q4_K_M (make_tiny_checkpoint.py --gguf-type
-// q4_k_m; tied Q4_K table), its Q5_K_M twin (Q5_K for Q4_K), a Q3_K_M mix (Q3_K, Q4_K for v and o)
-// and a Q2_K mix (Q2_K, Q3_K for v): with device_blocks those matrices keep the file's blocks (the Q/K
-// rows un-permuted as whole rows), without it they are dequantized to f32 as before; each kept
-// matrix dequantized equals the f32 load's, bit for bit, at tp 1 and on both ranks of tp 2 (where
-// o_proj's 128-column slices and down_proj's 304 are off the block grid: f32 on both loads).
+// q4_k_m; tied Q4_K table), its Q5_K_M twin (Q5_K for Q4_K), a Q3_K_M mix (Q3_K, Q4_K for v and o),
+// a Q2_K mix (Q2_K, Q3_K for v) and an all-Q5_1 file: with device_blocks those matrices keep the
+// file's blocks (the Q/K rows un-permuted as whole rows), without it they are dequantized to f32 as
+// before; each kept matrix dequantized equals the f32 load's, bit for bit, at tp 1 and on both ranks
+// of tp 2 (where down_proj's 304-column slices are off the block grid, and o_proj's 128 off the K
+// formats' 256: f32 on both loads).
 // The CPU's matmul refuses the device-only formats in one line.
 TEST(DeviceBlocks, KQuantsKeptForTheDeviceDequantizedForTheCpu) {
   struct Mix {
     const char* gguf_type;
-    DType k, v, o;  // most matrices' (q_proj, the tied table), v_proj's, o_proj's
+    DType k, v, o, down, o_tp2;  // most matrices' (q_proj, the tied table), v_proj's, o_proj's, down_proj's, o_proj's at tp 2
   };
-  for (const Mix mix : {Mix{"q4_k_m", DType::q4_k, DType::q6_k, DType::q4_k}, Mix{"q5_k_m", DType::q5_k, DType::q6_k, DType::q5_k},
-                        Mix{"q3_k_m", DType::q3_k, DType::q4_k, DType::q4_k}, Mix{"q2_k", DType::q2_k, DType::q3_k, DType::q2_k}}) {
+  const DType f32 = DType::f32;
+  for (const Mix mix : {Mix{"q4_k_m", DType::q4_k, DType::q6_k, DType::q4_k, DType::q5_0, f32},
+                        Mix{"q5_k_m", DType::q5_k, DType::q6_k, DType::q5_k, DType::q5_0, f32},
+                        Mix{"q3_k_m", DType::q3_k, DType::q4_k, DType::q4_k, DType::q5_0, f32},
+                        Mix{"q2_k", DType::q2_k, DType::q3_k, DType::q2_k, DType::q5_0, f32},
+                        Mix{"q5_1", DType::q5_1, DType::q5_1, DType::q5_1, DType::q5_1, DType::q5_1}}) {
     const DType k = mix.k;
     TempDir dir("kquant");
     ASSERT_TRUE(snap::testing::make_tiny_checkpoint(
@@ -343,8 +348,8 @@ TEST(DeviceBlocks, KQuantsKeptForTheDeviceDequantizedForTheCpu) {
         const LayerWeights& dl = d->weights.layers[0];
         EXPECT_EQ(dl.q_proj.dtype(), k) << what;
         EXPECT_EQ(dl.v_proj.dtype(), mix.v) << what;
-        EXPECT_EQ(dl.o_proj.dtype(), tp == 1 ? mix.o : DType::f32) << what;
-        EXPECT_EQ(dl.down_proj.dtype(), tp == 1 ? DType::q5_0 : DType::f32) << what;
+        EXPECT_EQ(dl.o_proj.dtype(), tp == 1 ? mix.o : mix.o_tp2) << what;
+        EXPECT_EQ(dl.down_proj.dtype(), tp == 1 ? mix.down : DType::f32) << what;
         EXPECT_EQ(d->weights.output().dtype(), k) << what;
         EXPECT_EQ(c->weights.layers[0].q_proj.dtype(), DType::f32) << what;
         // The tied table is whole on every rank; a rank's kept LM head is a copy of its vocabulary

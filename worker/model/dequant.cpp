@@ -291,7 +291,7 @@ namespace {
 constexpr std::pair<DType, GgmlType> k_dtype_ggml[] = {
     {DType::f32, GgmlType::f32},   {DType::f16, GgmlType::f16},   {DType::bf16, GgmlType::bf16},
     {DType::q8_0, GgmlType::q8_0}, {DType::q4_0, GgmlType::q4_0}, {DType::q4_1, GgmlType::q4_1},
-    {DType::q5_0, GgmlType::q5_0}, {DType::q4_k, GgmlType::q4_k}, {DType::q6_k, GgmlType::q6_k},
+    {DType::q5_0, GgmlType::q5_0}, {DType::q5_1, GgmlType::q5_1}, {DType::q4_k, GgmlType::q4_k}, {DType::q6_k, GgmlType::q6_k},
     {DType::q5_k, GgmlType::q5_k}, {DType::q3_k, GgmlType::q3_k}, {DType::q2_k, GgmlType::q2_k},
 };
 }  // namespace

@@ -266,6 +266,7 @@ Status store_f32(const float* src, const Job& job, int64_t first_row, const std:
     case DType::q4_0:
     case DType::q4_1:
     case DType::q5_0:
+    case DType::q5_1:
     case DType::q4_k:
     case DType::q6_k:
     case DType::q5_k:
@@ -377,7 +378,7 @@ void pack_for_matvec(ModelWeights* w) {
 }
 
 // The block format a GGUF tensor type is kept in, if it is one the matmul reads natively:
-// the CPU's (q8_0, q4_0, q4_1), and with device_blocks the device's too (q5_0, q2_k-q6_k).
+// the CPU's (q8_0, q4_0, q4_1), and with device_blocks the device's too (q5_0, q5_1, q2_k-q6_k).
 bool native_dtype(GgmlType type, bool device_blocks, DType* out) {
   DType t;
   if (!dtype_of(type, &t) || !dtype_is_quantized(t) || !(device_blocks || dtype_cpu_blocks(t))) return false;
@@ -536,6 +537,7 @@ Status fill_safetensors(const SafetensorsModel& st, const Job& job, float* out) 
     case DType::q4_0:
     case DType::q4_1:
     case DType::q5_0:
+    case DType::q5_1:
     case DType::q4_k:
     case DType::q6_k:
     case DType::q5_k:

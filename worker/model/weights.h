@@ -104,7 +104,7 @@ struct LoadOptions {
   // Projection matrices and the LM head whose GGUF type is q8_0, q4_0 or q4_1 stay in that
   // format (the matmul dequantizes on the fly); false dequantizes them to weight_dtype.
   bool keep_quantized = true;
-  // With keep_quantized: q5_0 and q2_k-q6_k tensors stay in their blocks too. Only the device
+  // With keep_quantized: q5_0, q5_1 and q2_k-q6_k tensors stay in their blocks too. Only the device
   // reads them (worker/device; the CPU's kernels refuse them): set for device loads only.
   bool device_blocks = false;
   // Tensor-parallel rank and size: only that rank's shard is read from the file (the
