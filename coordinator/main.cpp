@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <sstream>
 #include <string>
 
@@ -547,15 +548,28 @@ int main(int argc, char** argv) {
     }
     return app.exit(e);
   }
-  if (*gen) {
-    if (g.prompt.empty() && g.prompt_file.empty()) return snap::fail("generate needs --prompt TEXT or --prompt-file F");
-    return run_generate(g);
+  const auto run = [&]() -> int {
+    if (*gen) {
+      if (g.prompt.empty() && g.prompt_file.empty()) return snap::fail("generate needs --prompt TEXT or --prompt-file F");
+      return run_generate(g);
+    }
+    if (*ins) return run_inspect(inspect_model, inspect_tensors);
+    if (app.got_subcommand("serve")) return run_serve(serve_args);
+    if (app.got_subcommand("bench")) return run_bench_serve(bench_args);
+    if (*batch.merge) return run_batch_merge(batch_args);
+    if (*batch.batch) return run_batch(batch_args);
+    if (*eval) return eval_rc;
+    return 0;
+  };
+  try {
+    return run();
+  } catch (const std::bad_alloc&) {
+    // Past the loader's own check (the weights fit): a later allocation found no memory. One
+    // line and exit 1, as every other failure, instead of std::terminate's abort.
+    const snap::MemoryHeadroom room = snap::memory_headroom();
+    return snap::fail("out of memory: an allocation failed" +
+                      (room.bytes >= 0 ? " with " + std::to_string(room.bytes >> 20) + " MiB left (" + room.limit + ")"
+                                       : std::string()) +
+                      "; a smaller --kv-cache-mib, --weight-dtype q8_0 or more memory would help");
   }
-  if (*ins) return run_inspect(inspect_model, inspect_tensors);
-  if (app.got_subcommand("serve")) return run_serve(serve_args);
-  if (app.got_subcommand("bench")) return run_bench_serve(bench_args);
-  if (*batch.merge) return run_batch_merge(batch_args);
-  if (*batch.batch) return run_batch(batch_args);
-  if (*eval) return eval_rc;
-  return 0;
 }

@@ -2,12 +2,18 @@
 // Status with the expected code and a one-line message naming the offending file and
 // the problem; none may crash (the suite runs under AddressSanitizer in CI).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
+#include "common/sys.h"
 #include "tests/worker/tiny_checkpoint.h"
 #include "worker/model/weights.h"
 
@@ -311,6 +317,108 @@ TEST(LoadErrorsBaseline, GgufWriterScriptMakesALoadableFile) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->config.hidden_size, 256);
   EXPECT_TRUE(r->config.tie_word_embeddings);
+}
+
+// ---------------------------------------------------------------------------
+// Memory: the loader's check before it allocates (weights.cpp check_fits_in_memory).
+
+// The cgroup part of memory_headroom on made-up trees: v2 (memory.max, memory.current less
+// active_file and inactive_file) and v1 (memory.limit_in_bytes, memory.usage_in_bytes less
+// total_active_file and total_inactive_file),
+// every directory from the process's cgroup up to the mount, the tightest winning; "max" and v1's
+// huge "no limit" are no limit; a container that sees its own cgroup as the mount still finds it.
+TEST(MemoryHeadroom, CgroupTreesFromTheLeafUp) {
+  TempDir t("cgroup");
+  const std::filesystem::path v2 = t / "v2", v1 = t / "v1";
+  const auto write_file = [](const std::filesystem::path& p, const std::string& text) {
+    std::filesystem::create_directories(p.parent_path());
+    snap::testing::write_file(p.string(), text);
+  };
+  write_file(v2 / "kubepods/pod1/memory.max", "1000000000\n");
+  write_file(v2 / "kubepods/pod1/memory.current", "600000000\n");
+  write_file(v2 / "kubepods/pod1/memory.stat", "anon 400000000\nfile 150000000\nactive_file 50000000\n"
+                                               "inactive_file 100000000\nshmem 7\n");
+  write_file(v2 / "kubepods/memory.max", "max\n");
+  write_file(v2 / "kubepods/memory.current", "900000000\n");
+  MemoryHeadroom h = cgroup_memory_headroom("0::/kubepods/pod1\n", v2.string());
+  EXPECT_EQ(h.bytes, 550000000);  // 1e9 - (6e8 - 5e7 - 1e8)
+  EXPECT_EQ(h.limit, "cgroup " + (v2 / "kubepods/pod1/memory.max").string());
+  // A tighter parent wins.
+  write_file(v2 / "kubepods/memory.max", "950000000\n");
+  h = cgroup_memory_headroom("0::/kubepods/pod1\n", v2.string());
+  EXPECT_EQ(h.bytes, 50000000);
+  EXPECT_EQ(h.limit, "cgroup " + (v2 / "kubepods/memory.max").string());
+  // v1, as Slurm's task/cgroup sets it; other controllers' lines are passed over.
+  write_file(v1 / "memory/slurm/job_7/memory.limit_in_bytes", "2000000000\n");
+  write_file(v1 / "memory/slurm/job_7/memory.usage_in_bytes", "1500000000\n");
+  write_file(v1 / "memory/slurm/job_7/memory.stat", "cache 9\ninactive_file 3\ntotal_active_file 100000000\n"
+                                                     "total_inactive_file 400000000\n");
+  write_file(v1 / "memory/memory.limit_in_bytes", "9223372036854771712\n");
+  h = cgroup_memory_headroom("5:cpuset:/slurm/job_7\n4:memory:/slurm/job_7\n0::/\n", v1.string());
+  EXPECT_EQ(h.bytes, 1000000000);
+  EXPECT_EQ(h.limit, "cgroup " + (v1 / "memory/slurm/job_7/memory.limit_in_bytes").string());
+  // No limit anywhere; a cgroup path the mount does not hold (a container's view) falls back to
+  // the mount itself.
+  EXPECT_EQ(cgroup_memory_headroom("4:memory:/\n", v1.string()).bytes, -1);
+  write_file(v2 / "memory.max", "300000000\n");
+  write_file(v2 / "memory.current", "100000000\n");
+  h = cgroup_memory_headroom("0::/outside/the/container\n", v2.string());
+  EXPECT_EQ(h.bytes, 200000000);
+  EXPECT_EQ(h.limit, "cgroup " + (v2 / "memory.max").string());
+  EXPECT_EQ(cgroup_memory_headroom("", v2.string()).bytes, -1);
+}
+
+// AddressSanitizer maps terabytes of shadow memory and cannot run under ulimit -v.
+#if defined(__SANITIZE_ADDRESS__)
+#define SNAP_SKIP_UNDER_ASAN() GTEST_SKIP() << "ulimit -v does not work under AddressSanitizer"
+#else
+#define SNAP_SKIP_UNDER_ASAN() (void)0
+#endif
+
+// Under an address-space limit (ulimit -v) the headroom is that limit less what is mapped.
+TEST(MemoryHeadroom, AddressSpaceLimitLessWhatIsMapped) {
+  SNAP_SKIP_UNDER_ASAN();
+  EXPECT_EXIT(
+      {
+        const int64_t room = int64_t{64} << 20;
+        rlimit as{};
+        as.rlim_cur = as.rlim_max = static_cast<rlim_t>(mapped_bytes() + room);
+        if (::setrlimit(RLIMIT_AS, &as) != 0) std::_Exit(2);
+        const MemoryHeadroom h = memory_headroom();
+        std::fprintf(stderr, "headroom %lld (%s)\n", static_cast<long long>(h.bytes), h.limit.c_str());
+        std::_Exit(h.limit == "ulimit -v" && h.bytes > 0 && h.bytes <= room ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "headroom [0-9]+ \\(ulimit -v\\)");
+}
+
+// Gemma 3 270M Q4_K_M loaded for the CPU needs 548.6 MiB (its K-format matrices in f32) from a
+// 241 MiB file: with room for the file's mapping and 100 MiB more, the load stops before it
+// allocates, in one line naming the need, the room, the limit and --weight-dtype q8_0.
+TEST(MemoryHeadroom, WeightsBeyondTheLimitStopTheLoadInOneLine) {
+  const char* env = std::getenv("SNAP_GEMMA_MODEL");
+  const std::string model =
+      env && *env ? env : std::string(std::getenv("HOME")) + "/.cache/snapserve/gemma-3-270m-q4_k_m.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << "no " << model;
+  SNAP_SKIP_UNDER_ASAN();
+  const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(model));
+  EXPECT_EXIT(
+      {
+        ::unsetenv("SNAP_NO_MEMORY_CHECK");
+        rlimit as{};
+        as.rlim_cur = as.rlim_max = static_cast<rlim_t>(mapped_bytes() + file_bytes + (int64_t{100} << 20));
+        if (::setrlimit(RLIMIT_AS, &as) != 0) std::_Exit(2);
+        const Result<LoadedModel> r = load_model(model);
+        std::fprintf(stderr, "%s\n", r.ok() ? "loaded" : r.status().to_string().c_str());
+        const std::string& m = r.status().message();
+        std::_Exit(!r.ok() && r.status().code() == StatusCode::k_resource_exhausted && m.find('\n') == std::string::npos &&
+                           m.rfind(model + ": the weights need ", 0) == 0
+                       ? 0
+                       : 1);
+      },
+      ::testing::ExitedWithCode(0),
+      "the weights need 548\\.6 MiB as loaded here but this process may take [0-9.]+ MiB more \\(ulimit -v\\); "
+      "--weight-dtype q8_0 stores the f32 matrices \\([0-9.]+ MiB\\) in about a quarter of that; "
+      "SNAP_NO_MEMORY_CHECK=1 loads anyway");
 }
 
 }  // namespace

@@ -6,12 +6,14 @@
 #include "worker/model/weights.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "common/sys.h"
 #include "kernels/weight_tiles.h"
 #include "worker/model/dequant.h"
 #include "worker/model/gguf.h"
@@ -292,6 +294,35 @@ Status store_f32(const float* src, const Job& job, int64_t first_row, const std:
   return Status();
 }
 
+std::string mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+// Before anything is allocated: the weights as the jobs store them must fit in what this process
+// may still take (common/sys.h memory_headroom: MemAvailable, the cgroup's limit, ulimit -v), or
+// the load stops with one line naming both, where the allocation would otherwise be killed by the
+// OOM killer (a pod or Slurm job at its limit) or abort mid-load. SNAP_NO_MEMORY_CHECK=1 skips it.
+Status check_fits_in_memory(const std::vector<Job>& jobs, const std::string& source, const LoadOptions& opts) {
+  if (const char* skip = std::getenv("SNAP_NO_MEMORY_CHECK"); skip != nullptr && std::strcmp(skip, "1") == 0)
+    return Status();
+  int64_t need = 0, f32_bytes = 0;
+  for (const Job& j : jobs) {
+    const int64_t b = j.rows * dtype_row_bytes(j.store, j.cols);
+    need += b;
+    if (j.store == DType::f32 && !j.vector) f32_bytes += b;
+  }
+  const MemoryHeadroom room = memory_headroom();
+  if (room.bytes < 0 || need <= room.bytes) return Status();
+  std::string hint;
+  if (opts.weight_dtype != DType::q8_0 && f32_bytes > need / 2)
+    hint = "; --weight-dtype q8_0 stores the f32 matrices (" + mib(f32_bytes) + ") in about a quarter of that";
+  return resource_exhausted(source + ": the weights need " + mib(need) + " as loaded here but this process may take " +
+                            mib(room.bytes) + " more (" + room.limit + ")" + hint +
+                            "; SNAP_NO_MEMORY_CHECK=1 loads anyway");
+}
+
 // Runs `fill(job, f32_out)` for every job in parallel; fill writes rows*cols floats in
 // HF order, or, for a job stored in a block format it copies (not requantize), f32_out is
 // null and fill writes the blocks into job.dst itself. The first failure (in job order) is
@@ -493,6 +524,7 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
     DType table = DType::f32;
     if (native_dtype(g.find_tensor(names.embed)->type, opts.device_blocks, &table)) embed_in_blocks(jobs, m, table, false);
   }
+  SNAP_RETURN_IF_ERROR(check_fits_in_memory(jobs, path, opts));
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, path, opts.scratch_floats,
                                 [&g](const Job& j, float* out) { return fill_gguf(g, j, out); }));
   if (opts.matvec_tiles) pack_for_matvec(&m.weights);
@@ -563,6 +595,7 @@ Result<LoadedModel> load_hf_dir(const std::string& dir, const LoadOptions& opts)
     plan_q8_0(jobs);
     if (m.config.tie_word_embeddings && m.config.hidden_size % 32 == 0) embed_in_blocks(jobs, m, DType::q8_0, true);
   }
+  SNAP_RETURN_IF_ERROR(check_fits_in_memory(jobs, dir, opts));
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, dir, opts.scratch_floats,
                                 [&st](const Job& j, float* out) { return fill_safetensors(st, j, out); }));
   if (opts.matvec_tiles) pack_for_matvec(&m.weights);
