@@ -78,8 +78,9 @@ namespace {
 constexpr int k_bf16 = 0;
 constexpr int code(BlockFormat f) { return 1 + static_cast<int>(f); }
 constexpr int k_q8_0 = code(BlockFormat::q8_0), k_q4_0 = code(BlockFormat::q4_0), k_q4_1 = code(BlockFormat::q4_1),
-              k_q5_0 = code(BlockFormat::q5_0), k_q5_1 = code(BlockFormat::q5_1), k_q4_k = code(BlockFormat::q4_k), k_q6_k = code(BlockFormat::q6_k),
-              k_q5_k = code(BlockFormat::q5_k), k_q3_k = code(BlockFormat::q3_k), k_q2_k = code(BlockFormat::q2_k);
+              k_q5_0 = code(BlockFormat::q5_0), k_q5_1 = code(BlockFormat::q5_1), k_q4_k = code(BlockFormat::q4_k),
+              k_q6_k = code(BlockFormat::q6_k), k_q5_k = code(BlockFormat::q5_k), k_q3_k = code(BlockFormat::q3_k),
+              k_q2_k = code(BlockFormat::q2_k);
 // Weights per lane load of the vector paths' units: 64 for the 2-bit-quant formats (16 bytes of
 // qs), else 32.
 SNAP_HOST_DEVICE constexpr int unit_elems(int kFmt) { return kFmt == k_q3_k || kFmt == k_q2_k ? 64 : 32; }
@@ -262,7 +263,7 @@ struct Segments {
   static constexpr int k_max = 3;
   const void* w[k_max] = {};      // bf16 [rows, cols], or a block format's quants
   const uint16_t* d[k_max] = {};  // block formats: f16 scales, one a block (32 or 256 weights)
-  const uint16_t* m[k_max] = {};  // Q4_1, Q4_K, Q5_K: f16 mins (dmin)
+  const uint16_t* m[k_max] = {};  // Q4_1, Q5_1, Q4_K, Q5_K, Q2_K: f16 mins (dmin)
   const uint8_t* e[k_max] = {};   // Q5_0, Q5_1 and the K formats: their extra bytes (kernels_cuda.h)
   const float* bias[k_max] = {};
   float* y[k_max] = {};
@@ -390,8 +391,8 @@ __device__ void row_dot_q8(const float* x, const int8_t* qr, const uint16_t* dr,
   }
 }
 
-// row_dot for the formats read 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) or 64 (Q3_K, Q2_K) weights
-// per lane load (row arrays br). kVector: lane l takes the row's units l + 32·i, each one 16-byte
+// row_dot for the formats read 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) or 64 (Q3_K, Q2_K)
+// weights per lane load (row arrays br). kVector: lane l takes the row's units l + 32·i, each one 16-byte
 // load of quants (Q5_K, Q6_K, Q3_K: and one of their high bits), in ascending i; else lane l takes
 // columns l + 32·i.
 //  - Q4_0/Q4_1/Q5_0/Q5_1: unit u is block u, its 32 weights in ascending order (eight float4 of x);

@@ -76,9 +76,10 @@ class ServerProcess {
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
 
-  // Sends SIGTERM and waits up to `wait_seconds`; the exit code, or -1 when still running.
+  // Sends SIGTERM and waits up to `wait_seconds`; the exit code (the kept one once reaped), or -1
+  // when still running.
   int terminate(double wait_seconds) {
-    if (pid_ <= 0) return -1;
+    if (pid_ <= 0) return exit_code_;
     ::kill(pid_, SIGTERM);
     return wait(wait_seconds);
   }
