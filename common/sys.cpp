@@ -72,6 +72,12 @@ void take_smaller(MemoryHeadroom* h, int64_t bytes, const std::string& limit) {
 
 }  // namespace
 
+std::string mib_text(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
 int64_t mapped_bytes() { return read_status_kib("VmSize:") * 1024; }
 
 MemoryHeadroom cgroup_memory_headroom(const std::string& proc_self_cgroup, const std::string& root) {

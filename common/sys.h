@@ -18,6 +18,9 @@ int64_t peak_rss_bytes();
 // Current resident set size in bytes (VmRSS), 0 if unknown.
 int64_t current_rss_bytes();
 
+// bytes as "12.3 MiB", for messages and reports.
+std::string mib_text(int64_t bytes);
+
 // Bytes of address space this process maps (VmSize), 0 if unknown.
 int64_t mapped_bytes();
 

@@ -443,24 +443,42 @@ def f16_bytes(v):
     return np.asarray(v, dtype=np.float16).reshape(-1, 1).view(np.uint8)
 
 
+def scale_min_subblocks(x, top, sc_max):
+    """x [blocks, subs, n]: per sub-block a scale and a min (w ≈ d·sc·q − dmin·m, q in 0..top),
+    quantized to sc, m in 0..sc_max against the block's f16 d and dmin (the largest over
+    sc_max): (d16, dmin16, sc, m, q), the last three uint8. Q4_K/Q5_K's and Q2_K's rule."""
+    lo = np.minimum(x.min(axis=2), 0.0)
+    scale = (x.max(axis=2) - lo) / top
+    mn = -lo
+    d16 = (scale.max(axis=1) / sc_max).astype(np.float16)
+    dmin16 = (mn.max(axis=1) / sc_max).astype(np.float16)
+    dd, dm = d16.astype(np.float32), dmin16.astype(np.float32)
+    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), 0, sc_max)
+    m = np.clip(np.round(np.divide(mn, dm[:, None], out=np.zeros_like(mn), where=dm[:, None] > 0)), 0, sc_max)
+    step = (dd[:, None] * sc)[:, :, None]
+    q = np.clip(np.round(np.divide(x + (dm[:, None] * m)[:, :, None], step, out=np.zeros_like(x), where=step > 0)), 0, top)
+    return d16, dmin16, sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8)
+
+
+def scale_subblocks(x, q_den, sc_max, q_lo, q_hi):
+    """x [blocks, subs, n]: per sub-block a scale max|x| / q_den (w ≈ d·sc·q, q in q_lo..q_hi),
+    quantized to sc against the block's f16 d (the largest scale over sc_max): (d16, sc, q),
+    q int32. Q6_K's and Q3_K's rule."""
+    scale = np.abs(x).max(axis=2) / q_den
+    d16 = (scale.max(axis=1) / sc_max).astype(np.float16)
+    dd = d16.astype(np.float32)
+    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), -sc_max - 1, sc_max)
+    step = (dd[:, None] * sc)[:, :, None]
+    q = np.clip(np.round(np.divide(x, step, out=np.zeros_like(x), where=step > 0)), q_lo, q_hi).astype(np.int32)
+    return d16, sc, q
+
+
 def quantize_k4(t, bits):
     """[rows, cols] (cols % 256 == 0) -> Q4_K (bits 4: [rows, cols / 256 * 144] uint8) or Q5_K
     (bits 5: 176 bytes a super-block) blocks: per 32-weight sub-block a 6-bit scale and min,
     w ≈ d·sc·q − dmin·m."""
-    top = (1 << bits) - 1
     x = t.reshape(-1, 8, 32).astype(np.float32)
-    lo = np.minimum(x.min(axis=2), 0.0)
-    scale = (x.max(axis=2) - lo) / top
-    mn = -lo
-    d = scale.max(axis=1) / 63.0
-    dmin = mn.max(axis=1) / 63.0
-    d16, dmin16 = d.astype(np.float16), dmin.astype(np.float16)
-    dd, dm = d16.astype(np.float32), dmin16.astype(np.float32)
-    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), 0, 63)
-    m = np.clip(np.round(np.divide(mn, dm[:, None], out=np.zeros_like(mn), where=dm[:, None] > 0)), 0, 63)
-    step = (dd[:, None] * sc)[:, :, None]
-    q = np.clip(np.round(np.divide(x + (dm[:, None] * m)[:, :, None], step, out=np.zeros_like(x), where=step > 0)), 0, top)
-    sc, m, q = sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8)
+    d16, dmin16, sc, m, q = scale_min_subblocks(x, (1 << bits) - 1, 63)
     scales = np.zeros((x.shape[0], 12), np.uint8)
     for j in range(4):  # ggml's get_scale_min_k4 packing
         scales[:, j] = sc[:, j] | ((sc[:, j + 4] >> 4) << 6)
@@ -480,14 +498,8 @@ def quantize_k4(t, bits):
 def quantize_q6_k(t):
     """[rows, cols] (cols % 256 == 0) -> Q6_K blocks [rows, cols / 256 * 210] (uint8): per
     16-weight sub-block an int8 scale, w ≈ d·sc·(q − 32)."""
-    x = t.reshape(-1, 16, 16).astype(np.float32)
-    scale = np.abs(x).max(axis=2) / 31.0
-    d16 = (scale.max(axis=1) / 127.0).astype(np.float16)
-    dd = d16.astype(np.float32)
-    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), -128, 127)
-    step = (dd[:, None] * sc)[:, :, None]
-    q = np.clip(np.round(np.divide(x, step, out=np.zeros_like(x), where=step > 0)) + 32, 0, 63).astype(np.uint8)
-    q = q.reshape(-1, 2, 4, 32)  # [block][half n][quarter k][l]: weight 128n + 32k + l
+    d16, sc, q = scale_subblocks(t.reshape(-1, 16, 16).astype(np.float32), 31.0, 127, -32, 31)
+    q = (q + 32).astype(np.uint8).reshape(-1, 2, 4, 32)  # [block][half n][quarter k][l]: weight 128n + 32k + l
     ql = np.concatenate([(q[:, :, 0] & 15) | ((q[:, :, 2] & 15) << 4), (q[:, :, 1] & 15) | ((q[:, :, 3] & 15) << 4)],
                         axis=2).reshape(-1, 128)
     qh = ((q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) | ((q[:, :, 3] >> 4) << 6)).reshape(-1, 64)
@@ -505,14 +517,8 @@ def pack_2bit(q):
 def quantize_q3_k(t):
     """[rows, cols] (cols % 256 == 0) -> Q3_K blocks [rows, cols / 256 * 110] (uint8): per
     16-weight sub-block a signed 6-bit scale, w ≈ d·sc·q with q in -4..3."""
-    x = t.reshape(-1, 16, 16).astype(np.float32)
-    scale = np.abs(x).max(axis=2) / 4.0
-    d16 = (scale.max(axis=1) / 31.0).astype(np.float16)
-    dd = d16.astype(np.float32)
-    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), -32, 31)
-    step = (dd[:, None] * sc)[:, :, None]
-    q = np.clip(np.round(np.divide(x, step, out=np.zeros_like(x), where=step != 0)), -4, 3).astype(np.int32) + 4
-    q = q.reshape(-1, 256)
+    d16, sc, q = scale_subblocks(t.reshape(-1, 16, 16).astype(np.float32), 4.0, 31, -4, 3)
+    q = (q + 4).reshape(-1, 256)
     hmask = np.zeros((q.shape[0], 32), np.uint8)
     for j in range(8):  # bit j of hmask[l]: weight 32j + l's third bit
         hmask |= ((q[:, 32 * j:32 * j + 32] >> 2) & 1).astype(np.uint8) << j
@@ -528,20 +534,8 @@ def quantize_q3_k(t):
 def quantize_q2_k(t):
     """[rows, cols] (cols % 256 == 0) -> Q2_K blocks [rows, cols / 256 * 84] (uint8): per
     16-weight sub-block a 4-bit scale and min, w ≈ d·sc·q − dmin·m with q in 0..3."""
-    x = t.reshape(-1, 16, 16).astype(np.float32)
-    lo = np.minimum(x.min(axis=2), 0.0)
-    scale = (x.max(axis=2) - lo) / 3.0
-    mn = -lo
-    d16 = (scale.max(axis=1) / 15.0).astype(np.float16)
-    dmin16 = (mn.max(axis=1) / 15.0).astype(np.float16)
-    dd, dm = d16.astype(np.float32), dmin16.astype(np.float32)
-    sc = np.clip(np.round(np.divide(scale, dd[:, None], out=np.zeros_like(scale), where=dd[:, None] > 0)), 0, 15)
-    m = np.clip(np.round(np.divide(mn, dm[:, None], out=np.zeros_like(mn), where=dm[:, None] > 0)), 0, 15)
-    step = (dd[:, None] * sc)[:, :, None]
-    q = np.clip(np.round(np.divide(x + (dm[:, None] * m)[:, :, None], step, out=np.zeros_like(x), where=step > 0)), 0, 3)
-    scales = (sc.astype(np.uint8) | (m.astype(np.uint8) << 4))
-    blocks = np.concatenate([scales, pack_2bit(q.astype(np.uint8).reshape(-1, 256)), f16_bytes(d16), f16_bytes(dmin16)],
-                            axis=1)
+    d16, dmin16, sc, m, q = scale_min_subblocks(t.reshape(-1, 16, 16).astype(np.float32), 3, 15)
+    blocks = np.concatenate([sc | (m << 4), pack_2bit(q.reshape(-1, 256)), f16_bytes(d16), f16_bytes(dmin16)], axis=1)
     return blocks.reshape(t.shape[0], -1)
 
 

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "common/sha256.h"
+#include "common/sys.h"
 #include "coordinator/batch/batch_io.h"
 #include "coordinator/engine/model_path.h"
 #include "coordinator/http/openai.h"
@@ -236,12 +237,6 @@ std::string format_seconds(double s) {
   if (s < 120) std::snprintf(buf, sizeof buf, "%.0f s", s);
   else if (s < 7200) std::snprintf(buf, sizeof buf, "%.1f min", s / 60);
   else std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
-  return buf;
-}
-
-std::string mib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
   return buf;
 }
 
@@ -728,8 +723,8 @@ int run_batch(const BatchArgs& a) {
   if (c.kv_resident_bytes > 0 && c.kv_full_bytes > c.kv_resident_bytes) {
     char buf[64];
     std::snprintf(buf, sizeof buf, " (%.2fx)", static_cast<double>(c.kv_full_bytes) / c.kv_resident_bytes);
-    kv = "; KV cache: " + mib(c.kv_resident_bytes) + " resident at the ends of lines vs " + mib(c.kv_full_bytes) +
-         " uncompressed" + buf + ", " + mib(c.kv_full_bytes - c.kv_resident_bytes) + " saved";
+    kv = "; KV cache: " + mib_text(c.kv_resident_bytes) + " resident at the ends of lines vs " + mib_text(c.kv_full_bytes) +
+         " uncompressed" + buf + ", " + mib_text(c.kv_full_bytes - c.kv_resident_bytes) + " saved";
   }
   if (c.layerwise_lines > 0) {
     kv += "; " + std::to_string(c.layerwise_lines) + " lines prefilled layer by layer (" +

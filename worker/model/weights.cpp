@@ -294,12 +294,6 @@ Status store_f32(const float* src, const Job& job, int64_t first_row, const std:
   return Status();
 }
 
-std::string mib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
 // Before anything is allocated: the weights as the jobs store them must fit in what this process
 // may still take (common/sys.h memory_headroom: MemAvailable, the cgroup's limit, ulimit -v), or
 // the load stops with one line naming both, where the allocation would otherwise be killed by the
@@ -317,9 +311,9 @@ Status check_fits_in_memory(const std::vector<Job>& jobs, const std::string& sou
   if (room.bytes < 0 || need <= room.bytes) return Status();
   std::string hint;
   if (opts.weight_dtype != DType::q8_0 && f32_bytes > need / 2)
-    hint = "; --weight-dtype q8_0 stores the f32 matrices (" + mib(f32_bytes) + ") in about a quarter of that";
-  return resource_exhausted(source + ": the weights need " + mib(need) + " as loaded here but this process may take " +
-                            mib(room.bytes) + " more (" + room.limit + ")" + hint +
+    hint = "; --weight-dtype q8_0 stores the f32 matrices (" + mib_text(f32_bytes) + ") in about a quarter of that";
+  return resource_exhausted(source + ": the weights need " + mib_text(need) + " as loaded here but this process may take " +
+                            mib_text(room.bytes) + " more (" + room.limit + ")" + hint +
                             "; SNAP_NO_MEMORY_CHECK=1 loads anyway");
 }
 
