@@ -531,10 +531,10 @@ MatvecAct act_for(DType d, SimdLevel level) {
   return dtype_cpu_blocks(d) && level != SimdLevel::scalar ? matvec_act() : MatvecAct::f32;
 }
 
-void matvec(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+void matvec(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, MatvecAct act) {
   const SimdLevel level = simd_level();
   const int rest = static_cast<int>(num_tokens % k_block_tokens);
-  const MatvecPart part = make_part(w, bias, y, level, rest, act_for(w.dtype, level));
+  const MatvecPart part = make_part(w, bias, y, level, rest, act);
   run_parts(x, &part, 1, num_tokens);
 }
 
@@ -702,7 +702,11 @@ void matmul_ref(const float* x, const WeightView& w, const float* bias, float* y
 
 // --- fast paths -----------------------------------------------------------------
 void matmul_matvec_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
-  matvec(x, w, bias, y, num_tokens);
+  matvec(x, w, bias, y, num_tokens, act_for(w.dtype, simd_level()));
+}
+
+void matmul_matvec_f32act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {
+  matvec(x, w, bias, y, num_tokens, MatvecAct::f32);
 }
 
 void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens) {

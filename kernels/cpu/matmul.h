@@ -19,6 +19,9 @@ constexpr int64_t k_matmul_gemm_min_tokens_quant = 8;
 
 // SIMD matvec: every weight row is read once per group of 4 tokens. Memory-bound.
 void matmul_matvec_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
+// The same with f32 activations whatever matvec_act() says (block formats dequantized in
+// registers, f32 FMAs): the values the CUDA kernels compute with, for the host twin.
+void matmul_matvec_f32act_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
 // OpenBLAS sgemm; f16/bf16/block-format weights are converted to f32 one tile of rows at a time.
 void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens);
 

@@ -32,16 +32,20 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/cuda/block_split.h"
+#include "kernels/cuda/kernels_cuda.h"
 #include "tests/cuda/tiny_gemma3.h"
 #include "worker/device/device_forward.h"
 #include "worker/device/device_kv_pool.h"
 #include "worker/device/device_weights.h"
 #include "worker/kv/selection.h"
+#include "worker/model/dequant.h"
 #include "worker/model/weights.h"
 
 namespace snap {
@@ -403,6 +407,74 @@ INSTANTIATE_TEST_SUITE_P(Families, DeviceForwardTest,
                                            Family{"mistral_window", "--shape tiny-mistral --dtype f32 --seed 5"},
                                            Family{"qwen2_f16_tied", "--shape tiny-qwen2 --dtype f16 --seed 4"}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// A block-format matrix overwritten by another (copied into the same device arrays), and then
+// freed and a third uploaded to new arrays (the same sizes, so the allocator may hand back the
+// same addresses): each decode GEMV reads the matrix there now. The host twin keeps each matrix
+// it has read in the CPU's layout between calls (kernels_host.cpp host_matrix) and must notice
+// both. Q8_0 (kept as blocks there) and Q4_K (kept as f32 values); each against the CPU's
+// dequantized values, to 1e-4.
+TEST(DeviceBlockGemv, ReadsTheMatrixUploadedLast) {
+  constexpr int64_t rows = 40, cols = 512;
+  for (const kernels::BlockFormat f : {kernels::BlockFormat::q8_0, kernels::BlockFormat::q4_k}) {
+    SCOPED_TRACE(kernels::block_format_name(f));
+    const int64_t nb = rows * cols / kernels::block_format_elems(f), bb = kernels::block_format_ggml_bytes(f);
+    const kernels::BlockParts parts = kernels::block_parts(f);
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols; ++c) x[c] = std::sin(0.37f * static_cast<float>(c));
+    void *q = nullptr, *d = nullptr, *m = nullptr, *e = nullptr;
+    float *dx = nullptr, *dy = nullptr;
+    ASSERT_EQ(cudaMalloc(&dx, cols * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dy, rows * sizeof(float)), cudaSuccess);
+    cudaMemcpy(dx, x.data(), cols * sizeof(float), cudaMemcpyHostToDevice);
+    for (uint32_t seed : {1u, 2u, 3u}) {
+      std::mt19937 gen(seed);
+      std::vector<uint8_t> ggml(static_cast<size_t>(nb * bb));
+      for (auto& b : ggml) b = static_cast<uint8_t>(gen());
+      for (int64_t b = 0; b < nb; ++b) {  // d and dmin: 2^-8 and 2^-10 times 1..2, no NaN or infinity
+        const uint16_t dv = static_cast<uint16_t>(0x1c00 | (gen() & 0x3ff)), mv = static_cast<uint16_t>(0x1400 | (gen() & 0x3ff));
+        std::memcpy(&ggml[b * bb + parts.d.at], &dv, 2);
+        if (parts.m.at >= 0) std::memcpy(&ggml[b * bb + parts.m.at], &mv, 2);
+      }
+      if (f == kernels::BlockFormat::q8_0)
+        for (int64_t b = 0; b < nb; ++b)
+          for (int j = 0; j < 32; ++j)
+            if (ggml[b * bb + 2 + j] == 0x80) ggml[b * bb + 2 + j] = 0x81;  // ggml never writes -128
+      std::vector<float> w(static_cast<size_t>(rows * cols));
+      ASSERT_TRUE(dequantize(ggml_type_of(kernels::block_format_dtype(f)), ggml.data(), w.data(), rows * cols).ok());
+      std::vector<double> want(static_cast<size_t>(rows), 0.0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) want[r] += static_cast<double>(w[r * cols + c]) * x[c];
+      const kernels::SplitBlocks split = kernels::split_ggml_blocks(f, ggml.data(), nb);
+      if (seed != 2) {  // seed 2 overwrites seed 1's arrays; seed 3 gets new ones
+        for (void* p : {q, d, m, e}) ASSERT_EQ(cudaFree(p), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&q, split.quants.size()), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&d, split.scales.size() * 2), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&m, std::max<size_t>(split.mins.size() * 2, 1)), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&e, std::max<size_t>(split.extra.size(), 1)), cudaSuccess);
+      }
+      cudaMemcpy(q, split.quants.data(), split.quants.size(), cudaMemcpyHostToDevice);
+      cudaMemcpy(d, split.scales.data(), split.scales.size() * 2, cudaMemcpyHostToDevice);
+      if (!split.mins.empty()) cudaMemcpy(m, split.mins.data(), split.mins.size() * 2, cudaMemcpyHostToDevice);
+      if (!split.extra.empty()) cudaMemcpy(e, split.extra.data(), split.extra.size(), cudaMemcpyHostToDevice);
+      kernels::BlockWeights bw;
+      bw.format = f;
+      bw.quants = q;
+      bw.scales = static_cast<const uint16_t*>(d);
+      bw.mins = split.mins.empty() ? nullptr : static_cast<const uint16_t*>(m);
+      bw.extra = split.extra.empty() ? nullptr : static_cast<const uint8_t*>(e);
+      for (int call = 0; call < 2; ++call) {  // twice: the second from what the first kept
+        kernels::matmul_rowwise_blocks_cuda(dx, bw, nullptr, dy, 1, rows, cols, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<float> y(static_cast<size_t>(rows));
+        cudaMemcpy(y.data(), dy, rows * sizeof(float), cudaMemcpyDeviceToHost);
+        for (int64_t r = 0; r < rows; ++r)
+          ASSERT_NEAR(y[r], want[r], 1e-4 * (1.0 + std::abs(want[r]))) << "seed " << seed << " call " << call << " row " << r;
+      }
+    }
+    for (void* p : {q, d, m, e, static_cast<void*>(dx), static_cast<void*>(dy)}) ASSERT_EQ(cudaFree(p), cudaSuccess);
+  }
+}
 
 }  // namespace
 }  // namespace snap

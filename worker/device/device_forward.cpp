@@ -198,9 +198,7 @@ Status DeviceForward::project_rows(const DeviceMatrix& w, const float* bias, con
 namespace {
 // A decode GEMV's output for the launch that fuses several (bf16 or Q8_0 weights).
 kernels::RowwiseOut rowwise_out(const DeviceMatrixView& w, const float* bias, float* y) {
-  kernels::RowwiseOut o{w.data, bias, y, w.rows};
-  o.blocks = w.blocks;
-  return o;
+  return kernels::RowwiseOut{w.data, bias, y, w.rows, w.blocks};
 }
 
 // Largest slab of block-format rows dequantized at a time for a prompt GEMM: 64 MiB of bf16 (a

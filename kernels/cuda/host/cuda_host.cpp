@@ -27,8 +27,14 @@ namespace {
 
 struct Registry {
   std::mutex mu;
-  std::map<uintptr_t, size_t> live;  // start -> bytes
+  struct Alloc {
+    size_t bytes;
+    uint64_t tag;  // content_tag: new at the allocation and at every copy or memset into it
+  };
+  std::map<uintptr_t, Alloc> live;  // start -> allocation
+  uint64_t next_tag = 1;
   size_t bytes = 0;
+  uint64_t frees = 0;  // cudaFree calls that released memory
 };
 
 Registry& registry() {
@@ -62,7 +68,7 @@ bool is_device(const void* ptr, size_t bytes) {
   auto it = r.live.upper_bound(p);
   if (it == r.live.begin()) return false;
   --it;
-  const uintptr_t end = it->first + it->second;
+  const uintptr_t end = it->first + it->second.bytes;
   return p <= end && bytes <= end - p && (p < end || bytes == 0);
 }
 
@@ -85,6 +91,38 @@ size_t allocated_bytes() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   return r.bytes;
+}
+
+namespace {
+// The allocation holding p (its start <= p < its end), or null; under r.mu.
+Registry::Alloc* holder(Registry& r, const void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = r.live.upper_bound(p);
+  if (it == r.live.begin()) return nullptr;
+  --it;
+  return p < it->first + it->second.bytes ? &it->second : nullptr;
+}
+
+// A copy or memset wrote into the allocation holding dst (if device memory): a new tag.
+void retag(void* dst) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (Registry::Alloc* a = holder(r, dst)) a->tag = r.next_tag++;
+}
+
+}  // namespace
+
+uint64_t content_tag(const void* ptr) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const Registry::Alloc* a = holder(r, ptr);
+  return a ? a->tag : 0;
+}
+
+uint64_t free_count() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.frees;
 }
 
 size_t capacity_bytes() {
@@ -173,7 +211,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   }
   std::memset(p, 0xA5, bytes);  // garbage, as fresh device memory: nothing may rely on zeros
   std::lock_guard<std::mutex> lock(r.mu);
-  r.live[reinterpret_cast<uintptr_t>(p)] = bytes;
+  r.live[reinterpret_cast<uintptr_t>(p)] = {bytes, r.next_tag++};
   *ptr = p;
   return cudaSuccess;
 }
@@ -185,8 +223,9 @@ cudaError_t cudaFree(void* ptr) {
     std::lock_guard<std::mutex> lock(r.mu);
     auto it = r.live.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == r.live.end()) return fail(cudaErrorInvalidValue, "host twin: cudaFree of a pointer cudaMalloc did not return");
-    r.bytes -= it->second;
+    r.bytes -= it->second.bytes;
     r.live.erase(it);
+    ++r.frees;
   }
   std::free(ptr);
   return cudaSuccess;
@@ -206,6 +245,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (bytes == 0) return cudaSuccess;
   if (const cudaError_t e = check_copy(dst, src, bytes, bytes, kind); e != cudaSuccess) return e;
   std::memmove(dst, src, bytes);
+  retag(dst);
   return cudaSuccess;
 }
 
@@ -221,6 +261,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   if (const cudaError_t e = check_copy(dst, src, dspan, sspan, kind); e != cudaSuccess) return e;
   for (size_t r = 0; r < height; ++r)
     std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  retag(dst);
   return cudaSuccess;
 }
 
@@ -228,6 +269,7 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!require_device(dst, bytes, "cudaMemset's destination")) return cudaErrorIllegalAddress;
   std::memset(dst, value, bytes);
+  retag(dst);
   return cudaSuccess;
 }
 

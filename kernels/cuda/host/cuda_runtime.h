@@ -123,5 +123,12 @@ void set_error(cudaError_t e, const std::string& what);
 // 8192 MiB): cudaMalloc beyond it fails with cudaErrorMemoryAllocation as a full GPU would.
 size_t allocated_bytes();
 size_t capacity_bytes();
+// What a cache of values derived from device memory (kernels_host.cpp's weight matrices) checks:
+// free_count, how many cudaFree calls have released memory so far (a change: any entry's memory
+// may have been freed and reused); content_tag, a value that changes whenever the allocation
+// holding ptr is written by a cudaMemcpy* or cudaMemset* (0: ptr is not device memory). A
+// kernel's stores do not change it.
+uint64_t free_count();
+uint64_t content_tag(const void* ptr);
 
 }  // namespace snap::hostcuda

@@ -5,10 +5,15 @@
 // references (kernels/cpu, worker/kv/selection.cpp). Results match the GPU's within those
 // tests' bounds, not bitwise: these are not the CUDA kernels and verify nothing about them.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "kernels/attention_paged.h"
@@ -303,27 +308,69 @@ void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bi
 }
 
 namespace {
+// A block-format matrix as the CPU's kernels read it: llama.cpp's blocks (q8_0, q4_0, q4_1) or
+// f32 values (the formats they do not read).
+struct HostMatrix {
+  DType dtype = DType::f32;
+  std::vector<uint8_t> bytes;
+};
+
+// The matrix w [rows, cols] as a HostMatrix, kept between calls: joining (or dequantizing) the
+// whole matrix for every decoded token was most of the twin's decode time. An entry is rebuilt
+// when a copy or memset has written into one of its arrays since (hostcuda::content_tag), and
+// every entry is dropped when any device memory is freed (it may hold another matrix now).
+// Weights that a kernel rewrites in place between two GEMVs are not seen: nothing does that.
+// Shared so that a caller keeps its matrix while another thread's call drops the cache.
+std::shared_ptr<const HostMatrix> host_matrix(const BlockWeights& w, int64_t rows, int64_t cols) {
+  using Key = std::tuple<const void*, const void*, const void*, const void*, int, int64_t, int64_t>;
+  using Tags = std::array<uint64_t, 4>;
+  static std::mutex mu;
+  static std::map<Key, std::pair<Tags, std::shared_ptr<const HostMatrix>>> cache;
+  static uint64_t frees = 0;
+  const Key key{w.quants, w.scales, w.mins, w.extra, static_cast<int>(w.format), rows, cols};
+  const Tags tags{snap::hostcuda::content_tag(w.quants), snap::hostcuda::content_tag(w.scales),
+                  w.mins ? snap::hostcuda::content_tag(w.mins) : 0, w.extra ? snap::hostcuda::content_tag(w.extra) : 0};
+  std::lock_guard<std::mutex> lock(mu);
+  if (const uint64_t now = snap::hostcuda::free_count(); now != frees) {
+    cache.clear();
+    frees = now;
+  }
+  if (auto it = cache.find(key); it != cache.end() && it->second.first == tags) return it->second.second;
+  auto m = std::make_shared<HostMatrix>();
+  if (const DType t = block_format_dtype(w.format); dtype_cpu_blocks(t)) {
+    m->dtype = t;
+    to_ggml_blocks(w, cols, 0, rows, &m->bytes);
+  } else {
+    m->bytes.resize(static_cast<size_t>(rows * cols) * sizeof(float));
+    block_rows_to_f32(w, cols, 0, rows, reinterpret_cast<float*>(m->bytes.data()));
+  }
+  cache[key] = {tags, m};
+  return m;
+}
+
 // x · wᵀ (+ bias) over a block-format matrix into out (host memory of num_tokens · rows floats),
 // once x, the weights and the bias are checked to be device memory; false (the error set) if
-// not. The matrix is put back in llama.cpp's blocks for the CPU's converting GEMM
-// (matmul_gemm_cpu: the same f32 weight values and f32 activations as the CUDA kernels, in the
-// sgemm's order; the kernels' batch invariance is the emulator's to check, not the twin's); a
-// format the CPU's kernels do not read (Q5_0, Q4_K, Q5_K, Q6_K) is dequantized to f32 first.
+// not. The matrix is put back in llama.cpp's blocks for the CPU's f32-activation kernels (the
+// same f32 weight values and f32 activations as the CUDA kernels): below
+// k_matmul_gemm_min_tokens_quant tokens its SIMD matvec, which decodes the blocks in registers
+// (matmul_gemm_cpu converted the whole matrix to f32 for every decoded token: a one-token
+// batch of SmolLM2 on the twin ran at a quarter of the CPU engine's speed), else its converting
+// sgemm; in their orders, not the kernels' (their batch invariance is the emulator's to check,
+// not the twin's). A format the CPU's kernels do not read (Q5_0, Q5_1 and the K formats) is
+// dequantized to f32 first.
 bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, float* out, int64_t num_tokens,
                     int64_t rows, int64_t cols, const char* what) {
   if (!check_blocks(w, rows, cols, what) || !require_device(x, f32s(num_tokens * cols), what) ||
       (bias && !require_device(bias, f32s(rows), what)))
     return false;
-  if (const DType t = block_format_dtype(w.format); dtype_cpu_blocks(t)) {
-    thread_local std::vector<uint8_t> blocks;
-    to_ggml_blocks(w, cols, 0, rows, &blocks);
-    matmul_gemm_cpu(x, WeightView{t, blocks.data(), rows, cols}, bias, out, num_tokens);
-  } else {
-    thread_local std::vector<float> f;
-    f.resize(static_cast<size_t>(rows * cols));
-    block_rows_to_f32(w, cols, 0, rows, f.data());
-    matmul_gemm_cpu(x, WeightView{DType::f32, f.data(), rows, cols}, bias, out, num_tokens);
-  }
+  const std::shared_ptr<const HostMatrix> m = host_matrix(w, rows, cols);
+  const WeightView wv{m->dtype, m->bytes.data(), rows, cols};
+  if (m->dtype != DType::f32 && num_tokens < k_matmul_gemm_min_tokens_quant)
+    matmul_matvec_f32act_cpu(x, wv, bias, out, num_tokens);
+  else if (m->dtype != DType::f32)
+    matmul_gemm_cpu(x, wv, bias, out, num_tokens);
+  else
+    matmul_cpu(x, wv, bias, out, num_tokens);
   return true;
 }
 }  // namespace
