@@ -32,6 +32,8 @@
 // so that each weight is the same f32 value on both): the device's decode GEMVs read those values, its prefill GEMMs the
 // values rounded to bf16, so the prompt-logit bound doubles its relative part (2 · 2^-9: bf16
 // weights and activations).
+// On the kernel emulator, the models that repeat another's attention with other weight formats
+// run the full-cache and bad-request tests only (Model::repeats).
 // Exits 77 without a usable GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -82,6 +84,12 @@ struct Model {
   bool native = false;          // LoadOptions::keep_quantized: the GGUF's own blocks (--weight-dtype auto)
   const char* held = "bf16";    // what the device's memory report says the weights are
   bool device_blocks = false;   // LoadOptions::device_blocks on the device's side (the CPU's: f32)
+  // The model whose attention (shape, rope, window, norms) this one repeats with other weight
+  // formats, or null. On the kernel emulator such a model runs only the full-cache and bad-request
+  // tests: the weights' kernels are the same under every policy, and the policies' and layer-wise
+  // prefill's kernels see the same attention as in that model's runs (its own ran 76 s of the
+  // emulator's 155). The host twin and a GPU run every test on every model.
+  const char* repeats = nullptr;
   bool blocks() const { return native || weights == DType::q8_0; }
 };
 
@@ -253,7 +261,18 @@ TEST_P(DeviceGenerateTest, FullCacheGreedyAndPromptLogitsMatchCpu) {
   EXPECT_NE(memory.find(held), std::string::npos) << memory;
 }
 
+// On the kernel emulator, a model that repeats another's attention (Model::repeats) skips the
+// policy and layer-wise tests.
+bool skip_repeat_on_emulator() {
+#if defined(SNAP_KERNEL_EMULATOR)
+  return DeviceGenerateTest::GetParam().repeats != nullptr;
+#else
+  return false;
+#endif
+}
+
 TEST_P(DeviceGenerateTest, PolicySelectionsAndTokensMatchCpu) {
+  if (skip_repeat_on_emulator()) GTEST_SKIP() << "kernel emulator: repeats " << GetParam().repeats << "'s attention (Model::repeats)";
   struct Case {
     const char* name;
     KvPolicyKind kind;
@@ -310,6 +329,7 @@ TEST_P(DeviceGenerateTest, PolicySelectionsAndTokensMatchCpu) {
 // peak below the device's own chunked prefill of the same request (one layer's full KV + the
 // compressed rest, against every layer's full KV).
 TEST_P(DeviceGenerateTest, LayerwisePrefillMatchesCpuAndPeaksLower) {
+  if (skip_repeat_on_emulator()) GTEST_SKIP() << "kernel emulator: repeats " << GetParam().repeats << "'s attention (Model::repeats)";
   for (const KvPolicyKind kind : {KvPolicyKind::snapkv, KvPolicyKind::adakv, KvPolicyKind::h2o, KvPolicyKind::streaming}) {
     const std::string name = kv_policy_name(kind);
     SCOPED_TRACE(name);
@@ -376,9 +396,9 @@ const std::string k_tiny_k_args =
 const std::string k_q4_k_m_args = k_tiny_k_args + "--gguf-type q4_k_m";
 const std::string k_q5_k_m_args = k_tiny_k_args + "--gguf-type q5_k_m";
 const std::string k_q2_k_args = k_tiny_k_args + "--gguf-type q2_k";
-Model tiny_k_m(const char* name, const char* args, const char* carried, const char* held) {
-  Model m{name, "make_tiny_checkpoint.py", args, "model.gguf", carried, DType::bf16, true, held};
-  m.device_blocks = true;
+Model tiny_k_m(const char* name, const char* args, const char* carried, const char* held,
+               const char* repeats = nullptr) {
+  Model m{name, "make_tiny_checkpoint.py", args, "model.gguf", carried, DType::bf16, true, held, true, repeats};
   return m;
 }
 
@@ -392,16 +412,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Model{"gemma3_tiny", "make_tiny_checkpoint.py", test::k_tiny_gemma3_args, "model.gguf",
                             test::k_tiny_gemma3_carried},
                       Model{"llama3_q8_0", "make_random_model.py", "--shape tiny-llama3 --dtype bf16 --seed 3", "", "",
-                            DType::q8_0, false, "q8_0 + bf16"},
+                            DType::q8_0, false, "q8_0 + bf16", false, "llama3_bf16"},
                       Model{"tiny_gguf_q4_1", "make_tiny_checkpoint.py",
                             "--arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11 --gguf-type q4_1", "model.gguf",
-                            "tiny-gguf-q4_1", DType::bf16, true, "q4_1 + bf16"},
+                            "tiny-gguf-q4_1", DType::bf16, true, "q4_1 + bf16", false, "tiny_gguf"},
                       Model{"gemma3_q4_0", "make_tiny_checkpoint.py",
                             k_gemma3_q4_0_args.c_str(), "model.gguf",
-                            "tiny-gemma3-q4_0", DType::bf16, true, "q4_0"},
+                            "tiny-gemma3-q4_0", DType::bf16, true, "q4_0", false, "gemma3_tiny"},
                       tiny_k_m("tiny_q4_k_m", k_q4_k_m_args.c_str(), "tiny-q4_k_m", "q5_0 + q4_k + q6_k"),
-                      tiny_k_m("tiny_q5_k_m", k_q5_k_m_args.c_str(), "tiny-q5_k_m", "q5_0 + q6_k + q5_k"),
-                      tiny_k_m("tiny_q2_k", k_q2_k_args.c_str(), "tiny-q2_k", "q5_0 + q3_k + q2_k")),
+                      tiny_k_m("tiny_q5_k_m", k_q5_k_m_args.c_str(), "tiny-q5_k_m", "q5_0 + q6_k + q5_k", "tiny_q4_k_m"),
+                      tiny_k_m("tiny_q2_k", k_q2_k_args.c_str(), "tiny-q2_k", "q5_0 + q3_k + q2_k", "tiny_q4_k_m")),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

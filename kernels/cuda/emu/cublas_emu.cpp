@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/cublas_lazy.h"
 
@@ -44,21 +45,42 @@ cublasStatus_t cublas_gemm_ex(cublasHandle_t handle, cublasOperation_t transa, c
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  // op(A)'s rows and op(B)'s columns unpacked to f32 once, each contiguous over k, then each
+  // output's sum runs over p = 0..k-1 in order as before; eight outputs of a column at a time
+  // (eight independent chains) so that the loop is not bound by one add's latency.
+  std::vector<float> ar(static_cast<size_t>(m) * k), bc(static_cast<size_t>(n) * k);
+  for (int i = 0; i < m; ++i)
+    for (int p = 0; p < k; ++p)
+      ar[static_cast<size_t>(i) * k + p] =
+          load(a, a_type, transa == CUBLAS_OP_N ? static_cast<size_t>(p) * lda + i : static_cast<size_t>(i) * lda + p);
   for (int j = 0; j < n; ++j)
-    for (int i = 0; i < m; ++i) {
-      float acc = 0.0f;
-      for (int p = 0; p < k; ++p) {
-        const size_t ai = transa == CUBLAS_OP_N ? static_cast<size_t>(p) * lda + i : static_cast<size_t>(i) * lda + p;
-        const size_t bi = transb == CUBLAS_OP_N ? static_cast<size_t>(j) * ldb + p : static_cast<size_t>(p) * ldb + j;
-        acc += load(a, a_type, ai) * load(b, b_type, bi);
+    for (int p = 0; p < k; ++p)
+      bc[static_cast<size_t>(j) * k + p] =
+          load(b, b_type, transb == CUBLAS_OP_N ? static_cast<size_t>(j) * ldb + p : static_cast<size_t>(p) * ldb + j);
+  constexpr int kRows = 8;
+  for (int j = 0; j < n; ++j) {
+    const float* bj = bc.data() + static_cast<size_t>(j) * k;
+    for (int i0 = 0; i0 < m; i0 += kRows) {
+      const int rows = std::min(kRows, m - i0);
+      float acc[kRows] = {};
+      const float* a0 = ar.data() + static_cast<size_t>(i0) * k;
+      if (rows == kRows) {
+        for (int p = 0; p < k; ++p)
+          for (int r = 0; r < kRows; ++r) acc[r] += a0[static_cast<size_t>(r) * k + p] * bj[p];
+      } else {
+        for (int r = 0; r < rows; ++r)
+          for (int p = 0; p < k; ++p) acc[r] += a0[static_cast<size_t>(r) * k + p] * bj[p];
       }
-      const size_t ci = static_cast<size_t>(j) * ldc + i;
-      const float v = be == 0.0f ? al * acc : al * acc + be * load(c, c_type, ci);  // beta 0: C not read
-      if (c_type == CUDA_R_16BF)
-        static_cast<__nv_bfloat16*>(c)[ci] = __float2bfloat16(v);
-      else
-        static_cast<float*>(c)[ci] = v;
+      for (int r = 0; r < rows; ++r) {
+        const size_t ci = static_cast<size_t>(j) * ldc + i0 + r;
+        const float v = be == 0.0f ? al * acc[r] : al * acc[r] + be * load(c, c_type, ci);  // beta 0: C not read
+        if (c_type == CUDA_R_16BF)
+          static_cast<__nv_bfloat16*>(c)[ci] = __float2bfloat16(v);
+        else
+          static_cast<float*>(c)[ci] = v;
+      }
     }
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 
