@@ -1,5 +1,7 @@
 // y[num_tokens, rows] = x[num_tokens, cols] · Wᵀ (+ bias) for f32, f16, bf16 weights and
-// the ggml block formats q8_0, q4_0, q4_1 (common/dtype.h). matmul_ref: f64 dot products.
+// the ggml block formats q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k (common/dtype.h). matmul_ref: f64 dot
+// products. The K formats' 256-weight blocks are read 32 columns (one sub-block) at a time, so
+// every tile below walks a row in 32-column chunks whatever the format.
 // matmul_cpu: decode-sized batches go to a SIMD matvec (rows split across OpenMP threads,
 // 4 rows × up to 4 tokens per register block, so each weight byte is loaded once per 4
 // tokens; block formats are dequantized in registers, or with q8act/q16act multiplied as integers
@@ -50,9 +52,53 @@ inline float load_f16(const uint8_t* p) {
   return f16_to_f32(h);
 }
 
+// Q4_K and Q5_K's eight 6-bit scales and mins of sub-block j in their 12 bytes.
+inline void scale_min_k4(const uint8_t* s, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 0x3f;
+    *m = s[j + 4] & 0x3f;
+  } else {
+    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// The K formats, one 32-weight sub-block (chunk j of 8) of the block at b, as
+// worker/model/dequant.cpp computes it (bit-identical: every product is exact, one rounding):
+//   q4_k: f16 d, f16 dmin, scales[12], qs[128]: w = (d·sc_j)·q − dmin·m_j, q nibble j&1 of
+//         qs[32·(j/2) + l];
+//   q6_k: ql[128], qh[64], int8 scales[16], f16 d: half g = j/4, s = j%4: q = (nibble s/2 of
+//         ql[64g + 32(s&1) + l]) | ((qh[32g + l] >> 2s) & 3) << 4, w = (d·scale[8g + 2s + l/16])·(q − 32).
+template <DType D>
+inline void dequant_k_chunk_scalar(const uint8_t* b, int j, float* out) {
+  if constexpr (D == DType::q4_k) {
+    int sc, m;
+    scale_min_k4(b + 4, j, &sc, &m);
+    const float dl = load_f16(b) * static_cast<float>(sc), ml = load_f16(b + 2) * static_cast<float>(m);
+    const uint8_t* qs = b + 16 + 32 * (j / 2);
+    const int shift = 4 * (j & 1);
+    for (int l = 0; l < 32; ++l) out[l] = dl * static_cast<float>((qs[l] >> shift) & 0x0f) - ml;
+  } else if constexpr (D == DType::q6_k) {
+    const int g = j / 4, sub = j % 4;
+    const uint8_t* ql = b + 64 * g + 32 * (sub & 1);
+    const uint8_t* qh = b + 128 + 32 * g;
+    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = load_f16(b + 208);
+    const int shift = 4 * (sub >> 1);
+    for (int l = 0; l < 32; ++l) {
+      const int q = ((ql[l] >> shift) & 0x0f) | (((qh[l] >> (2 * sub)) & 3) << 4);
+      out[l] = d * static_cast<float>(scales[8 * g + 2 * sub + l / 16]) * static_cast<float>(q - 32);
+    }
+  }
+}
+
+constexpr bool k_block(DType d) { return d == DType::q4_k || d == DType::q6_k; }
+
 template <DType D>
 inline void dequant_block_scalar(const uint8_t* b, float* out) {
-  if constexpr (D == DType::q8_0) {
+  if constexpr (k_block(D)) {
+    for (int j = 0; j < 8; ++j) dequant_k_chunk_scalar<D>(b, j, out + 32 * j);
+  } else if constexpr (D == DType::q8_0) {
     const float d = load_f16(b);
     const auto* q = reinterpret_cast<const int8_t*>(b + 2);
     for (int j = 0; j < 32; ++j) out[j] = d * static_cast<float>(q[j]);
@@ -67,6 +113,23 @@ inline void dequant_block_scalar(const uint8_t* b, float* out) {
     for (int j = 0; j < 16; ++j) {
       out[j] = d * static_cast<float>(b[4 + j] & 0x0f) + m;
       out[j + 16] = d * static_cast<float>(b[4 + j] >> 4) + m;
+    }
+  } else if constexpr (D == DType::q5_0 || D == DType::q5_1) {
+    // f16 d, (q5_1: f16 m,) u32 qh, qs[16]: q = nibble | bit j of qh << 4; w = d·(q − 16), or d·q + m.
+    constexpr int head = D == DType::q5_0 ? 2 : 4;
+    const float d = load_f16(b), m = D == DType::q5_1 ? load_f16(b + 2) : 0.0f;
+    uint32_t qh;
+    std::memcpy(&qh, b + head, 4);
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (b[head + 4 + j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
+      const int hi = (b[head + 4 + j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+      if constexpr (D == DType::q5_0) {
+        out[j] = d * static_cast<float>(lo - 16);
+        out[j + 16] = d * static_cast<float>(hi - 16);
+      } else {
+        out[j] = d * static_cast<float>(lo) + m;
+        out[j + 16] = d * static_cast<float>(hi) + m;
+      }
     }
   }
 }
@@ -96,20 +159,23 @@ void matvec_block_scalar(const float* x, const void* w, int64_t rows, int64_t co
 template <DType D>
 void qmatvec_block_scalar(const float* x, const void* w, int64_t rows, int64_t cols, const float* bias, float* y,
                           int64_t num_tokens, int64_t r) {
-  const int64_t nb = cols / k_qk;
+  constexpr int64_t per = dtype_block_elems(D);
+  const int64_t nb = cols / per;
   const auto* base = static_cast<const uint8_t*>(w);
   const int64_t r_end = std::min(rows, r + k_block_rows);
-  float wb[k_qk];
+  float wb[per];
   for (int64_t i = r; i < r_end; ++i) {
     const uint8_t* row = base + i * nb * dtype_block_bytes(D);
     for (int64_t t = 0; t < num_tokens; ++t) y[t * rows + i] = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
       dequant_block_scalar<D>(row + b * dtype_block_bytes(D), wb);
       for (int64_t t = 0; t < num_tokens; ++t) {
-        const float* xt = x + t * cols + b * k_qk;
-        float acc = 0.0f;
-        for (int j = 0; j < k_qk; ++j) acc += xt[j] * wb[j];
-        y[t * rows + i] += acc;
+        const float* xt = x + t * cols + b * per;
+        for (int64_t c = 0; c < per; c += k_qk) {  // a sum per 32 columns, as for the 32-weight formats
+          float acc = 0.0f;
+          for (int j = 0; j < k_qk; ++j) acc += xt[c + j] * wb[c + j];
+          y[t * rows + i] += acc;
+        }
       }
     }
     if (bias) {
@@ -167,7 +233,37 @@ SNAP_TARGET_AVX2 inline __m256 splat_f16_avx2(const uint8_t* p) {
 template <DType D>
 SNAP_TARGET_AVX2 inline void dequant_block_avx2(const uint8_t* b, __m256 w[4]) {
   const __m256 d = splat_f16_avx2(b);
-  if constexpr (D == DType::q8_0) {
+  if constexpr (D == DType::q5_0 || D == DType::q5_1) {
+    // The fifth bits: byte i of each half gets bit i of its 16 bits of qh (shuffle its bytes
+    // out, test one bit a byte), as 0x10.
+    constexpr int head = D == DType::q5_0 ? 2 : 4;
+    uint32_t qh;
+    std::memcpy(&qh, b + head, 4);
+    const __m128i all = _mm_set1_epi32(static_cast<int>(qh));
+    const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    const __m128i k10 = _mm_set1_epi8(0x10), nib = _mm_set1_epi8(0x0f);
+    const __m128i bytes_lo =
+        _mm_and_si128(_mm_shuffle_epi8(all, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)), bit);
+    const __m128i bytes_hi =
+        _mm_and_si128(_mm_shuffle_epi8(all, _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)), bit);
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + head + 4));
+    __m128i lo = _mm_or_si128(_mm_and_si128(qs, nib), _mm_and_si128(_mm_cmpeq_epi8(bytes_lo, bit), k10));
+    __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(qs, 4), nib), _mm_and_si128(_mm_cmpeq_epi8(bytes_hi, bit), k10));
+    if constexpr (D == DType::q5_0) {
+      lo = _mm_sub_epi8(lo, k10);
+      hi = _mm_sub_epi8(hi, k10);
+      w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d);
+      w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
+      w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
+      w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
+    } else {  // d·q is exact: fused or not, one rounding
+      const __m256 m = splat_f16_avx2(b + 2);
+      w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m);
+      w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m);
+      w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m);
+      w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m);
+    }
+  } else if constexpr (D == DType::q8_0) {
     for (int j = 0; j < 4; ++j) {
       const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * j));
       w[j] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
@@ -195,16 +291,68 @@ SNAP_TARGET_AVX2 inline void dequant_block_avx2(const uint8_t* b, __m256 w[4]) {
   }
 }
 
+// A K format's sub-block j of the block at b as four vectors of 8 (the values of
+// dequant_k_chunk_scalar: Q4_K's (d·sc)·q − dmin·m rounds once, fused or not; Q6_K's products are exact).
+template <DType D>
+SNAP_TARGET_AVX2 inline void dequant_k_chunk_avx2(const uint8_t* b, int j, __m256 w[4]) {
+  const __m128i nib = _mm_set1_epi8(0x0f);
+  if constexpr (D == DType::q4_k) {
+    int sc, m;
+    scale_min_k4(b + 4, j, &sc, &m);
+    const __m256 dl = _mm256_set1_ps(load_f16(b) * static_cast<float>(sc));
+    const __m256 ml = _mm256_set1_ps(load_f16(b + 2) * static_cast<float>(m));
+    const uint8_t* qs = b + 16 + 32 * (j / 2);
+    const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
+    const __m128i q0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), shift), nib);
+    const __m128i q1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)), shift), nib);
+    w[0] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q0)), dl, ml);
+    w[1] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8))), dl, ml);
+    w[2] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q1)), dl, ml);
+    w[3] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8))), dl, ml);
+  } else {
+    const int g = j / 4, sub = j % 4;
+    const uint8_t* ql = b + 64 * g + 32 * (sub & 1);
+    const uint8_t* qh = b + 128 + 32 * g;
+    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = load_f16(b + 208);
+    const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(scales[8 * g + 2 * sub]));
+    const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(scales[8 * g + 2 * sub + 1]));
+    const __m128i lshift = _mm_cvtsi32_si128(4 * (sub >> 1)), hshift = _mm_cvtsi32_si128(2 * sub);
+    const __m128i three = _mm_set1_epi8(3), k32 = _mm_set1_epi8(32);
+    __m128i q[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m128i lo = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * h)), lshift), nib);
+      const __m128i hi = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * h)), hshift), three);
+      q[h] = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), k32);  // hi ≤ 3: the shift stays in its byte
+    }
+    w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q[0])), d0);
+    w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q[0], 8))), d0);
+    w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q[1])), d1);
+    w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q[1], 8))), d1);
+  }
+}
+
+// Columns 32c .. 32c + 31 of a row of blocks: block c of a 32-weight format, or sub-block c % 8 of
+// block c / 8 of a K format. The byte offset of the block holding them, for the prefetches.
+template <DType D>
+constexpr int64_t chunk_block_offset(int64_t c) {
+  return k_block(D) ? c / 8 * dtype_block_bytes(D) : c * dtype_block_bytes(D);
+}
+template <DType D>
+SNAP_TARGET_AVX2 inline void dequant_chunk_avx2(const uint8_t* row, int64_t c, __m256 w[4]) {
+  if constexpr (k_block(D)) dequant_k_chunk_avx2<D>(row + chunk_block_offset<D>(c), static_cast<int>(c % 8), w);
+  else dequant_block_avx2<D>(row + chunk_block_offset<D>(c), w);
+}
+
 // Block formats: same blocking as matvec_tile_avx2; x is read from L1 inside the FMAs
 // (16 accumulators already fill the 16 ymm registers).
 template <DType D, int NT>
 SNAP_TARGET_AVX2 void qmatvec_tile_avx2(const float* x, const void* w, int64_t rows, int64_t cols, const float* bias,
                                         float* y, int64_t r) {
-  constexpr int64_t bb = dtype_block_bytes(D);
-  const int64_t nb = cols / k_qk;
+  const int64_t row_bytes = dtype_row_bytes(D, cols), nb = cols / k_qk;  // nb: 32-column chunks
   const int nr = static_cast<int>(std::min<int64_t>(k_block_rows, rows - r));
   const uint8_t* row[k_block_rows];
-  for (int k = 0; k < k_block_rows; ++k) row[k] = static_cast<const uint8_t*>(w) + std::min(r + k, rows - 1) * nb * bb;
+  for (int k = 0; k < k_block_rows; ++k) row[k] = static_cast<const uint8_t*>(w) + std::min(r + k, rows - 1) * row_bytes;
   __m256 acc[k_block_rows][NT];
   for (int k = 0; k < k_block_rows; ++k)
     for (int t = 0; t < NT; ++t) acc[k][t] = _mm256_setzero_ps();
@@ -212,7 +360,7 @@ SNAP_TARGET_AVX2 void qmatvec_tile_avx2(const float* x, const void* w, int64_t r
     const float* xb = x + b * k_qk;
     for (int k = 0; k < k_block_rows; ++k) {
       __m256 wv[4];
-      dequant_block_avx2<D>(row[k] + b * bb, wv);
+      dequant_chunk_avx2<D>(row[k], b, wv);
       for (int j = 0; j < 4; ++j)
         for (int t = 0; t < NT; ++t) acc[k][t] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xb + t * cols + 8 * j), acc[k][t]);
     }
@@ -290,6 +438,20 @@ SNAP_TARGET_AVX512 inline void dequant_block_avx512(const uint8_t* b, __m512 w[2
   }
 }
 
+// Columns 32c .. 32c + 31 as two vectors of 16 (see dequant_chunk_avx2): the K formats, Q5_0 and
+// Q5_1 through their AVX2 decoding, its halves joined.
+template <DType D>
+SNAP_TARGET_AVX512 inline void dequant_chunk_avx512(const uint8_t* row, int64_t c, __m512 w[2]) {
+  if constexpr (k_block(D) || D == DType::q5_0 || D == DType::q5_1) {
+    __m256 h[4];
+    dequant_chunk_avx2<D>(row, c, h);
+    w[0] = _mm512_insertf32x8(_mm512_castps256_ps512(h[0]), h[1], 1);
+    w[1] = _mm512_insertf32x8(_mm512_castps256_ps512(h[2]), h[3], 1);
+  } else {
+    dequant_block_avx512<D>(row + chunk_block_offset<D>(c), w);
+  }
+}
+
 // Software prefetch distance for the block-format tiles: the hardware prefetcher alone left
 // the q8_0 LM head (49152×576, one thread) at 5.7 GB/s, 5.2 ms; 1 KiB ahead of each row
 // stream: 9.4 GB/s, 3.2 ms (512 B: 5.1 ms, 2 KiB: 3.5 ms). q4_x are compute-bound here.
@@ -301,11 +463,10 @@ constexpr int64_t k_prefetch_bytes = 1024;
 template <DType D, int NT>
 SNAP_TARGET_AVX512 void qmatvec_tile_avx512(const float* x, const void* w, int64_t rows, int64_t cols,
                                             const float* bias, float* y, int64_t r) {
-  constexpr int64_t bb = dtype_block_bytes(D);
-  const int64_t nb = cols / k_qk;
+  const int64_t row_bytes = dtype_row_bytes(D, cols), nb = cols / k_qk;  // nb: 32-column chunks
   const int nr = static_cast<int>(std::min<int64_t>(k_block_rows, rows - r));
   const uint8_t* row[k_block_rows];
-  for (int k = 0; k < k_block_rows; ++k) row[k] = static_cast<const uint8_t*>(w) + std::min(r + k, rows - 1) * nb * bb;
+  for (int k = 0; k < k_block_rows; ++k) row[k] = static_cast<const uint8_t*>(w) + std::min(r + k, rows - 1) * row_bytes;
   __m512 acc[k_block_rows][NT];
   for (int k = 0; k < k_block_rows; ++k)
     for (int t = 0; t < NT; ++t) acc[k][t] = _mm512_setzero_ps();
@@ -316,9 +477,9 @@ SNAP_TARGET_AVX512 void qmatvec_tile_avx512(const float* x, const void* w, int64
       x1[t] = _mm512_loadu_ps(x + t * cols + b * k_qk + 16);
     }
     for (int k = 0; k < k_block_rows; ++k) {
-      _mm_prefetch(reinterpret_cast<const char*>(row[k] + b * bb + k_prefetch_bytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row[k] + chunk_block_offset<D>(b) + k_prefetch_bytes), _MM_HINT_T0);
       __m512 wv[2];
-      dequant_block_avx512<D>(row[k] + b * bb, wv);
+      dequant_chunk_avx512<D>(row[k], b, wv);
       for (int t = 0; t < NT; ++t) acc[k][t] = _mm512_fmadd_ps(wv[0], x0[t], acc[k][t]);
       for (int t = 0; t < NT; ++t) acc[k][t] = _mm512_fmadd_ps(wv[1], x1[t], acc[k][t]);
     }
@@ -395,15 +556,15 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
   if (level == SimdLevel::scalar) {
     if constexpr (dtype_is_quantized(D)) p.scalar = qmatvec_block_scalar<D>;
     else p.scalar = matvec_block_scalar<D>;
-  } else if (dtype_is_quantized(D) && act == MatvecAct::q8) {
+  } else if (dtype_cpu_int_blocks(D) && act == MatvecAct::q8) {
     p.qfull = q8act_tile_avx2(D, k_block_tokens);
     p.qtail = rest ? q8act_tile_avx2(D, rest) : nullptr;
-  } else if (dtype_is_quantized(D) && (act == MatvecAct::q16 || act == MatvecAct::q16x2)) {
+  } else if (dtype_cpu_int_blocks(D) && (act == MatvecAct::q16 || act == MatvecAct::q16x2)) {
     const bool split = act == MatvecAct::q16x2;
     p.q16full = q16act_tile(D, k_block_tokens, split);
     p.q16tail = rest ? q16act_tile(D, rest, split) : nullptr;
     p.q16split = split;
-  } else if (dtype_is_quantized(D) && act == MatvecAct::q8x3) {
+  } else if (dtype_cpu_int_blocks(D) && act == MatvecAct::q8x3) {
     if (w.layout == WeightLayout::tiles4 && q8x3act_tile_t4(D, k_block_tokens) != nullptr) {
       p.x3full = q8x3act_tile_t4(D, k_block_tokens);
       p.x3tail = rest ? q8x3act_tile_t4(D, rest) : nullptr;
@@ -431,10 +592,10 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
     case DType::q8_0: return make_part<DType::q8_0>(w, bias, y, level, rest, act);
     case DType::q4_0: return make_part<DType::q4_0>(w, bias, y, level, rest, act);
     case DType::q4_1: return make_part<DType::q4_1>(w, bias, y, level, rest, act);
-    case DType::q5_0:
-    case DType::q5_1:
-    case DType::q4_k:
-    case DType::q6_k:
+    case DType::q5_0: return make_part<DType::q5_0>(w, bias, y, level, rest, act);
+    case DType::q5_1: return make_part<DType::q5_1>(w, bias, y, level, rest, act);
+    case DType::q4_k: return make_part<DType::q4_k>(w, bias, y, level, rest, act);
+    case DType::q6_k: return make_part<DType::q6_k>(w, bias, y, level, rest, act);
     case DType::q5_k:
     case DType::q3_k:
     case DType::q2_k: break;  // the device's only
@@ -528,7 +689,7 @@ void run_parts(const float* x, const MatvecPart* parts, int count, int64_t num_t
 
 // The integer paths only for block formats on a SIMD level (the scalar level stays the f32 reference).
 MatvecAct act_for(DType d, SimdLevel level) {
-  return dtype_cpu_blocks(d) && level != SimdLevel::scalar ? matvec_act() : MatvecAct::f32;
+  return dtype_cpu_int_blocks(d) && level != SimdLevel::scalar ? matvec_act() : MatvecAct::f32;
 }
 
 void matvec(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, MatvecAct act) {
@@ -544,9 +705,9 @@ template <DType D>
 SNAP_TARGET_AVX512 void convert_avx512(const void* src, float* dst, int64_t n) {
   if constexpr (dtype_is_quantized(D)) {
     const auto* b = static_cast<const uint8_t*>(src);
-    for (int64_t i = 0; i < n; i += k_qk, b += dtype_block_bytes(D)) {
+    for (int64_t i = 0; i < n; i += k_qk) {  // 32-column chunks of the blocks from src on
       __m512 w[2];
-      dequant_block_avx512<D>(b, w);
+      dequant_chunk_avx512<D>(b, i / k_qk, w);
       _mm512_storeu_ps(dst + i, w[0]);
       _mm512_storeu_ps(dst + i + 16, w[1]);
     }
@@ -562,9 +723,9 @@ template <DType D>
 SNAP_TARGET_AVX2 void convert_avx2(const void* src, float* dst, int64_t n) {
   if constexpr (dtype_is_quantized(D)) {
     const auto* b = static_cast<const uint8_t*>(src);
-    for (int64_t i = 0; i < n; i += k_qk, b += dtype_block_bytes(D)) {
+    for (int64_t i = 0; i < n; i += k_qk) {
       __m256 w[4];
-      dequant_block_avx2<D>(b, w);
+      dequant_chunk_avx2<D>(b, i / k_qk, w);
       for (int j = 0; j < 4; ++j) _mm256_storeu_ps(dst + i + 8 * j, w[j]);
     }
   } else {
@@ -578,7 +739,7 @@ template <DType D>
 void convert_scalar(const void* src, float* dst, int64_t n) {
   if constexpr (dtype_is_quantized(D)) {
     const auto* b = static_cast<const uint8_t*>(src);
-    for (int64_t i = 0; i < n; i += k_qk, b += dtype_block_bytes(D)) dequant_block_scalar<D>(b, dst + i);
+    for (int64_t i = 0; i < n; i += dtype_block_elems(D), b += dtype_block_bytes(D)) dequant_block_scalar<D>(b, dst + i);
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] = load_w<D>(src, i);
   }
@@ -675,10 +836,10 @@ void ref_row(const WeightView& w, int64_t r, float* out) {
       case DType::q8_0: dequant_block_scalar<DType::q8_0>(row + c / k_qk * 34, out + c); break;
       case DType::q4_0: dequant_block_scalar<DType::q4_0>(row + c / k_qk * 18, out + c); break;
       case DType::q4_1: dequant_block_scalar<DType::q4_1>(row + c / k_qk * 20, out + c); break;
-      case DType::q5_0:
-      case DType::q5_1:
-      case DType::q4_k:
-      case DType::q6_k:
+      case DType::q5_0: dequant_block_scalar<DType::q5_0>(row + c / k_qk * 22, out + c); break;
+      case DType::q5_1: dequant_block_scalar<DType::q5_1>(row + c / k_qk * 24, out + c); break;
+      case DType::q4_k: dequant_block_scalar<DType::q4_k>(row + c / 256 * 144, out + c); break;
+      case DType::q6_k: dequant_block_scalar<DType::q6_k>(row + c / 256 * 210, out + c); break;
       case DType::q5_k:
       case DType::q3_k:
       case DType::q2_k: CHECK(false) << "matmul_ref: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
@@ -725,10 +886,10 @@ void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, flo
     case DType::q8_0: gemm_converted<DType::q8_0>(x, w, y, num_tokens); break;
     case DType::q4_0: gemm_converted<DType::q4_0>(x, w, y, num_tokens); break;
     case DType::q4_1: gemm_converted<DType::q4_1>(x, w, y, num_tokens); break;
-    case DType::q5_0:
-    case DType::q5_1:
-    case DType::q4_k:
-    case DType::q6_k:
+    case DType::q5_0: gemm_converted<DType::q5_0>(x, w, y, num_tokens); break;
+    case DType::q5_1: gemm_converted<DType::q5_1>(x, w, y, num_tokens); break;
+    case DType::q4_k: gemm_converted<DType::q4_k>(x, w, y, num_tokens); break;
+    case DType::q6_k: gemm_converted<DType::q6_k>(x, w, y, num_tokens); break;
     case DType::q5_k:
     case DType::q3_k:
     case DType::q2_k: CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";

@@ -293,7 +293,7 @@ void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y,
 
 void check_weight(const WeightView& w) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matvec q8act: empty weight";
-  CHECK(dtype_cpu_blocks(w.dtype)) << "matvec q8act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1)";
+  CHECK(dtype_cpu_int_blocks(w.dtype)) << "matvec q8act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1)";
   CHECK(w.layout == WeightLayout::rows) << "matvec q8act: tiles4 weights (this kernel reads row-major blocks; "
                                            "matmul_cpu unpacks tiles4)";
   CHECK(w.cols % k_qk == 0) << "matvec q8act: " << dtype_name(w.dtype) << " cols " << w.cols;

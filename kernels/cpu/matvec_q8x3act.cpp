@@ -568,7 +568,7 @@ struct RowMajorCopy {
 
 void check_weight(const WeightView& w) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matvec q8x3act: empty weight";
-  CHECK(dtype_cpu_blocks(w.dtype)) << "matvec q8x3act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1)";
+  CHECK(dtype_cpu_int_blocks(w.dtype)) << "matvec q8x3act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1)";
   CHECK(w.cols % k_qk == 0) << "matvec q8x3act: " << dtype_name(w.dtype) << " cols " << w.cols;
 }
 

@@ -112,7 +112,7 @@ bool weight_tiles4_wanted(DType dtype) {
     const char* e = std::getenv("SNAP_WEIGHT_TILES");
     return e != nullptr && std::string(e) == "0";
   }();
-  return !off && dtype_cpu_blocks(dtype) && matvec_act() == MatvecAct::q8x3 && q8x3act_vector_tiles();
+  return !off && dtype_cpu_int_blocks(dtype) && matvec_act() == MatvecAct::q8x3 && q8x3act_vector_tiles();
 }
 
 }  // namespace snap::kernels

@@ -372,7 +372,7 @@ void add_matmul_fused(std::vector<OpCase>& t) {
 // (matmul_ref, f64) reads: Q8_0/Q4_0/Q4_1 directly; Q5_0/Q4_K/Q5_K/Q6_K through the CPU's
 // dequantizer (worker/model/dequant.h, bit-exact with the `gguf` package's), as f32. Scales
 // cover normal and subnormal f16 (row 0's are subnormal, row 1's zero) and both signs.
-bool cpu_block_dtype(BlockFormat f) { return dtype_cpu_blocks(block_format_dtype(f)); }
+bool cpu_block_dtype(BlockFormat f) { return dtype_cpu_int_blocks(block_format_dtype(f)); }
 struct BlocksHost {
   BlockFormat format;
   DType dtype;

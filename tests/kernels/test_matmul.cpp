@@ -1,5 +1,5 @@
 // matmul: both fast paths (SIMD matvec at every SIMD level, sgemm) and the dispatcher
-// against the f64 reference, for f32/f16/bf16 and q8_0/q4_0/q4_1 weights over awkward
+// against the f64 reference, for f32/f16/bf16 and q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k weights over awkward
 // shapes, with and without bias; the reference decodes hand-built blocks as the ggml
 // layout says; NaN in x must reach every output of that token.
 #include <gtest/gtest.h>
@@ -93,12 +93,15 @@ TEST(Matmul, Bf16MatchesReferenceOnAwkwardShapes) { check_shapes(DType::bf16, k_
 
 // Shapes the brief asks for: every rows × cols (cols whole 32-blocks: 1, 2, 18, 48 blocks),
 // token counts cycling through 1..5 (each register-block tail), 17 and 128 (sgemm).
-std::vector<Shape> quant_shapes() {
+// The K formats (256-weight blocks): 1, 2, 3 and 6 blocks.
+std::vector<Shape> quant_shapes(DType dtype) {
   const int64_t tokens[] = {1, 2, 3, 4, 5, 17, 128};
+  const std::vector<int64_t> widths =
+      dtype_block_elems(dtype) == 256 ? std::vector<int64_t>{256, 512, 768, 1536} : std::vector<int64_t>{32, 64, 576, 1536};
   std::vector<Shape> v;
   int i = 0;
   for (int64_t rows : {7, 83, 769}) {
-    for (int64_t cols : {32, 64, 576, 1536}) {
+    for (int64_t cols : widths) {
       for (int k = 0; k < 3; ++k) v.push_back({rows, cols, tokens[(i++) % 7]});
     }
   }
@@ -109,7 +112,7 @@ std::vector<Shape> quant_shapes() {
 // (exactly dequantized) weights, so only the f32 summation order differs from the f64
 // reference; q4_1's one-sided offsets make outputs larger, which the normalization absorbs.
 void check_quant_shapes(DType dtype) {
-  for (const Shape& s : quant_shapes()) {
+  for (const Shape& s : quant_shapes(dtype)) {
     const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 17 + static_cast<uint32_t>(s.cols));
     const WeightView w{dtype, blocks.data(), s.rows, s.cols};
     const std::vector<float> x = random_floats(s.num_tokens * s.cols, 19);
@@ -138,6 +141,47 @@ void check_quant_shapes(DType dtype) {
 TEST(Matmul, Q8_0MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q8_0); }
 TEST(Matmul, Q4_0MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q4_0); }
 TEST(Matmul, Q4_1MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q4_1); }
+TEST(Matmul, Q5_0MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q5_0); }
+TEST(Matmul, Q5_1MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q5_1); }
+TEST(Matmul, Q4_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q4_k); }
+TEST(Matmul, Q6_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q6_k); }
+
+// Q5_0, Q5_1 and the K formats run f32 activations whatever the matvec mode says (the integer modes
+// read only q8_0/q4_0/q4_1), and their SIMD tiles walk a row 32 columns at a time in the f32 tile's order:
+// on the same values, the matvec over the blocks and the one over their f32 values agree bit for
+// bit, at the AVX2 and AVX-512 levels and in every mode. (The values themselves: tests/worker/test_dequant.cpp
+// checks them against the gguf package.)
+TEST(Matmul, F32ActBlockMatvecIsTheF32MatvecOnItsValues) {
+  for (DType dtype : {DType::q5_0, DType::q5_1, DType::q4_k, DType::q6_k}) {
+    for (const Shape& s : {Shape{83, 1536, 1}, Shape{7, 512, 5}, Shape{130, 768, 4}}) {
+      const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 29);
+      const WeightView w{dtype, blocks.data(), s.rows, s.cols};
+      std::vector<float> values(static_cast<size_t>(s.rows * s.cols));
+      std::vector<float> onehot(static_cast<size_t>(s.cols * s.cols), 0.0f);
+      for (int64_t c = 0; c < s.cols; ++c) onehot[c * s.cols + c] = 1.0f;
+      std::vector<float> yt(values.size());
+      matmul_ref(onehot.data(), w, nullptr, yt.data(), s.cols);  // yt[c][r] = w[r][c]
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t c = 0; c < s.cols; ++c) values[r * s.cols + c] = yt[c * s.rows + r];
+      const WeightView wf{DType::f32, values.data(), s.rows, s.cols};
+      const std::vector<float> x = random_floats(s.num_tokens * s.cols, 31);
+      const std::vector<float> bias = random_floats(s.rows, 37);
+      for (SimdLevel level : test::supported_levels()) {
+        if (level == SimdLevel::scalar) continue;  // the scalar block loop sums per block, the f32 one per row
+        test::LevelGuard guard(level);
+        for (MatvecAct act : {MatvecAct::f32, MatvecAct::q8, MatvecAct::q16x2, MatvecAct::q8x3}) {
+          test::ActGuard mode(act);
+          std::vector<float> got(static_cast<size_t>(s.num_tokens * s.rows)), want(got.size());
+          matmul_matvec_cpu(x.data(), w, bias.data(), got.data(), s.num_tokens);
+          matmul_matvec_cpu(x.data(), wf, bias.data(), want.data(), s.num_tokens);
+          EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+              << dtype_name(dtype) << " rows " << s.rows << " cols " << s.cols << " tokens " << s.num_tokens << " at "
+              << test::level_name(level) << " " << matvec_act_name(act);
+        }
+      }
+    }
+  }
+}
 
 // One hand-built block per format, read back column by column through unit vectors x = e_c:
 // pins the reference (and so every fast path) to the ggml layout in common/dtype.h.

@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/simd.h"
+#include "tests/kernels/kernel_test_util.h"
 #include "worker/model/dequant.h"
 
 namespace snap {
@@ -79,6 +82,51 @@ TEST(Dequant, EveryTypeBitExactWithGgufReference) {
     ASSERT_TRUE(s.ok()) << name << ": " << s.to_string();
     expect_bits_equal(got, want, name);
   }
+}
+
+// The CPU's matmul kernels on every block format they read (common/dtype.h dtype_cpu_blocks:
+// q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k), over the same fixture blocks as one matrix: with one-hot
+// activations (token t = column t) each output is one weight exactly, so every path — the
+// reference, the f32-activation matvec and the converting sgemm, at every SIMD level — must give
+// the gguf package's values bit for bit (their own decoders, kernels/cpu/matmul.cpp, not this
+// file's), but for −0, which a sum from +0 returns as +0.
+TEST(Dequant, CpuMatmulKernelsReadTheBlocksAsTheGgufPackage) {
+  int formats = 0;
+  for (const auto& e : manifest()) {
+    const std::string name = e["name"];
+    DType dtype;
+    if (!dtype_of(static_cast<GgmlType>(e["type"].get<uint32_t>()), &dtype) || !dtype_cpu_blocks(dtype)) continue;
+    ++formats;
+    const std::vector<uint8_t> raw = read_bytes(k_dir + name + ".raw");
+    const std::vector<float> want = as_floats(read_bytes(k_dir + name + ".f32"));
+    const int64_t cols = 256, rows = static_cast<int64_t>(want.size()) / cols;
+    ASSERT_GT(rows, 0) << name;
+    ASSERT_EQ(static_cast<int64_t>(raw.size()), rows * dtype_row_bytes(dtype, cols)) << name;
+    const kernels::WeightView w{dtype, raw.data(), rows, cols};
+    std::vector<float> x(static_cast<size_t>(cols * cols), 0.0f);
+    for (int64_t t = 0; t < cols; ++t) x[t * cols + t] = 1.0f;
+    // y[t][r] = w[r][t]: back to the fixture's order.
+    const auto check = [&](void (*fn)(const float*, const kernels::WeightView&, const float*, float*, int64_t),
+                           int64_t tokens, const std::string& what) {
+      std::vector<float> y(static_cast<size_t>(tokens * rows)), got(static_cast<size_t>(tokens * rows));
+      fn(x.data(), w, nullptr, y.data(), tokens);
+      std::vector<float> want_part;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t t = 0; t < tokens; ++t) {
+          got[r * tokens + t] = y[t * rows + r];
+          want_part.push_back(want[r * cols + t] + 0.0f);  // −0: a sum from +0 gives +0
+        }
+      expect_bits_equal(got, want_part, name + " " + what);
+    };
+    check(kernels::matmul_ref, cols, "matmul_ref");
+    for (kernels::SimdLevel level : kernels::test::supported_levels()) {
+      kernels::test::LevelGuard guard(level);
+      const std::string at = std::string(" at ") + kernels::test::level_name(level);
+      check(kernels::matmul_matvec_f32act_cpu, cols, "f32act matvec" + at);
+      check(kernels::matmul_gemm_cpu, cols, "sgemm" + at);
+    }
+  }
+  EXPECT_EQ(formats, 7);
 }
 
 TEST(Dequant, TypeInfoAndNbytesMatchGgufPackage) {

@@ -1,4 +1,4 @@
-// Weight loading: a .gguf file (q8_0/q4_0/q4_1 matrices kept as blocks, the rest
+// Weight loading: a .gguf file (q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k matrices kept as blocks, the rest
 // dequantized) or a Hugging Face directory (safetensors), into owned, 64-byte aligned
 // matrices in the HF layout. Every tensor is checked for presence, type and shape before
 // anything is read; then tensors are converted in parallel (OpenMP, one tensor per task).
@@ -403,7 +403,8 @@ void pack_for_matvec(ModelWeights* w) {
 }
 
 // The block format a GGUF tensor type is kept in, if it is one the matmul reads natively:
-// the CPU's (q8_0, q4_0, q4_1), and with device_blocks the device's too (q5_0, q5_1, q2_k-q6_k).
+// the CPU's (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k), and with device_blocks the device's too
+// (q2_k, q3_k, q5_k).
 bool native_dtype(GgmlType type, bool device_blocks, DType* out) {
   DType t;
   if (!dtype_of(type, &t) || !dtype_is_quantized(t) || !(device_blocks || dtype_cpu_blocks(t))) return false;

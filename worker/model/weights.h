@@ -1,5 +1,5 @@
 // Owned model weights in the Hugging Face layout (row-major [out, in]), loaded from GGUF
-// or safetensors. Projection matrices and the LM head keep a GGUF tensor's q8_0/q4_0/q4_1
+// or safetensors. Projection matrices and the LM head keep a GGUF tensor's q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k
 // blocks as they are (LoadOptions::keep_quantized), or are quantized to q8_0 at load from
 // any format (LoadOptions::weight_dtype q8_0); everything else is dequantized.
 // GGUF llama/mistral Q and K projections are stored permuted for interleaved RoPE; the
@@ -78,7 +78,7 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  // [vocab_size, hidden_size]: f32, or the GGUF's q8_0/q4_0/q4_1 blocks when those are kept
+  // [vocab_size, hidden_size]: f32, or the GGUF's blocks in a format the matmul reads when kept
   // (LoadOptions::keep_quantized); looked-up rows are dequantized.
   Matrix embed;
   std::vector<LayerWeights> layers;
@@ -132,8 +132,8 @@ struct LoadedModel {
   ModelWeights weights;
 };
 
-// The --weight-dtype names: auto (GGUF q8_0/q4_0/q4_1 projections kept in their blocks, the
-// rest f32), f32, f16, bf16 (every projection dequantized to it), q8_0 (every projection and
+// The --weight-dtype names: auto (GGUF q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k projections kept in their blocks,
+// the rest f32), f32, f16, bf16 (every projection dequantized to it), q8_0 (every projection and
 // the LM head quantized to q8_0 at load). Sets weight_dtype and keep_quantized; an unknown
 // name is invalid_argument.
 Status apply_weight_dtype(const std::string& name, LoadOptions* opts);

@@ -308,7 +308,7 @@ void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bi
 }
 
 namespace {
-// A block-format matrix as the CPU's kernels read it: llama.cpp's blocks (q8_0, q4_0, q4_1) or
+// A block-format matrix as the CPU's kernels read it: llama.cpp's blocks (dtype_cpu_blocks) or
 // f32 values (the formats they do not read).
 struct HostMatrix {
   DType dtype = DType::f32;
@@ -356,7 +356,7 @@ std::shared_ptr<const HostMatrix> host_matrix(const BlockWeights& w, int64_t row
 // (matmul_gemm_cpu converted the whole matrix to f32 for every decoded token: a one-token
 // batch of SmolLM2 on the twin ran at a quarter of the CPU engine's speed), else its converting
 // sgemm; in their orders, not the kernels' (their batch invariance is the emulator's to check,
-// not the twin's). A format the CPU's kernels do not read (Q5_0, Q5_1 and the K formats) is
+// not the twin's). A format the CPU's kernels do not read (Q5_K, Q3_K, Q2_K) is
 // dequantized to f32 first.
 bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, float* out, int64_t num_tokens,
                     int64_t rows, int64_t cols, const char* what) {
