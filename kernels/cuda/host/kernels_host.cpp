@@ -317,8 +317,9 @@ struct HostMatrix {
 
 // The matrix w [rows, cols] as a HostMatrix, kept between calls: joining (or dequantizing) the
 // whole matrix for every decoded token was most of the twin's decode time. An entry is rebuilt
-// when a copy or memset has written into one of its arrays since (hostcuda::content_tag), and
-// every entry is dropped when any device memory is freed (it may hold another matrix now).
+// when its arrays' tags differ (hostcuda::content_tag: a copy or memset wrote into them, or they
+// were freed and allocated again), and every entry is dropped when any device memory is freed,
+// so that the cache holds no matrix of freed memory.
 // Weights that a kernel rewrites in place between two GEMVs are not seen: nothing does that.
 // Shared so that a caller keeps its matrix while another thread's call drops the cache.
 std::shared_ptr<const HostMatrix> host_matrix(const BlockWeights& w, int64_t rows, int64_t cols) {
@@ -365,12 +366,12 @@ bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, fl
     return false;
   const std::shared_ptr<const HostMatrix> m = host_matrix(w, rows, cols);
   const WeightView wv{m->dtype, m->bytes.data(), rows, cols};
-  if (m->dtype != DType::f32 && num_tokens < k_matmul_gemm_min_tokens_quant)
-    matmul_matvec_f32act_cpu(x, wv, bias, out, num_tokens);
-  else if (m->dtype != DType::f32)
-    matmul_gemm_cpu(x, wv, bias, out, num_tokens);
-  else
+  if (m->dtype == DType::f32)
     matmul_cpu(x, wv, bias, out, num_tokens);
+  else if (num_tokens < k_matmul_gemm_min_tokens_quant)
+    matmul_matvec_f32act_cpu(x, wv, bias, out, num_tokens);
+  else
+    matmul_gemm_cpu(x, wv, bias, out, num_tokens);
   return true;
 }
 }  // namespace
