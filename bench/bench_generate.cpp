@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   }
   const double bw = measure_bandwidth_gbs(threads);  // first: before any OpenMP region here
   omp_set_num_threads(threads);
-  LoadOptions opts;  // auto: GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K kept natively; f32/f16/bf16: all dequantized; q8_0: quantized
+  LoadOptions opts;  // auto: GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K-Q6_K kept natively; f32/f16/bf16: all dequantized; q8_0: quantized
   if (const Status named = apply_weight_dtype(weight_format, &opts); !named.ok()) {
     std::fprintf(stderr, "bench_generate: %s\n", named.message().c_str());
     return 2;

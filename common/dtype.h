@@ -25,9 +25,9 @@ namespace snap {
 //   q5_k: 256 weights (worker/model/dequant.cpp)                       176 bytes
 //   q3_k: 256 weights (worker/model/dequant.cpp)                       110 bytes
 //   q2_k: 256 weights (worker/model/dequant.cpp)                        84 bytes
-// The CPU's matmul kernels read q8_0, q4_0, q4_1, q5_0, q5_1, q4_k and q6_k (dtype_cpu_blocks: every
-// format of a Q4_K_M file); q5_k, q3_k and q2_k are kept only for the device (LoadOptions::device_blocks;
-// kernels/cuda/kernels_cuda.h).
+// The CPU's matmul kernels (kernels/cpu/matmul.cpp) and the device's (kernels/cuda/kernels_cuda.h) read
+// every one of them in its blocks (dtype_cpu_blocks), so every format of a Q2_K .. Q8_0 GGUF stays in the
+// file's blocks; only the integer-activation matvecs are narrower (dtype_cpu_int_blocks).
 enum class DType : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, q5_k, q3_k, q2_k };
 
 inline const char* dtype_name(DType t) {
@@ -51,13 +51,11 @@ inline const char* dtype_name(DType t) {
 
 // True for the block formats, which have no per-element size.
 constexpr bool dtype_is_quantized(DType t) { return t >= DType::q8_0; }
-// The block formats the CPU's kernels read (the others only the device's).
-constexpr bool dtype_cpu_blocks(DType t) {
-  return t == DType::q8_0 || t == DType::q4_0 || t == DType::q4_1 || t == DType::q5_0 || t == DType::q5_1 ||
-         t == DType::q4_k || t == DType::q6_k;
-}
+// The block formats the CPU's kernels read: all of them (the K formats since Q2_K .. Q6_K decoding in
+// the f32-activation tiles; before, some were kept only for the device).
+constexpr bool dtype_cpu_blocks(DType t) { return dtype_is_quantized(t); }
 // Those of them that the integer-activation matvecs (q8act, q16act, q8x3act: kernels/matvec_act.h)
-// and the 4-row tiles (kernels/weight_tiles.h) read too; Q5_0, Q5_1, Q4_K and Q6_K run f32 activations.
+// and the 4-row tiles (kernels/weight_tiles.h) read too; Q5_0, Q5_1 and the K formats run f32 activations.
 constexpr bool dtype_cpu_int_blocks(DType t) { return t == DType::q8_0 || t == DType::q4_0 || t == DType::q4_1; }
 
 // Elements per block: 32 or 256 for the block formats, 1 for element types.

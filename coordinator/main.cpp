@@ -223,7 +223,7 @@ int run_generate(const GenerateArgs& a) {
   auto policy = kv_policy_from_args(a);  // checked on every rank before loading
   if (!policy.ok()) return fail(policy.status().message());
 
-  LoadOptions opts;  // auto: q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k matrices stay native, the rest f32
+  LoadOptions opts;  // auto: block-format (q8_0 .. q2_k) matrices stay native, the rest f32
   const Status named = apply_weight_dtype(a.weight_dtype, &opts);  // checked by the flag
   if (!named.ok()) return fail(named.message());
   opts.tp_rank = world->tp_rank();

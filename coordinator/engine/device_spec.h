@@ -44,13 +44,12 @@ bool device_nccl_usable();
 Status check_device(const DeviceSpec& spec);
 
 // How a device run loads its model, by --weight-dtype (auto, bf16 or q8_0; the CLI refuses the
-// rest): row-major blocks (no CPU matvec tiles); auto keeps a GGUF's Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K
-// matrices in their blocks, q8_0 quantizes every projection and the LM head at load; everything
+// rest): row-major blocks (no CPU matvec tiles); auto keeps a GGUF's block-format (Q8_0 .. Q2_K)
+// matrices in their blocks, as the CPU's load does, q8_0 quantizes every projection and the LM head at load; everything
 // else is bf16, on the host as on the device.
 inline LoadOptions device_load_options(const std::string& weight_dtype) {
   LoadOptions opts;
   opts.keep_quantized = weight_dtype == "auto";
-  opts.device_blocks = true;
   opts.matvec_tiles = false;
   opts.weight_dtype = weight_dtype == "q8_0" ? DType::q8_0 : DType::bf16;
   return opts;

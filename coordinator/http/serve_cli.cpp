@@ -151,8 +151,8 @@ void add_kv_dtype_option(CLI::App* cmd, std::string& dtype) {
 
 void add_weight_dtype_option(CLI::App* cmd, std::string& dtype) {
   cmd->add_option("--weight-dtype", dtype,
-                  "Storage of the projection weights on the CPU: auto (default: a GGUF's q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k "
-                  "matrices kept as they are, so a Q4_K_M file stays in its blocks; the rest f32), f32, f16, bf16, or q8_0 (every projection and the LM head "
+                  "Storage of the projection weights on the CPU: auto (default: a GGUF's q8_0/q4_0/q4_1/q5_0/q5_1 and q2_k-q6_k "
+                  "matrices kept as they are, so a Q4_K_M or Q3_K_M file stays in its blocks; the rest f32), f32, f16, bf16, or q8_0 (every projection and the LM head "
                   "quantized at load as llama.cpp's Q8_0, one f16 scale per 32 weights: 0.27x the bytes of f32, "
                   "for Hugging Face f32/bf16 checkpoints and any GGUF; see README \"Quantize at load\"). "
                   "--device cuda: auto keeps a GGUF's q8_0/q4_0/q4_1/q5_0/q5_1 and q2_k-q6_k blocks on the GPU (a Q4_K_M or "

@@ -1,5 +1,5 @@
 // y[num_tokens, rows] = x[num_tokens, cols] · Wᵀ (+ bias) for f32, f16, bf16 weights and
-// the ggml block formats q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k (common/dtype.h). matmul_ref: f64 dot
+// every ggml block format we load: q8_0, q4_0, q4_1, q5_0, q5_1 and the K formats q2_k .. q6_k (common/dtype.h). matmul_ref: f64 dot
 // products. The K formats' 256-weight blocks are read 32 columns (one sub-block) at a time, so
 // every tile below walks a row in 32-column chunks whatever the format.
 // matmul_cpu: decode-sized batches go to a SIMD matvec (rows split across OpenMP threads,
@@ -63,21 +63,57 @@ inline void scale_min_k4(const uint8_t* s, int j, int* sc, int* m) {
   }
 }
 
+// Q3_K's 6-bit scale k of 16 (offset 32 taken off) in its 12 bytes: the low nibble of byte k % 8
+// (k < 8) or its high nibble (k ≥ 8), and bits 2·(k/4) .. +1 of byte 8 + k % 4 above it.
+inline int scale_k3(const uint8_t* s, int k) {
+  const int lo = (s[k % 8] >> (4 * (k / 8))) & 0x0f, hi = (s[8 + k % 4] >> (2 * (k / 4))) & 0x03;
+  return (lo | (hi << 4)) - 32;
+}
+
 // The K formats, one 32-weight sub-block (chunk j of 8) of the block at b, as
 // worker/model/dequant.cpp computes it (bit-identical: every product is exact, one rounding):
 //   q4_k: f16 d, f16 dmin, scales[12], qs[128]: w = (d·sc_j)·q − dmin·m_j, q nibble j&1 of
 //         qs[32·(j/2) + l];
+//   q5_k: f16 d, f16 dmin, scales[12], qh[32], qs[128]: as q4_k with bit j of qh[l] as q's fifth bit;
 //   q6_k: ql[128], qh[64], int8 scales[16], f16 d: half g = j/4, s = j%4: q = (nibble s/2 of
-//         ql[64g + 32(s&1) + l]) | ((qh[32g + l] >> 2s) & 3) << 4, w = (d·scale[8g + 2s + l/16])·(q − 32).
+//         ql[64g + 32(s&1) + l]) | ((qh[32g + l] >> 2s) & 3) << 4, w = (d·scale[8g + 2s + l/16])·(q − 32);
+//   q3_k: hmask[32], qs[64], scales[12], f16 d: q = ((qs[32g + l] >> 2s) & 3) − (bit j of hmask[l] clear ? 4 : 0),
+//         w = (d·scale_k3(2j + l/16))·q;
+//   q2_k: scales[16], qs[64], f16 d, f16 dmin: q = (qs[32g + l] >> 2s) & 3, sc = scales[2j + l/16],
+//         w = (d·(sc & 15))·q − dmin·(sc >> 4).
 template <DType D>
 inline void dequant_k_chunk_scalar(const uint8_t* b, int j, float* out) {
-  if constexpr (D == DType::q4_k) {
+  if constexpr (D == DType::q4_k || D == DType::q5_k) {
     int sc, m;
     scale_min_k4(b + 4, j, &sc, &m);
     const float dl = load_f16(b) * static_cast<float>(sc), ml = load_f16(b + 2) * static_cast<float>(m);
-    const uint8_t* qs = b + 16 + 32 * (j / 2);
+    const uint8_t* qs = b + (D == DType::q4_k ? 16 : 48) + 32 * (j / 2);
     const int shift = 4 * (j & 1);
-    for (int l = 0; l < 32; ++l) out[l] = dl * static_cast<float>((qs[l] >> shift) & 0x0f) - ml;
+    for (int l = 0; l < 32; ++l) {
+      int q = (qs[l] >> shift) & 0x0f;
+      if constexpr (D == DType::q5_k) q |= ((b[16 + l] >> j) & 1) << 4;
+      out[l] = dl * static_cast<float>(q) - ml;
+    }
+  } else if constexpr (D == DType::q3_k) {
+    const uint8_t* qs = b + 32 + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    const float d = load_f16(b + 108);
+    for (int h = 0; h < 2; ++h) {
+      const float dl = d * static_cast<float>(scale_k3(b + 96, 2 * j + h));
+      for (int l = 16 * h; l < 16 * h + 16; ++l) {
+        const int q = ((qs[l] >> shift) & 3) - ((((b[l] >> j) & 1) ^ 1) << 2);
+        out[l] = dl * static_cast<float>(q);
+      }
+    }
+  } else if constexpr (D == DType::q2_k) {
+    const uint8_t* qs = b + 16 + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    const float d = load_f16(b + 80), dmin = load_f16(b + 82);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t sc = b[2 * j + h];
+      const float dl = d * static_cast<float>(sc & 0x0f), ml = dmin * static_cast<float>(sc >> 4);
+      for (int l = 16 * h; l < 16 * h + 16; ++l) out[l] = dl * static_cast<float>((qs[l] >> shift) & 3) - ml;
+    }
   } else if constexpr (D == DType::q6_k) {
     const int g = j / 4, sub = j % 4;
     const uint8_t* ql = b + 64 * g + 32 * (sub & 1);
@@ -92,7 +128,7 @@ inline void dequant_k_chunk_scalar(const uint8_t* b, int j, float* out) {
   }
 }
 
-constexpr bool k_block(DType d) { return d == DType::q4_k || d == DType::q6_k; }
+constexpr bool k_block(DType d) { return dtype_block_elems(d) == 256; }
 
 template <DType D>
 inline void dequant_block_scalar(const uint8_t* b, float* out) {
@@ -223,11 +259,15 @@ SNAP_TARGET_AVX2 void matvec_tile_avx2(const float* x, const void* w, int64_t ro
   }
 }
 
-SNAP_TARGET_AVX2 inline __m256 splat_f16_avx2(const uint8_t* p) {
+// An f16 through F16C: the exact value, as load_f16 gives it, without its branches (the K formats
+// read two or four per 32 weights).
+SNAP_TARGET_AVX2 inline float load_f16_f16c(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return _mm256_set1_ps(_cvtsh_ss(h));
+  return _cvtsh_ss(h);
 }
+
+SNAP_TARGET_AVX2 inline __m256 splat_f16_avx2(const uint8_t* p) { return _mm256_set1_ps(load_f16_f16c(p)); }
 
 // One block as four vectors of 8: w[j] holds elements 8j .. 8j+7.
 template <DType D>
@@ -292,29 +332,62 @@ SNAP_TARGET_AVX2 inline void dequant_block_avx2(const uint8_t* b, __m256 w[4]) {
 }
 
 // A K format's sub-block j of the block at b as four vectors of 8 (the values of
-// dequant_k_chunk_scalar: Q4_K's (d·sc)·q − dmin·m rounds once, fused or not; Q6_K's products are exact).
+// dequant_k_chunk_scalar: Q4_K/Q5_K/Q2_K's (d·sc)·q − dmin·m rounds once, fused or not; Q6_K's and
+// Q3_K's products are exact). The bit fields are cut with 16-bit shifts and byte masks: a bit
+// shifted in from the neighbouring byte never survives the mask.
 template <DType D>
 SNAP_TARGET_AVX2 inline void dequant_k_chunk_avx2(const uint8_t* b, int j, __m256 w[4]) {
   const __m128i nib = _mm_set1_epi8(0x0f);
-  if constexpr (D == DType::q4_k) {
+  if constexpr (D == DType::q4_k || D == DType::q5_k) {
     int sc, m;
     scale_min_k4(b + 4, j, &sc, &m);
-    const __m256 dl = _mm256_set1_ps(load_f16(b) * static_cast<float>(sc));
-    const __m256 ml = _mm256_set1_ps(load_f16(b + 2) * static_cast<float>(m));
-    const uint8_t* qs = b + 16 + 32 * (j / 2);
+    const __m256 dl = _mm256_set1_ps(load_f16_f16c(b) * static_cast<float>(sc));
+    const __m256 ml = _mm256_set1_ps(load_f16_f16c(b + 2) * static_cast<float>(m));
+    const uint8_t* qs = b + (D == DType::q4_k ? 16 : 48) + 32 * (j / 2);
     const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
-    const __m128i q0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), shift), nib);
-    const __m128i q1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)), shift), nib);
+    __m128i q0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), shift), nib);
+    __m128i q1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)), shift), nib);
+    if constexpr (D == DType::q5_k) {  // bit j of qh[l] above each nibble
+      const __m128i hshift = _mm_cvtsi32_si128(j), one = _mm_set1_epi8(1);
+      const __m128i h0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)), hshift), one);
+      const __m128i h1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32)), hshift), one);
+      q0 = _mm_or_si128(q0, _mm_slli_epi16(h0, 4));  // h ≤ 1: the shift stays in its byte
+      q1 = _mm_or_si128(q1, _mm_slli_epi16(h1, 4));
+    }
     w[0] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q0)), dl, ml);
     w[1] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8))), dl, ml);
     w[2] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q1)), dl, ml);
     w[3] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8))), dl, ml);
+  } else if constexpr (D == DType::q3_k || D == DType::q2_k) {
+    // Two halves of 16 weights, each with its own scale: q = 2 bits of qs[32g + l] (Q3_K: less 4
+    // where bit j of hmask[l] is clear).
+    const uint8_t* qs = b + (D == DType::q3_k ? 32 : 16) + 32 * (j / 4);
+    const __m128i shift = _mm_cvtsi32_si128(2 * (j % 4)), three = _mm_set1_epi8(3);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {  // unrolled: w stays in registers
+      __m128i q = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * h)), shift), three);
+      if constexpr (D == DType::q3_k) {
+        const __m128i hm = _mm_and_si128(
+            _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * h)), _mm_cvtsi32_si128(j)),
+            _mm_set1_epi8(1));
+        q = _mm_sub_epi8(_mm_or_si128(q, _mm_slli_epi16(hm, 2)), _mm_set1_epi8(4));  // q + 4·bit − 4, in [−4, 3]
+        const __m256 dl = _mm256_set1_ps(load_f16_f16c(b + 108) * static_cast<float>(scale_k3(b + 96, 2 * j + h)));
+        w[2 * h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), dl);
+        w[2 * h + 1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), dl);
+      } else {
+        const uint8_t sc = b[2 * j + h];
+        const __m256 dl = _mm256_set1_ps(load_f16_f16c(b + 80) * static_cast<float>(sc & 0x0f));
+        const __m256 ml = _mm256_set1_ps(load_f16_f16c(b + 82) * static_cast<float>(sc >> 4));
+        w[2 * h] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), dl, ml);
+        w[2 * h + 1] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), dl, ml);
+      }
+    }
   } else {
     const int g = j / 4, sub = j % 4;
     const uint8_t* ql = b + 64 * g + 32 * (sub & 1);
     const uint8_t* qh = b + 128 + 32 * g;
     const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = load_f16(b + 208);
+    const float d = load_f16_f16c(b + 208);
     const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(scales[8 * g + 2 * sub]));
     const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(scales[8 * g + 2 * sub + 1]));
     const __m128i lshift = _mm_cvtsi32_si128(4 * (sub >> 1)), hshift = _mm_cvtsi32_si128(2 * sub);
@@ -596,9 +669,9 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
     case DType::q5_1: return make_part<DType::q5_1>(w, bias, y, level, rest, act);
     case DType::q4_k: return make_part<DType::q4_k>(w, bias, y, level, rest, act);
     case DType::q6_k: return make_part<DType::q6_k>(w, bias, y, level, rest, act);
-    case DType::q5_k:
-    case DType::q3_k:
-    case DType::q2_k: break;  // the device's only
+    case DType::q5_k: return make_part<DType::q5_k>(w, bias, y, level, rest, act);
+    case DType::q3_k: return make_part<DType::q3_k>(w, bias, y, level, rest, act);
+    case DType::q2_k: return make_part<DType::q2_k>(w, bias, y, level, rest, act);
   }
   CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
   return {};
@@ -840,9 +913,9 @@ void ref_row(const WeightView& w, int64_t r, float* out) {
       case DType::q5_1: dequant_block_scalar<DType::q5_1>(row + c / k_qk * 24, out + c); break;
       case DType::q4_k: dequant_block_scalar<DType::q4_k>(row + c / 256 * 144, out + c); break;
       case DType::q6_k: dequant_block_scalar<DType::q6_k>(row + c / 256 * 210, out + c); break;
-      case DType::q5_k:
-      case DType::q3_k:
-      case DType::q2_k: CHECK(false) << "matmul_ref: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
+      case DType::q5_k: dequant_block_scalar<DType::q5_k>(row + c / 256 * 176, out + c); break;
+      case DType::q3_k: dequant_block_scalar<DType::q3_k>(row + c / 256 * 110, out + c); break;
+      case DType::q2_k: dequant_block_scalar<DType::q2_k>(row + c / 256 * 84, out + c); break;
     }
   }
 }
@@ -890,9 +963,9 @@ void matmul_gemm_cpu(const float* x, const WeightView& w, const float* bias, flo
     case DType::q5_1: gemm_converted<DType::q5_1>(x, w, y, num_tokens); break;
     case DType::q4_k: gemm_converted<DType::q4_k>(x, w, y, num_tokens); break;
     case DType::q6_k: gemm_converted<DType::q6_k>(x, w, y, num_tokens); break;
-    case DType::q5_k:
-    case DType::q3_k:
-    case DType::q2_k: CHECK(false) << "matmul: the CPU kernels cannot read " << dtype_name(w.dtype) << " weights";
+    case DType::q5_k: gemm_converted<DType::q5_k>(x, w, y, num_tokens); break;
+    case DType::q3_k: gemm_converted<DType::q3_k>(x, w, y, num_tokens); break;
+    case DType::q2_k: gemm_converted<DType::q2_k>(x, w, y, num_tokens); break;
   }
   if (bias) {
     for (int64_t t = 0; t < num_tokens; ++t)

@@ -83,7 +83,6 @@ struct Model {
   DType weights = DType::bf16;  // LoadOptions::weight_dtype, both sides: bf16 or q8_0
   bool native = false;          // LoadOptions::keep_quantized: the GGUF's own blocks (--weight-dtype auto)
   const char* held = "bf16";    // what the device's memory report says the weights are
-  bool device_blocks = false;   // LoadOptions::device_blocks on the device's side (the CPU's: f32)
   // The model whose attention (shape, rope, window, norms) this one repeats with other weight
   // formats, or null. On the kernel emulator such a model runs only the full-cache and bad-request
   // tests: the weights' kernels are the same under every policy, and the policies' and layer-wise
@@ -121,14 +120,6 @@ class DeviceGenerateTest : public ::testing::TestWithParam<Model> {
     opts.matvec_tiles = false;      // the device reads row-major blocks
     opts.weight_dtype = m.weights;  // the device's weights, on both sides
     if (m.blocks()) kernels::matvec_act_set(kernels::MatvecAct::f32);  // the blocks' own values on the CPU
-    if (m.device_blocks) {  // the device's own load: Q5_0/Q4_K/Q5_K/Q6_K kept
-      LoadOptions dopts = opts;
-      dopts.device_blocks = true;
-      auto dm = load_model(path.string(), dopts);
-      ASSERT_TRUE(dm.ok()) << dm.status().to_string();
-      dev_model_ = std::make_unique<LoadedModel>(std::move(dm).value());
-      opts.weight_dtype = DType::f32;  // the CPU's: those formats dequantized, exactly
-    }
     auto model = load_model(path.string(), opts);
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     model_ = std::make_unique<LoadedModel>(std::move(model).value());
@@ -136,7 +127,7 @@ class DeviceGenerateTest : public ::testing::TestWithParam<Model> {
     DeviceSpec spec;
     spec.kind = DeviceKind::cuda;
     ASSERT_TRUE(check_device(spec).ok());
-    auto dev = open_device_generator(spec, dev_model_ != nullptr ? *dev_model_ : *model_);
+    auto dev = open_device_generator(spec, *model_);
     ASSERT_TRUE(dev.ok()) << dev.status().to_string();
     dev_ = std::move(dev).value();
   }
@@ -224,7 +215,6 @@ class DeviceGenerateTest : public ::testing::TestWithParam<Model> {
 
   fs::path dir_;
   std::unique_ptr<LoadedModel> model_;
-  std::unique_ptr<LoadedModel> dev_model_;  // device_blocks: the device's own load of the model
   std::unique_ptr<LlamaForward> cpu_;
   std::unique_ptr<DeviceGenerator> dev_;
 };
@@ -390,7 +380,7 @@ TEST_P(DeviceGenerateTest, BadRequestsAreRefusedInOneLine) {
 
 const std::string k_gemma3_q4_0_args = std::string(test::k_tiny_gemma3_args) + " --gguf-type q4_0";
 // The K-format GGUFs (make_tiny_checkpoint.py --gguf-type q4_k_m / q5_k_m / q2_k; scripts/device_deps.sh
-// carries them), the device holding their blocks (device_blocks).
+// carries them), the CPU and the device holding their blocks.
 const std::string k_tiny_k_args =
     "--arch llama --hidden 256 --heads 8 --kv-heads 2 --head-dim 32 --intermediate 608 --tie --scale 0.04 --seed 13 ";
 const std::string k_q4_k_m_args = k_tiny_k_args + "--gguf-type q4_k_m";
@@ -398,7 +388,7 @@ const std::string k_q5_k_m_args = k_tiny_k_args + "--gguf-type q5_k_m";
 const std::string k_q2_k_args = k_tiny_k_args + "--gguf-type q2_k";
 Model tiny_k_m(const char* name, const char* args, const char* carried, const char* held,
                const char* repeats = nullptr) {
-  Model m{name, "make_tiny_checkpoint.py", args, "model.gguf", carried, DType::bf16, true, held, true, repeats};
+  Model m{name, "make_tiny_checkpoint.py", args, "model.gguf", carried, DType::bf16, true, held, repeats};
   return m;
 }
 
@@ -412,13 +402,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Model{"gemma3_tiny", "make_tiny_checkpoint.py", test::k_tiny_gemma3_args, "model.gguf",
                             test::k_tiny_gemma3_carried},
                       Model{"llama3_q8_0", "make_random_model.py", "--shape tiny-llama3 --dtype bf16 --seed 3", "", "",
-                            DType::q8_0, false, "q8_0 + bf16", false, "llama3_bf16"},
+                            DType::q8_0, false, "q8_0 + bf16", "llama3_bf16"},
                       Model{"tiny_gguf_q4_1", "make_tiny_checkpoint.py",
                             "--arch llama --heads 8 --kv-heads 2 --head-dim 32 --seed 11 --gguf-type q4_1", "model.gguf",
-                            "tiny-gguf-q4_1", DType::bf16, true, "q4_1 + bf16", false, "tiny_gguf"},
+                            "tiny-gguf-q4_1", DType::bf16, true, "q4_1 + bf16", "tiny_gguf"},
                       Model{"gemma3_q4_0", "make_tiny_checkpoint.py",
                             k_gemma3_q4_0_args.c_str(), "model.gguf",
-                            "tiny-gemma3-q4_0", DType::bf16, true, "q4_0", false, "gemma3_tiny"},
+                            "tiny-gemma3-q4_0", DType::bf16, true, "q4_0", "gemma3_tiny"},
                       tiny_k_m("tiny_q4_k_m", k_q4_k_m_args.c_str(), "tiny-q4_k_m", "q5_0 + q4_k + q6_k"),
                       tiny_k_m("tiny_q5_k_m", k_q5_k_m_args.c_str(), "tiny-q5_k_m", "q5_0 + q6_k + q5_k", "tiny_q4_k_m"),
                       tiny_k_m("tiny_q2_k", k_q2_k_args.c_str(), "tiny-q2_k", "q5_0 + q3_k + q2_k", "tiny_q4_k_m")),

@@ -1,5 +1,5 @@
 // matmul: both fast paths (SIMD matvec at every SIMD level, sgemm) and the dispatcher
-// against the f64 reference, for f32/f16/bf16 and q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k weights over awkward
+// against the f64 reference, for f32/f16/bf16 and every block format's weights over awkward
 // shapes, with and without bias; the reference decodes hand-built blocks as the ggml
 // layout says; NaN in x must reach every output of that token.
 #include <gtest/gtest.h>
@@ -145,14 +145,17 @@ TEST(Matmul, Q5_0MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q5
 TEST(Matmul, Q5_1MatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q5_1); }
 TEST(Matmul, Q4_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q4_k); }
 TEST(Matmul, Q6_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q6_k); }
+TEST(Matmul, Q5_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q5_k); }
+TEST(Matmul, Q3_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q3_k); }
+TEST(Matmul, Q2_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q2_k); }
 
-// Q5_0, Q5_1 and the K formats run f32 activations whatever the matvec mode says (the integer modes
+// Q5_0, Q5_1 and the K formats (Q2_K .. Q6_K) run f32 activations whatever the matvec mode says (the integer modes
 // read only q8_0/q4_0/q4_1), and their SIMD tiles walk a row 32 columns at a time in the f32 tile's order:
 // on the same values, the matvec over the blocks and the one over their f32 values agree bit for
 // bit, at the AVX2 and AVX-512 levels and in every mode. (The values themselves: tests/worker/test_dequant.cpp
 // checks them against the gguf package.)
 TEST(Matmul, F32ActBlockMatvecIsTheF32MatvecOnItsValues) {
-  for (DType dtype : {DType::q5_0, DType::q5_1, DType::q4_k, DType::q6_k}) {
+  for (DType dtype : {DType::q5_0, DType::q5_1, DType::q4_k, DType::q6_k, DType::q5_k, DType::q3_k, DType::q2_k}) {
     for (const Shape& s : {Shape{83, 1536, 1}, Shape{7, 512, 5}, Shape{130, 768, 4}}) {
       const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 29);
       const WeightView w{dtype, blocks.data(), s.rows, s.cols};

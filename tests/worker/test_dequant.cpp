@@ -85,7 +85,7 @@ TEST(Dequant, EveryTypeBitExactWithGgufReference) {
 }
 
 // The CPU's matmul kernels on every block format they read (common/dtype.h dtype_cpu_blocks:
-// q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k), over the same fixture blocks as one matrix: with one-hot
+// every block format: q8_0, q4_0, q4_1, q5_0, q5_1, q2_k .. q6_k), over the same fixture blocks as one matrix: with one-hot
 // activations (token t = column t) each output is one weight exactly, so every path — the
 // reference, the f32-activation matvec and the converting sgemm, at every SIMD level — must give
 // the gguf package's values bit for bit (their own decoders, kernels/cpu/matmul.cpp, not this
@@ -126,7 +126,7 @@ TEST(Dequant, CpuMatmulKernelsReadTheBlocksAsTheGgufPackage) {
       check(kernels::matmul_gemm_cpu, cols, "sgemm" + at);
     }
   }
-  EXPECT_EQ(formats, 7);
+  EXPECT_EQ(formats, 10);
 }
 
 TEST(Dequant, TypeInfoAndNbytesMatchGgufPackage) {

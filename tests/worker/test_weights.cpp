@@ -311,14 +311,12 @@ TEST(QuantizeAtLoad, Q8_0RoundsAsGgmlAndRefusesNonFinite) {
 
 // A GGUF mixing Q4_K, Q6_K and Q5_0 as llama.cpp's Q4_K_M (make_tiny_checkpoint.py --gguf-type
 // q4_k_m; tied Q4_K table), its Q5_K_M twin (Q5_K for Q4_K), a Q3_K_M mix (Q3_K, Q4_K for v and o),
-// a Q2_K mix (Q2_K, Q3_K for v) and an all-Q5_1 file: with device_blocks those matrices keep the
-// file's blocks (the Q/K rows un-permuted as whole rows); without it (the CPU's load) only the
-// formats the CPU's kernels read (Q4_K, Q6_K; dtype_cpu_blocks) keep theirs and the rest are
-// dequantized to f32; each matrix of either load dequantized equals the other's, bit for bit, at
-// tp 1 and on both ranks of tp 2 (where down_proj's 304-column slices are off the block grid, and
-// o_proj's 128 off the K formats' 256: f32 on both loads).
-// The CPU's matmul refuses the device-only formats in one line.
-TEST(DeviceBlocks, KQuantsKeptForTheDeviceAndWhereTheCpuReadsThem) {
+// a Q2_K mix (Q2_K, Q3_K for v) and an all-Q5_1 file: the default load (keep_quantized, the CPU's
+// and the device's: both read every format, dtype_cpu_blocks) keeps those matrices in the file's
+// blocks (the Q/K rows un-permuted as whole rows); each kept matrix dequantized equals the f32
+// load's (keep_quantized off), bit for bit, at tp 1 and on both ranks of tp 2 (where down_proj's
+// 304-column slices are off the block grid, and o_proj's 128 off the K formats' 256: f32 in both).
+TEST(DeviceBlocks, KQuantsKeptInTheirBlocks) {
   struct Mix {
     const char* gguf_type;
     DType k, v, o, down, o_tp2;  // most matrices' (q_proj, the tied table), v_proj's, o_proj's, down_proj's, o_proj's at tp 2
@@ -337,14 +335,14 @@ TEST(DeviceBlocks, KQuantsKeptForTheDeviceAndWhereTheCpuReadsThem) {
     for (int tp : {1, 2}) {
       for (int rank = 0; rank < tp; ++rank) {
         const std::string what = std::string(dtype_name(k)) + " tp " + std::to_string(tp) + " rank " + std::to_string(rank);
-        LoadOptions cpu;
-        cpu.matvec_tiles = false;
-        cpu.tp_rank = rank;
-        cpu.tp_size = tp;
-        LoadOptions dev = cpu;
-        dev.device_blocks = true;
-        Result<LoadedModel> c = load_model(dir / "model.gguf", cpu);
-        Result<LoadedModel> d = load_model(dir / "model.gguf", dev);
+        LoadOptions blocks;
+        blocks.matvec_tiles = false;
+        blocks.tp_rank = rank;
+        blocks.tp_size = tp;
+        LoadOptions f32s = blocks;
+        f32s.keep_quantized = false;
+        Result<LoadedModel> c = load_model(dir / "model.gguf", f32s);
+        Result<LoadedModel> d = load_model(dir / "model.gguf", blocks);
         ASSERT_TRUE(c.ok() && d.ok()) << what;
         const LayerWeights& dl = d->weights.layers[0];
         EXPECT_EQ(dl.q_proj.dtype(), k) << what;
@@ -352,8 +350,6 @@ TEST(DeviceBlocks, KQuantsKeptForTheDeviceAndWhereTheCpuReadsThem) {
         EXPECT_EQ(dl.o_proj.dtype(), tp == 1 ? mix.o : mix.o_tp2) << what;
         EXPECT_EQ(dl.down_proj.dtype(), tp == 1 ? mix.down : DType::f32) << what;
         EXPECT_EQ(d->weights.output().dtype(), k) << what;
-        EXPECT_EQ(c->weights.layers[0].q_proj.dtype(), dtype_cpu_blocks(k) ? k : DType::f32) << what;
-        EXPECT_EQ(c->weights.layers[0].v_proj.dtype(), dtype_cpu_blocks(mix.v) ? mix.v : DType::f32) << what;
         // The tied table is whole on every rank; a rank's kept LM head is a copy of its vocabulary
         // rows (the f32 load reads them from the table: offset vocab_begin).
         std::vector<std::pair<const Matrix*, const Matrix*>> pairs = {{&d->weights.embed, &c->weights.embed},
@@ -368,8 +364,7 @@ TEST(DeviceBlocks, KQuantsKeptForTheDeviceAndWhereTheCpuReadsThem) {
         }
         int kept = 0;
         for (auto [x, y] : pairs) {
-          // The CPU's load: the device's format where the CPU reads it, else f32.
-          ASSERT_EQ(y->dtype(), dtype_cpu_blocks(x->dtype()) ? x->dtype() : DType::f32) << what;
+          ASSERT_EQ(y->dtype(), DType::f32) << what;
           const bool head_rows = x->rows() != y->rows();  // a rank's LM head: its rows of the table
           if (head_rows) {
             ASSERT_EQ(x->rows(), d->shard.vocab_size) << what;
@@ -383,23 +378,13 @@ TEST(DeviceBlocks, KQuantsKeptForTheDeviceAndWhereTheCpuReadsThem) {
             ++kept;
             ASSERT_TRUE(dequantize(ggml_type_of(x->dtype()), x->data(), v.data(), x->rows() * x->cols()).ok()) << what;
           }
-          std::vector<float> yv(static_cast<size_t>(y->rows() * y->cols()));
-          if (y->dtype() == DType::f32)
-            std::memcpy(yv.data(), y->f32(), yv.size() * 4);
-          else
-            ASSERT_TRUE(dequantize(ggml_type_of(y->dtype()), y->data(), yv.data(), y->rows() * y->cols()).ok()) << what;
-          ASSERT_EQ(std::memcmp(v.data(), yv.data() + from * y->cols(), v.size() * 4), 0)
+          ASSERT_EQ(std::memcmp(v.data(), y->f32() + from * y->cols(), v.size() * 4), 0)
               << what << ": a " << dtype_name(x->dtype()) << " matrix";
         }
         EXPECT_GE(kept, tp == 1 ? 16 : 12) << what;
       }
     }
   }
-  // The CPU's kernels read q8_0/q4_0/q4_1/q4_k/q6_k only: a device-only format stops the matmul by name.
-  std::vector<uint8_t> blocks(176, 0);
-  float x[256] = {}, y[1];
-  EXPECT_DEATH(kernels::matmul_gemm_cpu(x, kernels::WeightView{DType::q5_k, blocks.data(), 1, 256}, nullptr, y, 1),
-               "cannot read q5_k");
 }
 
 // ---------------------------------------------------------------------------

@@ -5,9 +5,9 @@
 // The matrices the loader holds in a block format stay in it on the device (kernels_cuda.h
 // BlockWeights: quants, f16 scales, mins and extra bytes as aligned arrays): Q8_0 from
 // --weight-dtype q8_0 (LoadOptions::weight_dtype q8_0: 1.0625 bytes a weight instead of 2), and
-// with --weight-dtype auto (LoadOptions::keep_quantized + device_blocks) a GGUF's own Q8_0, Q4_0,
-// Q4_1, Q5_0, Q4_K, Q5_K and Q6_K (0.5625 / 0.625 / 0.6875 / 0.5625 / 0.6875 / 0.8203 bytes a
-// weight for the last six); the rest (other GGUF types, a column slice off the block grid, an untied
+// with --weight-dtype auto (LoadOptions::keep_quantized) a GGUF's own Q8_0, Q4_0, Q4_1, Q5_0,
+// Q5_1, Q4_K, Q5_K, Q6_K, Q3_K and Q2_K (0.5625 / 0.625 / 0.6875 / 0.75 / 0.5625 / 0.6875 / 0.8203 /
+// 0.4297 / 0.3281 bytes a weight for all but the first); the rest (other GGUF types, a column slice off the block grid, an untied
 // embedding table under q8_0) is bf16.
 #pragma once
 

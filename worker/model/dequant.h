@@ -24,7 +24,7 @@ GgmlTypeInfo ggml_type_info(GgmlType type);
 // The ggml type of a DType (the same bytes: common/dtype.h), and the DType that holds a ggml
 // type's bytes as they are (false for the types without one: q5_1, q8_1, q2_k, q3_k, q8_k).
 // The one table of the correspondence; whether a holder keeps a block format (the CPU, the
-// device) is dtype_cpu_blocks and LoadOptions::device_blocks.
+// device: every block format) is dtype_cpu_blocks.
 GgmlType ggml_type_of(DType t);
 bool dtype_of(GgmlType type, DType* out);
 

@@ -1,4 +1,4 @@
-// Weight loading: a .gguf file (q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k matrices kept as blocks, the rest
+// Weight loading: a .gguf file (q8_0/q4_0/q4_1/q5_0/q5_1/q2_k-q6_k matrices kept as blocks, the rest
 // dequantized) or a Hugging Face directory (safetensors), into owned, 64-byte aligned
 // matrices in the HF layout. Every tensor is checked for presence, type and shape before
 // anything is read; then tensors are converted in parallel (OpenMP, one tensor per task).
@@ -402,12 +402,11 @@ void pack_for_matvec(ModelWeights* w) {
   pack(w->lm_head.empty() ? w->embed : w->lm_head);
 }
 
-// The block format a GGUF tensor type is kept in, if it is one the matmul reads natively:
-// the CPU's (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k), and with device_blocks the device's too
-// (q2_k, q3_k, q5_k).
-bool native_dtype(GgmlType type, bool device_blocks, DType* out) {
+// The block format a GGUF tensor type is kept in, if it is one the matmuls read natively (the
+// CPU's and the device's: q8_0, q4_0, q4_1, q5_0, q5_1, q2_k .. q6_k).
+bool native_dtype(GgmlType type, DType* out) {
   DType t;
-  if (!dtype_of(type, &t) || !dtype_is_quantized(t) || !(device_blocks || dtype_cpu_blocks(t))) return false;
+  if (!dtype_of(type, &t) || !dtype_is_quantized(t) || !dtype_cpu_blocks(t)) return false;
   *out = t;
   return true;
 }
@@ -510,14 +509,14 @@ Result<LoadedModel> load_gguf(const std::string& path, const LoadOptions& opts) 
     for (Job& j : jobs) {
       // A column slice stays in blocks only when it starts and ends on a block boundary.
       DType kept = DType::f32;
-      if (j.may_keep_blocks && native_dtype(g.find_tensor(j.name)->type, opts.device_blocks, &kept) &&
+      if (j.may_keep_blocks && native_dtype(g.find_tensor(j.name)->type, &kept) &&
           j.col_begin % dtype_block_elems(kept) == 0 && j.cols % dtype_block_elems(kept) == 0)
         j.store = kept;
     }
     // An embedding table in a block format stays in it: SmolLM2-135M holds 30 MB of q8_0
     // instead of a 113 MB f32 table.
     DType table = DType::f32;
-    if (native_dtype(g.find_tensor(names.embed)->type, opts.device_blocks, &table)) embed_in_blocks(jobs, m, table, false);
+    if (native_dtype(g.find_tensor(names.embed)->type, &table)) embed_in_blocks(jobs, m, table, false);
   }
   SNAP_RETURN_IF_ERROR(check_fits_in_memory(jobs, path, opts));
   SNAP_RETURN_IF_ERROR(run_jobs(jobs, path, opts.scratch_floats,

@@ -1,5 +1,5 @@
 // Owned model weights in the Hugging Face layout (row-major [out, in]), loaded from GGUF
-// or safetensors. Projection matrices and the LM head keep a GGUF tensor's q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k
+// or safetensors. Projection matrices and the LM head keep a GGUF tensor's q8_0/q4_0/q4_1/q5_0/q5_1/q2_k-q6_k
 // blocks as they are (LoadOptions::keep_quantized), or are quantized to q8_0 at load from
 // any format (LoadOptions::weight_dtype q8_0); everything else is dequantized.
 // GGUF llama/mistral Q and K projections are stored permuted for interleaved RoPE; the
@@ -101,12 +101,10 @@ struct LoadOptions {
   // (worker/model/dequant.h; a GGUF q8_0 tensor is copied as it is), whatever the file holds;
   // keep_quantized is then ignored.
   DType weight_dtype = DType::f32;
-  // Projection matrices and the LM head whose GGUF type is q8_0, q4_0 or q4_1 stay in that
-  // format (the matmul dequantizes on the fly); false dequantizes them to weight_dtype.
+  // Projection matrices, the LM head and the embedding table whose GGUF type is a block format
+  // (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k .. q6_k) stay in that format (the CPU's and the device's
+  // matmuls decode them on the fly); false dequantizes them to weight_dtype.
   bool keep_quantized = true;
-  // With keep_quantized: q5_0, q5_1 and q2_k-q6_k tensors stay in their blocks too. Only the device
-  // reads them (worker/device; the CPU's kernels refuse them): set for device loads only.
-  bool device_blocks = false;
   // Tensor-parallel rank and size: only that rank's shard is read from the file (the
   // rest of the file is never touched, beyond its header). A row-parallel shard whose
   // columns do not start and end on a block boundary is dequantized instead of kept.
@@ -132,7 +130,7 @@ struct LoadedModel {
   ModelWeights weights;
 };
 
-// The --weight-dtype names: auto (GGUF q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q6_k projections kept in their blocks,
+// The --weight-dtype names: auto (GGUF q8_0/q4_0/q4_1/q5_0/q5_1/q2_k-q6_k projections kept in their blocks,
 // the rest f32), f32, f16, bf16 (every projection dequantized to it), q8_0 (every projection and
 // the LM head quantized to q8_0 at load). Sets weight_dtype and keep_quantized; an unknown
 // name is invalid_argument.

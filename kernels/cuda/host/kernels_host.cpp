@@ -308,8 +308,7 @@ void matmul_rowwise_cuda(const float* x, const __nv_bfloat16* w, const float* bi
 }
 
 namespace {
-// A block-format matrix as the CPU's kernels read it: llama.cpp's blocks (dtype_cpu_blocks) or
-// f32 values (the formats they do not read).
+// A block-format matrix as the CPU's kernels read it: llama.cpp's blocks (every format: dtype_cpu_blocks).
 struct HostMatrix {
   DType dtype = DType::f32;
   std::vector<uint8_t> bytes;
@@ -338,13 +337,9 @@ std::shared_ptr<const HostMatrix> host_matrix(const BlockWeights& w, int64_t row
   }
   if (auto it = cache.find(key); it != cache.end() && it->second.first == tags) return it->second.second;
   auto m = std::make_shared<HostMatrix>();
-  if (const DType t = block_format_dtype(w.format); dtype_cpu_blocks(t)) {
-    m->dtype = t;
-    to_ggml_blocks(w, cols, 0, rows, &m->bytes);
-  } else {
-    m->bytes.resize(static_cast<size_t>(rows * cols) * sizeof(float));
-    block_rows_to_f32(w, cols, 0, rows, reinterpret_cast<float*>(m->bytes.data()));
-  }
+  m->dtype = block_format_dtype(w.format);
+  static_assert(dtype_cpu_blocks(DType::q2_k) && dtype_cpu_blocks(DType::q5_k), "the CPU reads every block format");
+  to_ggml_blocks(w, cols, 0, rows, &m->bytes);
   cache[key] = {tags, m};
   return m;
 }
@@ -357,8 +352,7 @@ std::shared_ptr<const HostMatrix> host_matrix(const BlockWeights& w, int64_t row
 // (matmul_gemm_cpu converted the whole matrix to f32 for every decoded token: a one-token
 // batch of SmolLM2 on the twin ran at a quarter of the CPU engine's speed), else its converting
 // sgemm; in their orders, not the kernels' (their batch invariance is the emulator's to check,
-// not the twin's). A format the CPU's kernels do not read (Q5_K, Q3_K, Q2_K) is
-// dequantized to f32 first.
+// not the twin's).
 bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, float* out, int64_t num_tokens,
                     int64_t rows, int64_t cols, const char* what) {
   if (!check_blocks(w, rows, cols, what) || !require_device(x, f32s(num_tokens * cols), what) ||
@@ -366,9 +360,7 @@ bool rowwise_blocks(const float* x, const BlockWeights& w, const float* bias, fl
     return false;
   const std::shared_ptr<const HostMatrix> m = host_matrix(w, rows, cols);
   const WeightView wv{m->dtype, m->bytes.data(), rows, cols};
-  if (m->dtype == DType::f32)
-    matmul_cpu(x, wv, bias, out, num_tokens);
-  else if (num_tokens < k_matmul_gemm_min_tokens_quant)
+  if (num_tokens < k_matmul_gemm_min_tokens_quant)
     matmul_matvec_f32act_cpu(x, wv, bias, out, num_tokens);
   else
     matmul_gemm_cpu(x, wv, bias, out, num_tokens);
