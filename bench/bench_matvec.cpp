@@ -1,6 +1,7 @@
 // Decode matvec benchmark (not a test): one decode token's matvecs over a SmolLM2-135M-shaped
 // stack of random block weights (30 layers × q/k/v/o/gate/up/down + the 49152×576 q8_0 LM
-// head, 92 MiB for q4_1, far beyond the caches, as in a real decode step), timed per pass,
+// head, 92 MiB for q4_1, far beyond the caches, as in a real decode step; --hidden/--kv/--ff
+// change the layer shape, e.g. for the K formats' 256-weight blocks), timed per pass,
 // against the memory-bandwidth floor: bytes of weights / measured bandwidth (STREAM triad and
 // a read-only sum, both over 3 × 128 MiB). The --acts modes (kernels/matvec_act.h) run
 // interleaved round by round, so a noisy machine shifts both alike; medians are quoted.
@@ -8,7 +9,9 @@
 // kernels/cpu/matvec_q16act_vnni.cpp, the plain name the AVX2 tiles (on a CPU without AVX-512
 // VNNI, "+vnni" is refused).
 //   build/bench/bench_matvec [--threads 2] [--dtypes q4_1,q4_0,q8_0] [--acts f32act,q8act,q16act,q16x2act,q8x3act]
-//       [--rounds 15] [--tokens 1] [--layers 30]
+//       [--rounds 15] [--tokens 1] [--layers 30] [--hidden 576 --kv 192 --ff 1536]
+//   e.g. the K formats against f32 at a 1024-wide shape:
+//   build/bench/bench_matvec --dtypes f32,q4_k,q6_k,q5_k,q3_k,q2_k,q4_0 --acts f32act --hidden 1024 --kv 256 --ff 4096 --layers 16
 #include <omp.h>
 
 #include <algorithm>
@@ -86,16 +89,40 @@ Bandwidth measure_bandwidth() {
   return bw;
 }
 
-// Random blocks with finite f16 scales (the values do not matter for speed, only the bytes).
+// Random weights with finite scales (the values do not matter for speed, only the bytes): floats
+// in [-0.05, 0.05], or random block bytes with every block's f16 d (and its m or dmin) set.
 std::vector<uint8_t> random_blocks(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
   std::vector<uint8_t> data(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
+  if (dtype == DType::f32) {
+    std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+    for (size_t i = 0; i < data.size(); i += 4) {
+      const float v = u(rng);
+      std::memcpy(&data[i], &v, 4);
+    }
+    return data;
+  }
   for (auto& b : data) b = static_cast<uint8_t>(rng());
+  const size_t d_at = dtype == DType::q6_k ? 208 : dtype == DType::q3_k ? 108 : dtype == DType::q2_k ? 80 : 0;
+  const bool has_min = dtype == DType::q4_1 || dtype == DType::q5_1 || dtype == DType::q4_k || dtype == DType::q5_k ||
+                       dtype == DType::q2_k;
   for (size_t off = 0; off < data.size(); off += static_cast<size_t>(dtype_block_bytes(dtype))) {
-    const uint16_t d = f32_to_f16(0.01f), m = f32_to_f16(-0.05f);
-    std::memcpy(&data[off], &d, 2);
-    if (dtype == DType::q4_1) std::memcpy(&data[off + 2], &m, 2);
+    const uint16_t d = f32_to_f16(dtype_block_elems(dtype) == 256 ? 0.001f : 0.01f), m = f32_to_f16(-0.05f);
+    std::memcpy(&data[off + d_at], &d, 2);
+    if (has_min) std::memcpy(&data[off + d_at + 2], &m, 2);
   }
   return data;
+}
+
+// A --dtypes name: f32 or a block format (common/dtype.h's names).
+bool weight_dtype_of(const std::string& name, DType* out) {
+  for (int i = 0; i <= static_cast<int>(DType::q2_k); ++i) {
+    const DType d = static_cast<DType>(i);
+    if ((d == DType::f32 || dtype_is_quantized(d)) && name == dtype_name(d)) {
+      *out = d;
+      return true;
+    }
+  }
+  return false;
 }
 
 struct Mat {
@@ -109,7 +136,7 @@ struct Mat {
 int main(int argc, char** argv) {
   using namespace snap;
   int threads = 2, rounds = 15, layers = 30;
-  int64_t tokens = 1;
+  int64_t tokens = 1, hidden = 576, kv = 192, ff = 1536;
   std::string dtypes_arg = "q4_1,q4_0,q8_0", acts_arg = "f32act,q8act,q16act,q16x2act,q8x3act";
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -117,7 +144,9 @@ int main(int argc, char** argv) {
       std::printf(
           "bench_matvec: one decode token's matvecs over a SmolLM2-135M-shaped weight stack vs the bandwidth floor\n"
           "  --threads N       OpenMP threads (2)\n"
-          "  --dtypes LIST     layer weight types among q4_1,q4_0,q8_0 (all three); the LM head is q8_0\n"
+          "  --dtypes LIST     layer weight types: f32 or block formats (q4_1,q4_0,q8_0,q5_0,q5_1,q4_k,q5_k,q6_k,q3_k,\n"
+          "                    q2_k; default q4_1,q4_0,q8_0); the LM head is q8_0. Formats other than q8_0/q4_0/q4_1\n"
+          "                    run f32act whatever --acts says (kernels/matvec_act.h)\n"
           "  --acts LIST       matvec activation modes among f32act,q8act,q16act,q16x2act,q8x3act (all), interleaved per round;\n"
           "                    q16act+vnni / q16x2act+vnni: the AVX-512 VNNI tiles (the plain names: AVX2 tiles);\n"
           "                    MODE+tiles: the weights in the 4-row tiles the loader makes for q8x3act (AVX2/AVX-512)\n"
@@ -125,6 +154,8 @@ int main(int argc, char** argv) {
           "  --rounds N        timed passes per mode (15); the median is printed\n"
           "  --tokens N        rows per matvec call (1: one decode token)\n"
           "  --layers N        transformer layers in the stack (30, as SmolLM2-135M)\n"
+          "  --hidden H --kv K --ff F   a layer's widths (576, 192, 1536: SmolLM2-135M); the K formats need\n"
+          "                    multiples of 256 (e.g. 1024, 256, 4096)\n"
           "Env SNAP_SIMD=avx2 runs the AVX2 tiles on an AVX-512 CPU; SNAP_AVXVNNI=0 makes q8x3act's AVX2 tiles\n"
           "use vpmaddubsw + vpmaddwd instead of AVX-VNNI (what an AVX2 CPU without AVX-VNNI runs).\n");
       return 0;
@@ -140,6 +171,9 @@ int main(int argc, char** argv) {
     else if (k == "--rounds") rounds = std::atoi(v.c_str());
     else if (k == "--tokens") tokens = std::atoll(v.c_str());
     else if (k == "--layers") layers = std::atoi(v.c_str());
+    else if (k == "--hidden") hidden = std::atoll(v.c_str());
+    else if (k == "--kv") kv = std::atoll(v.c_str());
+    else if (k == "--ff") ff = std::atoll(v.c_str());
     else {
       std::fprintf(stderr, "bench_matvec: unknown flag %s (see --help)\n", k.c_str());
       return 2;
@@ -147,6 +181,10 @@ int main(int argc, char** argv) {
   }
   if (threads < 1 || rounds < 1 || tokens < 1 || layers < 1) {
     std::fprintf(stderr, "bench_matvec: --threads, --rounds, --tokens and --layers must be >= 1\n");
+    return 2;
+  }
+  if (hidden < 32 || kv < 32 || ff < 32 || hidden % 32 || kv % 32 || ff % 32) {
+    std::fprintf(stderr, "bench_matvec: --hidden, --kv and --ff must be positive multiples of 32\n");
     return 2;
   }
   std::vector<kernels::MatvecAct> acts;
@@ -182,29 +220,36 @@ int main(int argc, char** argv) {
   std::printf("threads %d, simd %s, q8x3act tiles %s, tokens %lld, bandwidth triad %.1f GB/s, read %.1f GB/s\n",
               threads, kernels::simd_level_name(), q8x3_tiles_name(), (long long)tokens, bw.triad, bw.read);
   std::printf("%-6s %-13s %9s %10s %8s %10s %10s\n", "dtype", "act", "MiB", "ms/token", "GB/s", "x_triad", "x_read");
-  // [rows, cols] of one layer: q, k, v, o, gate, up, down (hidden 576, kv 192, ff 1536).
-  const int64_t shapes[7][2] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};
+  // [rows, cols] of one layer: q, k, v, o, gate, up, down.
+  const int64_t shapes[7][2] = {{hidden, hidden}, {kv, hidden}, {kv, hidden}, {hidden, hidden},
+                                {ff, hidden},     {ff, hidden}, {hidden, ff}};
   for (const std::string& name : split(dtypes_arg)) {
-    const DType dtype = name == "q4_0" ? DType::q4_0 : name == "q8_0" ? DType::q8_0 : DType::q4_1;
-    if (name != dtype_name(dtype)) {
-      std::fprintf(stderr, "bench_matvec: unknown weight type '%s' (q4_1|q4_0|q8_0)\n", name.c_str());
+    DType dtype;
+    if (!weight_dtype_of(name, &dtype)) {
+      std::fprintf(stderr, "bench_matvec: unknown weight type '%s' (f32 or a block format: see --help)\n", name.c_str());
+      return 2;
+    }
+    const int64_t per = dtype_block_elems(dtype);
+    if (hidden % per || ff % per) {
+      std::fprintf(stderr, "bench_matvec: %s needs --hidden and --ff multiples of %lld (e.g. --hidden 1024 --kv 256 --ff 4096)\n",
+                   name.c_str(), (long long)per);
       return 2;
     }
     std::mt19937 rng(1);
     std::vector<Mat> mats;
     for (int l = 0; l < layers; ++l)
       for (const auto& s : shapes) mats.push_back({random_blocks(dtype, s[0], s[1], rng), {}});
-    mats.push_back({random_blocks(DType::q8_0, 49152, 576, rng), {}});
+    mats.push_back({random_blocks(DType::q8_0, 49152, hidden, rng), {}});
     int64_t bytes = 0, idx = 0;
     for (Mat& m : mats) {
       const bool head = idx == static_cast<int64_t>(mats.size()) - 1;
-      const int64_t rows = head ? 49152 : shapes[idx % 7][0], cols = head ? 576 : shapes[idx % 7][1];
+      const int64_t rows = head ? 49152 : shapes[idx % 7][0], cols = head ? hidden : shapes[idx % 7][1];
       m.view = {head ? DType::q8_0 : dtype, m.bytes.data(), rows, cols};
       bytes += static_cast<int64_t>(m.bytes.size());
       ++idx;
     }
     std::vector<Mat> tiled_mats;  // the same matrices in tiles4, when some mode asks for them
-    if (std::find(tiled.begin(), tiled.end(), true) != tiled.end()) {
+    if (std::find(tiled.begin(), tiled.end(), true) != tiled.end() && dtype_cpu_int_blocks(dtype)) {
       for (const Mat& m : mats) {
         Mat t{m.bytes, m.view};
         kernels::weight_tiles4_pack(m.view.dtype, t.bytes.data(), m.view.rows, m.view.cols);
@@ -213,7 +258,8 @@ int main(int argc, char** argv) {
         tiled_mats.push_back(std::move(t));
       }
     }
-    std::vector<float> x(static_cast<size_t>(tokens * 1536)), y(static_cast<size_t>(tokens * 49152));
+    std::vector<float> x(static_cast<size_t>(tokens * std::max(hidden, ff))),
+        y(static_cast<size_t>(tokens * std::max<int64_t>(49152, std::max(hidden, ff))));
     std::mt19937 xr(2);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     for (float& v : x) v = u(xr);
@@ -223,7 +269,9 @@ int main(int argc, char** argv) {
         kernels::matvec_act_set(acts[a]);
         kernels::q16act_vnni_enable(vnni[a]);
         const double t0 = now_seconds();
-        for (const Mat& m : tiled[a] ? tiled_mats : mats) kernels::matmul_matvec_cpu(x.data(), m.view, nullptr, y.data(), tokens);
+        // (a format without 4-row tiles runs its row-major blocks under a +tiles mode too)
+        for (const Mat& m : tiled[a] && !tiled_mats.empty() ? tiled_mats : mats)
+          kernels::matmul_matvec_cpu(x.data(), m.view, nullptr, y.data(), tokens);
         if (r >= 0) times[a].push_back(now_seconds() - t0);
       }
     }
