@@ -12,6 +12,9 @@
 // Group faults: every plan runs under a GroupWatchdog deadline; a failed group finishes
 // every open request through its SinkGate from whichever thread saw the failure first,
 // since the scheduler thread may be stuck inside a collective for good.
+// Out of memory: a std::bad_alloc inside a step (a long prompt's logits, scratch) ends the
+// running requests with an error naming it and the loop goes on serving (one process; a
+// tensor-parallel group fails as a whole, its ranks' states no longer agreeing).
 #include "coordinator/scheduler/engine.h"
 
 #include <omp.h>
@@ -19,9 +22,11 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "common/sys.h"
@@ -424,12 +429,37 @@ class EngineImpl final : public Engine {
         break;
       }
       heartbeat_ = now_seconds();
-      expire_timeouts();
-      admit();
-      if (!running_.empty()) step();
+      try {
+        expire_timeouts();
+        admit();
+        if (!running_.empty()) step();
+      } catch (const std::bad_alloc&) {
+        out_of_memory();
+      }
       publish_stats();
     }
     alive_ = false;
+  }
+
+  // A step ran out of memory (std::bad_alloc): every running request ends with an error naming
+  // it, its blocks go back, and the next step serves the waiting ones. Which sequences the
+  // forward had already extended is unknown, so none goes on. In a tensor-parallel group the
+  // other ranks may have run a plan this rank did not finish: the group fails.
+  void out_of_memory() {
+    const MemoryHeadroom room = memory_headroom();
+    const std::string why =
+        "out of memory: an allocation failed during a step" +
+        (room.bytes >= 0 ? " with " + std::to_string(room.bytes >> 20) + " MiB left (" + room.limit + ")" : std::string()) +
+        "; the running requests were ended (shorter prompts, fewer prompt logprobs, a smaller --max-num-seqs or more "
+        "memory would help)";
+    std::fprintf(stderr, "snapserve: error: %s\n", why.c_str());
+    if (watchdog_) {
+      fail_group(why);
+      return;
+    }
+    for (auto& s : running_)
+      if (s->done_reason.empty()) fail(*s, internal_error(why));
+    reap();
   }
 
   // Caller holds mu_.
@@ -559,6 +589,9 @@ class EngineImpl final : public Engine {
     }
     if (plan.items.empty() && plan.open.empty()) return;
     const Status st = run_plan(plan, plan.items.empty() ? std::span<float* const>{} : std::span<float* const>(outs));
+    // Fault injection for tests: $SNAP_FAULT_BAD_ALLOC_STEP=N makes the N-th step's allocation after
+    // its forward fail (the forward has extended its sequences' KV, the hard case).
+    if (fault_bad_alloc_step_ > 0 && ++steps_run_ == fault_bad_alloc_step_) throw std::bad_alloc();
     const double dt = now_seconds() - t0;
     if (plan.items.empty()) {
       if (!st.ok()) {
@@ -816,6 +849,11 @@ class EngineImpl final : public Engine {
   int64_t waiting_count_ = 0;
   int64_t reserved_blocks_ = 0;
   int64_t peak_step_sequences_ = 0;  // engine thread only; copied into stats_ under mu_
+  int64_t steps_run_ = 0;            // engine thread only: steps that ran a plan (for the fault below)
+  const int64_t fault_bad_alloc_step_ = [] {
+    const char* f = std::getenv("SNAP_FAULT_BAD_ALLOC_STEP");
+    return f ? std::atoll(f) : int64_t{0};
+  }();
   uint64_t next_id_ = 1;
   bool stopping_ = false;
   double stop_deadline_ = 0;

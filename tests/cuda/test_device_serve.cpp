@@ -190,6 +190,25 @@ TEST_F(DeviceServe, EveryPolicyCompresses) {
   EXPECT_EQ(r.j()["usage"]["completion_tokens"], 8);
 }
 
+// A host allocation that fails inside a step (std::bad_alloc) ends the running request with a 500
+// naming the out of memory, its device blocks go back, and the server goes on serving
+// ($SNAP_FAULT_BAD_ALLOC_STEP=3: the third step fails after its device operations ran).
+TEST_F(DeviceServe, OutOfMemoryInAStepEndsItsRequestsAndTheServerGoesOn) {
+  ServerProcess srv({"env", "SNAP_FAULT_BAD_ALLOC_STEP=3", k_bin, "serve", "--device", "cuda", "--model",
+                     (dir_ / "m").string(), "--port", "0", "--kv-cache-mib", "1", "--prefill-chunk", "64",
+                     "--shutdown-timeout", "30"});
+  ASSERT_GT(srv.port(), 0) << srv.log();
+  const json body = completion(words(20, 5), 12);
+  const Reply failed = snap::testing::post(srv.port(), "/v1/completions", body);
+  EXPECT_EQ(failed.status, 500) << failed.body;
+  EXPECT_NE(failed.body.find("out of memory"), std::string::npos) << failed.body;
+  const Reply next = snap::testing::post(srv.port(), "/v1/completions", body);
+  ASSERT_EQ(next.status, 200) << next.body << srv.log();
+  EXPECT_EQ(next.j()["usage"]["completion_tokens"], 12) << next.body;
+  EXPECT_NE(srv.log().find("snapserve: error: out of memory: a host allocation failed during a step"), std::string::npos)
+      << srv.log();
+}
+
 TEST_F(DeviceServe, ChoicesAndEchoAsOnTheCpu) {
   auto srv = start();
   ASSERT_GT(srv->port(), 0) << srv->log();

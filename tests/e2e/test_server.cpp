@@ -1069,6 +1069,30 @@ TEST(ServerLimits, ClientsLeavingMidStreamLeaveItServing) {
   EXPECT_LT(server.wait(0), 0) << log_excerpt(server.log());
 }
 
+// An allocation that fails inside a step (std::bad_alloc: a long prompt's logits, scratch) once
+// aborted the server from its scheduler thread. SNAP_FAULT_BAD_ALLOC_STEP=3 makes the third step
+// fail after its forward extended the request's KV: that request ends with a 500 naming the out of
+// memory, its blocks go back, and the server goes on serving the next request whole.
+TEST(ServerLimits, OutOfMemoryInAStepEndsItsRequestsAndTheServerGoesOn) {
+  ASSERT_TRUE(fs::exists(model_path())) << "default model missing at " << model_path();
+  ServerProcess server({}, {"SNAP_FAULT_BAD_ALLOC_STEP=3"});
+  const int port = server.port();
+  ASSERT_GT(port, 0) << log_excerpt(server.log());
+  const json body = {{"prompt", "Write a story about a dragon."}, {"max_tokens", 12}, {"temperature", 0},
+                     {"ignore_eos", true}};
+  const Reply failed = post(port, "/v1/completions", body);
+  EXPECT_EQ(failed.status, 500) << failed.body;
+  EXPECT_NE(failed.body.find("out of memory"), std::string::npos) << failed.body;
+  EXPECT_TRUE(wait_until_idle(port, 30)) << "blocks not freed after the failed step";
+  EXPECT_EQ(call(port, http::verb::get, "/health").status, 200);
+  const Reply next = post(port, "/v1/completions", body);
+  ASSERT_EQ(next.status, 200) << next.body << log_excerpt(server.log());
+  EXPECT_EQ(next.j()["usage"]["completion_tokens"], 12) << next.body;
+  EXPECT_LT(server.wait(0), 0) << log_excerpt(server.log());
+  EXPECT_NE(server.log().find("snapserve: error: out of memory: an allocation failed during a step"), std::string::npos)
+      << log_excerpt(server.log());
+}
+
 TEST(ServerLimits, SigtermStopsWithinTheDeadline) {
   ASSERT_TRUE(fs::exists(model_path())) << "default model missing at " << model_path();
   ServerProcess server({"--max-connections", "3"});

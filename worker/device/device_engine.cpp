@@ -36,10 +36,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -495,9 +497,13 @@ class DeviceEngine final : public Engine {
       }
       if (exit_loop) break;
       heartbeat_ = now_seconds();
-      expire_timeouts();
-      admit();
-      if (!running_.empty()) step();
+      try {
+        expire_timeouts();
+        admit();
+        if (!running_.empty()) step();
+      } catch (const std::bad_alloc&) {
+        out_of_memory();
+      }
       if (broken_.load()) break;
       reap();
       publish_stats();
@@ -652,6 +658,9 @@ class DeviceEngine final : public Engine {
     }
     if (prefill) run_prefill_chunk(*prefill, t0);
     if (!decoding.empty()) run_decode(decoding);
+    // Fault injection for tests, as the CPU engine's: $SNAP_FAULT_BAD_ALLOC_STEP=N makes the N-th
+    // step's allocation after its device operations fail.
+    if (fault_bad_alloc_step_ > 0 && ++steps_run_ == fault_bad_alloc_step_) throw std::bad_alloc();
     peak_step_sequences_ = std::max<int64_t>(peak_step_sequences_, static_cast<int64_t>(decoding.size()) + (prefill ? 1 : 0));
     if (metrics_) metrics_->observe_step_latency(prefill ? "prefill" : "decode", 0, now_seconds() - t0);
   }
@@ -859,6 +868,22 @@ class DeviceEngine final : public Engine {
     s.error = st;
   }
 
+  // A host allocation failed inside a step (std::bad_alloc; the device's own runs out as CUDA
+  // errors, a Status): as the CPU engine does, every running request ends with an error naming
+  // it (reap releases their device blocks) and the loop goes on; a tensor-parallel group fails,
+  // the followers having perhaps run an operation this rank did not finish.
+  void out_of_memory() {
+    const MemoryHeadroom room = memory_headroom();
+    const std::string why =
+        "out of memory: a host allocation failed during a step" +
+        (room.bytes >= 0 ? " with " + std::to_string(room.bytes >> 20) + " MiB left (" + room.limit + ")" : std::string()) +
+        "; the running requests were ended";
+    std::fprintf(stderr, "snapserve: error: %s\n", why.c_str());
+    if (grouped(cfg_)) return group_failure(internal_error(why));
+    for (auto& s : running_)
+      if (s->done_reason.empty()) fail(*s, internal_error(why));
+  }
+
   EmitContext emit_context() const {
     EmitContext c;
     c.vocab = model_->config.vocab_size;
@@ -1023,6 +1048,11 @@ class DeviceEngine final : public Engine {
   EngineStats stats_;
   std::atomic<bool> alive_{false};
   std::atomic<bool> broken_{false};  // the tensor-parallel group failed
+  int64_t steps_run_ = 0;             // scheduler thread only (for the fault above)
+  const int64_t fault_bad_alloc_step_ = [] {
+    const char* f = std::getenv("SNAP_FAULT_BAD_ALLOC_STEP");
+    return f ? std::atoll(f) : int64_t{0};
+  }();
   mutable std::mutex why_mu_;        // guards broken_why_ (never held with mu_ wanted after it)
   std::string broken_why_;
   std::unique_ptr<GroupWatchdog> watchdog_;  // with a group only
