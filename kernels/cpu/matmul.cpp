@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu/k_blocks.h"
 #include "kernels/cpu/matvec_q16act.h"
 #include "kernels/cpu/matvec_q8x3act.h"
 #include "kernels/cpu/matvec_q8act.h"
@@ -50,17 +51,6 @@ inline float load_f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return f16_to_f32(h);
-}
-
-// Q4_K and Q5_K's eight 6-bit scales and mins of sub-block j in their 12 bytes.
-inline void scale_min_k4(const uint8_t* s, int j, int* sc, int* m) {
-  if (j < 4) {
-    *sc = s[j] & 0x3f;
-    *m = s[j + 4] & 0x3f;
-  } else {
-    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
 }
 
 // Q3_K's 6-bit scale k of 16 (offset 32 taken off) in its 12 bytes: the low nibble of byte k % 8
@@ -632,7 +622,8 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
   } else if (dtype_cpu_int_blocks(D) && act == MatvecAct::q8) {
     p.qfull = q8act_tile_avx2(D, k_block_tokens);
     p.qtail = rest ? q8act_tile_avx2(D, rest) : nullptr;
-  } else if (dtype_cpu_int_blocks(D) && (act == MatvecAct::q16 || act == MatvecAct::q16x2)) {
+  } else if ((dtype_cpu_int_blocks(D) || D == DType::q4_k || D == DType::q5_k) &&
+             (act == MatvecAct::q16 || act == MatvecAct::q16x2)) {
     const bool split = act == MatvecAct::q16x2;
     p.q16full = q16act_tile(D, k_block_tokens, split);
     p.q16tail = rest ? q16act_tile(D, rest, split) : nullptr;
@@ -761,8 +752,16 @@ void run_parts(const float* x, const MatvecPart* parts, int count, int64_t num_t
 }
 
 // The integer paths only for block formats on a SIMD level (the scalar level stays the f32 reference).
+// Q4_K and Q5_K have q16act/q16x2act tiles only (matvec_q16act.cpp): they run q16act when asked and
+// q16x2act under the other integer modes (q8act, q8x3act: the accurate one of theirs); the other
+// formats beyond q8_0/q4_0/q4_1 run f32act.
 MatvecAct act_for(DType d, SimdLevel level) {
-  return dtype_cpu_int_blocks(d) && level != SimdLevel::scalar ? matvec_act() : MatvecAct::f32;
+  if (level == SimdLevel::scalar) return MatvecAct::f32;
+  const MatvecAct mode = matvec_act();
+  if (dtype_cpu_int_blocks(d)) return mode;
+  if (d == DType::q4_k || d == DType::q5_k)
+    return mode == MatvecAct::f32 || mode == MatvecAct::q16 ? mode : MatvecAct::q16x2;
+  return MatvecAct::f32;
 }
 
 void matvec(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, MatvecAct act) {

@@ -8,6 +8,9 @@
 // for these sums) and two more vpmaddwd per block. *_ref is the plain scalar version (f64
 // sums); *_cpu the AVX2 tiles (4 rows × up to 4 tokens), or on AVX-512 VNNI CPUs the tiles of
 // matvec_q16act_vnni.cpp (q16act_tile picks them when enabled; off by default).
+// Q4_K and Q5_K run here too, as 32-weight sub-blocks in q4_1's form: w = d_j·q + m_j with
+// d_j = d·sc_j and m_j = −dmin·m_j (both exact: an f16 times 6 bits), q the nibble (Q5_K: and
+// bit j of qh above it); a sub-block's activation block is the 32-column block it covers.
 #include "kernels/cpu/matvec_q16act.h"
 
 #include <omp.h>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu/k_blocks.h"
 #include "kernels/cpu/matvec_tiles.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/matvec_act.h"
@@ -154,20 +158,48 @@ inline void block_scalar(const uint8_t* b, float* d, float* m, int* q) {
   }
 }
 
+// Q4_K / Q5_K: f16 d, f16 dmin, scales[12], (Q5_K: qh[32],) qs[128]. Sub-block j (columns
+// 32j .. 32j + 31 of the 256): q = nibble j&1 of qs[32·(j/2) + l] (Q5_K: | bit j of qh[l] << 4).
+constexpr bool k_super(DType d) { return d == DType::q4_k || d == DType::q5_k; }
+
+template <DType D>
+inline void k_sub_scales(const uint8_t* blk, int j, float dd, float dmin, float* d, float* m) {
+  int sc, mn;
+  scale_min_k4(blk + 4, j, &sc, &mn);
+  *d = dd * static_cast<float>(sc);
+  *m = -(dmin * static_cast<float>(mn));
+}
+
+// Columns 32b .. 32b + 31 of a row: a 32-weight block, or a K format's sub-block b % 8.
+template <DType D>
+inline void sub_block_scalar(const uint8_t* row, int64_t b, float* d, float* m, int* q) {
+  if constexpr (k_super(D)) {
+    const uint8_t* blk = row + b / 8 * dtype_block_bytes(D);
+    const int j = static_cast<int>(b % 8);
+    k_sub_scales<D>(blk, j, load_f16(blk), load_f16(blk + 2), d, m);
+    const uint8_t* qs = blk + (D == DType::q4_k ? 16 : 48) + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l) {
+      q[l] = (qs[l] >> (4 * (j & 1))) & 0x0f;
+      if constexpr (D == DType::q5_k) q[l] |= ((blk[16 + l] >> j) & 1) << 4;
+    }
+  } else {
+    block_scalar<D>(row + b * dtype_block_bytes(D), d, m, q);
+  }
+}
+
 // --- reference ----------------------------------------------------------------------------
 template <DType D>
 void ref_typed(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, bool split) {
   ActQ16 a;
   a.quantize(x, num_tokens, w.cols, false, split);
-  const int64_t bb = dtype_block_bytes(D);
   for (int64_t r = 0; r < w.rows; ++r) {
-    const auto* row = static_cast<const uint8_t*>(w.data) + r * a.nb * bb;
+    const auto* row = static_cast<const uint8_t*>(w.data) + r * dtype_row_bytes(D, w.cols);
     for (int64_t t = 0; t < num_tokens; ++t) {
       double acc = bias ? bias[r] : 0.0;
       for (int64_t b = 0; b < a.nb; ++b) {
         float dw, mw;
         int qw[32];
-        block_scalar<D>(row + b * bb, &dw, &mw, qw);
+        sub_block_scalar<D>(row, b, &dw, &mw, qw);
         int64_t sumi = 0, sumi2 = 0;
         for (int j = 0; j < 32; ++j) sumi += int64_t{qw[j]} * a.q[t * w.cols + b * k_qk + j];
         if (split)
@@ -187,10 +219,39 @@ SNAP_TARGET_AVX2 inline float load_f16_f16c(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// One weight block's 32 quants as int16: lo = elements 0..15, hi = 16..31.
+// A Q4_K/Q5_K block's eight sub-block scales d·sc_j and offsets −dmin·m_j at once (k_sub_scales'
+// values: the 6-bit fields cut from the 12 bytes as three 32-bit words, byte-masked).
+SNAP_TARGET_AVX2 inline void k_scales8_avx2(const uint8_t* blk, float* d, float* m) {
+  uint32_t w[3];
+  std::memcpy(w, blk + 4, 12);
+  const uint64_t sc = (w[0] & 0x3f3f3f3fu) | uint64_t{(w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u)} << 32;
+  const uint64_t mn = (w[1] & 0x3f3f3f3fu) | uint64_t{((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)} << 32;
+  const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
+  const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn))));
+  _mm256_storeu_ps(d, _mm256_mul_ps(_mm256_set1_ps(load_f16_f16c(blk)), scf));
+  _mm256_storeu_ps(m, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(load_f16_f16c(blk + 2)), mnf), _mm256_set1_ps(-0.0f)));
+}
+
+// One weight block's 32 quants as int16: lo = elements 0..15, hi = 16..31 (a K format: sub-block
+// j of the block at blk).
 template <DType D>
-SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, __m256i* lo, __m256i* hi) {
-  if constexpr (D == DType::q8_0) {
+SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, __m256i* lo, __m256i* hi) {
+  if constexpr (k_super(D)) {
+    const uint8_t* qs = blk + (D == DType::q4_k ? 16 : 48) + 32 * (j / 2);
+    const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
+    const __m256i nib = _mm256_set1_epi16(0x0f);
+    *lo = _mm256_and_si256(_mm256_srl_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs))), shift), nib);
+    *hi = _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16))), shift), nib);
+    if constexpr (D == DType::q5_k) {  // bit j of qh[l], above the nibble
+      const __m128i hs = _mm_cvtsi32_si128(j);
+      const __m256i one = _mm256_set1_epi16(1);
+      const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16))), hs), one);
+      const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32))), hs), one);
+      *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(h0, 4));
+      *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(h1, 4));
+    }
+  } else if constexpr (D == DType::q8_0) {
     *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
     *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
   } else {
@@ -213,28 +274,40 @@ template <DType D, int NT, bool Split>
 SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int64_t rows, const float* bias, float* y,
                                 int64_t r) {
   constexpr int64_t bb = dtype_block_bytes(D);
-  const int64_t nb = a.nb, cols = a.cols;
+  const int64_t nb = a.nb, cols = a.cols, row_bytes = dtype_row_bytes(D, cols);
   const int nr = static_cast<int>(std::min<int64_t>(k_block_rows, rows - r));
   const uint8_t* row[k_block_rows];  // rows past the end repeat the last one; results dropped
-  for (int k = 0; k < k_block_rows; ++k) row[k] = static_cast<const uint8_t*>(w) + std::min(r + k, rows - 1) * nb * bb;
+  for (int k = 0; k < k_block_rows; ++k) row[k] = static_cast<const uint8_t*>(w) + std::min(r + k, rows - 1) * row_bytes;
   const int16_t* xq = a.q.data() + t0 * cols;
   const int16_t* xq2 = Split ? a.q2.data() + t0 * cols : nullptr;
   const float* xd = a.d.data() + t0 * nb;
   const float* xs = a.s.data() + t0 * nb;
   __m256 acc[k_block_rows][NT];
   float macc[k_block_rows][NT];
+  float kd[k_block_rows][8], km[k_block_rows][8];  // K formats: the current block's sub-block scales
   for (int k = 0; k < k_block_rows; ++k)
     for (int t = 0; t < NT; ++t) {
       acc[k][t] = _mm256_setzero_ps();
       macc[k][t] = 0.0f;
     }
   for (int64_t b = 0; b < nb; ++b) {
+    if constexpr (k_super(D)) {
+      if (b % 8 == 0)
+        for (int k = 0; k < k_block_rows; ++k) k_scales8_avx2(row[k] + b / 8 * bb, kd[k], km[k]);
+    }
     for (int k = 0; k < k_block_rows; ++k) {
-      const uint8_t* blk = row[k] + b * bb;
+      const uint8_t* blk = row[k] + (k_super(D) ? b / 8 : b) * bb;
+      const int j = static_cast<int>(b % 8);
       _mm_prefetch(reinterpret_cast<const char*>(blk + k_prefetch_bytes), _MM_HINT_T0);
-      const float dw = load_f16_f16c(blk);
+      float dw, kmw = 0.0f;
+      if constexpr (k_super(D)) {
+        dw = kd[k][j];
+        kmw = km[k][j];
+      } else {
+        dw = load_f16_f16c(blk);
+      }
       __m256i wl, wh;
-      widen_block_avx2<D>(blk, &wl, &wh);
+      widen_block_avx2<D>(blk, j, &wl, &wh);
       for (int t = 0; t < NT; ++t) {
         const auto* xb = reinterpret_cast<const __m256i*>(xq + t * cols + b * k_qk);
         const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(wl, _mm256_loadu_si256(xb)),
@@ -249,7 +322,7 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
         acc[k][t] = _mm256_fmadd_ps(v, _mm256_set1_ps(dw * xd[t * nb + b]), acc[k][t]);
       }
       if constexpr (D != DType::q8_0) {
-        const float mw = D == DType::q4_1 ? load_f16_f16c(blk + 2) : -8.0f * dw;
+        const float mw = k_super(D) ? kmw : D == DType::q4_1 ? load_f16_f16c(blk + 2) : -8.0f * dw;
         // An explicit FMA, as in matvec_q8act.cpp: left to -ffp-contract, NT instantiations
         // could differ and a token's result would depend on its batch.
         for (int t = 0; t < NT; ++t) macc[k][t] = std::fma(mw, xs[t * nb + b], macc[k][t]);
@@ -285,10 +358,10 @@ void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y,
 
 void check_weight(const WeightView& w) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matvec q16act: empty weight";
-  CHECK(dtype_cpu_int_blocks(w.dtype)) << "matvec q16act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1)";
+  CHECK(q16act_reads(w.dtype)) << "matvec q16act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1/q4_k/q5_k)";
   CHECK(w.layout == WeightLayout::rows) << "matvec q16act: tiles4 weights (this kernel reads row-major blocks; "
                                            "matmul_cpu unpacks tiles4)";
-  CHECK(w.cols % k_qk == 0) << "matvec q16act: " << dtype_name(w.dtype) << " cols " << w.cols;
+  CHECK(w.cols % dtype_block_elems(w.dtype) == 0) << "matvec q16act: " << dtype_name(w.dtype) << " cols " << w.cols;
 }
 
 }  // namespace
@@ -317,12 +390,17 @@ Q16TileFn q16act_tile_avx2(DType d, int nt, bool split) {
   switch (d) {
     case DType::q8_0: return pick<DType::q8_0>(nt, split);
     case DType::q4_0: return pick<DType::q4_0>(nt, split);
+    case DType::q4_k: return pick<DType::q4_k>(nt, split);
+    case DType::q5_k: return pick<DType::q5_k>(nt, split);
     default: return pick<DType::q4_1>(nt, split);
   }
 }
 
+bool q16act_reads(DType d) { return dtype_cpu_int_blocks(d) || k_super(d); }
+
 Q16TileFn q16act_tile(DType d, int nt, bool split) {
-  if (simd_level() == SimdLevel::avx512 && q16act_vnni_enabled() && q16act_vnni_supported())
+  // The VNNI tiles read q8_0/q4_0/q4_1 only.
+  if (dtype_cpu_int_blocks(d) && simd_level() == SimdLevel::avx512 && q16act_vnni_enabled() && q16act_vnni_supported())
     return q16act_tile_avx512vnni(d, nt, split);
   return q16act_tile_avx2(d, nt, split);
 }
@@ -341,6 +419,8 @@ void ref_any(const float* x, const WeightView& w, const float* bias, float* y, i
   switch (w.dtype) {
     case DType::q8_0: return ref_typed<DType::q8_0>(x, w, bias, y, num_tokens, split);
     case DType::q4_0: return ref_typed<DType::q4_0>(x, w, bias, y, num_tokens, split);
+    case DType::q4_k: return ref_typed<DType::q4_k>(x, w, bias, y, num_tokens, split);
+    case DType::q5_k: return ref_typed<DType::q5_k>(x, w, bias, y, num_tokens, split);
     default: return ref_typed<DType::q4_1>(x, w, bias, y, num_tokens, split);
   }
 }
@@ -351,6 +431,8 @@ void cpu_any(const float* x, const WeightView& w, const float* bias, float* y, i
   switch (w.dtype) {
     case DType::q8_0: return cpu_typed<DType::q8_0>(x, w, bias, y, num_tokens, split);
     case DType::q4_0: return cpu_typed<DType::q4_0>(x, w, bias, y, num_tokens, split);
+    case DType::q4_k: return cpu_typed<DType::q4_k>(x, w, bias, y, num_tokens, split);
+    case DType::q5_k: return cpu_typed<DType::q5_k>(x, w, bias, y, num_tokens, split);
     default: return cpu_typed<DType::q4_1>(x, w, bias, y, num_tokens, split);
   }
 }

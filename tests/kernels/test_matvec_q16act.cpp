@@ -1,4 +1,5 @@
 // The q16- and q16x2-activation matvecs (kernels/matvec_act.h, kernels/cpu/matvec_q16act.cpp):
+// q8_0, q4_0, q4_1, and Q4_K/Q5_K by 32-weight sub-blocks:
 // the int16 activation quantizer (SIMD equal to scalar bit for bit, |x − d·q| ≤ d/2, and with
 // the residual plane ≤ d/65536; NaN/inf blocks poisoned), a hand-computed block, the AVX2 tiles
 // against the scalar reference over a table of awkward shapes, the whole kernel against the f32
@@ -62,6 +63,28 @@ const std::vector<Shape> k_shapes = {
 };
 
 const DType k_types[] = {DType::q8_0, DType::q4_0, DType::q4_1};
+// Q4_K and Q5_K (256-weight blocks, read as 32-weight sub-blocks): shapes of whole blocks, every
+// row and token tail, 1 to 6 blocks a row.
+const DType k_k_types[] = {DType::q4_k, DType::q5_k};
+const std::vector<Shape> k_k_shapes = {
+    {1, 256, 1}, {3, 256, 4}, {7, 512, 2}, {7, 768, 5}, {83, 1536, 1}, {83, 1536, 4}, {769, 256, 3},
+    {256, 768, 9}, {10, 1280, 6}, {13, 512, 7}, {6, 256, 8},
+};
+struct TypeShapes {
+  DType dtype;
+  const std::vector<Shape>* shapes;
+};
+const std::vector<TypeShapes> k_all = {{DType::q8_0, &k_shapes}, {DType::q4_0, &k_shapes}, {DType::q4_1, &k_shapes},
+                                      {DType::q4_k, &k_k_shapes}, {DType::q5_k, &k_k_shapes}};
+
+// Row r's weights as f32, through matmul_ref (whose decoders are the gguf package's values bit for
+// bit: tests/worker/test_dequant.cpp) with one-hot activations.
+std::vector<float> row_values(DType dtype, const uint8_t* row, int64_t cols) {
+  std::vector<float> eye(static_cast<size_t>(cols * cols), 0.0f), v(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) eye[c * cols + c] = 1.0f;
+  matmul_ref(eye.data(), WeightView{dtype, row, 1, cols}, nullptr, v.data(), cols);
+  return v;
+}
 
 // Activations like a transformer's: most blocks ~1, some with one large outlier, one zero block.
 std::vector<float> make_x(int64_t n, uint32_t seed) {
@@ -189,8 +212,8 @@ TEST(MatvecQ16Act, HandComputedBlock) {
 // matmul tests' bound (2e-5 of max(1, max|y|)) holds here too.
 TEST(MatvecQ16Act, CpuMatchesQ16ReferenceOnAwkwardShapes) {
   for (const Mode& mode : k_modes)
-  for (DType dtype : k_types) {
-    for (const Shape& s : k_shapes) {
+  for (const auto& [dtype, shapes] : k_all) {
+    for (const Shape& s : *shapes) {
       const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 29 + static_cast<uint32_t>(s.rows));
       const WeightView w{dtype, blocks.data(), s.rows, s.cols};
       const std::vector<float> x = make_x(s.num_tokens * s.cols, 31);
@@ -218,15 +241,16 @@ TEST(MatvecQ16Act, CpuMatchesQ16ReferenceOnAwkwardShapes) {
 // below the coarser mode's on the same inputs (q16act vs q8act, q16x2act vs q16act): the point
 // of each mode.
 TEST(MatvecQ16Act, WithinActivationQuantizationBoundOfF32Reference) {
-  for (DType dtype : k_types) {
+  for (const auto& [dtype, shapes] : k_all) {
     double worst[2] = {0.0, 0.0}, err[2] = {0.0, 0.0}, err8 = 0.0, err32 = 0.0;
-    for (const Shape& s : k_shapes) {
+    const bool k = !dtype_cpu_int_blocks(dtype);  // no q8act kernel: compared with q16act alone
+    for (const Shape& s : *shapes) {
       const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 41 + static_cast<uint32_t>(s.cols));
       const WeightView w{dtype, blocks.data(), s.rows, s.cols};
       const std::vector<float> x = make_x(s.num_tokens * s.cols, 43);
       std::vector<float> want(static_cast<size_t>(s.num_tokens * s.rows)), q8(want.size()), f32(want.size()), got[2];
       matmul_ref(x.data(), w, nullptr, want.data(), s.num_tokens);
-      matvec_q8act_cpu(x.data(), w, nullptr, q8.data(), s.num_tokens);
+      if (!k) matvec_q8act_cpu(x.data(), w, nullptr, q8.data(), s.num_tokens);
       {
         const ActGuard act(MatvecAct::f32);
         matmul_matvec_cpu(x.data(), w, nullptr, f32.data(), s.num_tokens);
@@ -242,11 +266,12 @@ TEST(MatvecQ16Act, WithinActivationQuantizationBoundOfF32Reference) {
         quantize_act_q16(&x[t * s.cols], s.cols, q.data(), dx.data(), sx.data());
         for (int64_t r = 0; r < s.rows; ++r) {
           const uint8_t* row = blocks.data() + r * dtype_row_bytes(dtype, s.cols);
+          const std::vector<float> wr = k ? row_values(dtype, row, s.cols) : std::vector<float>();
           double bound16 = 0.0, bound2 = 0.0;
           for (int64_t b = 0; b < nb; ++b) {
             double abs_sum = 0.0, abs_x = 0.0;
             for (int j = 0; j < 32; ++j) {
-              const double wj = std::fabs(block_value(dtype, row + b * dtype_block_bytes(dtype), j));
+              const double wj = std::fabs(k ? wr[b * 32 + j] : block_value(dtype, row + b * dtype_block_bytes(dtype), j));
               abs_sum += wj;
               abs_x += wj * std::fabs(x[t * s.cols + b * 32 + j]);
             }
@@ -266,13 +291,15 @@ TEST(MatvecQ16Act, WithinActivationQuantizationBoundOfF32Reference) {
             worst[m] = std::max(worst[m], e / bound[m]);
             err[m] = std::max(err[m], e);
           }
-          err8 = std::max(err8, std::fabs(double{q8[i]} - want[i]));
+          if (!k) err8 = std::max(err8, std::fabs(double{q8[i]} - want[i]));
           err32 = std::max(err32, std::fabs(double{f32[i]} - want[i]));
         }
       }
     }
     EXPECT_GT(worst[0], 0.0) << dtype_name(dtype) << ": q16act equal to f32 everywhere: is it really quantizing?";
-    EXPECT_LT(err[0] * 30, err8) << dtype_name(dtype) << ": q16act max error " << err[0] << " vs q8act " << err8;
+    if (!k) {
+      EXPECT_LT(err[0] * 30, err8) << dtype_name(dtype) << ": q16act max error " << err[0] << " vs q8act " << err8;
+    }
     EXPECT_LT(err[1] * 50, err[0]) << dtype_name(dtype) << ": q16x2act max error " << err[1] << " vs q16act "
                                    << err[0];
     std::printf("%s: largest error %.3f / %.3f of its bound; max |err| q8act %.3g, q16act %.3g, q16x2act %.3g, "
@@ -281,9 +308,10 @@ TEST(MatvecQ16Act, WithinActivationQuantizationBoundOfF32Reference) {
 }
 
 TEST(MatvecQ16Act, RowResultIndependentOfBatchSize) {
-  const int64_t rows = 83, cols = 576, tokens = 13;
+  const int64_t rows = 83, tokens = 13;
   for (const Mode& mode : k_modes)
-  for (DType dtype : k_types) {
+  for (const auto& [dtype, shapes] : k_all) {
+    const int64_t cols = dtype_block_elems(dtype) == 256 ? 768 : 576;
     const ActGuard act(mode.act);
     const std::vector<uint8_t> blocks = make_blocks(dtype, rows, cols, 47);
     const WeightView w{dtype, blocks.data(), rows, cols};
@@ -334,9 +362,10 @@ TEST(MatvecQ16Act, FusedEqualsAlone) {
 }
 
 TEST(MatvecQ16Act, NanOrInfInXReachesEveryOutputOfItsTokenOnly) {
-  const int64_t rows = 9, cols = 96, tokens = 3;
+  const int64_t rows = 9, tokens = 3;
   for (const Mode& mode : k_modes)
-  for (DType dtype : k_types) {
+  for (const auto& [dtype, shapes] : k_all) {
+    const int64_t cols = dtype_block_elems(dtype) == 256 ? 256 : 96;
     const std::vector<uint8_t> blocks = make_blocks(dtype, rows, cols, 61);
     const WeightView w{dtype, blocks.data(), rows, cols};
     for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
@@ -393,6 +422,37 @@ TEST(MatvecQ16Act, MatvecDispatchFollowsTheChoice) {
   }
 }
 
+// Q4_K and Q5_K have q16act/q16x2act tiles only: the matvec runs q16act when asked, q16x2act under
+// q16x2act and the other integer modes (q8act, q8x3act), f32act under f32act; matmul_cpu alike below
+// the sgemm's token count.
+TEST(MatvecQ16Act, KFormatsRunQ16x2UnderTheOtherIntegerModes) {
+  const int64_t rows = 83, cols = 768, tokens = 3;
+  for (DType dtype : k_k_types) {
+    const std::vector<uint8_t> blocks = make_blocks(dtype, rows, cols, 71);
+    const WeightView w{dtype, blocks.data(), rows, cols};
+    const std::vector<float> x = make_x(tokens * cols, 73);
+    std::vector<float> q16(tokens * rows), q16x2(tokens * rows), f32(tokens * rows), got(tokens * rows);
+    matvec_q16act_cpu(x.data(), w, nullptr, q16.data(), tokens);
+    matvec_q16x2act_cpu(x.data(), w, nullptr, q16x2.data(), tokens);
+    matmul_matvec_f32act_cpu(x.data(), w, nullptr, f32.data(), tokens);
+    EXPECT_NE(0, std::memcmp(q16.data(), q16x2.data(), q16.size() * 4)) << dtype_name(dtype);
+    EXPECT_NE(0, std::memcmp(q16x2.data(), f32.data(), q16.size() * 4)) << dtype_name(dtype);
+    const std::pair<MatvecAct, const std::vector<float>*> cases[] = {{MatvecAct::f32, &f32},
+                                                                    {MatvecAct::q8, &q16x2},
+                                                                    {MatvecAct::q16, &q16},
+                                                                    {MatvecAct::q16x2, &q16x2},
+                                                                    {MatvecAct::q8x3, &q16x2}};
+    for (const auto& [act, want] : cases) {
+      const ActGuard mode(act);
+      matmul_matvec_cpu(x.data(), w, nullptr, got.data(), tokens);
+      EXPECT_EQ(0, std::memcmp(got.data(), want->data(), got.size() * 4)) << dtype_name(dtype) << " " << matvec_act_name(act);
+      matmul_cpu(x.data(), w, nullptr, got.data(), tokens);
+      EXPECT_EQ(0, std::memcmp(got.data(), want->data(), got.size() * 4))
+          << dtype_name(dtype) << " " << matvec_act_name(act) << " matmul_cpu";
+    }
+  }
+}
+
 TEST(MatvecQ16Act, NamesAndBadWeights) {
   MatvecAct a = MatvecAct::f32;
   EXPECT_TRUE(matvec_act_from_name("q16act", &a));
@@ -408,6 +468,10 @@ TEST(MatvecQ16Act, NamesAndBadWeights) {
   const WeightView wf{DType::f32, f.data(), 2, 64};
   EXPECT_DEATH(matvec_q16act_cpu(x.data(), wf, nullptr, y.data(), 1), "q16act: f32 weights");
   EXPECT_DEATH(matvec_q16x2act_cpu(x.data(), wf, nullptr, y.data(), 1), "q16act: f32 weights");
+  std::vector<uint8_t> q6(210, 0);
+  std::vector<float> x256(256, 1.0f);
+  EXPECT_DEATH(matvec_q16x2act_cpu(x256.data(), WeightView{DType::q6_k, q6.data(), 1, 256}, nullptr, y.data(), 1),
+               "q16act: q6_k weights");
 }
 
 }  // namespace
