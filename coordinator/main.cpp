@@ -26,6 +26,7 @@
 #include "coordinator/engine/tp_launch.h"
 #include "coordinator/http/serve_cli.h"
 #include "coordinator/loadgen/bench_serve.h"
+#include "coordinator/scheduler/out_of_memory.h"
 #include "coordinator/tokenizer/chat_template.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "eval/scoring/cli/scoring_cli.h"
@@ -566,10 +567,7 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     // Past the loader's own check (the weights fit): a later allocation found no memory. One
     // line and exit 1, as every other failure, instead of std::terminate's abort.
-    const snap::MemoryHeadroom room = snap::memory_headroom();
-    return snap::fail("out of memory: an allocation failed" +
-                      (room.bytes >= 0 ? " with " + std::to_string(room.bytes >> 20) + " MiB left (" + room.limit + ")"
-                                       : std::string()) +
+    return snap::fail("out of memory: an allocation failed" + snap::memory_left_phrase() +
                       "; a smaller --kv-cache-mib, --weight-dtype q8_0 or more memory would help");
   }
 }

@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -34,6 +33,7 @@
 #include "coordinator/scheduler/group_watchdog.h"
 #include "coordinator/scheduler/sink_gate.h"
 #include "coordinator/scheduler/logits_processing.h"
+#include "coordinator/scheduler/out_of_memory.h"
 #include "coordinator/scheduler/token_stream.h"
 #include "worker/kv/block_pool.h"
 #include "worker/kv/compressor.h"
@@ -446,10 +446,8 @@ class EngineImpl final : public Engine {
   // forward had already extended is unknown, so none goes on. In a tensor-parallel group the
   // other ranks may have run a plan this rank did not finish: the group fails.
   void out_of_memory() {
-    const MemoryHeadroom room = memory_headroom();
     const std::string why =
-        "out of memory: an allocation failed during a step" +
-        (room.bytes >= 0 ? " with " + std::to_string(room.bytes >> 20) + " MiB left (" + room.limit + ")" : std::string()) +
+        "out of memory: an allocation failed during a step" + memory_left_phrase() +
         "; the running requests were ended (shorter prompts, fewer prompt logprobs, a smaller --max-num-seqs or more "
         "memory would help)";
     std::fprintf(stderr, "snapserve: error: %s\n", why.c_str());
@@ -850,10 +848,7 @@ class EngineImpl final : public Engine {
   int64_t reserved_blocks_ = 0;
   int64_t peak_step_sequences_ = 0;  // engine thread only; copied into stats_ under mu_
   int64_t steps_run_ = 0;            // engine thread only: steps that ran a plan (for the fault below)
-  const int64_t fault_bad_alloc_step_ = [] {
-    const char* f = std::getenv("SNAP_FAULT_BAD_ALLOC_STEP");
-    return f ? std::atoll(f) : int64_t{0};
-  }();
+  const int64_t fault_bad_alloc_step_ = fault_bad_alloc_step();
   uint64_t next_id_ = 1;
   bool stopping_ = false;
   double stop_deadline_ = 0;

@@ -622,8 +622,7 @@ MatvecPart make_part(const WeightView& w, const float* bias, float* y, SimdLevel
   } else if (dtype_cpu_int_blocks(D) && act == MatvecAct::q8) {
     p.qfull = q8act_tile_avx2(D, k_block_tokens);
     p.qtail = rest ? q8act_tile_avx2(D, rest) : nullptr;
-  } else if ((dtype_cpu_int_blocks(D) || D == DType::q4_k || D == DType::q5_k) &&
-             (act == MatvecAct::q16 || act == MatvecAct::q16x2)) {
+  } else if (q16act_reads(D) && (act == MatvecAct::q16 || act == MatvecAct::q16x2)) {
     const bool split = act == MatvecAct::q16x2;
     p.q16full = q16act_tile(D, k_block_tokens, split);
     p.q16tail = rest ? q16act_tile(D, rest, split) : nullptr;
@@ -759,7 +758,7 @@ MatvecAct act_for(DType d, SimdLevel level) {
   if (level == SimdLevel::scalar) return MatvecAct::f32;
   const MatvecAct mode = matvec_act();
   if (dtype_cpu_int_blocks(d)) return mode;
-  if (d == DType::q4_k || d == DType::q5_k)
+  if (q16act_reads(d))  // Q4_K, Q5_K
     return mode == MatvecAct::f32 || mode == MatvecAct::q16 ? mode : MatvecAct::q16x2;
   return MatvecAct::f32;
 }

@@ -36,7 +36,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <deque>
 #include <map>
 #include <memory>
@@ -53,6 +52,7 @@
 #include "coordinator/scheduler/group_watchdog.h"
 #include "coordinator/scheduler/sink_gate.h"
 #include "coordinator/scheduler/logits_processing.h"
+#include "coordinator/scheduler/out_of_memory.h"
 #include "coordinator/scheduler/token_stream.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "coordinator/engine/device_request.h"
@@ -873,11 +873,8 @@ class DeviceEngine final : public Engine {
   // it (reap releases their device blocks) and the loop goes on; a tensor-parallel group fails,
   // the followers having perhaps run an operation this rank did not finish.
   void out_of_memory() {
-    const MemoryHeadroom room = memory_headroom();
     const std::string why =
-        "out of memory: a host allocation failed during a step" +
-        (room.bytes >= 0 ? " with " + std::to_string(room.bytes >> 20) + " MiB left (" + room.limit + ")" : std::string()) +
-        "; the running requests were ended";
+        "out of memory: a host allocation failed during a step" + memory_left_phrase() + "; the running requests were ended";
     std::fprintf(stderr, "snapserve: error: %s\n", why.c_str());
     if (grouped(cfg_)) return group_failure(internal_error(why));
     for (auto& s : running_)
@@ -1049,10 +1046,7 @@ class DeviceEngine final : public Engine {
   std::atomic<bool> alive_{false};
   std::atomic<bool> broken_{false};  // the tensor-parallel group failed
   int64_t steps_run_ = 0;             // scheduler thread only (for the fault above)
-  const int64_t fault_bad_alloc_step_ = [] {
-    const char* f = std::getenv("SNAP_FAULT_BAD_ALLOC_STEP");
-    return f ? std::atoll(f) : int64_t{0};
-  }();
+  const int64_t fault_bad_alloc_step_ = fault_bad_alloc_step();
   mutable std::mutex why_mu_;        // guards broken_why_ (never held with mu_ wanted after it)
   std::string broken_why_;
   std::unique_ptr<GroupWatchdog> watchdog_;  // with a group only
