@@ -11,6 +11,9 @@
 // Q4_K and Q5_K run here too, as 32-weight sub-blocks in q4_1's form: w = d_j·q + m_j with
 // d_j = d·sc_j and m_j = −dmin·m_j (both exact: an f16 times 6 bits), q the nibble (Q5_K: and
 // bit j of qh above it); a sub-block's activation block is the 32-column block it covers.
+// Q6_K runs in q8_0's form (no offset term): a 32-weight sub-block has two int8 scales, one per
+// 16 weights, so its quants are widened as q − 32 and multiplied by their scale in int16
+// (|(q − 32)·sc| ≤ 32·128 = 4096), w = d·((q − 32)·sc) with the block's f16 d.
 #include "kernels/cpu/matvec_q16act.h"
 
 #include <omp.h>
@@ -161,6 +164,15 @@ inline void block_scalar(const uint8_t* b, float* d, float* m, int* q) {
 // Q4_K / Q5_K: f16 d, f16 dmin, scales[12], (Q5_K: qh[32],) qs[128]. Sub-block j (columns
 // 32j .. 32j + 31 of the 256): q = nibble j&1 of qs[32·(j/2) + l] (Q5_K: | bit j of qh[l] << 4).
 constexpr bool k_super(DType d) { return d == DType::q4_k || d == DType::q5_k; }
+// The 256-weight formats, read as eight 32-column sub-blocks a block.
+constexpr bool k_256(DType d) { return k_super(d) || d == DType::q6_k; }
+// The formats with an offset term m·Σx (q8_0 and Q6_K have none).
+constexpr bool k_offset(DType d) { return d != DType::q8_0 && d != DType::q6_k; }
+
+// Q6_K: ql[128], qh[64], int8 scales[16], f16 d (byte 208). Sub-block j (half g = j/4, quarter
+// s = j%4): q = (nibble s/2 of ql[64g + 32(s&1) + l]) | ((qh[32g + l] >> 2s) & 3) << 4, weights
+// l < 16 scaled by scales[8g + 2s], l ≥ 16 by scales[8g + 2s + 1] (matmul.cpp's decoder).
+constexpr int k_q6_qh = 128, k_q6_scales = 192, k_q6_d = 208;
 
 template <DType D>
 inline void k_sub_scales(const uint8_t* blk, int j, float dd, float dmin, float* d, float* m) {
@@ -181,6 +193,18 @@ inline void sub_block_scalar(const uint8_t* row, int64_t b, float* d, float* m, 
     for (int l = 0; l < 32; ++l) {
       q[l] = (qs[l] >> (4 * (j & 1))) & 0x0f;
       if constexpr (D == DType::q5_k) q[l] |= ((blk[16 + l] >> j) & 1) << 4;
+    }
+  } else if constexpr (D == DType::q6_k) {
+    const uint8_t* blk = row + b / 8 * dtype_block_bytes(D);
+    const int j = static_cast<int>(b % 8), g = j / 4, sub = j % 4;
+    const uint8_t* ql = blk + 64 * g + 32 * (sub & 1);
+    const uint8_t* qh = blk + k_q6_qh + 32 * g;
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + k_q6_scales) + 8 * g + 2 * sub;
+    *d = load_f16(blk + k_q6_d);
+    *m = 0.0f;
+    for (int l = 0; l < 32; ++l) {
+      const int v = ((ql[l] >> (4 * (sub >> 1))) & 0x0f) | (((qh[l] >> (2 * sub)) & 3) << 4);
+      q[l] = (v - 32) * sc[l / 16];
     }
   } else {
     block_scalar<D>(row + b * dtype_block_bytes(D), d, m, q);
@@ -205,7 +229,7 @@ void ref_typed(const float* x, const WeightView& w, const float* bias, float* y,
         if (split)
           for (int j = 0; j < 32; ++j) sumi2 += int64_t{qw[j]} * a.q2[t * w.cols + b * k_qk + j];
         acc += double{dw} * a.d[t * a.nb + b] * (static_cast<double>(sumi) + static_cast<double>(sumi2) / 32768.0);
-        if constexpr (D != DType::q8_0) acc += double{mw} * a.s[t * a.nb + b];
+        if constexpr (k_offset(D)) acc += double{mw} * a.s[t * a.nb + b];
       }
       y[t * w.rows + r] = static_cast<float>(acc);
     }
@@ -232,6 +256,20 @@ SNAP_TARGET_AVX2 inline void k_scales8_avx2(const uint8_t* blk, float* d, float*
   _mm256_storeu_ps(m, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(load_f16_f16c(blk + 2)), mnf), _mm256_set1_ps(-0.0f)));
 }
 
+// Q6_K: 16 weights of quarter sub (their ql and qh bytes at ql, qh) as (q − 32)·sc in int16.
+SNAP_TARGET_AVX2 inline __m256i q6_half_avx2(const uint8_t* ql, const uint8_t* qh, int sub, int8_t sc) {
+  const __m256i lo4 = _mm256_and_si256(
+      _mm256_srl_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ql))),
+                       _mm_cvtsi32_si128(4 * (sub >> 1))),
+      _mm256_set1_epi16(0x0f));
+  const __m256i hi2 = _mm256_and_si256(
+      _mm256_srl_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh))),
+                       _mm_cvtsi32_si128(2 * sub)),
+      _mm256_set1_epi16(3));
+  const __m256i q = _mm256_sub_epi16(_mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4)), _mm256_set1_epi16(32));
+  return _mm256_mullo_epi16(q, _mm256_set1_epi16(sc));
+}
+
 // One weight block's 32 quants as int16: lo = elements 0..15, hi = 16..31 (a K format: sub-block
 // j of the block at blk).
 template <DType D>
@@ -251,6 +289,13 @@ SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, __m256i
       *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(h0, 4));
       *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(h1, 4));
     }
+  } else if constexpr (D == DType::q6_k) {
+    const int g = j / 4, sub = j % 4;
+    const uint8_t* ql = blk + 64 * g + 32 * (sub & 1);
+    const uint8_t* qh = blk + k_q6_qh + 32 * g;
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + k_q6_scales) + 8 * g + 2 * sub;
+    *lo = q6_half_avx2(ql, qh, sub, sc[0]);
+    *hi = q6_half_avx2(ql + 16, qh + 16, sub, sc[1]);
   } else if constexpr (D == DType::q8_0) {
     *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
     *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
@@ -269,6 +314,8 @@ SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, __m256i
 // their sum converted to f32 and FMA'd with d_w·d_x into the row's accumulator; q4's m_w·s_x goes to a scalar sum.
 // Split (q16x2act): the residual plane's two vpmaddwd give p2 (exact, < 2^24 too), and the
 // block's value is fma(p2, 2^-15, p1) before the same scaling FMA.
+// Q6_K's scaled quants (|w| ≤ 4096) reach 4·4096·32767 < 2^29 a lane: exact in int32, one f32
+// rounding (2^-24 relative) at the conversion, as f32act's own sums round.
 // Every token's order of operations is the same whatever NT is, so rows stay batch-invariant.
 template <DType D, int NT, bool Split>
 SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int64_t rows, const float* bias, float* y,
@@ -296,13 +343,15 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
         for (int k = 0; k < k_block_rows; ++k) k_scales8_avx2(row[k] + b / 8 * bb, kd[k], km[k]);
     }
     for (int k = 0; k < k_block_rows; ++k) {
-      const uint8_t* blk = row[k] + (k_super(D) ? b / 8 : b) * bb;
+      const uint8_t* blk = row[k] + (k_256(D) ? b / 8 : b) * bb;
       const int j = static_cast<int>(b % 8);
       _mm_prefetch(reinterpret_cast<const char*>(blk + k_prefetch_bytes), _MM_HINT_T0);
       float dw, kmw = 0.0f;
       if constexpr (k_super(D)) {
         dw = kd[k][j];
         kmw = km[k][j];
+      } else if constexpr (D == DType::q6_k) {
+        dw = load_f16_f16c(blk + k_q6_d);
       } else {
         dw = load_f16_f16c(blk);
       }
@@ -321,7 +370,7 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
         }
         acc[k][t] = _mm256_fmadd_ps(v, _mm256_set1_ps(dw * xd[t * nb + b]), acc[k][t]);
       }
-      if constexpr (D != DType::q8_0) {
+      if constexpr (k_offset(D)) {
         const float mw = k_super(D) ? kmw : D == DType::q4_1 ? load_f16_f16c(blk + 2) : -8.0f * dw;
         // An explicit FMA, as in matvec_q8act.cpp: left to -ffp-contract, NT instantiations
         // could differ and a token's result would depend on its batch.
@@ -358,7 +407,7 @@ void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y,
 
 void check_weight(const WeightView& w) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matvec q16act: empty weight";
-  CHECK(q16act_reads(w.dtype)) << "matvec q16act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1/q4_k/q5_k)";
+  CHECK(q16act_reads(w.dtype)) << "matvec q16act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1/q4_k/q5_k/q6_k)";
   CHECK(w.layout == WeightLayout::rows) << "matvec q16act: tiles4 weights (this kernel reads row-major blocks; "
                                            "matmul_cpu unpacks tiles4)";
   CHECK(w.cols % dtype_block_elems(w.dtype) == 0) << "matvec q16act: " << dtype_name(w.dtype) << " cols " << w.cols;
@@ -392,11 +441,12 @@ Q16TileFn q16act_tile_avx2(DType d, int nt, bool split) {
     case DType::q4_0: return pick<DType::q4_0>(nt, split);
     case DType::q4_k: return pick<DType::q4_k>(nt, split);
     case DType::q5_k: return pick<DType::q5_k>(nt, split);
+    case DType::q6_k: return pick<DType::q6_k>(nt, split);
     default: return pick<DType::q4_1>(nt, split);
   }
 }
 
-bool q16act_reads(DType d) { return dtype_cpu_int_blocks(d) || k_super(d); }
+bool q16act_reads(DType d) { return dtype_cpu_int_blocks(d) || k_256(d); }
 
 Q16TileFn q16act_tile(DType d, int nt, bool split) {
   // The VNNI tiles read q8_0/q4_0/q4_1 only.
@@ -421,6 +471,7 @@ void ref_any(const float* x, const WeightView& w, const float* bias, float* y, i
     case DType::q4_0: return ref_typed<DType::q4_0>(x, w, bias, y, num_tokens, split);
     case DType::q4_k: return ref_typed<DType::q4_k>(x, w, bias, y, num_tokens, split);
     case DType::q5_k: return ref_typed<DType::q5_k>(x, w, bias, y, num_tokens, split);
+    case DType::q6_k: return ref_typed<DType::q6_k>(x, w, bias, y, num_tokens, split);
     default: return ref_typed<DType::q4_1>(x, w, bias, y, num_tokens, split);
   }
 }
@@ -433,6 +484,7 @@ void cpu_any(const float* x, const WeightView& w, const float* bias, float* y, i
     case DType::q4_0: return cpu_typed<DType::q4_0>(x, w, bias, y, num_tokens, split);
     case DType::q4_k: return cpu_typed<DType::q4_k>(x, w, bias, y, num_tokens, split);
     case DType::q5_k: return cpu_typed<DType::q5_k>(x, w, bias, y, num_tokens, split);
+    case DType::q6_k: return cpu_typed<DType::q6_k>(x, w, bias, y, num_tokens, split);
     default: return cpu_typed<DType::q4_1>(x, w, bias, y, num_tokens, split);
   }
 }

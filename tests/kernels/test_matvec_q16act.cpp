@@ -1,5 +1,5 @@
 // The q16- and q16x2-activation matvecs (kernels/matvec_act.h, kernels/cpu/matvec_q16act.cpp):
-// q8_0, q4_0, q4_1, and Q4_K/Q5_K by 32-weight sub-blocks:
+// q8_0, q4_0, q4_1, and Q4_K/Q5_K/Q6_K by 32-weight sub-blocks:
 // the int16 activation quantizer (SIMD equal to scalar bit for bit, |x − d·q| ≤ d/2, and with
 // the residual plane ≤ d/65536; NaN/inf blocks poisoned), a hand-computed block, the AVX2 tiles
 // against the scalar reference over a table of awkward shapes, the whole kernel against the f32
@@ -63,9 +63,9 @@ const std::vector<Shape> k_shapes = {
 };
 
 const DType k_types[] = {DType::q8_0, DType::q4_0, DType::q4_1};
-// Q4_K and Q5_K (256-weight blocks, read as 32-weight sub-blocks): shapes of whole blocks, every
-// row and token tail, 1 to 6 blocks a row.
-const DType k_k_types[] = {DType::q4_k, DType::q5_k};
+// Q4_K, Q5_K and Q6_K (256-weight blocks, read as 32-weight sub-blocks): shapes of whole blocks,
+// every row and token tail, 1 to 6 blocks a row.
+const DType k_k_types[] = {DType::q4_k, DType::q5_k, DType::q6_k};
 const std::vector<Shape> k_k_shapes = {
     {1, 256, 1}, {3, 256, 4}, {7, 512, 2}, {7, 768, 5}, {83, 1536, 1}, {83, 1536, 4}, {769, 256, 3},
     {256, 768, 9}, {10, 1280, 6}, {13, 512, 7}, {6, 256, 8},
@@ -75,7 +75,8 @@ struct TypeShapes {
   const std::vector<Shape>* shapes;
 };
 const std::vector<TypeShapes> k_all = {{DType::q8_0, &k_shapes}, {DType::q4_0, &k_shapes}, {DType::q4_1, &k_shapes},
-                                      {DType::q4_k, &k_k_shapes}, {DType::q5_k, &k_k_shapes}};
+                                      {DType::q4_k, &k_k_shapes}, {DType::q5_k, &k_k_shapes},
+                                      {DType::q6_k, &k_k_shapes}};
 
 // Row r's weights as f32, through matmul_ref (whose decoders are the gguf package's values bit for
 // bit: tests/worker/test_dequant.cpp) with one-hot activations.
@@ -422,7 +423,7 @@ TEST(MatvecQ16Act, MatvecDispatchFollowsTheChoice) {
   }
 }
 
-// Q4_K and Q5_K have q16act/q16x2act tiles only: the matvec runs q16act when asked, q16x2act under
+// Q4_K, Q5_K and Q6_K have q16act/q16x2act tiles only: the matvec runs q16act when asked, q16x2act under
 // q16x2act and the other integer modes (q8act, q8x3act), f32act under f32act; matmul_cpu alike below
 // the sgemm's token count.
 TEST(MatvecQ16Act, KFormatsRunQ16x2UnderTheOtherIntegerModes) {
@@ -468,10 +469,10 @@ TEST(MatvecQ16Act, NamesAndBadWeights) {
   const WeightView wf{DType::f32, f.data(), 2, 64};
   EXPECT_DEATH(matvec_q16act_cpu(x.data(), wf, nullptr, y.data(), 1), "q16act: f32 weights");
   EXPECT_DEATH(matvec_q16x2act_cpu(x.data(), wf, nullptr, y.data(), 1), "q16act: f32 weights");
-  std::vector<uint8_t> q6(210, 0);
+  std::vector<uint8_t> q3(110, 0);
   std::vector<float> x256(256, 1.0f);
-  EXPECT_DEATH(matvec_q16x2act_cpu(x256.data(), WeightView{DType::q6_k, q6.data(), 1, 256}, nullptr, y.data(), 1),
-               "q16act: q6_k weights");
+  EXPECT_DEATH(matvec_q16x2act_cpu(x256.data(), WeightView{DType::q3_k, q3.data(), 1, 256}, nullptr, y.data(), 1),
+               "q16act: q3_k weights");
 }
 
 }  // namespace
