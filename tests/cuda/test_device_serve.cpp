@@ -21,7 +21,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <boost/asio.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -115,12 +114,12 @@ class DeviceServe : public ::testing::Test {
 TEST_F(DeviceServe, HealthMetricsAndBatchInvariance) {
   auto srv = start();
   ASSERT_GT(srv->port(), 0) << srv->log();
-  EXPECT_EQ(snap::testing::call(srv->port(), boost::beast::http::verb::get, "/health").status, 200);
+  EXPECT_EQ(snap::testing::call(srv->port(), snap::testing::http::verb::get, "/health").status, 200);
   expect_batched_as_alone(*srv, {words(40, 1), words(90, 2), words(15, 3)}, 16);
   // The engine publishes its figures after each step: poll until the finished requests' blocks show as free.
   std::string m;
   for (int i = 0; i < 100; ++i) {
-    m = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+    m = snap::testing::call(srv->port(), snap::testing::http::verb::get, "/metrics").body;
     if (metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_used\"") == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -147,7 +146,7 @@ TEST_F(DeviceServe, GreedyIdsOnTheDeviceMatchTheLogitsPath) {
   ASSERT_EQ(logits.status, 200) << logits.body;
   EXPECT_EQ(ids.j()["choices"][0]["text"], logits.j()["choices"][0]["text"]);
   EXPECT_EQ(logits.j()["choices"][0]["logprobs"]["tokens"].size(), 12u) << logits.body;
-  const std::string m = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+  const std::string m = snap::testing::call(srv->port(), snap::testing::http::verb::get, "/metrics").body;
   // 12 tokens each: the first from the prefill's logits, 11 from decode rows.
   EXPECT_EQ(metric(m, "snapserve_decode_rows_total", "sampled_on=\"device\""), 11) << m;
   EXPECT_EQ(metric(m, "snapserve_decode_rows_total", "sampled_on=\"host\""), 11) << m;
@@ -165,7 +164,7 @@ TEST_F(DeviceServe, GreedyIdsOnTheDeviceMatchTheLogitsPath) {
   ASSERT_EQ(rb.status, 200) << rb.body;
   EXPECT_EQ(ra.j()["choices"][0]["text"], alone.j()["choices"][0]["text"]);
   EXPECT_EQ(rb.j()["choices"][0]["text"], alone.j()["choices"][0]["text"]);
-  const std::string m2 = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+  const std::string m2 = snap::testing::call(srv->port(), snap::testing::http::verb::get, "/metrics").body;
   EXPECT_EQ(metric(m2, "snapserve_decode_rows_total", "sampled_on=\"device\""), 11 + 39 + 39) << m2;
   EXPECT_EQ(metric(m2, "snapserve_decode_rows_total", "sampled_on=\"host\""), 11 + 39) << m2;
 }
@@ -297,7 +296,7 @@ TEST_F(DeviceServe, ChoicesAndEchoAsOnTheCpu) {
   // Every copy's blocks go back.
   std::string m;
   for (int i = 0; i < 100; ++i) {
-    m = snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body;
+    m = snap::testing::call(srv->port(), snap::testing::http::verb::get, "/metrics").body;
     if (metric(m, "snapserve_device_memory_bytes", "kind=\"kv_pool_used\"") == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -345,22 +344,13 @@ TEST_F(DeviceServe, ChoicesKeepEveryCopyReserved) {
   body["stream"] = true;
   std::atomic<bool> streaming{false};
   auto stream = std::async(std::launch::async, [&] {
-    namespace net = boost::asio;
-    net::io_context ioc;
-    net::ip::tcp::socket sock(ioc);
-    sock.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(srv->port())});
+    snap::testing::RawConn sock(srv->port());
     const std::string b = body.dump();
-    net::write(sock, net::buffer("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                 "Connection: close\r\nContent-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b));
+    sock.send_all("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  "Connection: close\r\nContent-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b);
     std::string all;
-    char buf[4096];
-    boost::system::error_code ec;
-    for (;;) {
-      const size_t got = sock.read_some(net::buffer(buf), ec);
-      if (ec) break;
-      all.append(buf, got);
+    while (sock.read_some(&all, 1000))  // until the server closes (or the connection failed)
       if (all.find("data:") != std::string::npos) streaming = true;
-    }
     streaming = true;
     return all;
   });
@@ -414,24 +404,22 @@ TEST_F(DeviceServe, CancelFreesBlocksAndSigtermDrains) {
   auto srv = start();
   ASSERT_GT(srv->port(), 0) << srv->log();
   {  // a stream the client closes after its first bytes
-    namespace net = boost::asio;
-    net::io_context ioc;
-    net::ip::tcp::socket sock(ioc);
-    sock.connect({net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(srv->port())});
+    snap::testing::RawConn sock(srv->port());
+    ASSERT_TRUE(sock.ok());
     json body = completion(words(60, 9), 4000);
     body["stream"] = true;
     const std::string b = body.dump();
     const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                             std::to_string(b.size()) + "\r\n\r\n" + b;
-    net::write(sock, net::buffer(req));
-    char buf[256];
-    sock.read_some(net::buffer(buf));
+    ASSERT_TRUE(sock.send_all(req));
+    std::string first;
+    for (int i = 0; i < 120 && first.empty(); ++i) ASSERT_TRUE(sock.read_some(&first, 1000));
     sock.close();
   }
   double used = -1;
   for (int i = 0; i < 200 && used != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    used = metric(snap::testing::call(srv->port(), boost::beast::http::verb::get, "/metrics").body,
+    used = metric(snap::testing::call(srv->port(), snap::testing::http::verb::get, "/metrics").body,
                   "snapserve_device_memory_bytes", "kind=\"kv_pool_used\"");
   }
   EXPECT_EQ(used, 0) << "the cancelled stream's blocks were not freed";

@@ -205,7 +205,7 @@ class DeviceServeTp : public ::testing::Test {
   static std::string text(int port, const json& body) {
     const Reply r = snap::testing::post(port, "/v1/completions", body);
     EXPECT_EQ(r.status, 200) << r.body << r.error;
-    if (r.status != 200) return "<" + std::to_string(r.status) + ">";
+    if (r.status != 200) return "<status " + std::to_string(r.status) + ">";
     return r.j()["choices"][0]["text"].get<std::string>();
   }
 
@@ -308,7 +308,7 @@ TEST_F(DeviceServeTp, SameTextsAsOneGpuAloneAndBatched) {
   // /metrics: both ranks' device memory and exchange counters (a report about once a second).
   std::string m;
   for (int i = 0; i < 100; ++i) {
-    m = snap::testing::call(port, boost::beast::http::verb::get, "/metrics").body;
+    m = snap::testing::call(port, snap::testing::http::verb::get, "/metrics").body;
     if (metric(m, "snapserve_device_memory_bytes", {"rank=\"1\"", "kind=\"kv_pool_used\""}) == 0 &&
         metric(m, "snapserve_device_memory_bytes", {"rank=\"0\"", "kind=\"kv_pool_used\""}) == 0)
       break;
@@ -334,7 +334,7 @@ TEST_F(DeviceServeTp, DeadRankFailsTheGroupInsteadOfHanging) {
   Group g = group("dead");
   ASSERT_GT(g.rank0->port(), 0) << g.rank0->log() << rank1_log("dead");
   const int port = g.rank0->port();
-  EXPECT_EQ(snap::testing::call(port, boost::beast::http::verb::get, "/health").status, 200);
+  EXPECT_EQ(snap::testing::call(port, snap::testing::http::verb::get, "/health").status, 200);
   EXPECT_FALSE(text(port, completion(words(30, 5), 4)).empty());
   g.rank1->kill_now();
   g.rank1->wait(10);

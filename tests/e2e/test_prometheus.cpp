@@ -8,9 +8,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -26,14 +23,12 @@
 
 #include "tests/snapserve_binary.h"
 #include "tests/prom_text.h"
+#include "tests/e2e/http_client.h"
+#include "tests/free_port.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-namespace beast = boost::beast;
-namespace http = beast::http;
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
 using nlohmann::json;
 
 constexpr const char* k_prometheus = "/usr/bin/prometheus";
@@ -49,11 +44,7 @@ std::string slurp(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-int free_port() {
-  net::io_context ioc;
-  tcp::acceptor a(ioc, tcp::endpoint(net::ip::make_address("127.0.0.1"), 0));
-  return a.local_endpoint().port();
-}
+using snap::testing::free_port;
 
 // --- child processes -----------------------------------------------------------
 
@@ -95,7 +86,7 @@ class ChildGuard {
   pid_t pid_ = -1;
 };
 
-// --- a tiny HTTP client (timeouts through Beast's async ops) ---------------------------
+// --- HTTP (tests/e2e/http_client.h) ------------------------------------------------------
 
 struct HttpReply {
   int status = 0;  // 0: no answer (connect/read failed or timed out)
@@ -103,32 +94,8 @@ struct HttpReply {
 };
 
 HttpReply http_get(int port, const std::string& target, double timeout_s = 10) {
-  net::io_context ioc;
-  beast::tcp_stream stream(ioc);
-  beast::flat_buffer buffer;
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  http::response<http::string_body> res;
-  beast::error_code result;
-  stream.expires_after(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  stream.async_connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)),
-                       [&](beast::error_code ec) {
-                         if (ec) {
-                           result = ec;
-                           return;
-                         }
-                         http::async_write(stream, req, [&](beast::error_code ec2, size_t) {
-                           if (ec2) {
-                             result = ec2;
-                             return;
-                           }
-                           http::async_read(stream, buffer, res,
-                                            [&](beast::error_code ec3, size_t) { result = ec3; });
-                         });
-                       });
-  ioc.run();
-  if (result) return {};
-  return {static_cast<int>(res.result_int()), res.body()};
+  const snap::testing::Reply r = snap::testing::get_within(port, target, timeout_s);
+  return {r.status, r.body};
 }
 
 std::string url_encode(const std::string& s) {

@@ -4,16 +4,11 @@
 // (greedy); every bad input gets its 4xx and the server keeps serving; a full queue gives
 // 429; a vanished client's blocks are freed; SIGTERM stops the server cleanly with exit 0.
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <numeric>
 #include <cstring>
 #include <cmath>
@@ -42,10 +37,7 @@ namespace snap {
 namespace {
 
 namespace fs = std::filesystem;
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = net::ip::tcp;
+namespace http = snap::testing::http;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -102,6 +94,8 @@ std::string log_excerpt(const std::string& log) {
 
 using snap::testing::call;
 using snap::testing::post;
+using snap::testing::raw_post;
+using snap::testing::RawConn;
 using snap::testing::Reply;
 
 // The "data:" payloads of an SSE body, in order.
@@ -174,53 +168,6 @@ bool wait_until_idle(int port, double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return false;
-}
-
-// A raw TCP connection for partial requests and early disconnects.
-class RawConn {
- public:
-  explicit RawConn(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ok_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  }
-  ~RawConn() { close(); }
-  bool ok() const { return ok_; }
-  bool send_all(const std::string& s) {
-    size_t off = 0;
-    while (off < s.size()) {
-      const ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      off += static_cast<size_t>(n);
-    }
-    return true;
-  }
-  // Reads what arrives within timeout_ms; false once the peer closed.
-  bool read_some(std::string* into, int timeout_ms) {
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, timeout_ms) <= 0) return true;
-    char buf[4096];
-    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-    if (n <= 0) return false;
-    into->append(buf, static_cast<size_t>(n));
-    return true;
-  }
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-  bool ok_ = false;
-};
-
-std::string raw_post(const std::string& target, const std::string& body) {
-  return "POST " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
 // --- the shared server (one model load for most tests) -----------------------------

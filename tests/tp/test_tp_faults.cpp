@@ -162,7 +162,7 @@ TEST(TpFaults, HungRankFailsTheGroupWithinTheDeadline) {
   expect_error_then_done(stream);
 
   // At once: /health is 503, a new request 503, and the waiting one got 503.
-  const auto health = snap::testing::call(tp.port(), boost::beast::http::verb::get, "/health");
+  const auto health = snap::testing::call(tp.port(), snap::testing::http::verb::get, "/health");
   EXPECT_EQ(health.status, 503) << health.body << health.error;
   const auto fresh = snap::testing::post(tp.port(), "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 2}});
   EXPECT_EQ(fresh.status, 503) << fresh.body << fresh.error;
