@@ -52,7 +52,9 @@ cuda_off=(-DSNAP_ENABLE_CUDA=OFF -DSNAP_BUILD_BENCH=OFF)
 # The sanitizer builds compile faster with line tables only (-g1: the reports' stack traces
 # keep their files and lines) and the libraries in unity batches (SNAP_UNITY, CMakeLists.txt).
 debug_fast=(-DCMAKE_CXX_FLAGS_DEBUG=-g1 -DSNAP_UNITY=ON)
-cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON "${cuda_off[@]}" "${debug_fast[@]}" >/dev/null
+# Each build below names its targets as one set (SNAP_BUILD_SET, CMakeLists.txt: --target a b c
+# would build them one after another, a core idle while each test's one source compiled).
+set_of() { local IFS=';'; echo "$*"; }
 asan_tests=(test_comm_local test_comm_tcp)
 drivers=()
 for src in tests/{kernels,worker,coordinator,eval_scoring,e2e,gemma3,matvec_act,eval_longctx,random_model,device}/test_*.cpp; do
@@ -66,7 +68,9 @@ for src in tests/{kernels,worker,coordinator,eval_scoring,e2e,gemma3,matvec_act,
 done
 replays=()
 for src in fuzz/fuzz_*.cpp; do n=$(basename "$src" .cpp); replays+=("replay_${n#fuzz_}"); done
-cmake --build "$asan" -j "$(nproc)" --target snapserve "${asan_tests[@]}" "${replays[@]}"
+cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON "${cuda_off[@]}" "${debug_fast[@]}" \
+  -DSNAP_BUILD_SET="$(set_of snapserve "${asan_tests[@]}" "${replays[@]}")" >/dev/null
+cmake --build "$asan" -j "$(nproc)" --target build_set
 stage "the ASan + UBSan build"
 # UBSan halts too, so that a finding fails the test (in the snapserve children as well).
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
@@ -84,8 +88,9 @@ if [ -f "$build/kernels/cuda/emu/test_cuda_ops_emu" ]; then
   echo "test: the CUDA kernels on the kernel emulator under AddressSanitizer + UBSan" >&2
   emu_asan=${build}-emu-asan
   emu_tests=(test_kernel_emulator test_cuda_ops_emu test_cuda_policies_emu)
-  cmake -S . -B "$emu_asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON -DSNAP_BUILD_BENCH=OFF "${debug_fast[@]}" >/dev/null
-  cmake --build "$emu_asan" -j "$(nproc)" --target "${emu_tests[@]}"
+  cmake -S . -B "$emu_asan" -DCMAKE_BUILD_TYPE=Debug -DSNAP_SANITIZE=ON -DSNAP_BUILD_BENCH=OFF "${debug_fast[@]}" \
+    -DSNAP_BUILD_SET="$(set_of "${emu_tests[@]}")" >/dev/null
+  cmake --build "$emu_asan" -j "$(nproc)" --target build_set
   stage "the emulator's ASan + UBSan build"
   # The ops table as its two shards (kernels/cuda/emu/CMakeLists.txt), one per core.
   ctest --test-dir "$emu_asan" --output-on-failure -j 2 \
