@@ -52,6 +52,15 @@ cuda_off=(-DSNAP_ENABLE_CUDA=OFF -DSNAP_BUILD_BENCH=OFF)
 # The sanitizer builds compile faster with line tables only (-g1: the reports' stack traces
 # keep their files and lines) and the libraries in unity batches (SNAP_UNITY, CMakeLists.txt).
 debug_fast=(-DCMAKE_CXX_FLAGS_DEBUG=-g1 -DSNAP_UNITY=ON)
+# The emulator's sanitizer build below compiles the CPU kernels, the model's loaders and comm/
+# with the flags this one uses: through ccache (setup.sh installs it) it takes those objects
+# from here instead of compiling them again. NOHASHDIR: the two builds are in different
+# directories. The cache is $build-ccache unless CCACHE_DIR says otherwise.
+if command -v ccache >/dev/null; then
+  case $build in /*) cache_dir=$build-ccache ;; *) cache_dir=$(pwd)/$build-ccache ;; esac
+  export CCACHE_DIR=${CCACHE_DIR:-$cache_dir} CCACHE_NOHASHDIR=1
+  debug_fast+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
 # Each build below names its targets as one set (SNAP_BUILD_SET, CMakeLists.txt: --target a b c
 # would build them one after another, a core idle while each test's one source compiled).
 set_of() { local IFS=';'; echo "$*"; }
