@@ -17,7 +17,7 @@ pkgs=(build-essential cmake pkg-config unzip python3-pip lld
       libgtest-dev libgmock-dev libbenchmark-dev
       libboost-dev libboost-system-dev prometheus-cpp-dev prometheus
       libopenmpi-dev openmpi-bin slurm-wlm munge
-      libsqlite3-dev libcurl4-openssl-dev ccache)
+      libsqlite3-dev libcurl4-openssl-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

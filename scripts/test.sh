@@ -53,9 +53,14 @@ cuda_off=(-DSNAP_ENABLE_CUDA=OFF -DSNAP_BUILD_BENCH=OFF)
 # keep their files and lines) and the libraries in unity batches (SNAP_UNITY, CMakeLists.txt).
 debug_fast=(-DCMAKE_CXX_FLAGS_DEBUG=-g1 -DSNAP_UNITY=ON)
 # The emulator's sanitizer build below compiles the CPU kernels, the model's loaders and comm/
-# with the flags this one uses: through ccache (setup.sh installs it) it takes those objects
-# from here instead of compiling them again. NOHASHDIR: the two builds are in different
-# directories. The cache is $build-ccache unless CCACHE_DIR says otherwise.
+# with the flags this one uses: through ccache it takes those objects from here instead of
+# compiling them again. NOHASHDIR: the two builds are in different directories. The cache is
+# $build-ccache unless CCACHE_DIR says otherwise. (Installed here, not by setup.sh: the
+# product's build and its Dockerfiles, which install setup.sh's packages, do not use it.)
+if ! command -v ccache >/dev/null; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq ccache >/dev/null 2>&1 || echo "test: no ccache (compiling without it)" >&2
+fi
 if command -v ccache >/dev/null; then
   case $build in /*) cache_dir=$build-ccache ;; *) cache_dir=$(pwd)/$build-ccache ;; esac
   export CCACHE_DIR=${CCACHE_DIR:-$cache_dir} CCACHE_NOHASHDIR=1
