@@ -173,6 +173,17 @@ constexpr bool k_offset(DType d) { return d != DType::q8_0 && d != DType::q6_k; 
 // s = j%4): q = (nibble s/2 of ql[64g + 32(s&1) + l]) | ((qh[32g + l] >> 2s) & 3) << 4, weights
 // l < 16 scaled by scales[8g + 2s], l ≥ 16 by scales[8g + 2s + 1] (matmul.cpp's decoder).
 constexpr int k_q6_qh = 128, k_q6_scales = 192, k_q6_d = 208;
+struct Q6Sub {
+  const uint8_t* ql;  // the sub-block's 32 low-nibble bytes (nibble sub/2)
+  const uint8_t* qh;  // its 32 high-bit bytes (bits 2·sub, 2·sub + 1)
+  const int8_t* sc;   // its two scales
+  int sub;
+};
+inline Q6Sub q6_sub(const uint8_t* blk, int j) {
+  const int g = j / 4, sub = j % 4;
+  return {blk + 64 * g + 32 * (sub & 1), blk + k_q6_qh + 32 * g,
+          reinterpret_cast<const int8_t*>(blk + k_q6_scales) + 8 * g + 2 * sub, sub};
+}
 
 template <DType D>
 inline void k_sub_scales(const uint8_t* blk, int j, float dd, float dmin, float* d, float* m) {
@@ -196,15 +207,12 @@ inline void sub_block_scalar(const uint8_t* row, int64_t b, float* d, float* m, 
     }
   } else if constexpr (D == DType::q6_k) {
     const uint8_t* blk = row + b / 8 * dtype_block_bytes(D);
-    const int j = static_cast<int>(b % 8), g = j / 4, sub = j % 4;
-    const uint8_t* ql = blk + 64 * g + 32 * (sub & 1);
-    const uint8_t* qh = blk + k_q6_qh + 32 * g;
-    const auto* sc = reinterpret_cast<const int8_t*>(blk + k_q6_scales) + 8 * g + 2 * sub;
+    const Q6Sub s = q6_sub(blk, static_cast<int>(b % 8));
     *d = load_f16(blk + k_q6_d);
     *m = 0.0f;
     for (int l = 0; l < 32; ++l) {
-      const int v = ((ql[l] >> (4 * (sub >> 1))) & 0x0f) | (((qh[l] >> (2 * sub)) & 3) << 4);
-      q[l] = (v - 32) * sc[l / 16];
+      const int v = ((s.ql[l] >> (4 * (s.sub >> 1))) & 0x0f) | (((s.qh[l] >> (2 * s.sub)) & 3) << 4);
+      q[l] = (v - 32) * s.sc[l / 16];
     }
   } else {
     block_scalar<D>(row + b * dtype_block_bytes(D), d, m, q);
@@ -290,12 +298,9 @@ SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, __m256i
       *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(h1, 4));
     }
   } else if constexpr (D == DType::q6_k) {
-    const int g = j / 4, sub = j % 4;
-    const uint8_t* ql = blk + 64 * g + 32 * (sub & 1);
-    const uint8_t* qh = blk + k_q6_qh + 32 * g;
-    const auto* sc = reinterpret_cast<const int8_t*>(blk + k_q6_scales) + 8 * g + 2 * sub;
-    *lo = q6_half_avx2(ql, qh, sub, sc[0]);
-    *hi = q6_half_avx2(ql + 16, qh + 16, sub, sc[1]);
+    const Q6Sub s = q6_sub(blk, j);
+    *lo = q6_half_avx2(s.ql, s.qh, s.sub, s.sc[0]);
+    *hi = q6_half_avx2(s.ql + 16, s.qh + 16, s.sub, s.sc[1]);
   } else if constexpr (D == DType::q8_0) {
     *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
     *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
