@@ -3,11 +3,13 @@
 // fiber with its own stack, run until it finishes or reaches a barrier. A warp shuffle is
 // completed by the last lane of its mask to arrive, which hands every lane its source lane's
 // value and lets them go on. A thread that stops at a barrier switches straight to the next
-// thread of the scheduler's pass that can run (the one the scheduler would pick: same order,
-// half the switches of going through it); the scheduler takes over when the pass has none
-// left, or the thread returned or faulted. When no thread can run, the scheduler releases __syncthreads if
-// every thread of the block waits there, and otherwise reports a fault (a barrier some
-// threads never reach, or a deadlock) after unwinding the threads that wait.
+// lane of its own warp, in the pass's order, that can run (so a warp goes on through its
+// shuffles with only its lanes' stacks in the cache), else to the pass's next thread that can
+// run, without going through the scheduler (half the switches); the scheduler takes over when
+// the pass has none left, or the thread returned or faulted. When no thread can run, the
+// scheduler releases __syncthreads if every thread of the block waits there, and otherwise
+// reports a fault (a barrier some threads never reach, or a deadlock) after unwinding the
+// threads that wait.
 //   SNAP_EMU_SCHEDULE=forward|reverse|shuffle (default forward) orders the threads of a pass and
 // the blocks of a grid: a kernel whose result depends on it has a race (a missing
 // __syncthreads, a read of another thread's shared memory before the barrier that orders it);
@@ -196,6 +198,8 @@ struct Engine {
   Fiber* cur = nullptr;
   uint3 bid{};
   std::vector<size_t> order;  // the pass order of the block's threads
+  std::vector<size_t> pos;    // each thread's position in `order`
+  std::vector<uint32_t> warp_next;  // each thread's successor among its warp's lanes in `order` (cyclic)
   size_t pass_pos = 0;        // where the running pass is in `order` (the thread running now)
   bool from_scheduler = false;  // the running thread was entered from the scheduler, not a thread
   std::vector<WarpWait> warps;
@@ -326,12 +330,28 @@ Fiber* next_in_pass(Engine& e) {
   return nullptr;
 }
 
+// The thread to run after f, which stopped at a barrier: the next lane of its own warp in the
+// pass order (cyclic) that can run, so that a warp goes on through its shuffles while its lanes
+// can, with only its 32 threads' stacks in the cache, rather than every warp of the block taking
+// one step per pass; when none can, the pass's next thread.
+Fiber* next_after_barrier(Engine& e, const Fiber& f) {
+  const auto i = static_cast<uint32_t>(&f - e.fibers.data());
+  for (uint32_t j = e.warp_next[i]; j != i; j = e.warp_next[j]) {
+    if (e.fibers[j].st == St::ready) {
+      e.pass_pos = e.pos[j];
+      return &e.fibers[j];
+    }
+  }
+  return next_in_pass(e);
+}
+
 // The running thread stops (a barrier, the end of the thread, a fault). At a barrier it hands
-// the OS thread straight to the pass's next thread, if any; otherwise back to the scheduler.
+// the OS thread straight to the next thread that can run (next_after_barrier), if any;
+// otherwise back to the scheduler.
 void yield_to_scheduler(Engine& e) {
   Fiber* f = e.cur;
   const bool at_barrier = f->st == St::warp_bar || f->st == St::block_bar;
-  Fiber* g = at_barrier && !e.unwinding && e.fault.empty() ? next_in_pass(e) : nullptr;
+  Fiber* g = at_barrier && !e.unwinding && e.fault.empty() ? next_after_barrier(e, *f) : nullptr;
   if (g != nullptr) {
     prepare(e, *g);
     enter(e, *g);
@@ -468,11 +488,29 @@ bool release_block(Engine& e) {
   return true;
 }
 
+// pos and warp_next for the order the pass runs in.
+void link_order(Engine& e) {
+  const size_t n = e.order.size();
+  e.pos.resize(n);
+  e.warp_next.resize(n);
+  for (size_t p = 0; p < n; ++p) e.pos[e.order[p]] = p;
+  std::vector<uint32_t> lanes;
+  for (size_t w0 = 0; w0 < n; w0 += 32) {
+    lanes.clear();
+    for (size_t i = w0; i < std::min(n, w0 + 32); ++i) lanes.push_back(static_cast<uint32_t>(i));
+    std::sort(lanes.begin(), lanes.end(), [&](uint32_t a, uint32_t b) { return e.pos[a] < e.pos[b]; });
+    for (size_t k = 0; k < lanes.size(); ++k) e.warp_next[lanes[k]] = lanes[(k + 1) % lanes.size()];
+  }
+}
+
 // Runs the current block to its end; false with e.fault set on a fault.
 bool run_block(Engine& e, Order order) {
   std::vector<size_t>& idx = e.order;  // set up by run() for the launch
   for (;;) {
-    if (order == Order::shuffle) std::shuffle(idx.begin(), idx.end(), e.rng);
+    if (order == Order::shuffle) {
+      std::shuffle(idx.begin(), idx.end(), e.rng);
+      link_order(e);
+    }
     bool ran = false;
     // pass_pos is shared with the threads: one that stops at a barrier runs the next itself.
     for (e.pass_pos = 0; e.pass_pos < idx.size(); ++e.pass_pos) {
@@ -727,6 +765,7 @@ void run(const Config& c, const Site& s, const void* fn, void (*body)(void*), vo
   e.order.resize(threads);
   std::iota(e.order.begin(), e.order.end(), size_t{0});
   if (order == Order::reverse) std::reverse(e.order.begin(), e.order.end());
+  link_order(e);
   const uint64_t blocks = uint64_t{g.x} * g.y * g.z;
   for (uint64_t n = 0; n < blocks; ++n) {
     const uint64_t k = order == Order::forward ? n : blocks - 1 - n;  // shuffle: reversed blocks too
