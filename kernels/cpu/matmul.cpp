@@ -751,14 +751,14 @@ void run_parts(const float* x, const MatvecPart* parts, int count, int64_t num_t
 }
 
 // The integer paths only for block formats on a SIMD level (the scalar level stays the f32 reference).
-// Q4_K, Q5_K and Q6_K have q16act/q16x2act tiles only (matvec_q16act.cpp): they run q16act when asked
-// and q16x2act under the other integer modes (q8act, q8x3act: the accurate one of theirs); the other
-// formats beyond q8_0/q4_0/q4_1 (Q5_0, Q5_1, Q3_K, Q2_K) run f32act.
+// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K have q16act/q16x2act tiles only (matvec_q16act.cpp): they run q16act
+// when asked and q16x2act under the other integer modes (q8act, q8x3act: the accurate one of theirs);
+// Q3_K and Q2_K run f32act.
 MatvecAct act_for(DType d, SimdLevel level) {
   if (level == SimdLevel::scalar) return MatvecAct::f32;
   const MatvecAct mode = matvec_act();
   if (dtype_cpu_int_blocks(d)) return mode;
-  if (q16act_reads(d))  // Q4_K, Q5_K, Q6_K
+  if (q16act_reads(d))  // Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
     return mode == MatvecAct::f32 || mode == MatvecAct::q16 ? mode : MatvecAct::q16x2;
   return MatvecAct::f32;
 }

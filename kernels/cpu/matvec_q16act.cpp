@@ -5,7 +5,8 @@
 // q4_1 with m = −8·d_w, q8_0 has no m term). The activation rounding error is 127/32767 (1/258)
 // of q8act's. q16x2act adds a second int16 plane, the rounding residual at scale d/32768
 // (x ≈ d·(q + q2/32768), |error| ≤ d/65536, about 2^-31 of max|x|: as exact as f32 activations
-// for these sums) and two more vpmaddwd per block. *_ref is the plain scalar version (f64
+// for these sums) and two more vpmaddwd per block. Q5_0 and Q5_1 are q4_0 and q4_1 with a fifth
+// bit above each nibble (q ∈ [0, 31]; Q5_0's m = −16·d_w). *_ref is the plain scalar version (f64
 // sums); *_cpu the AVX2 tiles (4 rows × up to 4 tokens), or on AVX-512 VNNI CPUs the tiles of
 // matvec_q16act_vnni.cpp (q16act_tile picks them when enabled; off by default).
 // Q4_K and Q5_K run here too, as 32-weight sub-blocks in q4_1's form: w = d_j·q + m_j with
@@ -145,6 +146,15 @@ SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q
 // --- weight blocks: scale, offset and the 32 quants in element order ------------------
 // q8_0: d, q ∈ [-128, 127]; q4_0: d, nibbles n ∈ [0, 15] with w = d·n − 8d (m = −8d);
 // q4_1: d, m, w = d·n + m. Byte j of the 16 nibble bytes holds element j (low) and j+16 (high).
+// q5_0 / q5_1: q4_0 / q4_1 with bit j of the 32-bit qh (after d, or d and m) above element j's
+// nibble: q ∈ [0, 31], q5_0's m = −16d.
+constexpr bool k_q5(DType d) { return d == DType::q5_0 || d == DType::q5_1; }
+constexpr bool k_has_m(DType d) { return d == DType::q4_1 || d == DType::q5_1; }  // m stored after d
+// Where the nibbles start in a 32-weight block (after d, m and qh as the format has them).
+constexpr int k_qs_at(DType d) { return 2 + (k_has_m(d) ? 2 : 0) + (k_q5(d) ? 4 : 0); }
+// The offset m of a block without a stored one: −8d (q4_0), −16d (q5_0); exact (a power of two).
+constexpr float k_zero_point(DType d) { return d == DType::q5_0 ? -16.0f : -8.0f; }
+
 template <DType D>
 inline void block_scalar(const uint8_t* b, float* d, float* m, int* q) {
   *d = load_f16(b);
@@ -152,11 +162,16 @@ inline void block_scalar(const uint8_t* b, float* d, float* m, int* q) {
     *m = 0.0f;
     for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(b[2 + j]);
   } else {
-    constexpr int k_qs = D == DType::q4_1 ? 4 : 2;
-    *m = D == DType::q4_1 ? load_f16(b + 2) : -8.0f * *d;
+    constexpr int k_qs = k_qs_at(D);
+    *m = k_has_m(D) ? load_f16(b + 2) : k_zero_point(D) * *d;
     for (int j = 0; j < 16; ++j) {
       q[j] = b[k_qs + j] & 0x0f;
       q[j + 16] = b[k_qs + j] >> 4;
+    }
+    if constexpr (k_q5(D)) {
+      uint32_t qh;
+      std::memcpy(&qh, b + k_qs - 4, 4);
+      for (int j = 0; j < 32; ++j) q[j] |= static_cast<int>((qh >> j) & 1u) << 4;
     }
   }
 }
@@ -278,6 +293,14 @@ SNAP_TARGET_AVX2 inline __m256i q6_half_avx2(const uint8_t* ql, const uint8_t* q
   return _mm256_mullo_epi16(q, _mm256_set1_epi16(sc));
 }
 
+// Q5_0/Q5_1: 16 bits of qh as int16 lanes, lane j = 16 where bit j is set, else 0.
+SNAP_TARGET_AVX2 inline __m256i q5_fifth_avx2(uint32_t half) {
+  const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        static_cast<int16_t>(0x8000));
+  const __m256i h = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(half)), bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi16(h, bit), _mm256_set1_epi16(16));
+}
+
 // One weight block's 32 quants as int16: lo = elements 0..15, hi = 16..31 (a K format: sub-block
 // j of the block at blk).
 template <DType D>
@@ -305,18 +328,25 @@ SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, __m256i
     *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
     *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
   } else {
-    constexpr int k_qs = D == DType::q4_1 ? 4 : 2;
+    constexpr int k_qs = k_qs_at(D);
     // Byte j → int16 lane j: its low nibble is element j, its high nibble element j + 16.
     const __m256i w16 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + k_qs)));
     const __m256i nib = _mm256_set1_epi16(0x0f);
     *lo = _mm256_and_si256(w16, nib);
     *hi = _mm256_srli_epi16(w16, 4);  // the byte was zero-extended: nothing above the nibble
+    if constexpr (k_q5(D)) {  // lane j: bit j of qh's low half (lo), of its high half (hi), as 16
+      uint32_t qh;
+      std::memcpy(&qh, blk + k_qs - 4, 4);
+      *lo = _mm256_or_si256(*lo, q5_fifth_avx2(qh & 0xffffu));
+      *hi = _mm256_or_si256(*hi, q5_fifth_avx2(qh >> 16));
+    }
   }
 }
 
 // 4 rows × NT tokens. Per block and row: two vpmaddwd (int16 pairs → int32, exact: the 4
 // products a lane gathers are at most 4·128·32767 < 2^24, so even the f32 conversion is exact),
 // their sum converted to f32 and FMA'd with d_w·d_x into the row's accumulator; q4's m_w·s_x goes to a scalar sum.
+// Q5_0/Q5_1's quants (≤ 31) are as exact: 4·31·32767 < 2^22.
 // Split (q16x2act): the residual plane's two vpmaddwd give p2 (exact, < 2^24 too), and the
 // block's value is fma(p2, 2^-15, p1) before the same scaling FMA.
 // Q6_K's scaled quants (|w| ≤ 4096) reach 4·4096·32767 < 2^29 a lane: exact in int32, one f32
@@ -376,7 +406,7 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
         acc[k][t] = _mm256_fmadd_ps(v, _mm256_set1_ps(dw * xd[t * nb + b]), acc[k][t]);
       }
       if constexpr (k_offset(D)) {
-        const float mw = k_super(D) ? kmw : D == DType::q4_1 ? load_f16_f16c(blk + 2) : -8.0f * dw;
+        const float mw = k_super(D) ? kmw : k_has_m(D) ? load_f16_f16c(blk + 2) : k_zero_point(D) * dw;
         // An explicit FMA, as in matvec_q8act.cpp: left to -ffp-contract, NT instantiations
         // could differ and a token's result would depend on its batch.
         for (int t = 0; t < NT; ++t) macc[k][t] = std::fma(mw, xs[t * nb + b], macc[k][t]);
@@ -412,7 +442,7 @@ void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y,
 
 void check_weight(const WeightView& w) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matvec q16act: empty weight";
-  CHECK(q16act_reads(w.dtype)) << "matvec q16act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1/q4_k/q5_k/q6_k)";
+  CHECK(q16act_reads(w.dtype)) << "matvec q16act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k)";
   CHECK(w.layout == WeightLayout::rows) << "matvec q16act: tiles4 weights (this kernel reads row-major blocks; "
                                            "matmul_cpu unpacks tiles4)";
   CHECK(w.cols % dtype_block_elems(w.dtype) == 0) << "matvec q16act: " << dtype_name(w.dtype) << " cols " << w.cols;
@@ -444,6 +474,8 @@ Q16TileFn q16act_tile_avx2(DType d, int nt, bool split) {
   switch (d) {
     case DType::q8_0: return pick<DType::q8_0>(nt, split);
     case DType::q4_0: return pick<DType::q4_0>(nt, split);
+    case DType::q5_0: return pick<DType::q5_0>(nt, split);
+    case DType::q5_1: return pick<DType::q5_1>(nt, split);
     case DType::q4_k: return pick<DType::q4_k>(nt, split);
     case DType::q5_k: return pick<DType::q5_k>(nt, split);
     case DType::q6_k: return pick<DType::q6_k>(nt, split);
@@ -451,7 +483,7 @@ Q16TileFn q16act_tile_avx2(DType d, int nt, bool split) {
   }
 }
 
-bool q16act_reads(DType d) { return dtype_cpu_int_blocks(d) || k_256(d); }
+bool q16act_reads(DType d) { return dtype_cpu_int_blocks(d) || k_q5(d) || k_256(d); }
 
 Q16TileFn q16act_tile(DType d, int nt, bool split) {
   // The VNNI tiles read q8_0/q4_0/q4_1 only.
@@ -474,6 +506,8 @@ void ref_any(const float* x, const WeightView& w, const float* bias, float* y, i
   switch (w.dtype) {
     case DType::q8_0: return ref_typed<DType::q8_0>(x, w, bias, y, num_tokens, split);
     case DType::q4_0: return ref_typed<DType::q4_0>(x, w, bias, y, num_tokens, split);
+    case DType::q5_0: return ref_typed<DType::q5_0>(x, w, bias, y, num_tokens, split);
+    case DType::q5_1: return ref_typed<DType::q5_1>(x, w, bias, y, num_tokens, split);
     case DType::q4_k: return ref_typed<DType::q4_k>(x, w, bias, y, num_tokens, split);
     case DType::q5_k: return ref_typed<DType::q5_k>(x, w, bias, y, num_tokens, split);
     case DType::q6_k: return ref_typed<DType::q6_k>(x, w, bias, y, num_tokens, split);
@@ -487,6 +521,8 @@ void cpu_any(const float* x, const WeightView& w, const float* bias, float* y, i
   switch (w.dtype) {
     case DType::q8_0: return cpu_typed<DType::q8_0>(x, w, bias, y, num_tokens, split);
     case DType::q4_0: return cpu_typed<DType::q4_0>(x, w, bias, y, num_tokens, split);
+    case DType::q5_0: return cpu_typed<DType::q5_0>(x, w, bias, y, num_tokens, split);
+    case DType::q5_1: return cpu_typed<DType::q5_1>(x, w, bias, y, num_tokens, split);
     case DType::q4_k: return cpu_typed<DType::q4_k>(x, w, bias, y, num_tokens, split);
     case DType::q5_k: return cpu_typed<DType::q5_k>(x, w, bias, y, num_tokens, split);
     case DType::q6_k: return cpu_typed<DType::q6_k>(x, w, bias, y, num_tokens, split);

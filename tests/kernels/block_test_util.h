@@ -56,9 +56,12 @@ inline double block_value(DType dtype, const uint8_t* b, int j) {
   std::memcpy(&h, b, 2);
   const double d = f16_to_f32(h);
   if (dtype == DType::q8_0) return d * static_cast<int8_t>(b[2 + j]);
-  const uint8_t byte = b[(dtype == DType::q4_1 ? 4 : 2) + j % 16];
-  const int n = j < 16 ? byte & 0x0f : byte >> 4;
-  if (dtype == DType::q4_0) return d * (n - 8);
+  const bool has_m = dtype == DType::q4_1 || dtype == DType::q5_1, q5 = dtype == DType::q5_0 || dtype == DType::q5_1;
+  const int qs = 2 + (has_m ? 2 : 0) + (q5 ? 4 : 0);  // q5: the 32 fifth bits (qh) just before qs
+  const uint8_t byte = b[qs + j % 16];
+  int n = j < 16 ? byte & 0x0f : byte >> 4;
+  if (q5) n |= ((b[qs - 4 + j / 8] >> (j % 8)) & 1) << 4;
+  if (!has_m) return d * (n - (q5 ? 16 : 8));
   std::memcpy(&h, b + 2, 2);
   return d * n + f16_to_f32(h);
 }

@@ -149,8 +149,8 @@ TEST(Matmul, Q5_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q5
 TEST(Matmul, Q3_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q3_k); }
 TEST(Matmul, Q2_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q2_k); }
 
-// Q5_0, Q5_1, Q3_K and Q2_K run f32 activations whatever the matvec mode says (the integer modes
-// read only q8_0/q4_0/q4_1 and, q16act/q16x2act, Q4_K/Q5_K/Q6_K), those three under f32act, and their SIMD
+// Q3_K and Q2_K run f32 activations whatever the matvec mode says (the integer modes read only
+// q8_0/q4_0/q4_1 and, q16act/q16x2act, Q5_0/Q5_1/Q4_K/Q5_K/Q6_K), those five under f32act, and their SIMD
 // tiles walk a row 32 columns at a time in the f32 tile's order:
 // on the same values, the matvec over the blocks and the one over their f32 values agree bit for
 // bit, at the AVX2 and AVX-512 levels and in every mode. (The values themselves: tests/worker/test_dequant.cpp
@@ -174,8 +174,9 @@ TEST(Matmul, F32ActBlockMatvecIsTheF32MatvecOnItsValues) {
         if (level == SimdLevel::scalar) continue;  // the scalar block loop sums per block, the f32 one per row
         test::LevelGuard guard(level);
         for (MatvecAct act : {MatvecAct::f32, MatvecAct::q8, MatvecAct::q16x2, MatvecAct::q8x3}) {
-          // Q4_K, Q5_K and Q6_K run their q16act/q16x2act tiles under the integer modes (test_matvec_q16act).
-          if ((dtype == DType::q4_k || dtype == DType::q5_k || dtype == DType::q6_k) && act != MatvecAct::f32) continue;
+          // Q5_0, Q5_1, Q4_K, Q5_K and Q6_K run their q16act/q16x2act tiles under the integer modes
+          // (test_matvec_q16act).
+          if (dtype != DType::q3_k && dtype != DType::q2_k && act != MatvecAct::f32) continue;
           test::ActGuard mode(act);
           std::vector<float> got(static_cast<size_t>(s.num_tokens * s.rows)), want(got.size());
           matmul_matvec_cpu(x.data(), w, bias.data(), got.data(), s.num_tokens);

@@ -1,5 +1,5 @@
 // The q16- and q16x2-activation matvecs (kernels/matvec_act.h, kernels/cpu/matvec_q16act.cpp):
-// q8_0, q4_0, q4_1, and Q4_K/Q5_K/Q6_K by 32-weight sub-blocks:
+// q8_0, q4_0, q4_1, q5_0, q5_1, and Q4_K/Q5_K/Q6_K by 32-weight sub-blocks:
 // the int16 activation quantizer (SIMD equal to scalar bit for bit, |x − d·q| ≤ d/2, and with
 // the residual plane ≤ d/65536; NaN/inf blocks poisoned), a hand-computed block, the AVX2 tiles
 // against the scalar reference over a table of awkward shapes, the whole kernel against the f32
@@ -65,7 +65,6 @@ const std::vector<Shape> k_shapes = {
 const DType k_types[] = {DType::q8_0, DType::q4_0, DType::q4_1};
 // Q4_K, Q5_K and Q6_K (256-weight blocks, read as 32-weight sub-blocks): shapes of whole blocks,
 // every row and token tail, 1 to 6 blocks a row.
-const DType k_k_types[] = {DType::q4_k, DType::q5_k, DType::q6_k};
 const std::vector<Shape> k_k_shapes = {
     {1, 256, 1}, {3, 256, 4}, {7, 512, 2}, {7, 768, 5}, {83, 1536, 1}, {83, 1536, 4}, {769, 256, 3},
     {256, 768, 9}, {10, 1280, 6}, {13, 512, 7}, {6, 256, 8},
@@ -75,7 +74,7 @@ struct TypeShapes {
   const std::vector<Shape>* shapes;
 };
 const std::vector<TypeShapes> k_all = {{DType::q8_0, &k_shapes}, {DType::q4_0, &k_shapes}, {DType::q4_1, &k_shapes},
-                                      {DType::q4_k, &k_k_shapes}, {DType::q5_k, &k_k_shapes},
+                                      {DType::q5_0, &k_shapes}, {DType::q5_1, &k_shapes}, {DType::q4_k, &k_k_shapes}, {DType::q5_k, &k_k_shapes},
                                       {DType::q6_k, &k_k_shapes}};
 
 // Row r's weights as f32, through matmul_ref (whose decoders are the gguf package's values bit for
@@ -208,6 +207,18 @@ TEST(MatvecQ16Act, HandComputedBlock) {
   }
 }
 
+// The test's own decoder (block_value, for the bound below) reads Q5_0/Q5_1 as matmul_ref does.
+TEST(MatvecQ16Act, Q5BlockValuesAreMatmulRefs) {
+  for (DType dtype : {DType::q5_0, DType::q5_1}) {
+    const int64_t cols = 256;
+    const std::vector<uint8_t> blocks = make_blocks(dtype, 1, cols, 61);
+    const std::vector<float> v = row_values(dtype, blocks.data(), cols);
+    for (int64_t c = 0; c < cols; ++c)
+      ASSERT_EQ(static_cast<float>(block_value(dtype, blocks.data() + c / 32 * dtype_block_bytes(dtype), c % 32)), v[c])
+          << dtype_name(dtype) << " column " << c;
+  }
+}
+
 // The AVX2 tiles and the scalar reference quantize identically and sum the same exact
 // integers; only the f32 accumulation of the per-block terms differs from the f64 one, so the
 // matmul tests' bound (2e-5 of max(1, max|y|)) holds here too.
@@ -244,14 +255,15 @@ TEST(MatvecQ16Act, CpuMatchesQ16ReferenceOnAwkwardShapes) {
 TEST(MatvecQ16Act, WithinActivationQuantizationBoundOfF32Reference) {
   for (const auto& [dtype, shapes] : k_all) {
     double worst[2] = {0.0, 0.0}, err[2] = {0.0, 0.0}, err8 = 0.0, err32 = 0.0;
-    const bool k = !dtype_cpu_int_blocks(dtype);  // no q8act kernel: compared with q16act alone
+    const bool k = dtype_block_elems(dtype) == 256;  // the K formats' values through matmul_ref
+    const bool has_q8 = dtype_cpu_int_blocks(dtype);  // else no q8act kernel: compared with q16act alone
     for (const Shape& s : *shapes) {
       const std::vector<uint8_t> blocks = make_blocks(dtype, s.rows, s.cols, 41 + static_cast<uint32_t>(s.cols));
       const WeightView w{dtype, blocks.data(), s.rows, s.cols};
       const std::vector<float> x = make_x(s.num_tokens * s.cols, 43);
       std::vector<float> want(static_cast<size_t>(s.num_tokens * s.rows)), q8(want.size()), f32(want.size()), got[2];
       matmul_ref(x.data(), w, nullptr, want.data(), s.num_tokens);
-      if (!k) matvec_q8act_cpu(x.data(), w, nullptr, q8.data(), s.num_tokens);
+      if (has_q8) matvec_q8act_cpu(x.data(), w, nullptr, q8.data(), s.num_tokens);
       {
         const ActGuard act(MatvecAct::f32);
         matmul_matvec_cpu(x.data(), w, nullptr, f32.data(), s.num_tokens);
@@ -292,13 +304,13 @@ TEST(MatvecQ16Act, WithinActivationQuantizationBoundOfF32Reference) {
             worst[m] = std::max(worst[m], e / bound[m]);
             err[m] = std::max(err[m], e);
           }
-          if (!k) err8 = std::max(err8, std::fabs(double{q8[i]} - want[i]));
+          if (has_q8) err8 = std::max(err8, std::fabs(double{q8[i]} - want[i]));
           err32 = std::max(err32, std::fabs(double{f32[i]} - want[i]));
         }
       }
     }
     EXPECT_GT(worst[0], 0.0) << dtype_name(dtype) << ": q16act equal to f32 everywhere: is it really quantizing?";
-    if (!k) {
+    if (has_q8) {
       EXPECT_LT(err[0] * 30, err8) << dtype_name(dtype) << ": q16act max error " << err[0] << " vs q8act " << err8;
     }
     EXPECT_LT(err[1] * 50, err[0]) << dtype_name(dtype) << ": q16x2act max error " << err[1] << " vs q16act "
@@ -423,12 +435,12 @@ TEST(MatvecQ16Act, MatvecDispatchFollowsTheChoice) {
   }
 }
 
-// Q4_K, Q5_K and Q6_K have q16act/q16x2act tiles only: the matvec runs q16act when asked, q16x2act under
-// q16x2act and the other integer modes (q8act, q8x3act), f32act under f32act; matmul_cpu alike below
-// the sgemm's token count.
+// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K have q16act/q16x2act tiles only: the matvec runs q16act when asked,
+// q16x2act under q16x2act and the other integer modes (q8act, q8x3act), f32act under f32act;
+// matmul_cpu alike below the sgemm's token count.
 TEST(MatvecQ16Act, KFormatsRunQ16x2UnderTheOtherIntegerModes) {
   const int64_t rows = 83, cols = 768, tokens = 3;
-  for (DType dtype : k_k_types) {
+  for (DType dtype : {DType::q5_0, DType::q5_1, DType::q4_k, DType::q5_k, DType::q6_k}) {
     const std::vector<uint8_t> blocks = make_blocks(dtype, rows, cols, 71);
     const WeightView w{dtype, blocks.data(), rows, cols};
     const std::vector<float> x = make_x(tokens * cols, 73);
