@@ -34,7 +34,8 @@ Q16TileFn q16act_tile_avx2(DType d, int nt, bool split);
 // unless env SNAP_MATVEC_VNNI=1 or q16act_vnni_enable(true) (its tests, bench_matvec's +vnni
 // modes) turns it on: on the one VNNI machine it ran on it was no faster than the AVX2 tiles.
 Q16TileFn q16act_tile(DType d, int nt, bool split);
-// The formats these tiles read: q8_0, q4_0, q4_1 and the K formats Q4_K, Q5_K and Q6_K (32-weight sub-blocks).
+// The formats these tiles read: q8_0, q4_0, q4_1, q5_0, q5_1 and the K formats Q4_K, Q5_K and Q6_K
+// (32-weight sub-blocks).
 bool q16act_reads(DType d);
 // Whether this CPU can run the VNNI tiles (AVX-512 F/BW/VL/DQ level + avx512vnni).
 bool q16act_vnni_supported();

@@ -10,6 +10,7 @@
 
 #include "common/dtype.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matvec_q16act.h"
 #include "kernels/kernels.h"
 #include "tests/kernels/block_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -176,7 +177,7 @@ TEST(Matmul, F32ActBlockMatvecIsTheF32MatvecOnItsValues) {
         for (MatvecAct act : {MatvecAct::f32, MatvecAct::q8, MatvecAct::q16x2, MatvecAct::q8x3}) {
           // Q5_0, Q5_1, Q4_K, Q5_K and Q6_K run their q16act/q16x2act tiles under the integer modes
           // (test_matvec_q16act).
-          if (dtype != DType::q3_k && dtype != DType::q2_k && act != MatvecAct::f32) continue;
+          if (q16act_reads(dtype) && act != MatvecAct::f32) continue;
           test::ActGuard mode(act);
           std::vector<float> got(static_cast<size_t>(s.num_tokens * s.rows)), want(got.size());
           matmul_matvec_cpu(x.data(), w, bias.data(), got.data(), s.num_tokens);

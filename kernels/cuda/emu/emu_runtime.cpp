@@ -488,19 +488,24 @@ bool release_block(Engine& e) {
   return true;
 }
 
-// pos and warp_next for the order the pass runs in.
+// pos and warp_next for the order the pass runs in: one walk of `order`, each lane linked to the
+// next lane of its warp met after it, the warp's last lane back to its first.
 void link_order(Engine& e) {
-  const size_t n = e.order.size();
+  const size_t n = e.order.size(), warps = (n + 31) / 32;
+  constexpr uint32_t k_none = ~uint32_t{0};
   e.pos.resize(n);
   e.warp_next.resize(n);
-  for (size_t p = 0; p < n; ++p) e.pos[e.order[p]] = p;
-  std::vector<uint32_t> lanes;
-  for (size_t w0 = 0; w0 < n; w0 += 32) {
-    lanes.clear();
-    for (size_t i = w0; i < std::min(n, w0 + 32); ++i) lanes.push_back(static_cast<uint32_t>(i));
-    std::sort(lanes.begin(), lanes.end(), [&](uint32_t a, uint32_t b) { return e.pos[a] < e.pos[b]; });
-    for (size_t k = 0; k < lanes.size(); ++k) e.warp_next[lanes[k]] = lanes[(k + 1) % lanes.size()];
+  uint32_t first[k_max_threads / 32], last[k_max_threads / 32];  // per warp (run() checked the block size)
+  std::fill_n(first, warps, k_none);
+  for (size_t p = 0; p < n; ++p) {
+    const auto i = static_cast<uint32_t>(e.order[p]);
+    e.pos[i] = p;
+    const size_t w = i / 32;
+    if (first[w] == k_none) first[w] = i;
+    else e.warp_next[last[w]] = i;
+    last[w] = i;
   }
+  for (size_t w = 0; w < warps; ++w) e.warp_next[last[w]] = first[w];
 }
 
 // Runs the current block to its end; false with e.fault set on a fault.
