@@ -47,8 +47,10 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coordinator/engine/device_spec.h"
@@ -98,16 +100,45 @@ struct Outcome {
   std::vector<std::vector<float>> step_logits;    // [step][vocab]
 };
 
+// Each model's checkpoint is written once per process (the python tool took ~0.5 s of CPU a
+// run, once per test: most of this test's CPU on the host twin), into a directory removed at exit.
+// Its path, or "" when the tool failed.
+const fs::path& models_dir() {
+  // Never freed: the exit handler reads it after static objects are destroyed.
+  static const fs::path* const dir = [] {
+    const auto* d = new fs::path(fs::temp_directory_path() / ("snap_devgen_models_" + std::to_string(getpid())));
+    fs::create_directories(*d);
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(models_dir(), ec);
+    });
+    return d;
+  }();
+  return *dir;
+}
+
+// Models written by the same tool and arguments share the checkpoint (tests only read it).
+fs::path written_model(const Model& m, std::string* cmd) {
+  // tool + arguments -> (checkpoint directory, whether the tool succeeded)
+  static std::map<std::string, std::pair<fs::path, bool>> written;
+  const std::string key = std::string(m.tool) + " " + m.args;
+  auto it = written.find(key);
+  const fs::path out = it != written.end() ? it->second.first : models_dir() / std::to_string(written.size());
+  *cmd = std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/" + key + " --out " + out.string() + " >/dev/null 2>&1";
+  if (it == written.end()) it = written.emplace(key, std::make_pair(out, sh(*cmd) == 0)).first;
+  return it->second.second ? out : fs::path();
+}
+
 class DeviceGenerateTest : public ::testing::TestWithParam<Model> {
  protected:
   void SetUp() override {
     const Model m = GetParam();
     dir_ = fs::temp_directory_path() / ("snap_devgen_" + std::string(m.name) + "_" + std::to_string(getpid()));
     fs::create_directories(dir_);
-    const std::string cmd = std::string(SNAP_PYTHON) + " " SNAP_SOURCE_DIR "/tools/" + m.tool + " " + m.args +
-                            " --out " + (dir_ / "m").string() + " >/dev/null 2>&1";
-    fs::path path = dir_ / "m" / m.subpath;
-    if (sh(cmd) != 0) {
+    std::string cmd;
+    const fs::path written = written_model(m, &cmd);
+    fs::path path = written / m.subpath;
+    if (written.empty()) {
       // The device machine has no gguf package: scripts/device_deps.sh wrote the same
       // checkpoint (same arguments) into .device-deps/<carried>, carried there.
       const fs::path carried = fs::path(SNAP_SOURCE_DIR) / ".device-deps" / m.carried / m.subpath;
