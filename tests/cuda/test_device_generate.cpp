@@ -102,7 +102,6 @@ struct Outcome {
 
 // Each model's checkpoint is written once per process (the python tool took ~0.5 s of CPU a
 // run, once per test: most of this test's CPU on the host twin), into a directory removed at exit.
-// Its path, or "" when the tool failed.
 const fs::path& models_dir() {
   // Never freed: the exit handler reads it after static objects are destroyed.
   static const fs::path* const dir = [] {
@@ -117,7 +116,8 @@ const fs::path& models_dir() {
   return *dir;
 }
 
-// Models written by the same tool and arguments share the checkpoint (tests only read it).
+// m's checkpoint directory, or "" when the tool failed (*cmd: the tool's command line). Models
+// written by the same tool and arguments share the checkpoint (tests only read it).
 fs::path written_model(const Model& m, std::string* cmd) {
   // tool + arguments -> (checkpoint directory, whether the tool succeeded)
   static std::map<std::string, std::pair<fs::path, bool>> written;
