@@ -303,13 +303,15 @@ TEST_F(DeviceKvPoolTest, ForkCopiesEveryHeadIntoFreshBlocks) {
   expect_contents(seq);
   expect_attention(0);
   expect_attention(1);
-  // Released, the source takes nothing of the fork with it.
+  // Released, the source takes nothing of the fork with it; a released sequence: refused.
   ASSERT_TRUE(pool_->release(*fork).ok());
   EXPECT_EQ(pool_->used_blocks(), used);
   expect_contents(seq);
+  EXPECT_EQ(pool_->fork(*fork).status().code(), StatusCode::k_invalid_argument);
 
-  // Too few free blocks: refused, nothing allocated; a dead sequence: refused.
+  // Too few free blocks: refused, nothing allocated.
   const int32_t big = pool_->add_sequence();
+  EXPECT_EQ(big, *fork) << "the released id is opened again";
   const int64_t take = (100 - used - (used - k_kv_heads)) / k_kv_heads;  // 16-token rows of 3 blocks each
   ASSERT_TRUE(append(big, 0, 16 * take, 0, 9).ok());
   ASSERT_LT(pool_->free_blocks(), used);
@@ -319,8 +321,64 @@ TEST_F(DeviceKvPoolTest, ForkCopiesEveryHeadIntoFreshBlocks) {
   EXPECT_EQ(refused.status().code(), StatusCode::k_resource_exhausted);
   EXPECT_NE(refused.status().message().find("blocks"), std::string::npos) << refused.status().message();
   EXPECT_EQ(pool_->used_blocks(), before);
-  EXPECT_EQ(pool_->fork(*fork).status().code(), StatusCode::k_invalid_argument);
   expect_contents(seq);
+}
+
+// Reuse: blocks are taken lowest id first whatever order they were freed in (so that which
+// blocks a request gets depends only on which are free), and add_sequence opens the lowest id
+// not open, so a long-running server holds as many sequence slots as it ever had open at once.
+TEST_F(DeviceKvPoolTest, ReleasedBlocksAndSequencesAreReusedLowestFirst) {
+  const auto blocks_of = [&](int32_t s, int layer) {  // every block of (s, layer), head by head
+    std::vector<int64_t> b;
+    for (int g = 0; g < k_kv_heads; ++g)
+      for (int64_t j = 0; j < pool_->length(s, layer, g); j += k_block) b.push_back(pool_->slot(s, layer, g, j) / k_block);
+    return b;
+  };
+  // Three sequences of 2 blocks per head in layer 0: blocks 0-5, 6-11, 12-17, in head order.
+  std::vector<int32_t> seqs;
+  for (int i = 0; i < 3; ++i) {
+    seqs.push_back(pool_->add_sequence());
+    EXPECT_EQ(seqs.back(), i);
+    ASSERT_TRUE(append(seqs.back(), 0, 2 * k_block, 0, static_cast<uint32_t>(i)).ok());
+    const std::vector<int64_t> want{6 * i, 6 * i + 1, 6 * i + 2, 6 * i + 3, 6 * i + 4, 6 * i + 5};
+    EXPECT_EQ(blocks_of(seqs.back(), 0), want);
+  }
+  // Freed in the order 2 then 0: the next request takes 0-5 first, then 12-17, then 18 on.
+  ASSERT_TRUE(pool_->release(seqs[2]).ok());
+  ASSERT_TRUE(pool_->release(seqs[0]).ok());
+  expected_.assign(k_layers, std::vector<Expected>(k_kv_heads));  // id 0's contents, from here on
+  const int32_t again = pool_->add_sequence();
+  EXPECT_EQ(again, 0) << "the lowest released id";
+  EXPECT_EQ(pool_->add_sequence(), 2);
+  EXPECT_EQ(pool_->add_sequence(), 3) << "no id free below: a new one";
+  ASSERT_TRUE(append(again, 0, 5 * k_block, 0, 9).ok());  // 15 blocks
+  std::vector<int64_t> got = blocks_of(again, 0);
+  std::sort(got.begin(), got.end());
+  std::vector<int64_t> want{0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  EXPECT_EQ(got, want);
+  // Compaction frees the old blocks; the copies took the lowest free ones first.
+  const int64_t used = pool_->used_blocks();
+  compact(again, 0, {{0, 1, 2}, {}, {70, 71}});
+  EXPECT_EQ(pool_->used_blocks(), used - 15 + 2);
+  EXPECT_EQ(pool_->slot(again, 0, 0, 0) / k_block, 21);
+  EXPECT_EQ(pool_->slot(again, 0, 2, 0) / k_block, 22);
+  // Many requests through one slot: the same id each time, every block back.
+  ASSERT_TRUE(pool_->release(3).ok());
+  ASSERT_TRUE(pool_->release(2).ok());
+  const int64_t before = pool_->used_blocks();
+  for (int r = 0; r < 200; ++r) {
+    const int32_t s = pool_->add_sequence();
+    ASSERT_EQ(s, 2) << "request " << r;
+    ASSERT_TRUE(append(s, r % k_layers, 1 + r % 40, 0, static_cast<uint32_t>(r)).ok());
+    ASSERT_TRUE(pool_->release(s).ok());
+    ASSERT_FALSE(pool_->is_open(s));
+  }
+  EXPECT_EQ(pool_->used_blocks(), before);
+  EXPECT_TRUE(pool_->is_open(again));
+  EXPECT_TRUE(pool_->is_open(seqs[1]));
+  expect_view_is_host(again, 0);
+  expect_view_is_host(seqs[1], 0);
+  expect_contents(again);
 }
 
 // Decode: one token at a time edits the resident view in place — no upload, no wait — until a

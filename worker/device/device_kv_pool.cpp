@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,7 +66,7 @@ Result<std::unique_ptr<DeviceKvPool>> DeviceKvPool::create(const DeviceKvShape& 
 DeviceKvPool::DeviceKvPool(const DeviceKvShape& shape, int64_t num_blocks, cudaStream_t stream)
     : shape_(shape), num_blocks_(num_blocks), stream_(stream) {
   free_.resize(static_cast<size_t>(num_blocks));
-  for (int64_t b = 0; b < num_blocks; ++b) free_[b] = static_cast<int32_t>(num_blocks - 1 - b);
+  std::iota(free_.begin(), free_.end(), 0);  // ascending ids: already a min-heap
 }
 
 DeviceKvPool::~DeviceKvPool() {
@@ -80,15 +82,20 @@ DeviceKvPool::~DeviceKvPool() {
 int64_t DeviceKvPool::block_bytes() const { return int64_t{shape_.block_size} * (2 * shape_.head_dim * 2 + 4); }
 
 int32_t DeviceKvPool::add_sequence() {
-  Sequence s;
+  // The lowest released slot, else a new one: a long-running server holds as many slots as
+  // it ever had sequences open at once, and ranks whose pools hold the same open sequences
+  // open the same id next whatever their histories.
+  size_t i = 0;
+  while (i < seqs_.size() && seqs_[i].live) ++i;
+  if (i == seqs_.size()) seqs_.emplace_back();
+  Sequence& s = seqs_[i];
   s.live = true;
   s.tables.assign(shape_.num_layers, std::vector<std::vector<int32_t>>(shape_.num_kv_heads));
   s.lengths.assign(shape_.num_layers, std::vector<int64_t>(shape_.num_kv_heads, 0));
   s.appended.assign(shape_.num_layers, 0);
   s.view_buf.assign(shape_.num_layers, nullptr);
   s.table_cap.assign(shape_.num_layers, 0);
-  seqs_.push_back(std::move(s));
-  return static_cast<int32_t>(seqs_.size() - 1);
+  return static_cast<int32_t>(i);
 }
 
 Status DeviceKvPool::check_seq(int32_t seq, int layer) const {
@@ -100,9 +107,18 @@ Status DeviceKvPool::check_seq(int32_t seq, int layer) const {
   return Status::ok_status();
 }
 
+int32_t DeviceKvPool::take_block() {
+  std::pop_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+  const int32_t id = free_.back();
+  free_.pop_back();
+  return id;
+}
+
 void DeviceKvPool::free_blocks_of(std::vector<int32_t>& blocks) {
-  free_.insert(free_.end(), blocks.begin(), blocks.end());
-  std::sort(free_.begin(), free_.end(), std::greater<int32_t>());
+  for (const int32_t b : blocks) {
+    free_.push_back(b);
+    std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+  }
   blocks.clear();
 }
 
@@ -116,8 +132,7 @@ Status DeviceKvPool::release(int32_t seq) {
     cudaFree(p);
     p = nullptr;
   }
-  std::fill(s.table_cap.begin(), s.table_cap.end(), 0);
-  s.live = false;
+  s = Sequence{};  // not live; its host tables freed, the slot reusable (add_sequence)
   return Status::ok_status();
 }
 
@@ -154,9 +169,8 @@ std::vector<std::pair<int32_t, int32_t>> DeviceKvPool::grow(Sequence& s, int lay
     std::vector<int32_t>& table = s.tables[layer][g];
     const int64_t len = s.lengths[layer][g];
     while (static_cast<int64_t>(table.size()) < blocks_for(len + num_tokens, bs)) {
-      edits.emplace_back(view_table_word(nkv, cap, g, static_cast<int64_t>(table.size())), free_.back());
-      table.push_back(free_.back());
-      free_.pop_back();
+      table.push_back(take_block());
+      edits.emplace_back(view_table_word(nkv, cap, g, static_cast<int64_t>(table.size()) - 1), table.back());
     }
     const int64_t length = len + num_tokens;
     s.lengths[layer][g] = length;
@@ -299,8 +313,7 @@ Status DeviceKvPool::compact(int32_t seq, int layer, const std::vector<std::vect
     const std::vector<int32_t>& old = s.tables[layer][g];
     for (size_t i = 0; i < k.size(); ++i) {
       if (i % bs == 0) {
-        fresh[g].push_back(free_.back());
-        free_.pop_back();
+        fresh[g].push_back(take_block());
       }
       slots[at] = int64_t{old[k[i] / bs]} * bs + k[i] % bs;
       slots[total + at] = int64_t{fresh[g].back()} * bs + static_cast<int64_t>(i % bs);
@@ -348,8 +361,7 @@ Result<int32_t> DeviceKvPool::fork(int32_t seq) {
       std::vector<int32_t>& fresh = copy.tables[l][g];
       for (int64_t j = 0; j < copy.lengths[l][g]; ++j, ++at) {
         if (j % bs == 0) {
-          fresh.push_back(free_.back());
-          free_.pop_back();
+          fresh.push_back(take_block());
         }
         slots[at] = int64_t{old[j / bs]} * bs + j % bs;
         slots[total + at] = int64_t{fresh.back()} * bs + j % bs;
@@ -363,8 +375,8 @@ Result<int32_t> DeviceKvPool::fork(int32_t seq) {
     }
   }
   peak_used_ = std::max(peak_used_, used_blocks());
-  seqs_.push_back(std::move(copy));
-  const int32_t id = static_cast<int32_t>(seqs_.size() - 1);
+  const int32_t id = add_sequence();
+  seqs_[id] = std::move(copy);
   if (total > 0) {
     kernels::kv_gather_cuda(staging_, staging_ + total, total, shape_.head_dim, k_, v_, pos_, stream_);
     const cudaError_t e = cudaGetLastError();

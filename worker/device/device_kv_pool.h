@@ -49,6 +49,7 @@ class DeviceKvPool {
   // The most blocks ever in use at once (compaction's old + new blocks included).
   int64_t peak_used_blocks() const { return peak_used_; }
 
+  // A new empty sequence's id: the lowest id not open (a released sequence's id is reused).
   int32_t add_sequence();
   bool is_open(int32_t seq) const {
     return seq >= 0 && seq < static_cast<int32_t>(seqs_.size()) && seqs_[seq].live;
@@ -117,6 +118,7 @@ class DeviceKvPool {
   // `min_cap` blocks per head (grown to twice the old room or more); waits for the stream.
   Status upload_view(Sequence& s, int layer, int64_t min_cap);
   Status stage(const std::vector<int64_t>& slots);  // -> staging_ (device), grows it
+  int32_t take_block();  // the lowest free block id (the caller checked that one is free)
   void free_blocks_of(std::vector<int32_t>& blocks);
 
   DeviceKvShape shape_;
@@ -128,7 +130,10 @@ class DeviceKvPool {
   int64_t* staging_ = nullptr;  // slot lists for the scatter/gather kernels
   size_t staging_count_ = 0;
   int64_t table_uploads_ = 0;
-  std::vector<int32_t> free_;  // kept sorted descending: the lowest id is popped first
+  // A min-heap (std::greater): the lowest free id is taken first, whatever order blocks were
+  // freed in, in O(log n) a block (a sort of the whole list after each free cost O(n log n):
+  // seconds per request on a GPU pool of millions of blocks).
+  std::vector<int32_t> free_;
   int64_t peak_used_ = 0;
   std::vector<Sequence> seqs_;
 };
