@@ -99,7 +99,7 @@ for t in test_cuda_ops test_cuda_policies test_device_forward test_device_genera
   test_device_serve test_device_tp_cli test_device_serve_tp; do
   expect "$t" ' SKIP ' 'exit 77: no GPU'
 done
-for b in bench_cuda_kernels bench_device_forward; do
+for b in bench_cuda_kernels bench_cuda_kv_pool bench_device_forward; do
   expect "$b" 'rc 77' 'exit 77: no GPU'
 done
 

@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
     std::fprintf(stderr, "bench_cuda_kv_pool: no usable CUDA device\n");
-    return 1;
+    return 77;
   }
   cudaStream_t stream = nullptr;
   if (cudaStreamCreate(&stream) != cudaSuccess) return 1;
