@@ -1,8 +1,8 @@
 // How the SIMD matvec (decode rows, kernels/cpu/matmul.cpp) treats the activations when the
-// weights are in a ggml block format (q8_0, q4_0, q4_1). Other weight types ignore it: f32/f16/bf16,
-// and Q3_K/Q2_K, whose blocks the f32act tiles decode in registers. Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
-// run q16act when it is asked for, f32act under f32act and q16x2act under every other mode (their
-// only integer tiles, matvec_q16act.cpp; the K formats by 32-weight sub-blocks).
+// weights are in a ggml block format (q8_0, q4_0, q4_1). f32/f16/bf16 weights ignore it. Q5_0, Q5_1
+// and the K formats Q2_K to Q6_K run q16act when it is asked for, f32act under f32act and q16x2act
+// under every other mode (their only integer tiles, matvec_q16act.cpp; the K formats by 32-weight
+// sub-blocks).
 //   f32act: weights dequantized in registers, f32 FMAs against f32 activations (the reference;
 //           the default until q16x2act matched its accuracy against transformers).
 //   q8act:  each activation row is quantized once per call to int8 blocks of 32 with an f32

@@ -23,8 +23,8 @@ void add_cpu_flags(CLI::App* cmd) {
          "planes per block, value and rounding residual, integer dot products "
          "with vpmaddwd: as accurate as f32act, faster), f32act (weights dequantized in registers, f32 activations: the "
          "reference), q16act (one int16 plane: faster, logits move by up to ~7e-3) or q8act (int8 blocks: "
-         "fastest, logits move by up to ~1.6). Q5_0/Q5_1/Q4_K/Q5_K/Q6_K weights run q16act when asked, f32act under "
-         "f32act and q16x2act otherwise; Q3_K/Q2_K f32act; see README \"CPU decode\"; env SNAP_MATVEC sets the default")
+         "fastest, logits move by up to ~1.6). Q5_0/Q5_1 and Q2_K-Q6_K weights run q16act when asked, f32act "
+         "under f32act and q16x2act otherwise; see README \"CPU decode\"; env SNAP_MATVEC sets the default")
       ->check(CLI::IsMember({"f32act", "q8act", "q16act", "q16x2act", "q8x3act"}));
   cmd->add_option("--threads-wait",
                   "How idle compute threads wait between parallel regions: spin (libgomp's default: fastest on an "

@@ -18,4 +18,11 @@ inline void scale_min_k4(const uint8_t* s, int j, int* sc, int* m) {
   }
 }
 
+// Q3_K's 6-bit scale k of 16 (offset 32 taken off) in its 12 bytes: the low nibble of byte k % 8
+// (k < 8) or its high nibble (k ≥ 8), and bits 2·(k/4) .. +1 of byte 8 + k % 4 above it.
+inline int scale_k3(const uint8_t* s, int k) {
+  const int lo = (s[k % 8] >> (4 * (k / 8))) & 0x0f, hi = (s[8 + k % 4] >> (2 * (k / 4))) & 0x03;
+  return (lo | (hi << 4)) - 32;
+}
+
 }  // namespace snap::kernels

@@ -53,12 +53,7 @@ inline float load_f16(const uint8_t* p) {
   return f16_to_f32(h);
 }
 
-// Q3_K's 6-bit scale k of 16 (offset 32 taken off) in its 12 bytes: the low nibble of byte k % 8
-// (k < 8) or its high nibble (k ≥ 8), and bits 2·(k/4) .. +1 of byte 8 + k % 4 above it.
-inline int scale_k3(const uint8_t* s, int k) {
-  const int lo = (s[k % 8] >> (4 * (k / 8))) & 0x0f, hi = (s[8 + k % 4] >> (2 * (k / 4))) & 0x03;
-  return (lo | (hi << 4)) - 32;
-}
+// Q3_K's scales: scale_k3 (kernels/cpu/k_blocks.h).
 
 // The K formats, one 32-weight sub-block (chunk j of 8) of the block at b, as
 // worker/model/dequant.cpp computes it (bit-identical: every product is exact, one rounding):
@@ -751,14 +746,14 @@ void run_parts(const float* x, const MatvecPart* parts, int count, int64_t num_t
 }
 
 // The integer paths only for block formats on a SIMD level (the scalar level stays the f32 reference).
-// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K have q16act/q16x2act tiles only (matvec_q16act.cpp): they run q16act
-// when asked and q16x2act under the other integer modes (q8act, q8x3act: the accurate one of theirs);
-// Q3_K and Q2_K run f32act.
+// Q5_0, Q5_1 and the K formats Q2_K to Q6_K have q16act/q16x2act tiles only (matvec_q16act.cpp):
+// they run q16act when asked and q16x2act under the other integer modes (q8act, q8x3act: the
+// accurate one of theirs).
 MatvecAct act_for(DType d, SimdLevel level) {
   if (level == SimdLevel::scalar) return MatvecAct::f32;
   const MatvecAct mode = matvec_act();
   if (dtype_cpu_int_blocks(d)) return mode;
-  if (q16act_reads(d))  // Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+  if (q16act_reads(d))  // Q5_0, Q5_1, Q2_K .. Q6_K
     return mode == MatvecAct::f32 || mode == MatvecAct::q16 ? mode : MatvecAct::q16x2;
   return MatvecAct::f32;
 }

@@ -15,6 +15,11 @@
 // Q6_K runs in q8_0's form (no offset term): a 32-weight sub-block has two int8 scales, one per
 // 16 weights, so its quants are widened as q − 32 and multiplied by their scale in int16
 // (|(q − 32)·sc| ≤ 32·128 = 4096), w = d·((q − 32)·sc) with the block's f16 d.
+// Q3_K runs in the same form: its 2-bit quants less 4 where the hmask bit is clear (q ∈ [−4, 3])
+// times their 16-weight group's 6-bit scale less 32, in int16 (|q·sc| ≤ 4·32 = 128), w = d·(q·sc).
+// Q2_K's quants (q ∈ [0, 3]) are widened as q·(sc & 15) the same way, w = d·(q·sc) − dmin·m with
+// each 16-weight group's own 4-bit min m = sc >> 4: the offset is a second exact integer sum,
+// Σ m·q_x (a vpmaddwd of the mins against the activations), scaled by −dmin·d_x.
 #include "kernels/cpu/matvec_q16act.h"
 
 #include <omp.h>
@@ -56,7 +61,8 @@ inline float load_f16(const uint8_t* p) {
 // < 2^24, so s = d·Σq is one rounding in both. With q2 (split): r = x − d·q in one rounding
 // (an FMA in both), q2 = round(r·32768/d) (|r| ≤ d/2 up to rounding, so |q2| ≤ ~16400), and
 // s = d·(Σq + Σq2/32768) (both sums exact in f32, one rounding for their sum, one for d·).
-void quantize_block_scalar(const float* x, int16_t* q, int16_t* q2, float* d, float* s) {
+// h (when not null): the same as s over elements 0..15 (h[0]) and 16..31 (h[1]), for Q2_K's mins.
+void quantize_block_scalar(const float* x, int16_t* q, int16_t* q2, float* d, float* s, float* h) {
   float amax = 0.0f;
   bool finite = true;
   for (int j = 0; j < k_qk; ++j) {
@@ -67,25 +73,35 @@ void quantize_block_scalar(const float* x, int16_t* q, int16_t* q2, float* d, fl
     std::memset(q, 0, k_qk * sizeof(int16_t));
     if (q2) std::memset(q2, 0, k_qk * sizeof(int16_t));
     *d = *s = std::numeric_limits<float>::quiet_NaN();
+    if (h) h[0] = h[1] = *s;
     return;
   }
   const float dd = amax / static_cast<float>(k_q16_max);
   const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
   const float id2 = id * 32768.0f;  // exact: a power of two
-  int sum = 0, sum2 = 0;
+  int sum = 0, sum2 = 0, half[2] = {0, 0}, half2[2] = {0, 0};
   for (int j = 0; j < k_qk; ++j) {
     const int v = static_cast<int>(std::nearbyint(x[j] * id));
     q[j] = static_cast<int16_t>(std::clamp(v, -k_q16_max, k_q16_max));
     sum += q[j];
+    half[j / 16] += q[j];
     if (q2) {
       const float r = std::fma(-dd, static_cast<float>(q[j]), x[j]);
       const int v2 = static_cast<int>(std::nearbyint(r * id2));
       q2[j] = static_cast<int16_t>(std::clamp(v2, -k_q16_max, k_q16_max));
       sum2 += q2[j];
+      half2[j / 16] += q2[j];
     }
   }
   *d = dd;
-  *s = q2 ? dd * (static_cast<float>(sum) + static_cast<float>(sum2) * k_lo_scale) : dd * static_cast<float>(sum);
+  const auto scaled = [&](int a, int a2) {
+    return q2 ? dd * (static_cast<float>(a) + static_cast<float>(a2) * k_lo_scale) : dd * static_cast<float>(a);
+  };
+  *s = scaled(sum, sum2);
+  if (h) {
+    h[0] = scaled(half[0], half2[0]);
+    h[1] = scaled(half[1], half2[1]);
+  }
 }
 
 // Four int32 vectors (elements 0..31 in order) → 32 int16 at q, saturating (never reached).
@@ -97,7 +113,8 @@ SNAP_TARGET_AVX2 inline void store_i16_avx2(const __m256i i[4], int16_t* q) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), p23);
 }
 
-SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q, int16_t* q2, float* d, float* s) {
+SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q, int16_t* q2, float* d, float* s,
+                                        float* h) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   for (int64_t b = 0; b < cols / k_qk; ++b) {
@@ -110,7 +127,7 @@ SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q
       amax = _mm256_max_ps(amax, a);
     }
     if (_mm256_movemask_ps(bad) != 0) {
-      quantize_block_scalar(xb, q + b * k_qk, q2 ? q2 + b * k_qk : nullptr, d + b, s + b);
+      quantize_block_scalar(xb, q + b * k_qk, q2 ? q2 + b * k_qk : nullptr, d + b, s + b, h ? h + 2 * b : nullptr);
       continue;
     }
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
@@ -123,11 +140,16 @@ SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q
       i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     // |x·id| ≤ amax·(1/dd) rounds to ≤ 32767 (at most a few ulp above it), so the saturating
     // pack changes nothing and equals the scalar clamp.
-    const int sum = hsum_epi32_avx2(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+    const int lo = hsum_epi32_avx2(_mm256_add_epi32(i[0], i[1])), hi = hsum_epi32_avx2(_mm256_add_epi32(i[2], i[3]));
+    const int sum = lo + hi;
     store_i16_avx2(i, q + b * k_qk);
     d[b] = dd;
     if (q2 == nullptr) {
       s[b] = dd * static_cast<float>(sum);
+      if (h) {
+        h[2 * b] = dd * static_cast<float>(lo);
+        h[2 * b + 1] = dd * static_cast<float>(hi);
+      }
       continue;
     }
     // The residual plane, as the scalar code: r = fma(−d, q, x), q2 = round(r·id·32768).
@@ -137,9 +159,14 @@ SNAP_TARGET_AVX2 void quantize_row_avx2(const float* x, int64_t cols, int16_t* q
       const __m256 r = _mm256_fnmadd_ps(dv, _mm256_cvtepi32_ps(i[j]), v[j]);
       i2[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(r, id2), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    const int sum2 = hsum_epi32_avx2(_mm256_add_epi32(_mm256_add_epi32(i2[0], i2[1]), _mm256_add_epi32(i2[2], i2[3])));
+    const int lo2 = hsum_epi32_avx2(_mm256_add_epi32(i2[0], i2[1])), hi2 = hsum_epi32_avx2(_mm256_add_epi32(i2[2], i2[3]));
+    const int sum2 = lo2 + hi2;
     store_i16_avx2(i2, q2 + b * k_qk);
     s[b] = dd * (static_cast<float>(sum) + static_cast<float>(sum2) * k_lo_scale);
+    if (h) {
+      h[2 * b] = dd * (static_cast<float>(lo) + static_cast<float>(lo2) * k_lo_scale);
+      h[2 * b + 1] = dd * (static_cast<float>(hi) + static_cast<float>(hi2) * k_lo_scale);
+    }
   }
 }
 
@@ -179,10 +206,22 @@ inline void block_scalar(const uint8_t* b, float* d, float* m, int* q) {
 // Q4_K / Q5_K: f16 d, f16 dmin, scales[12], (Q5_K: qh[32],) qs[128]. Sub-block j (columns
 // 32j .. 32j + 31 of the 256): q = nibble j&1 of qs[32·(j/2) + l] (Q5_K: | bit j of qh[l] << 4).
 constexpr bool k_super(DType d) { return d == DType::q4_k || d == DType::q5_k; }
+// Q3_K and Q2_K: 2-bit quants, a scale (Q2_K: and a min) per 16 weights.
+constexpr bool k_small(DType d) { return d == DType::q3_k || d == DType::q2_k; }
 // The 256-weight formats, read as eight 32-column sub-blocks a block.
-constexpr bool k_256(DType d) { return k_super(d) || d == DType::q6_k; }
-// The formats with an offset term m·Σx (q8_0 and Q6_K have none).
-constexpr bool k_offset(DType d) { return d != DType::q8_0 && d != DType::q6_k; }
+constexpr bool k_256(DType d) { return k_super(d) || d == DType::q6_k || k_small(d); }
+// The formats with an offset term m·Σx over a whole 32-weight (sub-)block, from the activation
+// block's sum s (q8_0, Q6_K and Q3_K have none; Q2_K's mins are per 16 weights: k_min16).
+constexpr bool k_offset(DType d) { return d != DType::q8_0 && d != DType::q6_k && !k_small(d); }
+// Q2_K: −dmin·Σ m·x with a min m per 16 weights, summed in integers against the quants.
+constexpr bool k_min16(DType d) { return d == DType::q2_k; }
+
+// Q3_K: hmask[32], qs[64], scales[12], f16 d (byte 108); Q2_K: scales[16], qs[64], f16 d (byte 80),
+// f16 dmin (82). Sub-block j (half g = j/4, s = j%4): q = (qs[32g + l] >> 2s) & 3 (Q3_K: less 4
+// where bit j of hmask[l] is clear), weights l < 16 scaled by scale 2j, l ≥ 16 by 2j + 1 (Q3_K:
+// scale_k3; Q2_K: scales[k] & 15, its min scales[k] >> 4): matmul.cpp's decoder.
+constexpr int k_q3_qs = 32, k_q3_scales = 96, k_q3_d = 108;
+constexpr int k_q2_qs = 16, k_q2_d = 80, k_q2_dmin = 82;
 
 // Q6_K: ql[128], qh[64], int8 scales[16], f16 d (byte 208). Sub-block j (half g = j/4, quarter
 // s = j%4): q = (nibble s/2 of ql[64g + 32(s&1) + l]) | ((qh[32g + l] >> 2s) & 3) << 4, weights
@@ -208,10 +247,28 @@ inline void k_sub_scales(const uint8_t* blk, int j, float dd, float dmin, float*
   *m = -(dmin * static_cast<float>(mn));
 }
 
-// Columns 32b .. 32b + 31 of a row: a 32-weight block, or a K format's sub-block b % 8.
+// Columns 32b .. 32b + 31 of a row: a 32-weight block, or a K format's sub-block b % 8. Q2_K
+// (k_min16): m is −dmin and mq[l] weight l's min (q is then q·sc); mq is untouched otherwise.
 template <DType D>
-inline void sub_block_scalar(const uint8_t* row, int64_t b, float* d, float* m, int* q) {
-  if constexpr (k_super(D)) {
+inline void sub_block_scalar(const uint8_t* row, int64_t b, float* d, float* m, int* q, int* mq) {
+  if constexpr (k_small(D)) {
+    const uint8_t* blk = row + b / 8 * dtype_block_bytes(D);
+    const int j = static_cast<int>(b % 8);
+    const uint8_t* qs = blk + (D == DType::q3_k ? k_q3_qs : k_q2_qs) + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    for (int l = 0; l < 32; ++l) {
+      const int v = (qs[l] >> shift) & 3;
+      if constexpr (D == DType::q3_k) {
+        q[l] = (v - ((((blk[l] >> j) & 1) ^ 1) << 2)) * scale_k3(blk + k_q3_scales, 2 * j + l / 16);
+      } else {
+        const int sc = blk[2 * j + l / 16];
+        q[l] = v * (sc & 0x0f);
+        mq[l] = sc >> 4;
+      }
+    }
+    *d = load_f16(blk + (D == DType::q3_k ? k_q3_d : k_q2_d));
+    *m = D == DType::q2_k ? -load_f16(blk + k_q2_dmin) : 0.0f;
+  } else if constexpr (k_super(D)) {
     const uint8_t* blk = row + b / 8 * dtype_block_bytes(D);
     const int j = static_cast<int>(b % 8);
     k_sub_scales<D>(blk, j, load_f16(blk), load_f16(blk + 2), d, m);
@@ -245,14 +302,16 @@ void ref_typed(const float* x, const WeightView& w, const float* bias, float* y,
       double acc = bias ? bias[r] : 0.0;
       for (int64_t b = 0; b < a.nb; ++b) {
         float dw, mw;
-        int qw[32];
-        sub_block_scalar<D>(row, b, &dw, &mw, qw);
+        int qw[32], mq[32];
+        sub_block_scalar<D>(row, b, &dw, &mw, qw, mq);
         int64_t sumi = 0, sumi2 = 0;
         for (int j = 0; j < 32; ++j) sumi += int64_t{qw[j]} * a.q[t * w.cols + b * k_qk + j];
         if (split)
           for (int j = 0; j < 32; ++j) sumi2 += int64_t{qw[j]} * a.q2[t * w.cols + b * k_qk + j];
         acc += double{dw} * a.d[t * a.nb + b] * (static_cast<double>(sumi) + static_cast<double>(sumi2) / 32768.0);
         if constexpr (k_offset(D)) acc += double{mw} * a.s[t * a.nb + b];
+        if constexpr (k_min16(D))
+          acc += double{mw} * (mq[0] * double{a.h[2 * (t * a.nb + b)]} + mq[16] * double{a.h[2 * (t * a.nb + b) + 1]});
       }
       y[t * w.rows + r] = static_cast<float>(acc);
     }
@@ -301,11 +360,59 @@ SNAP_TARGET_AVX2 inline __m256i q5_fifth_avx2(uint32_t half) {
   return _mm256_and_si256(_mm256_cmpeq_epi16(h, bit), _mm256_set1_epi16(16));
 }
 
-// One weight block's 32 quants as int16: lo = elements 0..15, hi = 16..31 (a K format: sub-block
-// j of the block at blk).
+// Q3_K / Q2_K: a block's 16 scales as int16 at ks[0..15] (Q3_K: the 6-bit values less 32; Q2_K:
+// scales[k] & 15) and Q2_K's 16 mins at ks[16..31] (scales[k] >> 4). Q3_K's 6-bit fields are cut
+// from the 12 bytes as four 32-bit words, a byte a scale: scale k's low nibble (byte k % 8, nibble
+// k / 8) and its two high bits (byte 8 + k % 4, bits 2·(k/4)), scale_k3's values.
 template <DType D>
-SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, __m256i* lo, __m256i* hi) {
-  if constexpr (k_super(D)) {
+SNAP_TARGET_AVX2 inline void small_scales_avx2(const uint8_t* blk, int16_t* ks) {
+  if constexpr (D == DType::q3_k) {
+    uint32_t w[3];
+    std::memcpy(w, blk + k_q3_scales, 12);
+    constexpr uint32_t lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u;
+    const uint32_t v[4] = {(w[0] & lo4) | ((w[2] & lo2) << 4), (w[1] & lo4) | (((w[2] >> 2) & lo2) << 4),
+                           ((w[0] >> 4) & lo4) | (((w[2] >> 4) & lo2) << 4),
+                           ((w[1] >> 4) & lo4) | (((w[2] >> 6) & lo2) << 4)};
+    const __m256i sc = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ks), _mm256_sub_epi16(sc, _mm256_set1_epi16(32)));
+  } else {
+    const __m256i sc = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ks), _mm256_and_si256(sc, _mm256_set1_epi16(0x0f)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ks + 16), _mm256_srli_epi16(sc, 4));
+  }
+}
+
+// Q3_K / Q2_K: sub-block j's 32 quants, decoded as bytes at once (Q3_K: q + 4·hbit − 4 ∈ [−4, 3];
+// Q2_K: q ∈ [0, 3]), widened to int16 and times their half's scale from ks (small_scales_avx2).
+template <DType D>
+SNAP_TARGET_AVX2 inline void small_sub_avx2(const uint8_t* blk, int j, const int16_t* ks, __m256i* lo, __m256i* hi) {
+  const uint8_t* qs = blk + (D == DType::q3_k ? k_q3_qs : k_q2_qs) + 32 * (j / 4);
+  __m256i q = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs)),
+                                                _mm_cvtsi32_si128(2 * (j % 4))),
+                               _mm256_set1_epi8(3));
+  if constexpr (D == DType::q3_k) {
+    const __m256i hm = _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)), _mm_cvtsi32_si128(j)),
+        _mm256_set1_epi8(1));
+    // hm ≤ 1, so its shift stays in its byte; q + 4·hm − 4 ∈ [−4, 3] as a signed byte.
+    q = _mm256_sub_epi8(_mm256_or_si256(q, _mm256_slli_epi16(hm, 2)), _mm256_set1_epi8(4));
+    *lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+    *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+  } else {
+    *lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
+    *hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
+  }
+  *lo = _mm256_mullo_epi16(*lo, _mm256_set1_epi16(ks[2 * j]));
+  *hi = _mm256_mullo_epi16(*hi, _mm256_set1_epi16(ks[2 * j + 1]));
+}
+
+// One weight block's 32 quants as int16: lo = elements 0..15, hi = 16..31 (a K format: sub-block
+// j of the block at blk). Q3_K/Q2_K: ks holds the block's scales (small_scales_avx2).
+template <DType D>
+SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, const int16_t* ks, __m256i* lo, __m256i* hi) {
+  if constexpr (k_small(D)) {
+    small_sub_avx2<D>(blk, j, ks, lo, hi);
+  } else if constexpr (k_super(D)) {
     const uint8_t* qs = blk + (D == DType::q4_k ? 16 : 48) + 32 * (j / 2);
     const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
     const __m256i nib = _mm256_set1_epi16(0x0f);
@@ -350,7 +457,10 @@ SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, __m256i
 // Split (q16x2act): the residual plane's two vpmaddwd give p2 (exact, < 2^24 too), and the
 // block's value is fma(p2, 2^-15, p1) before the same scaling FMA.
 // Q6_K's scaled quants (|w| ≤ 4096) reach 4·4096·32767 < 2^29 a lane: exact in int32, one f32
-// rounding (2^-24 relative) at the conversion, as f32act's own sums round.
+// rounding (2^-24 relative) at the conversion, as f32act's own sums round. Q3_K's (|w| ≤ 128)
+// reach 4·128·32767 < 2^24 and Q2_K's (≤ 45, mins ≤ 15) less: exact in f32 too. Q2_K's min sum
+// (and with split its residual-plane sum) goes through the same steps into the same accumulator
+// after the quants' FMA: acc += (Σ m·q_x)·(−dmin·d_x).
 // Every token's order of operations is the same whatever NT is, so rows stay batch-invariant.
 template <DType D, int NT, bool Split>
 SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int64_t rows, const float* bias, float* y,
@@ -364,9 +474,11 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
   const int16_t* xq2 = Split ? a.q2.data() + t0 * cols : nullptr;
   const float* xd = a.d.data() + t0 * nb;
   const float* xs = a.s.data() + t0 * nb;
+  const float* xh = a.h.data() + 2 * t0 * nb;
   __m256 acc[k_block_rows][NT];
   float macc[k_block_rows][NT];
   float kd[k_block_rows][8], km[k_block_rows][8];  // K formats: the current block's sub-block scales
+  alignas(32) int16_t ks[k_block_rows][32];         // Q3_K/Q2_K: its 16 scales (and Q2_K's mins)
   for (int k = 0; k < k_block_rows; ++k)
     for (int t = 0; t < NT; ++t) {
       acc[k][t] = _mm256_setzero_ps();
@@ -376,6 +488,10 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
     if constexpr (k_super(D)) {
       if (b % 8 == 0)
         for (int k = 0; k < k_block_rows; ++k) k_scales8_avx2(row[k] + b / 8 * bb, kd[k], km[k]);
+    }
+    if constexpr (k_small(D)) {
+      if (b % 8 == 0)
+        for (int k = 0; k < k_block_rows; ++k) small_scales_avx2<D>(row[k] + b / 8 * bb, ks[k]);
     }
     for (int k = 0; k < k_block_rows; ++k) {
       const uint8_t* blk = row[k] + (k_256(D) ? b / 8 : b) * bb;
@@ -387,11 +503,16 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
         kmw = km[k][j];
       } else if constexpr (D == DType::q6_k) {
         dw = load_f16_f16c(blk + k_q6_d);
+      } else if constexpr (D == DType::q3_k) {
+        dw = load_f16_f16c(blk + k_q3_d);
+      } else if constexpr (D == DType::q2_k) {
+        dw = load_f16_f16c(blk + k_q2_d);
+        kmw = -load_f16_f16c(blk + k_q2_dmin);
       } else {
         dw = load_f16_f16c(blk);
       }
       __m256i wl, wh;
-      widen_block_avx2<D>(blk, j, &wl, &wh);
+      widen_block_avx2<D>(blk, j, ks[k], &wl, &wh);
       for (int t = 0; t < NT; ++t) {
         const auto* xb = reinterpret_cast<const __m256i*>(xq + t * cols + b * k_qk);
         const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(wl, _mm256_loadu_si256(xb)),
@@ -404,6 +525,13 @@ SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int6
           v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p2), _mm256_set1_ps(k_lo_scale), v);
         }
         acc[k][t] = _mm256_fmadd_ps(v, _mm256_set1_ps(dw * xd[t * nb + b]), acc[k][t]);
+      }
+      if constexpr (k_min16(D)) {  // −dmin·m of each half times the activations' half sums
+        const float m0 = kmw * static_cast<float>(ks[k][16 + 2 * j]), m1 = kmw * static_cast<float>(ks[k][17 + 2 * j]);
+        for (int t = 0; t < NT; ++t) {
+          macc[k][t] = std::fma(m0, xh[2 * (t * nb + b)], macc[k][t]);
+          macc[k][t] = std::fma(m1, xh[2 * (t * nb + b) + 1], macc[k][t]);
+        }
       }
       if constexpr (k_offset(D)) {
         const float mw = k_super(D) ? kmw : k_has_m(D) ? load_f16_f16c(blk + 2) : k_zero_point(D) * dw;
@@ -442,7 +570,8 @@ void cpu_typed(const float* x, const WeightView& w, const float* bias, float* y,
 
 void check_weight(const WeightView& w) {
   CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "matvec q16act: empty weight";
-  CHECK(q16act_reads(w.dtype)) << "matvec q16act: " << dtype_name(w.dtype) << " weights (needs q8_0/q4_0/q4_1/q5_0/q5_1/q4_k/q5_k/q6_k)";
+  CHECK(q16act_reads(w.dtype)) << "matvec q16act: " << dtype_name(w.dtype)
+                               << " weights (needs q8_0/q4_0/q4_1/q5_0/q5_1/q2_k/q3_k/q4_k/q5_k/q6_k)";
   CHECK(w.layout == WeightLayout::rows) << "matvec q16act: tiles4 weights (this kernel reads row-major blocks; "
                                            "matmul_cpu unpacks tiles4)";
   CHECK(w.cols % dtype_block_elems(w.dtype) == 0) << "matvec q16act: " << dtype_name(w.dtype) << " cols " << w.cols;
@@ -458,14 +587,15 @@ void ActQ16::quantize(const float* x, int64_t num_tokens, int64_t c, bool simd, 
   q2.resize(split ? static_cast<size_t>(num_tokens * cols) : 0);
   d.resize(static_cast<size_t>(num_tokens * nb));
   s.resize(static_cast<size_t>(num_tokens * nb));
+  h.resize(static_cast<size_t>(2 * num_tokens * nb));
   for (int64_t t = 0; t < num_tokens; ++t) {
     int16_t* q2t = split ? &q2[t * cols] : nullptr;
     if (simd) {
-      quantize_row_avx2(x + t * cols, cols, &q[t * cols], q2t, &d[t * nb], &s[t * nb]);
+      quantize_row_avx2(x + t * cols, cols, &q[t * cols], q2t, &d[t * nb], &s[t * nb], &h[2 * t * nb]);
     } else {
       for (int64_t b = 0; b < nb; ++b)
         quantize_block_scalar(x + t * cols + b * k_qk, &q[t * cols + b * k_qk], q2t ? q2t + b * k_qk : nullptr,
-                              &d[t * nb + b], &s[t * nb + b]);
+                              &d[t * nb + b], &s[t * nb + b], &h[2 * (t * nb + b)]);
     }
   }
 }
@@ -479,6 +609,8 @@ Q16TileFn q16act_tile_avx2(DType d, int nt, bool split) {
     case DType::q4_k: return pick<DType::q4_k>(nt, split);
     case DType::q5_k: return pick<DType::q5_k>(nt, split);
     case DType::q6_k: return pick<DType::q6_k>(nt, split);
+    case DType::q3_k: return pick<DType::q3_k>(nt, split);
+    case DType::q2_k: return pick<DType::q2_k>(nt, split);
     default: return pick<DType::q4_1>(nt, split);
   }
 }
@@ -496,9 +628,9 @@ namespace {
 
 void quantize_row(const float* x, int64_t cols, int16_t* q, int16_t* q2, float* d, float* s, const char* what) {
   CHECK(cols % k_qk == 0) << what << ": cols " << cols << " is not a multiple of 32";
-  if (simd_level() != SimdLevel::scalar) return quantize_row_avx2(x, cols, q, q2, d, s);
+  if (simd_level() != SimdLevel::scalar) return quantize_row_avx2(x, cols, q, q2, d, s, nullptr);
   for (int64_t b = 0; b < cols / k_qk; ++b)
-    quantize_block_scalar(x + b * k_qk, q + b * k_qk, q2 ? q2 + b * k_qk : nullptr, d + b, s + b);
+    quantize_block_scalar(x + b * k_qk, q + b * k_qk, q2 ? q2 + b * k_qk : nullptr, d + b, s + b, nullptr);
 }
 
 void ref_any(const float* x, const WeightView& w, const float* bias, float* y, int64_t num_tokens, bool split) {
@@ -511,6 +643,8 @@ void ref_any(const float* x, const WeightView& w, const float* bias, float* y, i
     case DType::q4_k: return ref_typed<DType::q4_k>(x, w, bias, y, num_tokens, split);
     case DType::q5_k: return ref_typed<DType::q5_k>(x, w, bias, y, num_tokens, split);
     case DType::q6_k: return ref_typed<DType::q6_k>(x, w, bias, y, num_tokens, split);
+    case DType::q3_k: return ref_typed<DType::q3_k>(x, w, bias, y, num_tokens, split);
+    case DType::q2_k: return ref_typed<DType::q2_k>(x, w, bias, y, num_tokens, split);
     default: return ref_typed<DType::q4_1>(x, w, bias, y, num_tokens, split);
   }
 }
@@ -526,6 +660,8 @@ void cpu_any(const float* x, const WeightView& w, const float* bias, float* y, i
     case DType::q4_k: return cpu_typed<DType::q4_k>(x, w, bias, y, num_tokens, split);
     case DType::q5_k: return cpu_typed<DType::q5_k>(x, w, bias, y, num_tokens, split);
     case DType::q6_k: return cpu_typed<DType::q6_k>(x, w, bias, y, num_tokens, split);
+    case DType::q3_k: return cpu_typed<DType::q3_k>(x, w, bias, y, num_tokens, split);
+    case DType::q2_k: return cpu_typed<DType::q2_k>(x, w, bias, y, num_tokens, split);
     default: return cpu_typed<DType::q4_1>(x, w, bias, y, num_tokens, split);
   }
 }

@@ -13,10 +13,11 @@ namespace snap::kernels {
 // The quantized rows of every token of one call: [num_tokens] × (cols int16, cols/32 scales d,
 // cols/32 block sums s), as quantize_act_q16 produces them. With split (q16x2act), q2 holds a
 // second int16 plane, the rounding residual at scale d/32768: x ≈ d·(q + q2/32768), and
-// s = d·(Σq + Σq2/32768); without it q2 is empty and s = d·Σq.
+// s = d·(Σq + Σq2/32768); without it q2 is empty and s = d·Σq. h: 2 per block, s's value over
+// its elements 0..15 and 16..31 (Q2_K's mins are per 16 weights).
 struct ActQ16 {
   std::vector<int16_t> q, q2;
-  std::vector<float> d, s;
+  std::vector<float> d, s, h;
   int64_t cols = 0, nb = 0;
   bool split = false;
   // simd: the AVX2 quantizer (bit-identical to the scalar one, which simd = false runs).
@@ -34,7 +35,7 @@ Q16TileFn q16act_tile_avx2(DType d, int nt, bool split);
 // unless env SNAP_MATVEC_VNNI=1 or q16act_vnni_enable(true) (its tests, bench_matvec's +vnni
 // modes) turns it on: on the one VNNI machine it ran on it was no faster than the AVX2 tiles.
 Q16TileFn q16act_tile(DType d, int nt, bool split);
-// The formats these tiles read: q8_0, q4_0, q4_1, q5_0, q5_1 and the K formats Q4_K, Q5_K and Q6_K
+// The formats these tiles read: q8_0, q4_0, q4_1, q5_0, q5_1 and the K formats Q2_K to Q6_K
 // (32-weight sub-blocks).
 bool q16act_reads(DType d);
 // Whether this CPU can run the VNNI tiles (AVX-512 F/BW/VL/DQ level + avx512vnni).

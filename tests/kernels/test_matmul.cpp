@@ -150,9 +150,9 @@ TEST(Matmul, Q5_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q5
 TEST(Matmul, Q3_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q3_k); }
 TEST(Matmul, Q2_KMatchesReferenceOnAwkwardShapes) { check_quant_shapes(DType::q2_k); }
 
-// Q3_K and Q2_K run f32 activations whatever the matvec mode says (the integer modes read only
-// q8_0/q4_0/q4_1 and, q16act/q16x2act, Q5_0/Q5_1/Q4_K/Q5_K/Q6_K), those five under f32act, and their SIMD
-// tiles walk a row 32 columns at a time in the f32 tile's order:
+// Under f32act, Q5_0/Q5_1 and the K formats Q2_K to Q6_K (the other integer modes run their
+// q16act/q16x2act tiles, tests/kernels/test_matvec_q16act.cpp) have SIMD tiles that walk a row
+// 32 columns at a time in the f32 tile's order:
 // on the same values, the matvec over the blocks and the one over their f32 values agree bit for
 // bit, at the AVX2 and AVX-512 levels and in every mode. (The values themselves: tests/worker/test_dequant.cpp
 // checks them against the gguf package.)
@@ -175,7 +175,7 @@ TEST(Matmul, F32ActBlockMatvecIsTheF32MatvecOnItsValues) {
         if (level == SimdLevel::scalar) continue;  // the scalar block loop sums per block, the f32 one per row
         test::LevelGuard guard(level);
         for (MatvecAct act : {MatvecAct::f32, MatvecAct::q8, MatvecAct::q16x2, MatvecAct::q8x3}) {
-          // Q5_0, Q5_1, Q4_K, Q5_K and Q6_K run their q16act/q16x2act tiles under the integer modes
+          // Q5_0, Q5_1 and Q2_K to Q6_K run their q16act/q16x2act tiles under the integer modes
           // (test_matvec_q16act).
           if (q16act_reads(dtype) && act != MatvecAct::f32) continue;
           test::ActGuard mode(act);

@@ -1,5 +1,5 @@
 // The q16- and q16x2-activation matvecs (kernels/matvec_act.h, kernels/cpu/matvec_q16act.cpp):
-// q8_0, q4_0, q4_1, q5_0, q5_1, and Q4_K/Q5_K/Q6_K by 32-weight sub-blocks:
+// q8_0, q4_0, q4_1, q5_0, q5_1, and Q2_K to Q6_K by 32-weight sub-blocks:
 // the int16 activation quantizer (SIMD equal to scalar bit for bit, |x − d·q| ≤ d/2, and with
 // the residual plane ≤ d/65536; NaN/inf blocks poisoned), a hand-computed block, the AVX2 tiles
 // against the scalar reference over a table of awkward shapes, the whole kernel against the f32
@@ -16,6 +16,7 @@
 
 #include "common/dtype.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matvec_q16act.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul_multi.h"
 #include "kernels/matvec_act.h"
@@ -63,7 +64,7 @@ const std::vector<Shape> k_shapes = {
 };
 
 const DType k_types[] = {DType::q8_0, DType::q4_0, DType::q4_1};
-// Q4_K, Q5_K and Q6_K (256-weight blocks, read as 32-weight sub-blocks): shapes of whole blocks,
+// Q2_K to Q6_K (256-weight blocks, read as 32-weight sub-blocks): shapes of whole blocks,
 // every row and token tail, 1 to 6 blocks a row.
 const std::vector<Shape> k_k_shapes = {
     {1, 256, 1}, {3, 256, 4}, {7, 512, 2}, {7, 768, 5}, {83, 1536, 1}, {83, 1536, 4}, {769, 256, 3},
@@ -75,7 +76,7 @@ struct TypeShapes {
 };
 const std::vector<TypeShapes> k_all = {{DType::q8_0, &k_shapes}, {DType::q4_0, &k_shapes}, {DType::q4_1, &k_shapes},
                                       {DType::q5_0, &k_shapes}, {DType::q5_1, &k_shapes}, {DType::q4_k, &k_k_shapes}, {DType::q5_k, &k_k_shapes},
-                                      {DType::q6_k, &k_k_shapes}};
+                                      {DType::q6_k, &k_k_shapes}, {DType::q3_k, &k_k_shapes}, {DType::q2_k, &k_k_shapes}};
 
 // Row r's weights as f32, through matmul_ref (whose decoders are the gguf package's values bit for
 // bit: tests/worker/test_dequant.cpp) with one-hot activations.
@@ -155,6 +156,41 @@ TEST(QuantizeActQ16, SimdEqualsScalarAndStaysWithinHalfAStep) {
     for (int64_t c = 0; c < cols; ++c) nonzero += q2[0][c] != 0;
     EXPECT_GT(nonzero, cols / 2) << "the residual plane is mostly empty: is it computed?";
   }
+  }
+}
+
+// The half-block sums that Q2_K's mins read (ActQ16::h): the AVX2 quantizer's equal the scalar
+// one's bit for bit, and each is s's formula over its 16 elements (NaN for a non-finite block).
+TEST(QuantizeActQ16, HalfSumsAreTheBlockSumOverEachHalf) {
+  for (const Mode& mode : k_modes) {
+    const int64_t tokens = 3, cols = 32 * 41;
+    std::vector<float> x = make_x(tokens * cols, 7);
+    for (int j = 64; j < 96; ++j) x[j] = 1e6f * (j - 80);
+    x[cols + 300] = std::numeric_limits<float>::quiet_NaN();
+    ActQ16 simd, scalar;
+    simd.quantize(x.data(), tokens, cols, true, mode.split);
+    scalar.quantize(x.data(), tokens, cols, false, mode.split);
+    ASSERT_EQ(simd.h.size(), static_cast<size_t>(2 * tokens * cols / 32));
+    EXPECT_EQ(0, std::memcmp(simd.h.data(), scalar.h.data(), simd.h.size() * 4)) << mode.name;
+    int nan = 0;
+    for (int64_t b = 0; b < tokens * cols / 32; ++b) {
+      if (std::isnan(scalar.d[b])) {
+        EXPECT_TRUE(std::isnan(scalar.h[2 * b]) && std::isnan(scalar.h[2 * b + 1])) << "block " << b;
+        ++nan;
+        continue;
+      }
+      for (int half = 0; half < 2; ++half) {
+        int sum = 0, sum2 = 0;
+        for (int j = 16 * half; j < 16 * half + 16; ++j) {
+          sum += scalar.q[b * 32 + j];
+          if (mode.split) sum2 += scalar.q2[b * 32 + j];
+        }
+        const float want = mode.split ? scalar.d[b] * (static_cast<float>(sum) + static_cast<float>(sum2) / 32768.0f)
+                                      : scalar.d[b] * static_cast<float>(sum);
+        EXPECT_EQ(scalar.h[2 * b + half], want) << mode.name << " block " << b << " half " << half;
+      }
+    }
+    EXPECT_EQ(nan, 1);
   }
 }
 
@@ -275,11 +311,16 @@ TEST(MatvecQ16Act, WithinActivationQuantizationBoundOfF32Reference) {
       const int64_t nb = s.cols / 32;
       std::vector<int16_t> q(s.cols);
       std::vector<float> dx(nb), sx(nb);
+      // The K formats' rows as f32, once per row rather than once per row and token.
+      std::vector<std::vector<float>> values(k ? s.rows : 0);
+      for (int64_t r = 0; r < static_cast<int64_t>(values.size()); ++r)
+        values[r] = row_values(dtype, blocks.data() + r * dtype_row_bytes(dtype, s.cols), s.cols);
       for (int64_t t = 0; t < s.num_tokens; ++t) {
         quantize_act_q16(&x[t * s.cols], s.cols, q.data(), dx.data(), sx.data());
         for (int64_t r = 0; r < s.rows; ++r) {
           const uint8_t* row = blocks.data() + r * dtype_row_bytes(dtype, s.cols);
-          const std::vector<float> wr = k ? row_values(dtype, row, s.cols) : std::vector<float>();
+          const std::vector<float> empty;
+          const std::vector<float>& wr = k ? values[r] : empty;
           double bound16 = 0.0, bound2 = 0.0;
           for (int64_t b = 0; b < nb; ++b) {
             double abs_sum = 0.0, abs_x = 0.0;
@@ -435,12 +476,12 @@ TEST(MatvecQ16Act, MatvecDispatchFollowsTheChoice) {
   }
 }
 
-// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K have q16act/q16x2act tiles only: the matvec runs q16act when asked,
+// Q5_0, Q5_1 and Q2_K to Q6_K have q16act/q16x2act tiles only: the matvec runs q16act when asked,
 // q16x2act under q16x2act and the other integer modes (q8act, q8x3act), f32act under f32act;
 // matmul_cpu alike below the sgemm's token count.
 TEST(MatvecQ16Act, KFormatsRunQ16x2UnderTheOtherIntegerModes) {
   const int64_t rows = 83, cols = 768, tokens = 3;
-  for (DType dtype : {DType::q5_0, DType::q5_1, DType::q4_k, DType::q5_k, DType::q6_k}) {
+  for (DType dtype : {DType::q5_0, DType::q5_1, DType::q4_k, DType::q5_k, DType::q6_k, DType::q3_k, DType::q2_k}) {
     const std::vector<uint8_t> blocks = make_blocks(dtype, rows, cols, 71);
     const WeightView w{dtype, blocks.data(), rows, cols};
     const std::vector<float> x = make_x(tokens * cols, 73);
@@ -481,10 +522,9 @@ TEST(MatvecQ16Act, NamesAndBadWeights) {
   const WeightView wf{DType::f32, f.data(), 2, 64};
   EXPECT_DEATH(matvec_q16act_cpu(x.data(), wf, nullptr, y.data(), 1), "q16act: f32 weights");
   EXPECT_DEATH(matvec_q16x2act_cpu(x.data(), wf, nullptr, y.data(), 1), "q16act: f32 weights");
-  std::vector<uint8_t> q3(110, 0);
-  std::vector<float> x256(256, 1.0f);
-  EXPECT_DEATH(matvec_q16x2act_cpu(x256.data(), WeightView{DType::q3_k, q3.data(), 1, 256}, nullptr, y.data(), 1),
-               "q16act: q3_k weights");
+  std::vector<uint16_t> h(64 * 2, 0);
+  EXPECT_DEATH(matvec_q16x2act_cpu(x.data(), WeightView{DType::bf16, h.data(), 2, 64}, nullptr, y.data(), 1),
+               "q16act: bf16 weights");
 }
 
 }  // namespace
