@@ -338,18 +338,19 @@ SNAP_TARGET_AVX2 inline void k_scales8_avx2(const uint8_t* blk, float* d, float*
   _mm256_storeu_ps(m, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(load_f16_f16c(blk + 2)), mnf), _mm256_set1_ps(-0.0f)));
 }
 
-// Q6_K: 16 weights of quarter sub (their ql and qh bytes at ql, qh) as (q − 32)·sc in int16.
-SNAP_TARGET_AVX2 inline __m256i q6_half_avx2(const uint8_t* ql, const uint8_t* qh, int sub, int8_t sc) {
-  const __m256i lo4 = _mm256_and_si256(
-      _mm256_srl_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ql))),
-                       _mm_cvtsi32_si128(4 * (sub >> 1))),
-      _mm256_set1_epi16(0x0f));
-  const __m256i hi2 = _mm256_and_si256(
-      _mm256_srl_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh))),
-                       _mm_cvtsi32_si128(2 * sub)),
-      _mm256_set1_epi16(3));
-  const __m256i q = _mm256_sub_epi16(_mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4)), _mm256_set1_epi16(32));
-  return _mm256_mullo_epi16(q, _mm256_set1_epi16(sc));
+// Q6_K: sub-block s's 32 weights as (q − 32)·sc in int16, decoded as bytes at once: the nibble
+// s.sub/2 of its 32 ql bytes, bits 2·s.sub .. +1 of its 32 qh bytes above it (shifted within the
+// byte: ≤ 3 << 4), less 32 as a signed byte, widened, each half times its scale.
+SNAP_TARGET_AVX2 inline void q6_sub_avx2(const Q6Sub& s, __m256i* lo, __m256i* hi) {
+  const __m256i l4 = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.ql)),
+                                                       _mm_cvtsi32_si128(4 * (s.sub >> 1))),
+                                      _mm256_set1_epi8(0x0f));
+  const __m256i h2 = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.qh)),
+                                                       _mm_cvtsi32_si128(2 * s.sub)),
+                                      _mm256_set1_epi8(3));
+  const __m256i q = _mm256_sub_epi8(_mm256_or_si256(l4, _mm256_slli_epi16(h2, 4)), _mm256_set1_epi8(32));
+  *lo = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), _mm256_set1_epi16(s.sc[0]));
+  *hi = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), _mm256_set1_epi16(s.sc[1]));
 }
 
 // Q5_0/Q5_1: 16 bits of qh as int16 lanes, lane j = 16 where bit j is set, else 0.
@@ -428,9 +429,7 @@ SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, const i
       *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(h1, 4));
     }
   } else if constexpr (D == DType::q6_k) {
-    const Q6Sub s = q6_sub(blk, j);
-    *lo = q6_half_avx2(s.ql, s.qh, s.sub, s.sc[0]);
-    *hi = q6_half_avx2(s.ql + 16, s.qh + 16, s.sub, s.sc[1]);
+    q6_sub_avx2(q6_sub(blk, j), lo, hi);
   } else if constexpr (D == DType::q8_0) {
     *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
     *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
