@@ -18,8 +18,8 @@
 // Q3_K runs in the same form: its 2-bit quants less 4 where the hmask bit is clear (q ∈ [−4, 3])
 // times their 16-weight group's 6-bit scale less 32, in int16 (|q·sc| ≤ 4·32 = 128), w = d·(q·sc).
 // Q2_K's quants (q ∈ [0, 3]) are widened as q·(sc & 15) the same way, w = d·(q·sc) − dmin·m with
-// each 16-weight group's own 4-bit min m = sc >> 4: the offset is a second exact integer sum,
-// Σ m·q_x (a vpmaddwd of the mins against the activations), scaled by −dmin·d_x.
+// each 16-weight group's own 4-bit min m = sc >> 4: the offset is (−dmin·m)·h per half, h the
+// activations' sum over those 16 (ActQ16::h, kept by the quantizer as it keeps s per block).
 #include "kernels/cpu/matvec_q16act.h"
 
 #include <omp.h>
@@ -213,7 +213,7 @@ constexpr bool k_256(DType d) { return k_super(d) || d == DType::q6_k || k_small
 // The formats with an offset term m·Σx over a whole 32-weight (sub-)block, from the activation
 // block's sum s (q8_0, Q6_K and Q3_K have none; Q2_K's mins are per 16 weights: k_min16).
 constexpr bool k_offset(DType d) { return d != DType::q8_0 && d != DType::q6_k && !k_small(d); }
-// Q2_K: −dmin·Σ m·x with a min m per 16 weights, summed in integers against the quants.
+// Q2_K: −dmin·m·Σx with a min m per 16 weights, from the activations' half-block sums h.
 constexpr bool k_min16(DType d) { return d == DType::q2_k; }
 
 // Q3_K: hmask[32], qs[64], scales[12], f16 d (byte 108); Q2_K: scales[16], qs[64], f16 d (byte 80),
@@ -457,9 +457,8 @@ SNAP_TARGET_AVX2 inline void widen_block_avx2(const uint8_t* blk, int j, const i
 // block's value is fma(p2, 2^-15, p1) before the same scaling FMA.
 // Q6_K's scaled quants (|w| ≤ 4096) reach 4·4096·32767 < 2^29 a lane: exact in int32, one f32
 // rounding (2^-24 relative) at the conversion, as f32act's own sums round. Q3_K's (|w| ≤ 128)
-// reach 4·128·32767 < 2^24 and Q2_K's (≤ 45, mins ≤ 15) less: exact in f32 too. Q2_K's min sum
-// (and with split its residual-plane sum) goes through the same steps into the same accumulator
-// after the quants' FMA: acc += (Σ m·q_x)·(−dmin·d_x).
+// reach 4·128·32767 < 2^24 and Q2_K's (≤ 45) less: exact in f32 too. Q2_K's mins go to the
+// scalar offset sum as the other formats' m·s does, one FMA per half: (−dmin·m)·h (exact product).
 // Every token's order of operations is the same whatever NT is, so rows stay batch-invariant.
 template <DType D, int NT, bool Split>
 SNAP_TARGET_AVX2 void tile_avx2(const ActQ16& a, int64_t t0, const void* w, int64_t rows, const float* bias, float* y,
